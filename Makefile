@@ -1,0 +1,33 @@
+# Two commands do everything on a fresh machine: `make demo` and `make test`.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.stamp-install
+
+.PHONY: demo test lint venv bench clean
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	# torch first and pinned: an unpinned torch pulls gigabytes of CUDA wheels.
+	$(BIN)/python -m pip install -q torch==2.13.0
+	$(BIN)/python -m pip install -q -e '.[dev,hf]'
+	@touch $(STAMP)
+
+venv: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/remat compare --plot out/compare.png
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -n 2 -p no:cacheprovider tests
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests benchmarks examples
+	$(BIN)/mypy
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/strategies.py
+
+clean:
+	rm -rf $(VENV) out build src/*.egg-info

@@ -1,0 +1,1 @@
+"""remat: trade compute for memory in PyTorch training."""

@@ -1,0 +1,49 @@
+"""Exceptions raised by remat.
+
+Every remat error subclasses a built-in, so existing ``except ValueError`` /
+``except RuntimeError`` handlers keep working::
+
+    RematError (RuntimeError)
+    ├── BlocksNotFound (also ValueError)   no repeated blocks / sub-layer found
+    ├── StrategyError (also ValueError)    unknown or malformed strategy
+    ├── BudgetTooSmall                     no plan reaches the budget
+    └── ParityError                        gradients differ from the reference
+"""
+
+from __future__ import annotations
+
+__all__ = ["BlocksNotFound", "BudgetTooSmall", "ParityError", "RematError", "StrategyError"]
+
+
+class RematError(RuntimeError):
+    """Base class of every error remat raises on purpose."""
+
+
+class BlocksNotFound(RematError, ValueError):
+    """No repeated blocks (or no sub-layer of the requested kind) could be found."""
+
+
+class StrategyError(RematError, ValueError):
+    """An unknown or malformed strategy was requested."""
+
+
+class BudgetTooSmall(RematError):
+    """No plan reaches the requested peak-memory budget.
+
+    Attributes:
+        budget_bytes: the requested budget.
+        min_peak_bytes: the smallest peak any plan reaches.
+        breakdown: bytes of what dominates that smallest peak, by category
+            (``{"parameters": ..., "optimizer_state": ...}``).
+    """
+
+    def __init__(self, message: str, *, budget_bytes: int, min_peak_bytes: int,
+                 breakdown: dict[str, int] | None = None) -> None:
+        super().__init__(message)
+        self.budget_bytes = budget_bytes
+        self.min_peak_bytes = min_peak_bytes
+        self.breakdown = dict(breakdown or {})
+
+
+class ParityError(RematError):
+    """A checkpointed model's gradients differ from the un-checkpointed model's."""

@@ -1,0 +1,1 @@
+"""Plan for hardware you don't have: fake-tensor simulation, device specs, analytic formulas."""
