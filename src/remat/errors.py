@@ -8,11 +8,20 @@ Every remat error subclasses a built-in, so existing ``except ValueError`` /
     ├── StrategyError (also ValueError)    unknown or malformed strategy
     ├── BudgetTooSmall                     no plan reaches the budget
     └── ParityError                        gradients differ from the reference
+
+    RematWarning (UserWarning)             a pitfall remat detected (BatchNorm, hooks, ...)
 """
 
 from __future__ import annotations
 
-__all__ = ["BlocksNotFound", "BudgetTooSmall", "ParityError", "RematError", "StrategyError"]
+__all__ = [
+    "BlocksNotFound",
+    "BudgetTooSmall",
+    "ParityError",
+    "RematError",
+    "RematWarning",
+    "StrategyError",
+]
 
 
 class RematError(RuntimeError):
@@ -47,3 +56,7 @@ class BudgetTooSmall(RematError):
 
 class ParityError(RematError):
     """A checkpointed model's gradients differ from the un-checkpointed model's."""
+
+
+class RematWarning(UserWarning):
+    """A pitfall remat detected and handled or could not handle (see the message)."""

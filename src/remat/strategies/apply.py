@@ -1,0 +1,190 @@
+"""``remat.apply`` / ``remat.remove``: put a strategy or a plan on a model, in place."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from torch import nn
+
+from remat.blocks import BlocksSpec, find_sublayer, named_blocks
+from remat.errors import RematWarning, StrategyError
+from remat.strategies.ops import default_save_ops
+from remat.strategies.regions import (
+    install_checkpoint,
+    install_offload,
+    install_segment,
+    region_of,
+    uninstall,
+)
+from remat.strategies.spec import (
+    STRATEGIES,
+    BlockDecision,
+    expand_strategy,
+    parse_strategy,
+    sqrt_segments,
+)
+from remat.validate.pitfalls import check_model, check_regions, warn_pitfalls
+
+__all__ = ["AppliedStrategy", "applied", "apply", "apply_decisions", "remove"]
+
+M = TypeVar("M", bound=nn.Module)
+_APPLIED = "_remat_applied"
+
+
+@dataclass(frozen=True)
+class AppliedStrategy:
+    """What :func:`apply` put on a model (``remat.strategies.applied(model)``).
+
+    Args:
+        strategy: the strategy string, or ``"plan"``.
+        decisions: per block qualified name, the decision label.
+    """
+
+    strategy: str
+    decisions: tuple[tuple[str, str], ...]
+
+
+def applied(model: nn.Module) -> AppliedStrategy | None:
+    """The strategy currently applied to ``model``, or ``None``."""
+    info = model.__dict__.get(_APPLIED)
+    return info if isinstance(info, AppliedStrategy) else None
+
+
+def remove(model: M) -> M:
+    """Undo :func:`apply`: every module gets its own forward back.
+
+    Example:
+        >>> remat.remove(remat.apply(model, "full")) is model
+        True
+    """
+    for module in model.modules():
+        uninstall(module)
+    model.__dict__.pop(_APPLIED, None)
+    return model
+
+
+def _install(block: nn.Module, decision: BlockDecision) -> list[nn.Module]:
+    """Install one decision on one block; returns the modules that became regions."""
+    if decision.kind == "none":
+        return []
+    if decision.kind == "full":
+        install_checkpoint(block, label="full")
+        return [block]
+    if decision.kind in ("attn", "mlp"):
+        _, sub = find_sublayer(block, decision.kind)  # type: ignore[arg-type]
+        install_checkpoint(sub, label=decision.kind)
+        return [sub]
+    if decision.kind == "ops":
+        save_ops = decision.save_ops if decision.save_ops is not None else default_save_ops()
+        install_checkpoint(block, label=decision.label(), save_ops=save_ops)
+        return [block]
+    install_offload(block)
+    return []
+
+
+def _offload_notice(model: nn.Module, kinds: set[str]) -> None:
+    if "offload" not in kinds:
+        return
+    devices = {p.device.type for p in model.parameters()}
+    if devices <= {"cpu", "meta"}:
+        warnings.warn(
+            "remat.apply: offload keeps saved activations in host memory, but this model is on "
+            "the CPU, which has no separate device memory: offload is a no-op here.",
+            RematWarning,
+            stacklevel=3,
+        )
+
+
+def apply_decisions(model: M, decisions: Mapping[str, BlockDecision], *,
+                    blocks: BlocksSpec = None, label: str = "plan") -> M:
+    """Apply one decision per block, by qualified block name (how a Plan is applied).
+
+    Blocks missing from ``decisions`` get ``"none"``.
+
+    Raises:
+        StrategyError: a name in ``decisions`` is not one of the model's blocks.
+    """
+    remove(model)
+    named = named_blocks(model, blocks)
+    known = {name for name, _ in named}
+    unknown = sorted(set(decisions) - known)
+    if unknown:
+        raise StrategyError(
+            f"remat.apply: the plan names blocks this model does not have: {unknown[:5]}. "
+            f"The model's blocks are {sorted(known)[:5]}{' ...' if len(known) > 5 else ''}. "
+            "Was the plan made for another model or with another blocks= setting?"
+        )
+    pitfalls = check_model(model)
+    regions: list[nn.Module] = []
+    for name, block in named:
+        regions += _install(block, decisions.get(name, BlockDecision("none")))
+    pitfalls += check_regions(model, regions)
+    warn_pitfalls(pitfalls, model_name=type(model).__name__)
+    _offload_notice(model, {d.kind for d in decisions.values()})
+    model.__dict__[_APPLIED] = AppliedStrategy(
+        label, tuple((name, decisions.get(name, BlockDecision("none")).label())
+                     for name, _ in named)
+    )
+    return model
+
+
+def apply(model: M, strategy: str | Any, *, blocks: BlocksSpec = None) -> M:
+    """Checkpoint (or offload) a model's blocks in place and return the model.
+
+    Trades compute for memory: checkpointed regions drop their activations after
+    forward and recompute them in backward (about one extra forward of the region).
+    Always non-reentrant ``torch.utils.checkpoint`` with the RNG state preserved,
+    so dropout draws the same masks on recompute and gradients are unchanged.
+    The module tree, ``state_dict()`` keys and parameter names are untouched.
+    Applying again replaces the previous strategy; :func:`remove` undoes it.
+
+    Args:
+        model: the model; its repeated blocks are found by :func:`remat.find_blocks`.
+        strategy: ``"none"``, ``"full"`` (each block), ``"every:N"`` (blocks 0, N, 2N, ...),
+            ``"sqrt"`` (consecutive blocks in ~sqrt(L) segments, one region each),
+            ``"attn"`` / ``"mlp"`` (only that sub-layer of each block), ``"ops"`` (op-level
+            selective checkpointing: keep matmul/attention/conv outputs, recompute the
+            rest), ``"offload"`` (saved activations in pinned host memory; a no-op on
+            CPU), or a Plan from :func:`remat.plan`.
+        blocks: which modules are blocks: a class, a list of classes, or a predicate
+            ``(qualified_name, module) -> bool``. Default: found automatically.
+
+    Returns:
+        ``model``, modified in place.
+
+    Raises:
+        StrategyError: unknown strategy (the message lists the valid ones).
+        BlocksNotFound: no repeated blocks found (the message says how to pass ``blocks=``).
+
+    Example:
+        >>> model = remat.models.build_model("gpt-tiny")
+        >>> remat.apply(model, "every:2")  # checkpoint blocks 0, 2, 4, ...
+    """
+    plan_decisions = getattr(strategy, "decisions", None)
+    if plan_decisions is not None and not isinstance(strategy, str):
+        plan_blocks = getattr(strategy, "blocks", None)
+        return apply_decisions(model, plan_decisions, blocks=blocks or plan_blocks, label="plan")
+    spec = parse_strategy(strategy)
+    named = named_blocks(model, blocks)
+    if spec.name != "sqrt":
+        decisions = dict(zip((n for n, _ in named), expand_strategy(spec, len(named)),
+                             strict=True))
+        return apply_decisions(model, decisions, blocks=blocks, label=str(spec))
+    remove(model)
+    pitfalls = check_model(model)
+    regions: list[nn.Module] = []
+    for segment in sqrt_segments(len(named)):
+        members = [named[i][1] for i in segment]
+        install_segment(members, label="sqrt")
+        regions += members
+    pitfalls += check_regions(model, regions)
+    warn_pitfalls(pitfalls, model_name=type(model).__name__)
+    model.__dict__[_APPLIED] = AppliedStrategy(
+        "sqrt", tuple((name, "sqrt") for name, _ in named)
+    )
+    return model
+
+

@@ -1,0 +1,368 @@
+"""Install checkpointed regions on modules without changing the module tree.
+
+A region replaces a module's *instance* ``forward`` with one that runs the
+original forward under non-reentrant ``torch.utils.checkpoint`` (or under
+``save_on_cpu`` for offload). Nothing is wrapped or renamed, so
+``state_dict()`` keys, ``named_parameters()``, ``find_blocks`` and FSDP2's
+per-module hooks see exactly the modules they saw before.
+
+NOTE [ Instance forward ]
+    ``nn.Module.__call__`` looks ``self.forward`` up on the instance first. The
+    override is a ``types.MethodType`` bound to the module, so ``copy.deepcopy``
+    (and fake-tensor copies) rebind it to the copy; the original forward is
+    found again at call time (``type(module).forward``, or a forward the instance
+    already had, kept in ``_remat_prev_forward``). Hooks on the module itself stay
+    outside the region and fire once; hooks on its descendants run again on
+    recompute (validate/pitfalls.py warns about them).
+
+NOTE [ Segments ]
+    ``sqrt`` makes several consecutive blocks one region. The parent module's loop
+    (``for block in blocks: x = block(x, ...)``) stays as it is: the first block
+    opens the region (``_checkpoint_without_reentrant_generator``, the same
+    machinery as ``torch.distributed._composable.checkpoint``), every block
+    records its own arguments with the hidden state replaced by a marker, and
+    the last block closes it. Recomputation replays the blocks in order, feeding
+    each block's output to the next. Each forward pass keeps its own record, so
+    several forwards before one backward stay correct.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import types
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import (
+    _checkpoint_without_reentrant_generator,
+    checkpoint,
+    create_selective_checkpoint_contexts,
+    noop_context_fn,
+)
+
+from remat.errors import RematError
+from remat.strategies.context import recomputing
+from remat.strategies.ops import make_policy
+
+__all__ = [
+    "RegionInfo",
+    "install_checkpoint",
+    "install_offload",
+    "install_segment",
+    "region_of",
+    "uninstall",
+]
+
+_STATE = "_remat_region"
+_PREV_FORWARD = "_remat_prev_forward"
+
+
+@dataclass
+class RegionInfo:
+    """What remat installed on one module (kept in the module's ``__dict__``).
+
+    Args:
+        kind: ``"checkpoint"``, ``"offload"`` or ``"segment"``.
+        label: the decision it implements, e.g. ``"full"``, ``"ops"``, ``"sqrt"``.
+        save_ops: op names whose outputs are saved (op-level SAC), else ``None``.
+        stateful: modules inside the region with running statistics (BatchNorm);
+            their statistics are restored after each recompute.
+        segment: the shared segment state when ``kind == "segment"``.
+    """
+
+    kind: str
+    label: str
+    save_ops: frozenset[str] | None = None
+    stateful: tuple[nn.Module, ...] = ()
+    segment: _Segment | None = None
+
+
+@dataclass(eq=False)
+class _Segment:
+    members: list[nn.Module]
+    stateful: tuple[nn.Module, ...] = ()
+    generator: Any = None
+    calls: list[Any] = field(default_factory=list)
+    last_output: Any = None
+    position: int = 0
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> _Segment:
+        import copy
+
+        return _Segment(
+            members=copy.deepcopy(self.members, memo),
+            stateful=copy.deepcopy(self.stateful, memo),
+        )
+
+
+def region_of(module: nn.Module) -> RegionInfo | None:
+    """The region remat installed on ``module``, or ``None``."""
+    info = module.__dict__.get(_STATE)
+    return info if isinstance(info, RegionInfo) else None
+
+
+def _inner_forward(module: nn.Module) -> Callable[..., Any]:
+    previous = module.__dict__.get(_PREV_FORWARD)
+    if previous is not None:
+        return previous  # type: ignore[no-any-return]
+    return type(module).forward.__get__(module)  # type: ignore[no-any-return]
+
+
+def _set_forward(module: nn.Module, fn: Callable[..., Any], info: RegionInfo) -> None:
+    if region_of(module) is not None:
+        uninstall(module)
+    if "forward" in module.__dict__:
+        module.__dict__[_PREV_FORWARD] = module.__dict__.pop("forward")
+    module.__dict__[_STATE] = info
+    module.__dict__["forward"] = types.MethodType(fn, module)
+
+
+def uninstall(module: nn.Module) -> None:
+    """Restore ``module``'s own forward (no-op when nothing is installed)."""
+    if region_of(module) is None:
+        return
+    del module.__dict__[_STATE]
+    module.__dict__.pop("forward", None)
+    previous = module.__dict__.pop(_PREV_FORWARD, None)
+    if previous is not None:
+        module.__dict__["forward"] = previous
+
+
+def stateful_modules(module: nn.Module) -> tuple[nn.Module, ...]:
+    """Descendants whose forward updates buffers in training (BatchNorm running stats)."""
+    return tuple(
+        m for m in module.modules()
+        if isinstance(m, nn.modules.batchnorm._NormBase) and m.track_running_stats
+    )
+
+
+@contextlib.contextmanager
+def _restore_running_stats(modules: tuple[nn.Module, ...]) -> Iterator[None]:
+    saved = [
+        {name: buf.clone() for name, buf in m.named_buffers(recurse=False) if buf is not None}
+        for m in modules
+    ]
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for m, buffers in zip(modules, saved, strict=True):
+                for name, value in buffers.items():
+                    getattr(m, name).copy_(value)
+
+
+@contextlib.contextmanager
+def _recompute_context(inner: Any, stateful: tuple[nn.Module, ...]) -> Iterator[None]:
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(recomputing())
+        if stateful:
+            stack.enter_context(_restore_running_stats(stateful))
+        if inner is not None:
+            stack.enter_context(inner)
+        yield
+
+
+def _context_fn(save_ops: frozenset[str] | None,
+                stateful: tuple[nn.Module, ...]) -> Callable[[], tuple[Any, Any]]:
+    # Under torch.compile the context managers must be SAC's own dispatch modes
+    # (torch.utils.checkpoint asserts it), so the recompute marker is left out.
+    if torch.compiler.is_compiling():
+        if save_ops is None:
+            return noop_context_fn
+        return partial(create_selective_checkpoint_contexts, make_policy(save_ops))
+
+    def context_fn() -> tuple[Any, Any]:
+        if save_ops is None:
+            return contextlib.nullcontext(), _recompute_context(None, stateful)
+        forward_ctx, recompute_ctx = create_selective_checkpoint_contexts(make_policy(save_ops))
+        return forward_ctx, _recompute_context(recompute_ctx, stateful)
+
+    return context_fn
+
+
+# ---- single-module checkpoint ------------------------------------------------------------
+
+def _checkpointed_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
+    info: RegionInfo = self.__dict__[_STATE]
+    inner = _inner_forward(self)
+    if not torch.is_grad_enabled():
+        return inner(*args, **kwargs)
+    return checkpoint(
+        inner,
+        *args,
+        use_reentrant=False,
+        preserve_rng_state=True,
+        context_fn=_context_fn(info.save_ops, info.stateful),
+        **kwargs,
+    )
+
+
+def install_checkpoint(module: nn.Module, *, label: str = "full",
+                       save_ops: frozenset[str] | None = None) -> None:
+    """Run ``module`` under non-reentrant checkpoint (op-level SAC when ``save_ops``).
+
+    Args:
+        module: the module whose forward becomes one checkpointed region.
+        label: the decision name recorded for reporting. Default: ``"full"``.
+        save_ops: aten op names whose outputs are kept (selective checkpointing);
+            ``None`` recomputes everything. Default: ``None``.
+    """
+    info = RegionInfo("checkpoint", label, save_ops=save_ops, stateful=stateful_modules(module))
+    _set_forward(module, _checkpointed_forward, info)
+
+
+# ---- offload -----------------------------------------------------------------------------
+
+def _first_tensor_device(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.device | None:
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, torch.Tensor):
+            return value.device
+    return None
+
+
+def _offload_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
+    inner = _inner_forward(self)
+    device = _first_tensor_device(args, kwargs)
+    if not torch.is_grad_enabled() or device is None or device.type in ("cpu", "meta"):
+        return inner(*args, **kwargs)
+    with torch.autograd.graph.save_on_cpu(pin_memory=True):
+        return inner(*args, **kwargs)
+
+
+def install_offload(module: nn.Module, *, label: str = "offload") -> None:
+    """Keep the tensors ``module`` saves for backward in (pinned) host memory.
+
+    On a CPU-only run there is no separate host memory and this is a no-op.
+    """
+    _set_forward(module, _offload_forward, RegionInfo("offload", label))
+
+
+# ---- segments (several consecutive blocks as one region) --------------------------------
+
+_CHAINED = object()  # stands for "the previous block's output" in recorded arguments
+_GENERATOR_HAS_EARLY_STOP = "early_stop" in inspect.signature(
+    _checkpoint_without_reentrant_generator
+).parameters
+
+
+def _hidden_state(output: Any) -> torch.Tensor | None:
+    if isinstance(output, torch.Tensor):
+        return output
+    if isinstance(output, (tuple, list)) and output and isinstance(output[0], torch.Tensor):
+        return output[0]
+    return None
+
+
+def _replace_chained(args: tuple[Any, ...], kwargs: dict[str, Any],
+                     hidden: torch.Tensor) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    return (
+        tuple(hidden if a is _CHAINED else a for a in args),
+        {k: (hidden if v is _CHAINED else v) for k, v in kwargs.items()},
+    )
+
+
+def _run_segment(members: list[nn.Module], calls: list[Any], *args: Any, **kwargs: Any) -> None:
+    output = _inner_forward(members[0])(*args, **kwargs)
+    for member, (call_args, call_kwargs) in zip(members[1:], calls[1:], strict=True):
+        hidden = _hidden_state(output)
+        if hidden is None:
+            raise RematError(
+                f"remat sqrt segment: {type(members[0]).__name__} returned "
+                f"{type(output).__name__}, not a tensor or a tuple starting with one"
+            )
+        args_k, kwargs_k = _replace_chained(call_args, call_kwargs, hidden)
+        output = _inner_forward(member)(*args_k, **kwargs_k)
+
+
+def _close_segment(segment: _Segment) -> None:
+    generator, segment.generator = segment.generator, None
+    segment.last_output = None
+    segment.position = 0
+    if generator is not None:
+        with contextlib.suppress(StopIteration):
+            next(generator)
+
+
+def _abort_segment(segment: _Segment) -> None:
+    generator, segment.generator = segment.generator, None
+    segment.last_output = None
+    segment.position = 0
+    if generator is not None:
+        generator.close()
+
+
+def _segment_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
+    info: RegionInfo = self.__dict__[_STATE]
+    segment = info.segment
+    if segment is None:
+        raise RematError("remat: a segment region lost its state; call remat.apply again")
+    inner = _inner_forward(self)
+    if not torch.is_grad_enabled():
+        return inner(*args, **kwargs)
+    index = next(i for i, m in enumerate(segment.members) if m is self)
+    if index == 0:
+        if segment.generator is not None:
+            _abort_segment(segment)
+        segment.calls = [None]
+        runner = partial(_run_segment, segment.members, segment.calls)
+        options: list[Any] = [True, _context_fn(None, segment.stateful), "default", False]
+        if _GENERATOR_HAS_EARLY_STOP:
+            options.append(True)
+        segment.generator = _checkpoint_without_reentrant_generator(
+            runner, *options, *args, **kwargs
+        )
+        next(segment.generator)
+    else:
+        if segment.generator is None or segment.position != index:
+            return inner(*args, **kwargs)  # called outside the segment's usual order
+        hidden = _hidden_state(segment.last_output)
+        record_args = tuple(_CHAINED if a is hidden else a for a in args)
+        record_kwargs = {k: (_CHAINED if v is hidden else v) for k, v in kwargs.items()}
+        if hidden is None or (
+            _CHAINED not in record_args and _CHAINED not in record_kwargs.values()
+        ):
+            _abort_segment(segment)
+            raise RematError(
+                f"remat sqrt: block {index} of a segment ({type(self).__name__}) did not receive "
+                "the previous block's output as an argument, so the segment cannot be replayed. "
+                "The model transforms the hidden state between blocks; use strategy 'full' or "
+                "'every:N' (one region per block) for this model."
+            )
+        segment.calls.append((record_args, record_kwargs))
+    try:
+        output = inner(*args, **kwargs)
+    except BaseException:
+        _abort_segment(segment)
+        raise
+    segment.position = index + 1
+    segment.last_output = output
+    if segment.position == len(segment.members):
+        _close_segment(segment)
+    return output
+
+
+def install_segment(modules: list[nn.Module], *, label: str = "sqrt") -> None:
+    """Make consecutive ``modules`` one checkpointed region (see NOTE [ Segments ]).
+
+    Args:
+        modules: blocks called one after another by their parent, each taking the
+            previous one's output (or its first element) as an argument.
+        label: decision name recorded for reporting. Default: ``"sqrt"``.
+    """
+    if not modules:
+        return
+    if len(modules) == 1:
+        install_checkpoint(modules[0], label=label)
+        return
+    stateful = tuple(m for module in modules for m in stateful_modules(module))
+    segment = _Segment(members=list(modules), stateful=stateful)
+    for module in modules:
+        _set_forward(module, _segment_forward,
+                     RegionInfo("segment", label, stateful=stateful, segment=segment))
+
+

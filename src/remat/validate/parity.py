@@ -1,0 +1,201 @@
+"""Gradient parity: a checkpointed model must train exactly like the original.
+
+``validate`` runs one forward/backward without checkpointing and one with the
+strategy, on the same weights, inputs and RNG seed, and compares the loss and
+every parameter gradient.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from remat.blocks import BlocksSpec
+from remat.errors import ParityError
+
+__all__ = ["ParityReport", "relative_error", "validate"]
+
+_TINY = 1e-30
+_REMAT_KEYS = ("forward", "_remat_region", "_remat_prev_forward", "_remat_applied")
+
+
+@dataclass(frozen=True)
+class ParityReport:
+    """Loss and gradients of a strategy compared with the un-checkpointed model.
+
+    Args:
+        strategy: the strategy (or ``"plan"``) that was checked.
+        loss_ref: loss without checkpointing.
+        loss: loss with the strategy.
+        loss_rel_error: ``|loss - loss_ref| / |loss_ref|``.
+        max_rel_error: the worst relative error over the loss and all gradients.
+        worst_param: name of the parameter with the worst gradient error.
+        per_param_rel_error: per parameter, ``max|g - g_ref| / max|g_ref|``.
+        rtol: the tolerance ``passed`` uses. Default: ``1e-6``.
+    """
+
+    strategy: str
+    loss_ref: float
+    loss: float
+    loss_rel_error: float
+    max_rel_error: float
+    worst_param: str
+    per_param_rel_error: dict[str, float] = field(default_factory=dict)
+    rtol: float = 1e-6
+
+    def __post_init__(self) -> None:
+        if not self.rtol > 0:
+            raise ValueError(f"ParityReport: rtol must be > 0, got {self.rtol!r}")
+
+    @property
+    def passed(self) -> bool:
+        """Whether loss and every gradient match within ``rtol``."""
+        return self.max_rel_error <= self.rtol
+
+    def raise_if_failed(self) -> None:
+        """Raise :class:`~remat.errors.ParityError` when the check failed."""
+        if not self.passed:
+            raise ParityError(
+                f"remat.validate: strategy {self.strategy!r} changes gradients: worst relative "
+                f"error {self.max_rel_error:.3g} (parameter {self.worst_param!r}) > rtol "
+                f"{self.rtol:.1g}; loss {self.loss:.8g} vs {self.loss_ref:.8g}. Check for "
+                "randomness outside torch's RNG or state updated in forward (see pitfall "
+                "warnings from remat.apply)."
+            )
+
+
+def relative_error(value: torch.Tensor, reference: torch.Tensor) -> float:
+    """``max|value - reference| / max|reference|`` in float64 (0 when both are zero)."""
+    diff = (value.double() - reference.double()).abs().max().item() if value.numel() else 0.0
+    scale = reference.double().abs().max().item() if reference.numel() else 0.0
+    if diff == 0.0:
+        return 0.0
+    return float(diff / max(scale, _TINY))
+
+
+def _loss_of(output: Any, batch: Any, loss_fn: Callable[[Any, Any], torch.Tensor] | None
+             ) -> torch.Tensor:
+    if loss_fn is not None:
+        return loss_fn(output, batch)
+    loss = getattr(output, "loss", None)
+    if isinstance(loss, torch.Tensor):
+        return loss
+    if isinstance(output, (tuple, list)) and output and isinstance(output[0], torch.Tensor):
+        return output[0].float().mean() if output[0].dim() else output[0]
+    if isinstance(output, torch.Tensor):
+        return output.float().mean()
+    raise TypeError(
+        f"remat.validate: cannot find a loss in the model output ({type(output).__name__}); "
+        "pass loss_fn=lambda output, batch: ..."
+    )
+
+
+def _call(model: nn.Module, batch: Any) -> Any:
+    if isinstance(batch, dict):
+        return model(**batch)
+    if isinstance(batch, (tuple, list)):
+        return model(*batch)
+    return model(batch)
+
+
+@contextmanager
+def _preserved(model: nn.Module) -> Iterator[None]:
+    """Restore remat regions, buffers, grads and the RNG state afterwards."""
+    installed = {
+        id(m): (m, {k: m.__dict__[k] for k in _REMAT_KEYS if k in m.__dict__})
+        for m in model.modules()
+    }
+    buffers = {name: b.detach().clone() for name, b in model.named_buffers()}
+    grads = {name: p.grad for name, p in model.named_parameters()}
+    cpu_rng = torch.get_rng_state()
+    cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+    from remat.strategies.apply import remove  # strategies imports validate.pitfalls
+
+    try:
+        yield
+    finally:
+        remove(model)
+        for module, saved in installed.values():
+            module.__dict__.update(saved)
+        with torch.no_grad():
+            for name, b in model.named_buffers():
+                if name in buffers:
+                    b.copy_(buffers[name])
+        for name, p in model.named_parameters():
+            p.grad = grads[name]
+        torch.set_rng_state(cpu_rng)
+        if cuda_rng is not None:
+            torch.cuda.set_rng_state_all(cuda_rng)
+
+
+def _step(model: nn.Module, batch: Any, loss_fn: Callable[[Any, Any], torch.Tensor] | None,
+          seed: int) -> tuple[float, dict[str, torch.Tensor | None]]:
+    for p in model.parameters():
+        p.grad = None
+    torch.manual_seed(seed)
+    loss = _loss_of(_call(model, batch), batch, loss_fn)
+    loss.backward()
+    grads = {n: (p.grad.detach().clone() if p.grad is not None else None)
+             for n, p in model.named_parameters()}
+    return float(loss.detach().double().item()), grads
+
+
+def validate(model: nn.Module, batch: Any, strategy: str | Any, *, blocks: BlocksSpec = None,
+             loss_fn: Callable[[Any, Any], torch.Tensor] | None = None, rtol: float = 1e-6,
+             seed: int = 0) -> ParityReport:
+    """Check that a strategy leaves the loss and every parameter gradient unchanged.
+
+    Runs one step without checkpointing and one with ``strategy`` on the same weights,
+    batch and RNG seed (dropout draws the same masks), and compares. The model is
+    left as it was: its applied strategy, buffers, gradients and the global RNG
+    state are restored. Costs two training steps of memory for gradients.
+
+    Args:
+        model: the model (in train mode for dropout to matter).
+        batch: a tensor, tuple (``model(*batch)``) or dict (``model(**batch)``).
+        strategy: a strategy string (see :func:`remat.apply`) or a Plan.
+        blocks: which modules are blocks (see :func:`remat.find_blocks`). Default: automatic.
+        loss_fn: ``loss_fn(output, batch) -> Tensor``. Default: ``output.loss``, else the
+            mean of the output.
+        rtol: relative tolerance for ``report.passed``. Default: ``1e-6``.
+        seed: RNG seed both runs start from. Default: ``0``.
+
+    Returns:
+        A :class:`ParityReport`; call ``report.raise_if_failed()`` to turn a failure into
+        an exception.
+
+    Example:
+        >>> report = remat.validate(model, batch, "ops")
+        >>> report.passed, report.max_rel_error
+        (True, 0.0)
+    """
+    from remat.strategies.apply import apply, remove  # strategies imports validate.pitfalls
+
+    label = strategy if isinstance(strategy, str) else "plan"
+    with _preserved(model):
+        remove(model)
+        loss_ref, grads_ref = _step(model, batch, loss_fn, seed)
+        apply(model, strategy, blocks=blocks)
+        loss, grads = _step(model, batch, loss_fn, seed)
+    per_param: dict[str, float] = {}
+    for name, ref in grads_ref.items():
+        got = grads[name]
+        if ref is None and got is None:
+            continue
+        if ref is None or got is None:
+            per_param[name] = math.inf
+            continue
+        per_param[name] = relative_error(got, ref)
+    loss_err = abs(loss - loss_ref) / max(abs(loss_ref), _TINY) if loss != loss_ref else 0.0
+    worst_param = max(per_param, key=lambda n: per_param[n]) if per_param else ""
+    worst = max([loss_err, *per_param.values()])
+    return ParityReport(
+        strategy=label, loss_ref=loss_ref, loss=loss, loss_rel_error=loss_err,
+        max_rel_error=worst, worst_param=worst_param, per_param_rel_error=per_param, rtol=rtol,
+    )
