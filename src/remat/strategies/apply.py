@@ -16,11 +16,9 @@ from remat.strategies.regions import (
     install_checkpoint,
     install_offload,
     install_segment,
-    region_of,
     uninstall,
 )
 from remat.strategies.spec import (
-    STRATEGIES,
     BlockDecision,
     expand_strategy,
     parse_strategy,

@@ -1,0 +1,334 @@
+"""Find the repeated blocks of a model, and the attention / MLP sub-layers inside a block.
+
+Every remat API that takes a model accepts ``blocks=`` (a :data:`BlocksSpec`) and resolves it
+here, so the rules below are the single definition of "a block".
+
+# NOTE [ Default block detection ]
+Rule 1: candidates are groups of >= 2 modules of the same class held by one container
+        (``nn.ModuleList``, ``nn.Sequential`` or ``nn.ModuleDict``), or the single member of
+        a one-element ``nn.ModuleList`` (a one-layer model's stack). A container whose members
+        are all one class gives one candidate; a mixed ``nn.Sequential(emb, blk, blk, head)``
+        gives one per repeated class. Members that are themselves ``ModuleList``/``ModuleDict``
+        (not callable) never count; their contents are containers of their own.
+Rule 2: a candidate's size is the number of distinct parameter elements its members hold.
+        Candidates holding no parameters never qualify.
+Rule 3: candidates are taken greedily, largest first (outer container first on ties), and a
+        candidate is kept when it holds >= 10% of the largest one's parameters and none of its
+        members contains, or is contained in, an already kept block. This selects the two stacks
+        of an encoder-decoder (T5: ``encoder.block`` and ``decoder.block``), and never the
+        sub-layers of a block (e.g. ``T5Block.layer``) nor a stray pair of Linears.
+Rule 4: blocks are returned in module registration order (``named_modules``), the proxy for
+        forward order used throughout remat.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from typing import Literal, TypeAlias
+
+from torch import nn
+
+from remat.errors import BlocksNotFound
+
+__all__ = ["BlocksSpec", "find_blocks", "find_sublayer", "named_blocks"]
+
+BlocksSpec: TypeAlias = (
+    type[nn.Module] | Sequence[type[nn.Module]] | Callable[[str, nn.Module], bool] | None
+)
+"""What ``blocks=`` accepts: a block class, several classes, a predicate
+``(qualified_name, module) -> bool``, or None for automatic detection."""
+
+_MIN_SHARE = 0.10  # See Rule 3.
+_CONTAINERS = (nn.ModuleList, nn.Sequential, nn.ModuleDict)
+_BLOCKS_HINT = (
+    "Pass blocks=YourBlockClass (e.g. blocks=LlamaDecoderLayer), a tuple of classes, or "
+    "blocks=lambda name, module: ... selecting the repeated layers"
+)
+
+
+def named_blocks(
+    model: nn.Module, blocks: BlocksSpec = None, *, api: str = "remat.find_blocks"
+) -> list[tuple[str, nn.Module]]:
+    """The repeated blocks of ``model`` as ``(qualified_name, module)``, in forward order.
+
+    Checkpointing granularity is a trade-off: whole blocks are the natural unit (one saved
+    input per block), so remat finds them once here and every strategy works on this list.
+
+    Args:
+        model: any ``nn.Module``.
+        blocks: None to detect the blocks (see NOTE [ Default block detection ] in this
+            module); a class or a sequence of classes (``isinstance``); or a predicate
+            ``(qualified_name, module) -> bool``. Explicit specs return only outermost matches:
+            a match nested in another match is skipped. The root module is never a block.
+            Default: None.
+        api: name of the public API to prefix errors with. Default: "remat.find_blocks".
+
+    Returns:
+        A non-empty list of ``(qualified_name, module)`` pairs, names as in
+        ``model.named_modules()``.
+
+    Raises:
+        BlocksNotFound: nothing matched; the message lists what was searched.
+        TypeError: ``blocks`` is not a valid :data:`BlocksSpec`.
+
+    Example::
+
+        >>> from remat.models import build_model
+        >>> [name for name, _ in named_blocks(build_model("gpt-tiny"))]
+        ['blocks.0', 'blocks.1']
+    """
+    if blocks is None:
+        return _detect_blocks(model, api)
+    predicate = _as_predicate(blocks, api)
+    found: list[tuple[str, nn.Module]] = []
+    for name, module in _walk_outermost(model, predicate):
+        found.append((name, module))
+    if not found:
+        raise BlocksNotFound(
+            f"{api}: blocks={_describe_spec(blocks)} matched no submodule of "
+            f"{type(model).__name__} (searched {sum(1 for _ in model.named_modules()) - 1} "
+            f"submodules; classes present: {_class_summary(model)}). {_BLOCKS_HINT}"
+        )
+    return found
+
+
+def find_blocks(model: nn.Module, blocks: BlocksSpec = None) -> list[nn.Module]:
+    """The repeated blocks of ``model``, in forward order; see :func:`named_blocks`.
+
+    Example::
+
+        >>> from remat.models import build_model
+        >>> len(find_blocks(build_model("llama-tiny")))
+        2
+    """
+    return [module for _, module in named_blocks(model, blocks)]
+
+
+# --------------------------------------------------------------------------- explicit specs
+
+
+def _as_predicate(blocks: BlocksSpec, api: str) -> Callable[[str, nn.Module], bool]:
+    if isinstance(blocks, type):
+        if not issubclass(blocks, nn.Module):
+            raise TypeError(f"{api}: blocks={blocks.__name__} is not an nn.Module subclass")
+        cls = blocks
+        return lambda _name, module: isinstance(module, cls)
+    if isinstance(blocks, Sequence) and not isinstance(blocks, str):
+        classes = tuple(blocks)
+        bad = [c for c in classes if not (isinstance(c, type) and issubclass(c, nn.Module))]
+        if bad or not classes:
+            raise TypeError(
+                f"{api}: blocks= as a sequence must hold nn.Module subclasses, got {blocks!r}"
+            )
+        return lambda _name, module: isinstance(module, classes)
+    if callable(blocks):
+        return blocks
+    raise TypeError(
+        f"{api}: blocks= must be an nn.Module subclass, a sequence of them, a predicate "
+        f"(name, module) -> bool, or None; got {type(blocks).__name__}"
+    )
+
+
+def _walk_outermost(
+    model: nn.Module, predicate: Callable[[str, nn.Module], bool]
+) -> Iterator[tuple[str, nn.Module]]:
+    """Depth-first in registration order, not descending into matches; the root is skipped."""
+
+    def visit(prefix: str, module: nn.Module) -> Iterator[tuple[str, nn.Module]]:
+        for child_name, child in module.named_children():
+            name = f"{prefix}.{child_name}" if prefix else child_name
+            if predicate(name, child):
+                yield name, child
+            else:
+                yield from visit(name, child)
+
+    yield from visit("", model)
+
+
+def _describe_spec(blocks: BlocksSpec) -> str:
+    if isinstance(blocks, type):
+        return blocks.__name__
+    if isinstance(blocks, Sequence):
+        return "(" + ", ".join(getattr(c, "__name__", repr(c)) for c in blocks) + ")"
+    return getattr(blocks, "__name__", "<predicate>")
+
+
+def _class_summary(model: nn.Module, limit: int = 12) -> str:
+    names: list[str] = []
+    for _, m in model.named_modules():
+        n = type(m).__name__
+        if m is not model and n not in names:
+            names.append(n)
+    shown = ", ".join(names[:limit])
+    return shown + (f", ... ({len(names) - limit} more)" if len(names) > limit else "") or "none"
+
+
+# --------------------------------------------------------------------------- detection
+
+
+class _Candidate:
+    __slots__ = ("container", "cls", "members", "params")
+
+    def __init__(self, container: str, cls: type[nn.Module],
+                 members: list[tuple[str, nn.Module]], params: int) -> None:
+        self.container = container
+        self.cls = cls
+        self.members = members
+        self.params = params
+
+
+def _param_count(modules: Sequence[nn.Module]) -> int:
+    seen: set[int] = set()
+    total = 0
+    for m in modules:
+        for p in m.parameters():
+            if id(p) not in seen:
+                seen.add(id(p))
+                total += p.numel()
+    return total
+
+
+def _candidates(model: nn.Module) -> tuple[list[_Candidate], list[str]]:
+    """Candidate groups (Rule 1, 2) and a description of every container searched."""
+    candidates: list[_Candidate] = []
+    searched: list[str] = []
+    for name, container in model.named_modules():
+        if not isinstance(container, _CONTAINERS):
+            continue
+        by_class: dict[type[nn.Module], list[tuple[str, nn.Module]]] = {}
+        for child_name, child in container.named_children():
+            qualified = f"{name}.{child_name}" if name else child_name
+            by_class.setdefault(type(child), []).append((qualified, child))
+        label = name or "<root>"
+        kinds = ", ".join(f"{cls.__name__} x{len(ms)}" for cls, ms in by_class.items())
+        searched.append(f"{label} ({type(container).__name__}: {kinds or 'empty'})")
+        for cls, members in by_class.items():
+            # A one-layer model still has a layer stack: a ModuleList holding one block.
+            single_stack = isinstance(container, nn.ModuleList) and len(by_class) == 1
+            if (len(members) < 2 and not single_stack) or issubclass(
+                cls, (nn.ModuleList, nn.ModuleDict)
+            ):
+                continue
+            params = _param_count([m for _, m in members])
+            if params > 0:
+                candidates.append(_Candidate(name, cls, members, params))
+    return candidates, searched
+
+
+def _detect_blocks(model: nn.Module, api: str) -> list[tuple[str, nn.Module]]:
+    candidates, searched = _candidates(model)
+    if not candidates:
+        where = "; ".join(searched) if searched else "none: the model has no nn.ModuleList, "
+        where += "" if searched else "nn.Sequential or nn.ModuleDict"
+        raise BlocksNotFound(
+            f"{api}: no repeated blocks found in {type(model).__name__}: blocks are >= 2 "
+            f"same-class modules with parameters in one container (searched containers: "
+            f"{where}). {_BLOCKS_HINT}"
+        )
+    largest = max(c.params for c in candidates)
+    # Largest first; on ties, the outer container (fewer dots) first. See Rule 3.
+    ordered = sorted(candidates, key=lambda c: (-c.params, c.container.count(".")))
+    kept: list[tuple[str, nn.Module]] = []
+    for cand in ordered:
+        if cand.params < _MIN_SHARE * largest:
+            break
+        if any(_overlaps(name, other) for name, _ in cand.members for other, _ in kept):
+            continue
+        kept.extend(cand.members)
+    order = {id(m): i for i, (_, m) in enumerate(model.named_modules(remove_duplicate=False))}
+    kept.sort(key=lambda nm: order.get(id(nm[1]), len(order)))  # See Rule 4.
+    return kept
+
+
+def _overlaps(a: str, b: str) -> bool:
+    """True when qualified name ``a`` equals, contains or is contained in ``b``."""
+    return a == b or a.startswith(b + ".") or b.startswith(a + ".")
+
+
+# --------------------------------------------------------------------------- sub-layers
+
+SublayerKind = Literal["attn", "mlp"]
+
+_SUBLAYER_NAMES: dict[str, tuple[str, ...]] = {
+    "attn": ("attn", "attention", "self_attn", "self_attention", "attn_layer", "SelfAttention",
+             "selfattn", "mixer", "attn_block", "multihead_attn", "mha"),
+    "mlp": ("mlp", "ffn", "feed_forward", "feedforward", "ff", "DenseReluDense", "mlp_layer",
+            "ffn_layer", "mlp_block", "block_sparse_moe", "moe"),
+}
+_SUBLAYER_CLASS_HINTS: dict[str, tuple[str, ...]] = {
+    "attn": ("attention", "attn"),
+    "mlp": ("mlp", "feedforward", "ffn", "densereludense", "swiglu", "geglu"),
+}
+
+
+def find_sublayer(
+    block: nn.Module, kind: SublayerKind, *, names: Sequence[str] | None = None
+) -> tuple[str, nn.Module]:
+    """The attention or MLP sub-layer of ``block``, as ``(name_within_block, module)``.
+
+    Search order: direct children named like the kind (attention: ``attn``, ``attention``,
+    ``self_attn``, ``self_attention``, ``SelfAttention`` ...; MLP: ``mlp``, ``ffn``,
+    ``feed_forward``, ``ff``, ``DenseReluDense`` ...), then descendants with such a name
+    (shallowest first), then descendants whose class name contains ``Attention``/``Attn`` or
+    ``MLP``/``FeedForward``/``FFN``. Some layouts have no single MLP module (Hugging Face
+    BERT/ViT split it into ``intermediate`` and ``output``): those raise, pass ``names=``.
+
+    Args:
+        block: one block, e.g. an element of :func:`find_blocks`.
+        kind: "attn" or "mlp".
+        names: names (or dotted paths inside the block) to use instead of the defaults, in
+            order of preference; the class-name fallback is then skipped. Default: None.
+
+    Returns:
+        ``(name, module)`` where ``name`` is relative to ``block`` (``block.get_submodule(name)``
+        is ``module``).
+
+    Raises:
+        BlocksNotFound: nothing matched; the message lists the block's children.
+        ValueError: unknown ``kind``.
+
+    Example::
+
+        >>> from remat.models import build_model
+        >>> find_sublayer(build_model("llama-tiny").blocks[0], "mlp")[0]
+        'mlp'
+    """
+    if kind not in _SUBLAYER_NAMES:
+        raise ValueError(f"remat.find_sublayer: kind must be 'attn' or 'mlp', got {kind!r}")
+    wanted = tuple(names) if names is not None else _SUBLAYER_NAMES[kind]
+    lowered = [n.lower() for n in wanted]
+    children = dict(block.named_children())
+    # 1. direct children (or explicit dotted paths), in order of preference.
+    for n in wanted:
+        if n in children:
+            return n, children[n]
+        if "." in n:
+            try:
+                return n, block.get_submodule(n)
+            except AttributeError:
+                pass
+    for n in lowered:  # case-insensitive second pass
+        for child_name, child in children.items():
+            if child_name.lower() == n:
+                return child_name, child
+    descendants = [(name, m) for name, m in block.named_modules() if name]
+    descendants.sort(key=lambda nm: nm[0].count("."))  # stable: shallowest first
+    # 2. descendants whose own name matches.
+    for n in lowered:
+        for name, m in descendants:
+            if name.rsplit(".", 1)[-1].lower() == n:
+                return name, m
+    # 3. class-name substring (defaults only).
+    if names is None:
+        for hint in _SUBLAYER_CLASS_HINTS[kind]:
+            for name, m in descendants:
+                if hint in type(m).__name__.lower() and not isinstance(m, _CONTAINERS):
+                    return name, m
+    listing = ", ".join(f"{n} ({type(c).__name__})" for n, c in children.items()) or "none"
+    raise BlocksNotFound(
+        f"remat.find_sublayer: no {kind} sub-layer in {type(block).__name__} (looked for "
+        f"names {', '.join(wanted)}"
+        + ("" if names is not None else
+           f" and classes containing {'/'.join(_SUBLAYER_CLASS_HINTS[kind])}")
+        + f"; children: {listing}). Pass names=['your_{kind}_child'] or a dotted path"
+    )
