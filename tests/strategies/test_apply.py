@@ -202,11 +202,22 @@ def test_no_grad_forward_runs_plain() -> None:
         torch.testing.assert_close(model(**batch).logits, out.logits)
 
 
-def test_deepcopy_rebinds_regions_to_the_copy() -> None:
-    model = apply(build_model("gpt-tiny"), "full")
+@pytest.mark.parametrize("strategy", ["full", "sqrt", "ops"])
+def test_deepcopy_rebinds_regions_to_the_copy(strategy: str) -> None:
+    model = apply(build_model("gpt-tiny", n_layer=4), strategy)
     clone = copy.deepcopy(model)
     assert clone.blocks[0].forward.__self__ is clone.blocks[0]
-    assert validate(clone, make_batch(clone, 2), "full").passed
+    segment = region_of(clone.blocks[0]).segment  # type: ignore[union-attr]
+    if segment is not None:
+        assert segment.members[0] is clone.blocks[0]
+        assert region_of(clone.blocks[1]).segment is segment  # type: ignore[union-attr]
+    batch = make_batch(clone, 2)
+    torch.manual_seed(0)
+    clone(**batch).loss.backward()
+    torch.manual_seed(0)
+    model(**batch).loss.backward()
+    for p, q in zip(model.parameters(), clone.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad, rtol=0, atol=0)
 
 
 def test_existing_instance_forward_is_kept() -> None:

@@ -1,0 +1,31 @@
+"""Measure a training step exactly: bytes per storage, FLOPs per op, times per phase and block.
+
+Example::
+
+    >>> from remat.measure import profile
+    >>> from remat.models import build_model, make_batch
+    >>> model = build_model("gpt-tiny")
+    >>> prof = profile(model, make_batch(model, 2), timing=False)
+    >>> prof.peak_bytes >= prof.param_bytes + prof.activation_bytes
+    True
+"""
+
+from __future__ import annotations
+
+from remat.measure.fake import fake_copy
+from remat.measure.profile import BlockProfile, Profile, profile, profile_simulated
+from remat.measure.roofline import roofline_ms
+from remat.measure.step import run_step
+from remat.measure.tracker import MemoryTracker, OpRecord
+
+__all__ = [
+    "BlockProfile",
+    "MemoryTracker",
+    "OpRecord",
+    "Profile",
+    "fake_copy",
+    "profile",
+    "profile_simulated",
+    "roofline_ms",
+    "run_step",
+]

@@ -94,10 +94,13 @@ class _Segment:
     def __deepcopy__(self, memo: dict[int, Any]) -> _Segment:
         import copy
 
-        return _Segment(
-            members=copy.deepcopy(self.members, memo),
-            stateful=copy.deepcopy(self.stateful, memo),
-        )
+        # One segment is shared by all its members: register the copy before copying
+        # the members, whose state points back here, so they share the copy too.
+        clone = _Segment(members=[])
+        memo[id(self)] = clone
+        clone.members = copy.deepcopy(self.members, memo)
+        clone.stateful = copy.deepcopy(self.stateful, memo)
+        return clone
 
 
 def region_of(module: nn.Module) -> RegionInfo | None:

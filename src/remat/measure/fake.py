@@ -1,0 +1,197 @@
+"""Fake-tensor copies of a model, its batch and its optimizer, for simulated steps.
+
+Under ``FakeTensorMode`` every op computes only shapes, dtypes and strides, so a
+training step of a model far larger than the machine runs in seconds and
+allocates nothing, while :class:`~remat.measure.tracker.MemoryTracker` still sees
+every storage the real step would create (fake tensors have meta storages of the
+real size). This module turns the real (or meta-device) objects into fake ones.
+
+NOTE [ Fake copies ]
+    ``copy.deepcopy(model, memo)`` with ``memo`` pre-filled so that every
+    parameter, buffer and plain tensor attribute maps to its fake replacement:
+    no tensor data is ever copied, tied weights stay tied (one memo entry), and
+    everything else is copied the usual way. Instance-level state survives, as
+    deepcopy rebinds it to the copy: a ``types.MethodType`` forward (what
+    ``remat.apply`` installs, see strategies/regions.py NOTE [ Instance forward ])
+    is re-bound to the copied module and a ``functools.partial`` gets its
+    arguments deep-copied through the same memo. A plain closure over the
+    original module would still call the original; remat never installs one.
+    Meta tensors become fake tensors on ``device`` (CPU by default) that keep
+    the meta tensor's storage, so aliasing between them is kept too.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+__all__ = [
+    "check_fake_device",
+    "fake_batch",
+    "fake_copy",
+    "fake_copy_with_map",
+    "fake_optimizer",
+    "fake_tensor",
+]
+
+
+def fake_tensor(
+    t: Tensor, fake_mode: FakeTensorMode, *, device: torch.device | str | None = None
+) -> Tensor:
+    """A fake tensor with ``t``'s shape, strides and dtype (no data is copied).
+
+    Tensors sharing a storage keep sharing one when their device is kept.
+
+    Args:
+        t: a real, meta or fake tensor.
+        fake_mode: the mode the result belongs to.
+        device: device of the result. Default: ``t``'s device, or CPU for meta tensors.
+    """
+    converter = fake_mode.fake_tensor_converter
+    if isinstance(t, FakeTensor) and t.fake_mode is fake_mode:
+        if device is None or t.device == torch.device(device):
+            return t
+        with fake_mode:
+            return t.to(device)
+    if t.device.type == "meta" or (device is not None and t.device != torch.device(device)):
+        # A meta tensor of the same layout, claimed to live on the target device: no data,
+        # no device runtime needed (a fake "cuda" tensor works on a CPU-only build).
+        meta = t.detach() if t.device.type == "meta" else t.detach().to("meta")
+        target = torch.device(device) if device is not None else torch.device("cpu")
+        return converter.from_meta_and_device(fake_mode, meta, target)
+    return fake_mode.from_tensor(t.detach())
+
+
+def check_fake_device(device: torch.device | str | None) -> None:
+    """Raise ValueError for a fake device this PyTorch build cannot even pretend to have.
+
+    Fake CUDA tensors need a CUDA-enabled build (no GPU required); on a CPU-only build
+    the first kernel's device guard aborts the process, so refuse early.
+    """
+    if device is None:
+        return
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.backends.cuda.is_built():
+        raise ValueError(
+            f"remat.profile(simulate=True): device={str(dev)!r} needs a CUDA-enabled PyTorch "
+            f"build (this one is {torch.__version__}, CPU only); simulate on 'cpu' instead: "
+            "byte counts are the same except for device-specific kernels (attention)"
+        )
+
+
+def _plain_tensor_attributes(module: nn.Module) -> Iterable[Tensor]:
+    for value in module.__dict__.values():
+        if isinstance(value, Tensor):
+            yield value
+
+
+def fake_copy_with_map(
+    model: nn.Module, fake_mode: FakeTensorMode, *, device: torch.device | str | None = None
+) -> tuple[nn.Module, dict[int, Tensor]]:
+    """:func:`fake_copy`, also returning ``{id(original_tensor): fake_tensor}``."""
+    check_fake_device(device)
+    replaced: dict[int, Tensor] = {}
+    for module in model.modules():
+        for p in module.parameters(recurse=False):
+            if id(p) not in replaced:
+                fake = fake_tensor(p, fake_mode, device=device)
+                replaced[id(p)] = nn.Parameter(fake, requires_grad=p.requires_grad)
+        for b in module.buffers(recurse=False):
+            if id(b) not in replaced:
+                replaced[id(b)] = fake_tensor(b, fake_mode, device=device)
+        for t in _plain_tensor_attributes(module):
+            if id(t) not in replaced:
+                replaced[id(t)] = fake_tensor(t, fake_mode, device=device)
+    memo: dict[int, Any] = dict(replaced)
+    copied = copy.deepcopy(model, memo)
+    return copied, replaced
+
+
+def fake_copy(
+    model: nn.Module, fake_mode: FakeTensorMode, *, device: torch.device | str | None = None
+) -> nn.Module:
+    """A structural copy of ``model`` whose tensors are fake (see NOTE [ Fake copies ]).
+
+    Parameters stay ``nn.Parameter`` with the same ``requires_grad``; buffers and
+    tensor attributes become fake tensors of the same shape and dtype; the
+    original model is untouched and no memory is allocated for the copy's
+    tensors. Works for models on the meta device (``with torch.device("meta"):``),
+    the usual way to hold a model too large for the machine.
+
+    Args:
+        model: the model (real, meta or already fake tensors).
+        fake_mode: the ``FakeTensorMode`` to run the copy under.
+        device: device of the fake tensors (a CUDA device needs a CUDA-enabled build, not
+            a GPU). Default: each tensor's own device, CPU for meta tensors.
+
+    Example:
+        >>> from torch._subclasses.fake_tensor import FakeTensorMode
+        >>> with torch.device("meta"):
+        ...     big = torch.nn.Linear(4096, 4096)
+        >>> mode = FakeTensorMode()
+        >>> fake = fake_copy(big, mode)
+        >>> with mode:
+        ...     y = fake(torch.empty(8, 4096))
+        >>> (y.shape, y.device.type)
+        (torch.Size([8, 4096]), 'cpu')
+    """
+    return fake_copy_with_map(model, fake_mode, device=device)[0]
+
+
+def fake_batch(
+    batch: Any, fake_mode: FakeTensorMode, *, device: torch.device | str | None = None
+) -> Any:
+    """``batch`` (tensor, tuple/list or mapping, nested) with every tensor made fake.
+
+    Mappings come back as plain dicts. ``device`` as for :func:`fake_tensor`.
+    """
+    if isinstance(batch, Tensor):
+        return fake_tensor(batch, fake_mode, device=device)
+    if isinstance(batch, Mapping):
+        return {k: fake_batch(v, fake_mode, device=device) for k, v in batch.items()}
+    if isinstance(batch, tuple):
+        items = [fake_batch(v, fake_mode, device=device) for v in batch]
+        return type(batch)(*items) if hasattr(batch, "_fields") else tuple(items)
+    if isinstance(batch, list):
+        return [fake_batch(v, fake_mode, device=device) for v in batch]
+    return batch
+
+
+def fake_optimizer(
+    optimizer: torch.optim.Optimizer, replaced: Mapping[int, Tensor]
+) -> torch.optim.Optimizer:
+    """The same optimizer class and hyperparameters, over the fake parameters.
+
+    Built as ``type(optimizer)(groups, **optimizer.defaults)`` with each param group's
+    hyperparameters kept; the state starts empty (run a warm-up step to create it).
+
+    Args:
+        optimizer: the real optimizer.
+        replaced: ``{id(real_parameter): fake_parameter}`` from :func:`fake_copy_with_map`.
+
+    Raises:
+        ValueError: the optimizer holds a parameter that is not in ``replaced``.
+    """
+    groups: list[dict[str, Any]] = []
+    for index, group in enumerate(optimizer.param_groups):
+        params = []
+        for p in group["params"]:
+            if id(p) not in replaced:
+                raise ValueError(
+                    f"remat.profile(simulate=True): param group {index} of "
+                    f"{type(optimizer).__name__} holds a tensor of shape {tuple(p.shape)} that is "
+                    "not a parameter of the model; build the optimizer from model.parameters()"
+                )
+            params.append(replaced[id(p)])
+        hyper = {k: copy.deepcopy(v) for k, v in group.items() if k != "params"}
+        groups.append({**hyper, "params": params})
+    cls: Any = type(optimizer)
+    try:
+        return cls(groups, **optimizer.defaults)  # type: ignore[no-any-return]
+    except TypeError:  # a constructor that does not take its defaults back as keywords
+        return cls(groups)  # type: ignore[no-any-return]

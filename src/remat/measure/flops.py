@@ -1,0 +1,136 @@
+"""FLOPs and bytes moved by one aten op (:class:`OpRecord`), for the tracker and the roofline.
+
+FLOPs come from ``torch.utils.flop_counter.flop_registry`` (the formulas behind
+``FlopCounterMode``: matmuls, convolutions, attention), called the way
+``FlopCounterMode`` calls them (``formula(*args, **kwargs, out_val=out)``). Ops
+without a formula (pointwise, reductions, copies) count 0 FLOPs; their cost is
+the bytes they move, which :mod:`remat.measure.roofline` charges to bandwidth.
+
+NOTE [ CPU attention ]
+    ``F.scaled_dot_product_attention`` on CPU runs
+    ``aten._scaled_dot_product_flash_attention_for_cpu`` (and its ``_backward``),
+    which PyTorch's registry has no formula for. They take ``query, key, value``
+    (after ``grad_out`` in backward) first, like the CUDA flash kernels, so
+    PyTorch's formulas apply unchanged: forward is two batched matmuls,
+    2 x 2·(b·h)·s_q·s_k·d (``sdpa_flop_count``); backward five
+    (``sdpa_backward_flop_count``: the scores are recomputed). Causal masking is
+    not discounted, as in PyTorch ("We aren't accounting for causal attention"). We add
+    them to a private table instead of registering them globally, so importing
+    remat never changes ``FlopCounterMode``'s results.
+
+NOTE [ Bytes moved ]
+    ``read_bytes`` is the sum of ``nbytes`` of the op's tensor inputs and
+    ``write_bytes`` of its tensor outputs, except that ops which move no data
+    count 0 for both: views and other ops whose outputs all alias an input
+    without mutating it (``aten.view``, ``aten.t``, ``aten.detach``, ``aten.expand``
+    ...), and allocations left uninitialised (``aten.empty*``). Counting an
+    ``expand`` as its broadcast size would make the roofline charge bandwidth
+    that is never used.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils.flop_counter import flop_registry
+
+__all__ = ["PHASES", "UNINITIALISED_OPS", "OpRecord", "flop_formula", "op_flops"]
+
+PHASES: tuple[str, ...] = ("forward", "backward", "recompute", "optimizer")
+
+_aten = torch.ops.aten
+
+# See NOTE [ CPU attention ].
+_EXTRA_FORMULAS: dict[Any, Callable[..., int]] = {}
+for _cpu, _cuda in (
+    ("_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention"),
+    ("_scaled_dot_product_flash_attention_for_cpu_backward",
+     "_scaled_dot_product_flash_attention_backward"),
+):
+    _cpu_op = getattr(_aten, _cpu, None)
+    _cuda_op = getattr(_aten, _cuda, None)
+    if _cpu_op is not None and _cuda_op in flop_registry and _cpu_op not in flop_registry:
+        _EXTRA_FORMULAS[_cpu_op] = flop_registry[_cuda_op]
+
+# See NOTE [ Bytes moved ].
+UNINITIALISED_OPS: frozenset[Any] = frozenset(
+    op for op in (
+        _aten.empty, _aten.empty_like, _aten.empty_strided, _aten.new_empty,
+        _aten.new_empty_strided,
+    )
+)
+
+
+def flop_formula(packet: Any) -> Callable[..., int] | None:
+    """The FLOP formula for an op overload packet (e.g. ``torch.ops.aten.mm``), or None."""
+    formula = flop_registry.get(packet)
+    if formula is None:
+        formula = _EXTRA_FORMULAS.get(packet)
+    return formula  # type: ignore[no-any-return]
+
+
+def op_flops(packet: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> int:
+    """FLOPs of one op call, as ``FlopCounterMode`` counts them (0 when no formula).
+
+    Args:
+        packet: the op's overload packet (``func.overloadpacket``).
+        args: positional arguments of the call.
+        kwargs: keyword arguments of the call.
+        out: what the op returned.
+
+    Example:
+        >>> a, b = torch.ones(8, 64), torch.ones(64, 32)
+        >>> op_flops(torch.ops.aten.mm, (a, b), {}, a @ b)  # 2 * 8 * 64 * 32
+        32768
+    """
+    formula = flop_formula(packet)
+    if formula is None:
+        return 0
+    return int(formula(*args, **kwargs, out_val=out))
+
+
+@dataclass(frozen=True)
+class OpRecord:
+    """One aten op executed during a tracked step.
+
+    Args:
+        name: overload packet name, e.g. ``"aten.mm"``.
+        phase: ``"forward"``, ``"backward"``, ``"recompute"`` or ``"optimizer"``.
+        flops: FLOPs by ``torch.utils.flop_counter``'s formulas (0 for ops without one).
+        read_bytes: bytes of tensor inputs (0 for views; see NOTE [ Bytes moved ] in flops.py).
+        write_bytes: bytes of tensor outputs (0 for views and ``aten.empty*``).
+        block: qualified name of the block the op ran in, or None.
+        dtype_bytes: element size of the op's first floating-point output (else first
+            tensor output, else first input; 0 with no tensors): 2 selects bf16/fp16 peaks
+            in the roofline.
+        alloc_bytes: bytes of storages this op created (on the tracked device).
+
+    Example:
+        >>> OpRecord("aten.mm", "forward", 32768, 3072, 1024, None, 4, 1024).flops
+        32768
+    """
+
+    name: str
+    phase: str
+    flops: int
+    read_bytes: int
+    write_bytes: int
+    block: str | None = None
+    dtype_bytes: int = 4
+    alloc_bytes: int = 0
+
+    def __post_init__(self) -> None:
+        if self.phase not in PHASES:
+            raise ValueError(f"OpRecord: phase must be one of {PHASES}, got {self.phase!r}")
+        for name in ("flops", "read_bytes", "write_bytes", "dtype_bytes", "alloc_bytes"):
+            value = getattr(self, name)
+            if value < 0:
+                raise ValueError(f"OpRecord({self.name}): {name} must be >= 0, got {value}")
+
+    @property
+    def bytes_moved(self) -> int:
+        """``read_bytes + write_bytes``."""
+        return self.read_bytes + self.write_bytes

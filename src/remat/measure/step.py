@@ -1,0 +1,134 @@
+"""One training step, the way every measurement in remat runs it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+__all__ = ["Batch", "LossFn", "PhaseCallback", "call_model", "default_loss", "run_step"]
+
+Batch = Tensor | tuple[Any, ...] | list[Any] | Mapping[str, Any]
+LossFn = Callable[[Any, Any], Tensor]
+PhaseCallback = Callable[[str], None]
+
+
+def call_model(model: nn.Module, batch: Any, *, api: str = "remat.run_step") -> Any:
+    """Run ``model`` on ``batch``: ``model(**batch)`` for a mapping, ``model(*batch)`` for a
+    tuple or list, ``model(batch)`` for a tensor.
+
+    Raises:
+        TypeError: any other batch type.
+    """
+    if isinstance(batch, Mapping):
+        return model(**batch)
+    if isinstance(batch, (tuple, list)):
+        return model(*batch)
+    if isinstance(batch, Tensor):
+        return model(batch)
+    raise TypeError(
+        f"{api}: batch must be a Tensor, a tuple/list of arguments or a dict of keyword "
+        f"arguments, got {type(batch).__name__}"
+    )
+
+
+def default_loss(output: Any, *, api: str = "remat.run_step") -> Tensor:
+    """The loss remat trains on when no ``loss_fn`` is given.
+
+    ``output.loss`` when the output has one that is not None (Hugging Face and
+    remat's models); else the first element of a tuple/list output (reduced by a
+    float32 mean if it is not a scalar); else ``output.float().mean()`` of a tensor
+    output; else the mean of ``output.logits``.
+
+    Raises:
+        TypeError: none of the above applies; pass ``loss_fn``.
+    """
+    loss = getattr(output, "loss", None)
+    if isinstance(loss, Tensor):
+        return loss
+    if isinstance(output, (tuple, list)) and output and isinstance(output[0], Tensor):
+        first = output[0]
+        return first if first.numel() == 1 else first.float().mean()
+    if isinstance(output, Tensor):
+        return output.float().mean()
+    logits = getattr(output, "logits", None)
+    if isinstance(logits, Tensor):
+        return logits.float().mean()
+    raise TypeError(
+        f"{api}: cannot derive a loss from a model output of type {type(output).__name__} "
+        "(no .loss, not a tensor or a tuple starting with one); pass "
+        "loss_fn=lambda output, batch: ..."
+    )
+
+
+def run_step(
+    model: nn.Module,
+    batch: Any,
+    *,
+    loss_fn: LossFn | None = None,
+    optimizer: torch.optim.Optimizer | None = None,
+    on_phase: PhaseCallback | None = None,
+) -> Tensor:
+    """Run one training step: forward, loss, backward and, with an optimizer, its update.
+
+    This is the step remat measures, times and simulates, so that all three agree
+    on what a step is. Gradients accumulate into ``.grad`` as usual; with an
+    optimizer they are stepped and then cleared with ``zero_grad(set_to_none=True)``
+    (so the next step starts without gradient memory, as in a training loop).
+    The model's output is dropped once the loss is computed, as in
+    ``model(**batch).loss.backward()``: a loop that keeps its logits alive through
+    backward holds them on top of what remat measures.
+
+    Args:
+        model: the model, in train mode.
+        batch: a tensor (``model(batch)``), a tuple/list (``model(*batch)``) or a dict
+            (``model(**batch)``).
+        loss_fn: ``loss_fn(output, batch) -> scalar Tensor``. Default: ``output.loss``
+            when present, else a mean of the output (see :func:`default_loss`).
+        optimizer: stepped after backward when given. Default: ``None``.
+        on_phase: called with ``"forward"``, ``"backward"``, ``"optimizer"`` (only with an
+            optimizer) as each phase starts and ``"end"`` when the step is done; the
+            tracker and the timers hook in here. Default: ``None``.
+
+    Returns:
+        The loss, detached.
+
+    Raises:
+        ValueError: the loss does not require grad (model in eval mode under no_grad,
+            frozen parameters, or a loss_fn that detaches).
+
+    Example:
+        >>> model = torch.nn.Linear(8, 1)
+        >>> loss = run_step(model, torch.randn(4, 8))
+        >>> model.weight.grad.shape
+        torch.Size([1, 8])
+    """
+    if on_phase is not None:
+        on_phase("forward")
+    with torch.enable_grad():
+        output = call_model(model, batch)
+        loss = loss_fn(output, batch) if loss_fn is not None else default_loss(output)
+        del output
+        if not isinstance(loss, Tensor) or loss.numel() != 1:
+            raise ValueError(
+                f"remat.run_step: the loss must be a scalar Tensor, got "
+                f"{type(loss).__name__}{tuple(loss.shape) if isinstance(loss, Tensor) else ''}"
+            )
+        if not loss.requires_grad:
+            raise ValueError(
+                "remat.run_step: the loss does not require grad, so there is nothing to "
+                "backpropagate (are all parameters frozen, or does loss_fn detach?)"
+            )
+        if on_phase is not None:
+            on_phase("backward")
+        loss.backward()
+    if optimizer is not None:
+        if on_phase is not None:
+            on_phase("optimizer")
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    if on_phase is not None:
+        on_phase("end")
+    return loss.detach()

@@ -1,0 +1,51 @@
+"""roofline_ms: per-op max(compute, memory) time on a device, summed."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from remat.measure import OpRecord, profile, roofline_ms
+from remat.simulate.devices import DEVICES, DeviceSpec
+
+# A made-up device with round numbers: 100 TFLOP/s bf16, 10 TFLOP/s fp32, 1 TB/s.
+DEV = DeviceSpec("round", 10**10, 100e12, 10e12, 1e12, 1e10)
+
+
+def test_compute_bound_op_uses_the_dtype_peak():
+    mm_bf16 = OpRecord("aten.mm", "forward", flops=10**12, read_bytes=10**6, write_bytes=0,
+                       dtype_bytes=2)
+    mm_fp32 = OpRecord("aten.mm", "forward", flops=10**12, read_bytes=10**6, write_bytes=0,
+                       dtype_bytes=4)
+    assert roofline_ms([mm_bf16], DEV) == pytest.approx(10.0)  # 1e12 / 100e12 s
+    assert roofline_ms([mm_fp32], DEV) == pytest.approx(100.0)  # 1e12 / 10e12 s
+    assert roofline_ms([mm_fp32], DEV, dtype_bytes=2) == pytest.approx(10.0)
+
+
+def test_memory_bound_op_uses_bandwidth_and_ops_sum():
+    add = OpRecord("aten.add", "recompute", flops=0, read_bytes=2 * 10**9, write_bytes=10**9)
+    mm = OpRecord("aten.mm", "forward", flops=10**12, read_bytes=0, write_bytes=0, dtype_bytes=2)
+    assert roofline_ms([add], DEV) == pytest.approx(3.0)  # 3e9 B / 1e12 B/s
+    assert roofline_ms([add, mm], DEV) == pytest.approx(13.0)
+    assert roofline_ms([add, mm], DEV, phases=["recompute"]) == pytest.approx(3.0)
+    assert roofline_ms([], DEV) == 0.0
+
+
+def test_device_by_name_and_errors():
+    op = OpRecord("aten.mm", "forward", flops=989 * 10**12, read_bytes=0, write_bytes=0,
+                  dtype_bytes=2)
+    assert roofline_ms([op], "h100-80gb") == pytest.approx(1000.0)
+    assert roofline_ms([op], DEVICES["h100-80gb"]) == pytest.approx(1000.0)
+    with pytest.raises(ValueError, match="unknown phase"):
+        roofline_ms([op], DEV, phases=["fwd"])
+    with pytest.raises(ValueError, match="unknown device"):
+        roofline_ms([op], "tpu-v9")
+
+
+def test_profile_ops_carry_dtype_and_bytes(toy):
+    model = toy(n=1).to(torch.bfloat16)
+    prof = profile(model, torch.randn(8, 64, dtype=torch.bfloat16), timing=False)
+    mm = next(op for op in prof.ops if op.name == "aten.mm")
+    assert mm.dtype_bytes == 2
+    assert mm.read_bytes == 8 * 64 * 2 + 64 * 64 * 2 and mm.write_bytes == 8 * 64 * 2
+    assert roofline_ms(prof.ops, DEV) > roofline_ms(prof.ops, DEV, phases=["forward"]) > 0
