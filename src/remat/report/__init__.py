@@ -1,0 +1,26 @@
+"""Display of remat results: rich tables, markdown tables, and plots.
+
+The only package that formats units for people (bytes via
+:func:`remat.units.format_bytes`, FLOPs, percentages, times); everything else
+in remat passes raw ints and floats around.
+"""
+
+from __future__ import annotations
+
+from remat.report.plots import plot_comparison
+from remat.report.tables import (
+    blocks_table,
+    comparison_markdown,
+    comparison_table,
+    markdown_table,
+    totals_table,
+)
+
+__all__ = [
+    "blocks_table",
+    "comparison_markdown",
+    "comparison_table",
+    "markdown_table",
+    "plot_comparison",
+    "totals_table",
+]

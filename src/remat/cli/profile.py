@@ -1,0 +1,231 @@
+"""``remat profile``: one training step of one strategy, block by block."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from remat.cli import app
+from remat.cli._common import (
+    DEFAULT_MODEL,
+    BatchOpt,
+    DeviceOpt,
+    JsonOpt,
+    ModelOpt,
+    SeqOpt,
+    StrategyOpt,
+    check_fits,
+    err_console,
+    notices,
+    resolve_device,
+    stdout_console,
+    user_errors,
+    write_json,
+)
+
+__all__ = ["OptimizerChoice", "export_trace", "profile_command", "profile_to_dict"]
+
+_EPILOG = """\
+Examples:
+
+  remat profile
+
+  remat profile --model llama-small --strategy full --batch 4
+
+  remat profile --model gpt-tiny --strategy ops --optimizer adamw --json out/profile.json
+
+  remat profile --trace out/trace.json   (open it in https://ui.perfetto.dev)
+"""
+
+
+class OptimizerChoice(str, Enum):
+    """Optimizers ``remat profile`` can include in the step."""
+
+    none = "none"
+    sgd = "sgd"
+    adamw = "adamw"
+
+
+def _make_optimizer(choice: OptimizerChoice, model: Any) -> Any:
+    import torch
+
+    if choice is OptimizerChoice.sgd:
+        return torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+    if choice is OptimizerChoice.adamw:
+        return torch.optim.AdamW(model.parameters(), lr=1e-3)
+    return None
+
+
+@app.command("profile", epilog=_EPILOG)
+def profile_command(
+    model: ModelOpt = DEFAULT_MODEL,
+    batch: BatchOpt = 8,
+    seq: SeqOpt = None,
+    strategy: StrategyOpt = "none",
+    device: DeviceOpt = "auto",
+    optimizer: Annotated[OptimizerChoice, typer.Option(
+        "--optimizer", case_sensitive=False,
+        help="Include an optimizer step (its state counts towards the peak).",
+    )] = OptimizerChoice.none,
+    repeats: Annotated[int, typer.Option(
+        "--repeats", min=1, help="Timed steps (median) for forward and backward times.",
+    )] = 5,
+    seed: Annotated[int, typer.Option("--seed", help="Seed for weights and batch.")] = 0,
+    json_out: JsonOpt = None,
+    trace: Annotated[Path | None, typer.Option(
+        "--trace", metavar="FILE.json", dir_okay=False,
+        help="Export a torch.profiler Chrome trace of one step (open in Perfetto).",
+    )] = None,
+) -> None:
+    """Measure one training step of a built-in model under one strategy.
+
+    Prints the per-block table (bytes saved for backward, forward FLOPs and time),
+    the memory totals by category, and the backward/forward time ratio: about 2
+    without checkpointing, higher when blocks are recomputed during backward.
+    """
+    import torch
+
+    from remat.measure import profile as measure_profile
+    from remat.models import build_model, make_batch
+    from remat.report.tables import blocks_table, totals_table
+    from remat.strategies import apply
+
+    target = resolve_device(device)
+    check_fits(model, target, copies=2 if optimizer is OptimizerChoice.none else 4)
+    try:
+        sample = make_batch(model, batch, seq, seed=seed, device=target)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc).removeprefix("remat.models.make_batch: "),
+                                 param_hint="'--seq'") from None
+    seq_len = int(sample["input_ids"].shape[1])
+
+    from remat.cli.compare import progress_bar
+
+    with user_errors(), notices(), progress_bar(f"profile {model} ({strategy})") as update:
+        update("build model", 0, 3)
+        torch.manual_seed(seed)
+        with torch.device(target):
+            net = build_model(model)
+        net.train()
+        apply(net, strategy)
+        opt = _make_optimizer(optimizer, net)
+        update("measure step", 1, 3)
+        result = measure_profile(net, sample, optimizer=opt, repeats=repeats)
+        update("trace" if trace else "done", 2, 3)
+        if trace is not None:
+            export_trace(net, sample, trace, optimizer=opt)
+        update("done", 3, 3)
+
+    meta = {"model": model, "batch_size": batch, "seq_len": seq_len, "strategy": strategy,
+            "optimizer": optimizer.value, "seed": seed, "torch": torch.__version__}
+    if json_out != "-":
+        console = stdout_console()
+        title = f"remat profile: {model}, batch {batch}, seq {seq_len}, strategy {strategy} " \
+                f"on {result.device}"
+        console.print(blocks_table(result, title=title))
+        console.print(totals_table(result))
+        from remat.report.tables import backward_forward_ratio
+
+        ratio = backward_forward_ratio(result)
+        if ratio is not None:
+            console.print(
+                f"Backward/forward time ratio: {ratio:.2f} "
+                "(about 2 without checkpointing; recomputation adds forward work to backward)",
+                highlight=False,
+            )
+    if trace is not None:
+        err_console.print(f"Wrote {trace} (open it in https://ui.perfetto.dev)", highlight=False)
+    if json_out is not None:
+        write_json({**meta, **profile_to_dict(result)}, json_out)
+
+
+def profile_to_dict(result: Any) -> dict[str, Any]:
+    """A JSON-able dict of a :class:`remat.measure.Profile`: totals, blocks, and ops by kind.
+
+    Ops are aggregated by ``(name, phase)`` (count, FLOPs, bytes read and written),
+    which keeps the output small on large models.
+    """
+    from remat.report.tables import backward_forward_ratio
+
+    totals = {
+        key: getattr(result, key)
+        for key in ("peak_bytes", "activation_bytes", "param_bytes", "buffer_bytes",
+                    "grad_bytes", "optimizer_bytes", "batch_bytes", "flops", "forward_flops",
+                    "backward_flops", "recompute_flops", "forward_ms", "backward_ms", "step_ms",
+                    "simulated", "device", "cuda_peak_bytes")
+    }
+    blocks = [
+        {"name": b.name, "saved_bytes": b.saved_bytes, "forward_flops": b.forward_flops,
+         "forward_ms": b.forward_ms}
+        for b in result.blocks
+    ]
+    ops: dict[tuple[str, str], dict[str, Any]] = {}
+    for op in result.ops:
+        entry = ops.setdefault((op.name, op.phase), {
+            "name": op.name, "phase": op.phase, "count": 0, "flops": 0, "read_bytes": 0,
+            "write_bytes": 0,
+        })
+        entry["count"] += 1
+        entry["flops"] += op.flops
+        entry["read_bytes"] += op.read_bytes
+        entry["write_bytes"] += op.write_bytes
+    return {**totals, "backward_forward_ratio": backward_forward_ratio(result),
+            "blocks": blocks, "ops": sorted(ops.values(), key=lambda e: -e["flops"])}
+
+
+def export_trace(model: Any, batch: Any, path: str | Path, *, optimizer: Any = None,
+                 loss_fn: Callable[[Any, Any], Any] | None = None) -> Path:
+    """Run one training step under :mod:`torch.profiler` and write a Chrome trace.
+
+    The trace (JSON with ``traceEvents``) opens in https://ui.perfetto.dev or
+    chrome://tracing; forward, backward and the optimizer step are marked with
+    ``record_function`` ranges (``remat.forward``, ``remat.backward``,
+    ``remat.optimizer``). CUDA kernels are included when the model is on CUDA.
+
+    Args:
+        model: the (already checkpointed) model.
+        batch: its input (tensor, tuple, or dict passed as ``model(**batch)``).
+        path: output JSON file; parent directories are created.
+        optimizer: stepped after backward when given. Default: ``None``.
+        loss_fn: ``loss_fn(output, batch)``. Default: as in :func:`remat.measure.profile`.
+
+    Returns:
+        The path written.
+    """
+    import torch
+    from torch.profiler import ProfilerActivity, record_function
+
+    from remat.measure import run_step
+
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    activities = [ProfilerActivity.CPU]
+    on_cuda = any(p.is_cuda for p in model.parameters())
+    if on_cuda:
+        activities.append(ProfilerActivity.CUDA)
+    ranges: list[Any] = []
+
+    def on_phase(phase: str) -> None:
+        # One record_function range per phase: forward (with the loss), backward, optimizer.
+        while ranges:
+            ranges.pop().__exit__(None, None, None)
+        if phase != "end":
+            ranges.append(record_function(f"remat.{phase}"))
+            ranges[-1].__enter__()
+
+    model.zero_grad(set_to_none=True)
+    with torch.profiler.profile(activities=activities, record_shapes=True,
+                                profile_memory=True) as prof:
+        try:
+            run_step(model, batch, loss_fn=loss_fn, optimizer=optimizer, on_phase=on_phase)
+        finally:
+            on_phase("end")
+        if on_cuda:
+            torch.cuda.synchronize()
+    prof.export_chrome_trace(str(out))
+    model.zero_grad(set_to_none=True)
+    return out
