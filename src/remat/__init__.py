@@ -47,7 +47,29 @@ _EXPORTS: dict[str, str] = {
     "validate": "remat.validate.parity",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = [
+    "BlockDecision",
+    "BlocksNotFound",
+    "BudgetTooSmall",
+    "ParityError",
+    "ParityReport",
+    "Plan",
+    "Profile",
+    "RematError",
+    "RematWarning",
+    "STRATEGIES",
+    "StrategyError",
+    "apply",
+    "auto",
+    "find_blocks",
+    "format_bytes",
+    "is_recomputing",
+    "parse_bytes",
+    "plan",
+    "profile",
+    "remove",
+    "validate",
+]
 
 if TYPE_CHECKING:
     from remat.blocks import find_blocks

@@ -129,6 +129,14 @@ def apply_decisions(model: M, decisions: Mapping[str, BlockDecision], *,
     return model
 
 
+def _stacks(named: list[tuple[str, nn.Module]]) -> list[list[nn.Module]]:
+    """Group blocks by the container that holds them, keeping forward order."""
+    stacks: dict[str, list[nn.Module]] = {}
+    for name, block in named:
+        stacks.setdefault(name.rpartition(".")[0], []).append(block)
+    return list(stacks.values())
+
+
 def apply(model: M, strategy: str | Any, *, blocks: BlocksSpec = None) -> M:
     """Checkpoint (or offload) a model's blocks in place and return the model.
 
@@ -142,7 +150,8 @@ def apply(model: M, strategy: str | Any, *, blocks: BlocksSpec = None) -> M:
     Args:
         model: the model; its repeated blocks are found by :func:`remat.find_blocks`.
         strategy: ``"none"``, ``"full"`` (each block), ``"every:N"`` (blocks 0, N, 2N, ...),
-            ``"sqrt"`` (consecutive blocks in ~sqrt(L) segments, one region each),
+            ``"sqrt"`` (consecutive blocks of each stack in ~sqrt(L) segments, one region
+            each),
             ``"attn"`` / ``"mlp"`` (only that sub-layer of each block), ``"ops"`` (op-level
             selective checkpointing: keep matmul/attention/conv outputs, recompute the
             rest), ``"offload"`` (saved activations in pinned host memory; a no-op on
@@ -174,10 +183,11 @@ def apply(model: M, strategy: str | Any, *, blocks: BlocksSpec = None) -> M:
     remove(model)
     pitfalls = check_model(model)
     regions: list[nn.Module] = []
-    for segment in sqrt_segments(len(named)):
-        members = [named[i][1] for i in segment]
-        install_segment(members, label="sqrt")
-        regions += members
+    for stack in _stacks(named):  # segments never cross stacks (encoder | decoder)
+        for segment in sqrt_segments(len(stack)):
+            members = [stack[i] for i in segment]
+            install_segment(members, label="sqrt")
+            regions += members
     pitfalls += check_regions(model, regions)
     warn_pitfalls(pitfalls, model_name=type(model).__name__)
     model.__dict__[_APPLIED] = AppliedStrategy(

@@ -195,6 +195,9 @@ def _checkpointed_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
     inner = _inner_forward(self)
     if not torch.is_grad_enabled():
         return inner(*args, **kwargs)
+    if info.save_ops is None and torch.compiler.is_compiling():
+        # Dynamo traces a checkpoint with no context_fn, or SAC's own (see _context_fn).
+        return checkpoint(inner, *args, use_reentrant=False, preserve_rng_state=True, **kwargs)
     return checkpoint(
         inner,
         *args,
@@ -333,8 +336,10 @@ def _segment_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
             raise RematError(
                 f"remat sqrt: block {index} of a segment ({type(self).__name__}) did not receive "
                 "the previous block's output as an argument, so the segment cannot be replayed. "
-                "The model transforms the hidden state between blocks; use strategy 'full' or "
-                "'every:N' (one region per block) for this model."
+                "Either the model transforms the hidden state between blocks, or something "
+                "between the blocks (e.g. FSDP2 fully_shard applied per block) rewraps it; use "
+                "strategy 'full' or 'every:N' (one region per block), or shard each segment as "
+                "one group (remat.integrations.fsdp2.apply_fsdp does)."
             )
         segment.calls.append((record_args, record_kwargs))
     try:

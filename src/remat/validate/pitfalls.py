@@ -52,8 +52,8 @@ _FIXES: dict[str, str] = {
     ),
     "hf_gradient_checkpointing": (
         "the model's own gradient checkpointing (gradient_checkpointing_enable) was on; two "
-        "layers of checkpointing would recompute twice, so remat called "
-        "gradient_checkpointing_disable() and now manages checkpointing alone."
+        "layers of checkpointing would recompute twice, so remat turned it off "
+        "(gradient_checkpointing_disable()) and now manages checkpointing alone."
     ),
     "batchnorm": (
         "has running statistics inside a checkpointed region: recomputation would update them "
@@ -89,16 +89,30 @@ def check_model(model: nn.Module, *, fix: bool = True) -> list[Pitfall]:
         fix: turn off ``use_cache`` and Hugging Face's own checkpointing. Default: ``True``.
     """
     found: list[Pitfall] = []
-    config = getattr(model, "config", None)
-    if config is not None and getattr(config, "use_cache", False) is True:
-        if fix:
-            config.use_cache = False
-        found.append(Pitfall("use_cache", "", fixed=fix))
-    if getattr(model, "is_gradient_checkpointing", False) is True:
-        disable = getattr(model, "gradient_checkpointing_disable", None)
-        if fix and callable(disable):
-            disable()
-        found.append(Pitfall("hf_gradient_checkpointing", "", fixed=fix and callable(disable)))
+    # Sub-models may hold their own config copy (T5's decoder stack does): check them all.
+    seen_configs: set[int] = set()
+    for name, module in model.named_modules():
+        config = module.__dict__.get("config")
+        if config is None or id(config) in seen_configs:
+            continue
+        seen_configs.add(id(config))
+        if getattr(config, "use_cache", False) is True:
+            if fix:
+                config.use_cache = False
+            found.append(Pitfall("use_cache", name, fixed=fix))
+    # transformers >= 5 renamed gradient_* to activation_* (the old names warn).
+    for flag, disable_name in (
+        ("is_activation_checkpointing", "activation_checkpointing_disable"),
+        ("is_gradient_checkpointing", "gradient_checkpointing_disable"),
+    ):
+        if not hasattr(type(model), flag) and flag not in model.__dict__:
+            continue
+        if getattr(model, flag, False) is True:
+            disable = getattr(model, disable_name, None)
+            if fix and callable(disable):
+                disable()
+            found.append(Pitfall("hf_gradient_checkpointing", "", fixed=fix and callable(disable)))
+        break
     if not model.training:
         found.append(Pitfall("eval_mode", ""))
     if not torch.is_grad_enabled():
