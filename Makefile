@@ -23,7 +23,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -n 2 -p no:cacheprovider tests
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests benchmarks examples
+	$(BIN)/ruff check src tests benchmarks examples scripts
 	$(BIN)/mypy
 
 bench: $(STAMP)

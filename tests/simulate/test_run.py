@@ -1,0 +1,169 @@
+"""simulate(): exact against a real CPU run, fit logic, sharding, JSON."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import pytest
+import torch
+
+from remat.measure import profile
+from remat.models import build_model, make_batch
+from remat.simulate.devices import DeviceSpec
+from remat.simulate.precision import make_optimizer
+from remat.simulate.run import SimulationResult, SimulationRow, simulate
+from remat.strategies import apply
+
+SEQ = 16
+
+
+def _real_profile(strategy: str, batch_size: int, dtype: torch.dtype,
+                  autocast: bool = False):
+    torch.manual_seed(0)
+    model = build_model("llama-tiny").to(dtype)
+    optimizer = make_optimizer("adamw", model.parameters())
+    apply(model, strategy)
+    batch = make_batch(model, batch_size, SEQ)
+    run = model
+    if autocast:
+        from remat.simulate.run import _Autocast
+
+        run = _Autocast(model, torch.bfloat16)
+    return profile(run, batch, optimizer=optimizer, timing=False)
+
+
+@pytest.mark.parametrize(("precision", "dtype", "autocast"), [
+    ("fp32", torch.float32, False),
+    ("amp-bf16", torch.float32, True),
+])
+def test_simulated_bytes_equal_a_real_cpu_run(precision: str, dtype: torch.dtype,
+                                              autocast: bool) -> None:
+    result = simulate("llama-tiny", seq_len=SEQ, batch_sizes=[2], dtype=precision,
+                      strategies=["none", "full"], device="l4")
+    for strategy in ("none", "full"):
+        real = _real_profile(strategy, 2, dtype, autocast)
+        row = result.row(strategy, 2)
+        assert not real.simulated
+        assert row.peak_bytes == row.single_device_peak_bytes == real.peak_bytes
+        assert row.activation_bytes == real.activation_bytes
+        assert (row.param_bytes, row.grad_bytes, row.optimizer_bytes) == (
+            real.param_bytes, real.grad_bytes, real.optimizer_bytes)
+        assert row.flops == real.flops and row.recompute_flops == real.recompute_flops
+    assert result.row("full", 2).recompute_flops > 0 == result.row("none", 2).recompute_flops
+
+
+def test_largest_batch_on_a_synthetic_device() -> None:
+    probe = simulate("llama-tiny", seq_len=SEQ, batch_sizes=[2], optimizer="sgd",
+                     strategies=["none"], device="l4")
+    # A device exactly as large as "none" at batch 2: 1 and 2 fit (<=), 4 does not.
+    memory = probe.row("none", 2).peak_bytes
+    tiny = DeviceSpec("tiny-gpu", memory, 1e12, 1e11, 1e11, 1e9)
+    result = simulate("llama-tiny", seq_len=SEQ, batch_sizes=[4, 1, 2, 2], optimizer="sgd",
+                      strategies=["none", "full"], device=tiny)
+    assert result.batch_sizes == (1, 2, 4)
+    assert result.device == "tiny-gpu" and result.device_memory_bytes == memory
+    peaks = {(r.strategy, r.batch_size): r.peak_bytes for r in result.rows}
+    assert peaks[("none", 1)] < peaks[("none", 2)] == memory < peaks[("none", 4)]
+    assert [r.fits for r in result.rows_for("none")] == [True, True, False]
+    assert result.largest_batch("none") == 2
+    expected_full = max(b for b in (1, 2, 4) if peaks[("full", b)] <= memory)
+    assert result.largest_batch("full") == expected_full
+    assert result.largest_batches == {"none": 2, "full": expected_full}
+
+
+def _row(strategy: str, batch: int, peak: int, fits: bool, tokens: float) -> SimulationRow:
+    return SimulationRow(strategy, batch, 8, peak, fits, 1.0, tokens / 8, tokens, peak, 0,
+                         0, 0, 0, 0, 0)
+
+
+def test_largest_batch_and_best_from_rows() -> None:
+    rows = (_row("none", 1, 10, True, 100.0), _row("none", 2, 20, False, 180.0),
+            _row("full", 1, 5, True, 80.0), _row("full", 2, 8, True, 150.0),
+            _row("full", 4, 14, True, 150.0))
+    result = SimulationResult("m", 1, 8, "bf16", "adamw", "x", 12, 1, "none", (1, 2, 4),
+                              ("none", "full", "sqrt"), rows)
+    assert result.largest_batch("none") == 1
+    assert result.largest_batch("full") == 4
+    assert result.largest_batch("sqrt") is None
+    best = result.best()
+    assert best is not None and (best.strategy, best.batch_size) == ("full", 2)  # tie: less memory
+    with pytest.raises(KeyError, match="no strategy 'ops'"):
+        result.rows_for("ops")
+    data = json.loads(result.to_json())
+    assert data["largest_batch"] == {"none": 1, "full": 4, "sqrt": None}
+    assert data["best"]["batch_size"] == 2 and len(data["rows"]) == 5
+
+
+def test_sharding_rows() -> None:
+    kw = dict(seq_len=SEQ, batch_sizes=[2], strategies=["none"], device="l4", dtype="fp32")
+    single = simulate("llama-tiny", **kw).row("none", 2)
+    ddp = simulate("llama-tiny", world_size=4, sharding="ddp", **kw).row("none", 2)
+    fsdp = simulate("llama-tiny", world_size=4, sharding="fsdp", **kw).row("none", 2)
+    # DDP: whole states plus flat gradient buckets of every gradient.
+    assert ddp.single_device_peak_bytes == single.peak_bytes
+    assert ddp.peak_bytes == single.peak_bytes + single.grad_bytes
+    # FSDP: states divided by 4 (rounded up), one block and the root gathered.
+    assert fsdp.param_bytes == -(-single.param_bytes // 4)
+    assert fsdp.optimizer_bytes == -(-single.optimizer_bytes // 4)
+    assert fsdp.peak_bytes < single.peak_bytes
+    assert fsdp.activation_bytes == single.activation_bytes
+    # Throughput counts all ranks.
+    assert ddp.samples_per_s == pytest.approx(4 * 2 / (ddp.step_ms / 1e3))
+
+
+def test_bad_arguments() -> None:
+    with pytest.raises(ValueError, match="world_size=2 needs sharding"):
+        simulate("llama-tiny", seq_len=SEQ, batch_sizes=[1], world_size=2)
+    with pytest.raises(ValueError, match="batch_sizes must be a non-empty list"):
+        simulate("llama-tiny", seq_len=SEQ, batch_sizes=[])
+    with pytest.raises(ValueError, match="unknown precision 'fp8'"):
+        simulate("llama-tiny", seq_len=SEQ, batch_sizes=[1], dtype="fp8")
+    with pytest.raises(ValueError, match="unknown device 'tpu'"):
+        simulate("llama-tiny", seq_len=SEQ, batch_sizes=[1], device="tpu")
+    with pytest.raises(ValueError, match="unknown preset 'llama-3'"):
+        simulate("llama-3", seq_len=SEQ, batch_sizes=[1])
+
+
+def test_meta_module_and_factory() -> None:
+    with torch.device("meta"):
+        model = build_model("gpt-tiny", dropout=0.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        by_module = simulate(model, seq_len=SEQ, batch_sizes=[1], strategies=["full"],
+                             optimizer="none")
+        by_factory = simulate(lambda: build_model("gpt-tiny", dropout=0.0), seq_len=SEQ,
+                              batch_sizes=[1], strategies=["full"], optimizer="none")
+    assert by_module.model == by_factory.model == "GPT"
+    assert by_module.rows == by_factory.rows
+    assert by_module.rows[0].optimizer_bytes == 0
+    assert next(model.parameters()).dtype == torch.bfloat16  # converted in place (documented)
+
+
+def test_planner_hook_when_the_planner_exists() -> None:
+    from remat.simulate.run import _planner
+
+    if _planner() is None:
+        pytest.skip("remat.plan.plan is not available yet")
+    probe = simulate("llama-tiny", seq_len=SEQ, batch_sizes=[4], strategies=["none", "full"],
+                     optimizer="sgd", device="l4")
+    low, high = probe.row("full", 4).peak_bytes, probe.row("none", 4).peak_bytes
+    assert low < high
+    tight = DeviceSpec("tight-gpu", (low + high) // 2, 1e12, 1e11, 1e11, 1e9)
+    result = simulate("llama-tiny", seq_len=SEQ, batch_sizes=[4], strategies=["none"],
+                      optimizer="sgd", device=tight, plan=True)
+    assert result.strategies == ("none", "plan")
+    assert not result.row("none", 4).fits
+    planned = result.row("plan", 4)
+    assert planned.fits and planned.peak_bytes <= tight.memory_bytes
+    assert planned.recompute_flops > 0  # the plan had to checkpoint something
+
+
+def test_op_level_recompute_costs_time_not_flops() -> None:
+    result = simulate("llama-tiny", seq_len=SEQ, batch_sizes=[1], strategies=["none", "ops"],
+                      optimizer="none", device="l4")
+    none, ops = result.row("none", 1), result.row("ops", 1)
+    assert none.recompute_ms == 0.0 and none.recompute_flops == 0
+    # "ops" keeps matmul outputs and recomputes the pointwise rest: bandwidth, no FLOPs.
+    assert ops.recompute_flops == 0 and 0.0 < ops.recompute_ms < ops.step_ms
+    assert ops.step_ms > none.step_ms
