@@ -1,0 +1,414 @@
+"""The :class:`Plan`: one checkpointing decision per block, with its predicted and measured cost.
+
+A plan is what :func:`remat.plan.plan` returns and what :func:`remat.apply`
+applies (``apply`` reads ``plan.decisions`` and ``plan.blocks``). It is a
+frozen value: measuring it again or searching batch sizes returns a new plan
+(``dataclasses.replace``). Plans round-trip through JSON (:meth:`Plan.to_json`,
+:meth:`Plan.from_json`) so a plan made once, on any machine, can be applied in a
+training script.
+
+NOTE [ Plan JSON format ]
+    ``{"format": "remat.plan", "version": 1, ...}``. The version changes whenever
+    a field changes meaning; :meth:`Plan.from_json` reads only versions it knows
+    and says which it read otherwise. Custom ``blocks=`` specs (classes or
+    predicates) are not serialisable, so the file stores the block names and
+    reads back a :class:`NamedBlocks` selecting exactly those modules.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, fields, replace
+from types import MappingProxyType
+from typing import Any
+
+from torch import nn
+
+from remat.blocks import BlocksSpec
+from remat.strategies import BlockDecision
+
+__all__ = ["PLAN_FORMAT_VERSION", "NamedBlocks", "Plan", "ThroughputRow", "apply_spec",
+           "decisions_label"]
+
+#: Version of the JSON written by :meth:`Plan.to_json` (see NOTE [ Plan JSON format ]).
+PLAN_FORMAT_VERSION = 1
+_FORMAT = "remat.plan"
+
+
+@dataclass(frozen=True)
+class NamedBlocks:
+    """A ``blocks=`` predicate selecting modules by qualified name.
+
+    Args:
+        names: qualified module names, e.g. ``("encoder.layer.0", "encoder.layer.1")``.
+
+    Example:
+        >>> NamedBlocks(("blocks.0",))("blocks.0", None)
+        True
+    """
+
+    names: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        if not self.names:
+            raise ValueError("NamedBlocks: names must not be empty")
+        object.__setattr__(self, "names", tuple(self.names))
+
+    def __call__(self, name: str, module: nn.Module | None) -> bool:
+        return name in self.names
+
+
+def _check_int(owner: str, name: str, value: Any, *, optional: bool = False) -> None:
+    if optional and value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{owner}: {name} must be an int >= 0, got {value!r}")
+
+
+def _check_float(owner: str, name: str, value: Any, *, optional: bool = False) -> None:
+    if optional and value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+        math.isfinite(value) and value >= 0
+    ):
+        raise ValueError(f"{owner}: {name} must be a finite number >= 0, got {value!r}")
+
+
+@dataclass(frozen=True)
+class ThroughputRow:
+    """One batch size tried by the throughput search (``maximize="throughput"``).
+
+    Args:
+        batch_size: samples per step.
+        fits: whether some plan fits the budget at this batch size.
+        decisions: short description of the best plan, e.g. ``"4 none, 2 ops[aten.mm]"``;
+            ``""`` when nothing fits.
+        peak_bytes: the plan's peak (measured when known, else predicted); for a batch size
+            that does not fit, the smallest reachable peak.
+        recompute_ms: the plan's recompute cost (roofline), ms.
+        step_ms: predicted step time, ms.
+        samples_per_s: ``batch_size / step_ms * 1000``; 0 when nothing fits.
+    """
+
+    batch_size: int
+    fits: bool
+    decisions: str
+    peak_bytes: int
+    recompute_ms: float
+    step_ms: float
+    samples_per_s: float
+
+    def __post_init__(self) -> None:
+        owner = f"ThroughputRow(batch_size={self.batch_size})"
+        if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) \
+                or self.batch_size < 1:
+            raise ValueError(f"ThroughputRow: batch_size must be an int >= 1, got "
+                             f"{self.batch_size!r}")
+        _check_int(owner, "peak_bytes", self.peak_bytes)
+        for name in ("recompute_ms", "step_ms", "samples_per_s"):
+            _check_float(owner, name, getattr(self, name))
+
+
+def _decision_to_dict(decision: BlockDecision) -> dict[str, Any]:
+    save_ops = None if decision.save_ops is None else sorted(decision.save_ops)
+    return {"kind": decision.kind, "save_ops": save_ops}
+
+
+def _decision_from_dict(data: Any, where: str) -> BlockDecision:
+    if isinstance(data, str):
+        return BlockDecision(data)  # type: ignore[arg-type]
+    if not isinstance(data, Mapping) or "kind" not in data:
+        raise ValueError(f"Plan.from_json: decision for {where} must be an object with 'kind', "
+                         f"got {data!r}")
+    save_ops = data.get("save_ops")
+    return BlockDecision(data["kind"], None if save_ops is None else frozenset(save_ops))
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A checkpointing decision per block, and what it is predicted and measured to cost.
+
+    Made by :func:`remat.plan.plan` (cheapest recompute whose peak fits a budget) and
+    applied with ``remat.apply(model, plan)``. Blocks not in ``decisions`` keep all
+    their activations (``"none"``); a plan with no decision is the *empty plan*.
+
+    Args:
+        decisions: per qualified module name, its :class:`~remat.strategies.BlockDecision`
+            (``"full"``, ``"attn"``, ``"mlp"``, ``"ops"`` with a save set, or ``"offload"``).
+            Keys are blocks, or sub-layers inside a block (``"blocks.3.mlp"``) when the
+            plan decides on a block's attention and MLP separately. ``"none"`` entries are
+            dropped.
+        block_names: every block of the model, in forward order.
+        budget_bytes: the peak-memory budget the plan was made for, bytes.
+        predicted_peak_bytes: the step's peak the peak model predicts, bytes.
+        measured_peak_bytes: the step's peak measured with the plan applied
+            (``remat.profile(...).peak_bytes``); ``None`` until measured.
+        recompute_flops: FLOPs recomputed per step.
+        recompute_ms: recompute cost per step, ms: the roofline time of the recomputed ops
+            on ``cost_device`` (plus exposed transfer time for offload).
+        predicted_step_ms: predicted time of the whole step on ``cost_device``, ms.
+        no_checkpoint_peak_bytes: the un-checkpointed step's peak, bytes (what ``"60%"``
+            budgets are relative to). Default: ``None``.
+        cost_device: the device whose figures the costs use. Default: ``"h100-80gb"``.
+        blocks: the ``blocks=`` spec ``remat.apply`` finds the decided modules with: the
+            spec the plan was made with (``None``: automatic), or a :class:`NamedBlocks`
+            of the decided modules when the plan decides on sub-layers.
+        batch_size: samples per step the plan is for, when known. Default: ``None``.
+        throughput: the throughput search's table (``maximize="throughput"``), else ``()``.
+
+    Example:
+        >>> plan = remat.plan(model, batch, budget="60%")
+        >>> remat.apply(model, plan)
+        >>> Plan.from_json(plan.to_json()) == plan
+        True
+    """
+
+    decisions: Mapping[str, BlockDecision]
+    block_names: tuple[str, ...]
+    budget_bytes: int
+    predicted_peak_bytes: int
+    measured_peak_bytes: int | None = None
+    recompute_flops: int = 0
+    recompute_ms: float = 0.0
+    predicted_step_ms: float | None = None
+    no_checkpoint_peak_bytes: int | None = None
+    cost_device: str = "h100-80gb"
+    blocks: BlocksSpec = field(default=None, compare=False)
+    batch_size: int | None = None
+    throughput: tuple[ThroughputRow, ...] = ()
+
+    def __post_init__(self) -> None:
+        names = tuple(self.block_names)
+        object.__setattr__(self, "block_names", names)
+        if len(set(names)) != len(names):
+            raise ValueError(f"Plan: block_names has duplicates: {sorted(names)}")
+        decisions: dict[str, BlockDecision] = {}
+        for name, decision in dict(self.decisions).items():
+            if not isinstance(decision, BlockDecision):
+                raise ValueError(f"Plan: decision for {name!r} must be a BlockDecision, got "
+                                 f"{type(decision).__name__}")
+            if _owner(name, names) is None:
+                raise ValueError(
+                    f"Plan: decision for {name!r}, which is neither one of block_names "
+                    f"({', '.join(names[:4])}{' ...' if len(names) > 4 else ''}) nor inside one"
+                )
+            if decision.kind != "none":
+                decisions[name] = decision
+        order = {n: i for i, n in enumerate(names)}
+        ordered = dict(sorted(decisions.items(),
+                              key=lambda kv: (order[_owner(kv[0], names) or ""], kv[0])))
+        object.__setattr__(self, "decisions", MappingProxyType(ordered))
+        object.__setattr__(self, "throughput", tuple(self.throughput))
+        _check_int("Plan", "budget_bytes", self.budget_bytes)
+        _check_int("Plan", "predicted_peak_bytes", self.predicted_peak_bytes)
+        _check_int("Plan", "measured_peak_bytes", self.measured_peak_bytes, optional=True)
+        _check_int("Plan", "recompute_flops", self.recompute_flops)
+        _check_int("Plan", "no_checkpoint_peak_bytes", self.no_checkpoint_peak_bytes,
+                   optional=True)
+        _check_int("Plan", "batch_size", self.batch_size, optional=True)
+        _check_float("Plan", "recompute_ms", self.recompute_ms)
+        _check_float("Plan", "predicted_step_ms", self.predicted_step_ms, optional=True)
+
+    # ---- reading -------------------------------------------------------------------------
+
+    def decision(self, name: str) -> BlockDecision:
+        """The decision for module ``name`` (``"none"`` when the plan leaves it alone).
+
+        ``name`` is a block, or a sub-layer the plan decides on (``"blocks.3.mlp"``);
+        a block whose sub-layers are decided on has decision ``"none"`` itself (see
+        :meth:`block_decisions`).
+
+        Raises:
+            KeyError: ``name`` is not a block of the plan nor inside one.
+        """
+        if _owner(name, self.block_names) is None:
+            raise KeyError(f"Plan.decision: no block {name!r}; blocks: "
+                           f"{', '.join(self.block_names[:6])}")
+        return self.decisions.get(name, BlockDecision("none"))
+
+    def block_decisions(self, block: str) -> dict[str, BlockDecision]:
+        """The decisions on ``block`` and on modules inside it, by qualified name."""
+        if block not in self.block_names:
+            raise KeyError(f"Plan.block_decisions: no block {block!r}")
+        return {n: d for n, d in self.decisions.items() if _owner(n, (block,)) == block}
+
+    def label_of(self, block: str) -> str:
+        """``"none"``, ``"full"``, ``"ops[aten.mm]"`` or ``"attn=...; mlp=..."`` for ``block``."""
+        parts = self.block_decisions(block)
+        if not parts:
+            return "none"
+        if list(parts) == [block]:
+            return parts[block].label()
+        return "; ".join(f"{n[len(block) + 1:] if n != block else 'block'}={d.label()}"
+                         for n, d in parts.items())
+
+    @property
+    def is_empty(self) -> bool:
+        """True when no block is checkpointed (the budget needs no checkpointing)."""
+        return not self.decisions
+
+    @property
+    def peak_bytes(self) -> int:
+        """The measured peak when known, else the predicted one."""
+        return self.measured_peak_bytes if self.measured_peak_bytes is not None \
+            else self.predicted_peak_bytes
+
+    def label(self) -> str:
+        """Decision counts in block order of first use, e.g. ``"4 none, 2 ops[aten.mm]"``."""
+        return decisions_label(self.label_of(name) for name in self.block_names)
+
+    # ---- JSON ----------------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-able dict (see NOTE [ Plan JSON format ])."""
+        return {
+            "format": _FORMAT,
+            "version": PLAN_FORMAT_VERSION,
+            "block_names": list(self.block_names),
+            "decisions": {n: _decision_to_dict(d) for n, d in self.decisions.items()},
+            "budget_bytes": self.budget_bytes,
+            "predicted_peak_bytes": self.predicted_peak_bytes,
+            "measured_peak_bytes": self.measured_peak_bytes,
+            "recompute_flops": self.recompute_flops,
+            "recompute_ms": self.recompute_ms,
+            "predicted_step_ms": self.predicted_step_ms,
+            "no_checkpoint_peak_bytes": self.no_checkpoint_peak_bytes,
+            "cost_device": self.cost_device,
+            "blocks": None if self.blocks is None else {"names": list(
+                self.blocks.names if isinstance(self.blocks, NamedBlocks) else self.block_names
+            )},
+            "batch_size": self.batch_size,
+            "throughput": [vars(row).copy() for row in self.throughput],
+        }
+
+    def to_json(self, *, indent: int | None = 2) -> str:
+        """The plan as JSON text; read it back with :meth:`Plan.from_json`."""
+        return json.dumps(self.to_dict(), indent=indent)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Plan:
+        """Rebuild a plan written by :meth:`to_dict`.
+
+        Raises:
+            ValueError: not a plan, or a format version this remat does not read.
+        """
+        if not isinstance(data, Mapping) or data.get("format") != _FORMAT:
+            found = data.get("format") if isinstance(data, Mapping) else type(data).__name__
+            raise ValueError(
+                f"Plan.from_json: not a remat plan (format {found!r}, expected {_FORMAT!r}); "
+                "write plans with plan.to_json()"
+            )
+        version = data.get("version")
+        if version != PLAN_FORMAT_VERSION:
+            raise ValueError(
+                f"Plan.from_json: plan format version {version!r} is not supported; this remat "
+                f"reads version {PLAN_FORMAT_VERSION}. Re-create the plan with remat.plan(...) "
+                "using this remat version, or install the remat version that wrote it."
+            )
+        try:
+            names = tuple(str(n) for n in data["block_names"])
+            decisions = {str(n): _decision_from_dict(d, repr(n))
+                         for n, d in dict(data.get("decisions") or {}).items()}
+            blocks = data.get("blocks")
+            return cls(
+                decisions=decisions,
+                block_names=names,
+                budget_bytes=int(data["budget_bytes"]),
+                predicted_peak_bytes=int(data["predicted_peak_bytes"]),
+                measured_peak_bytes=_opt_int(data.get("measured_peak_bytes")),
+                recompute_flops=int(data.get("recompute_flops", 0)),
+                recompute_ms=float(data.get("recompute_ms", 0.0)),
+                predicted_step_ms=_opt_float(data.get("predicted_step_ms")),
+                no_checkpoint_peak_bytes=_opt_int(data.get("no_checkpoint_peak_bytes")),
+                cost_device=str(data.get("cost_device", "h100-80gb")),
+                blocks=NamedBlocks(tuple(blocks["names"])) if blocks else None,
+                batch_size=_opt_int(data.get("batch_size")),
+                throughput=tuple(ThroughputRow(**row) for row in data.get("throughput") or ()),
+            )
+        except (KeyError, TypeError) as exc:
+            raise ValueError(f"Plan.from_json: malformed plan ({type(exc).__name__}: {exc})") \
+                from None
+
+    @classmethod
+    def from_json(cls, text: str) -> Plan:
+        """Read a plan written by :meth:`to_json`.
+
+        Raises:
+            ValueError: not JSON, not a plan, or an unsupported format version (the
+                message names the version found and the one this remat reads).
+
+        Example:
+            >>> Plan.from_json(plan.to_json()).decisions == plan.decisions
+            True
+        """
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"Plan.from_json: not valid JSON ({exc})") from None
+        return cls.from_dict(data)
+
+    # ---- display -------------------------------------------------------------------------
+
+    def summary(self) -> str:
+        """A plain-text summary: budget, peaks, costs and the decision per block."""
+        from remat.plan.display import plan_text
+
+        return plan_text(self)
+
+    def __rich__(self) -> Any:
+        from remat.plan.display import plan_renderable
+
+        return plan_renderable(self)
+
+    def __reduce__(self) -> tuple[Any, tuple[dict[str, Any]]]:
+        # The read-only decisions view cannot be pickled; rebuild from a plain dict.
+        state = {f.name: getattr(self, f.name) for f in fields(self)}
+        state["decisions"] = dict(self.decisions)
+        return _rebuild_plan, (state,)
+
+    def with_measurement(self, measured_peak_bytes: int) -> Plan:
+        """A copy with ``measured_peak_bytes`` set."""
+        return replace(self, measured_peak_bytes=int(measured_peak_bytes))
+
+
+def _rebuild_plan(state: dict[str, Any]) -> Plan:
+    return Plan(**state)
+
+
+def _opt_int(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
+def _opt_float(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
+def decisions_label(labels: Iterable[str]) -> str:
+    """``"4 none, 2 full"`` from per-block labels (in order of first use)."""
+    counts: dict[str, int] = {}
+    for label in labels:
+        counts[label] = counts.get(label, 0) + 1
+    return ", ".join(f"{n} {key}" for key, n in counts.items())
+
+
+def _owner(name: str, blocks: Sequence[str]) -> str | None:
+    """The block ``name`` is, or lies inside; None if neither."""
+    for block in blocks:
+        if name == block or name.startswith(block + "."):
+            return block
+    return None
+
+
+def apply_spec(decisions: Mapping[str, BlockDecision], block_names: Sequence[str],
+               blocks: BlocksSpec) -> BlocksSpec:
+    """The ``blocks=`` that makes ``remat.apply`` find every module ``decisions`` names.
+
+    Decisions on blocks need the blocks spec the plan was made with; decisions on
+    sub-layers name modules inside blocks, selected by name (:class:`NamedBlocks`).
+    """
+    names = set(block_names)
+    if all(n in names for n in decisions):
+        return blocks
+    return NamedBlocks(tuple(decisions))
