@@ -47,6 +47,7 @@ from remat.plan.solver import min_peak_choice, solve
 from remat.simulate.devices import DeviceSpec
 from remat.strategies import BlockDecision, apply, apply_decisions, remove
 from remat.units import format_bytes
+from remat.validate.pitfalls import check_model, warn_pitfalls
 
 __all__ = ["PlanContext", "auto", "plan", "prepare"]
 
@@ -142,6 +143,10 @@ def _check_model(model: nn.Module) -> None:
             f"remat.plan: {type(model).__name__} is in eval mode, so a training step keeps no "
             "activations to plan for. Call model.train() first."
         )
+    # A KV cache (HF use_cache=True) would be filled while measuring blocks: turn it off
+    # with the same warning remat.apply gives.
+    found = [p for p in check_model(model) if p.kind in ("use_cache", "hf_gradient_checkpointing")]
+    warn_pitfalls(found, api="remat.plan", model_name=type(model).__name__)
 
 
 # ---- measuring a choice on the real model -------------------------------------------------

@@ -173,7 +173,9 @@ def apply(model: M, strategy: str | Any, *, blocks: BlocksSpec = None) -> M:
     plan_decisions = getattr(strategy, "decisions", None)
     if plan_decisions is not None and not isinstance(strategy, str):
         plan_blocks = getattr(strategy, "blocks", None)
-        return apply_decisions(model, plan_decisions, blocks=blocks or plan_blocks, label="plan")
+        # A plan's own blocks win: its decisions are keyed by the names they produce.
+        chosen = plan_blocks if plan_blocks is not None else blocks
+        return apply_decisions(model, plan_decisions, blocks=chosen, label="plan")
     spec = parse_strategy(strategy)
     named = named_blocks(model, blocks)
     if spec.name != "sqrt":
