@@ -40,6 +40,8 @@ Examples:
   remat compare --model gpt-tiny --strategies none,full,every:2 --json out/compare.json
 
   remat compare --plot out/compare.png --repeats 9
+
+  remat compare --plan-budget 40% (the plan row: the cheapest plan under 40% of none's peak)
 """
 
 
@@ -85,6 +87,11 @@ def compare_command(
         "--plot", metavar="FILE.png", dir_okay=False,
         help="Draw peak memory against recompute overhead to FILE.png (dirs created).",
     )] = None,
+    plan_budget: Annotated[str, typer.Option(
+        "--plan-budget", metavar="BUDGET",
+        help="Add a 'plan' row: remat.plan's cheapest plan for this budget (bytes, 12GiB, "
+             "or a % of none's peak); 'off' leaves it out.",
+    )] = "50%",
 ) -> None:
     """Run every checkpointing strategy on a built-in model and compare them.
 
@@ -114,6 +121,11 @@ def compare_command(
     with user_errors(), notices(), progress_bar(f"compare {model}") as update:
         result = compare_preset(model, batch, seq, names, device=target, seed=seed,
                                 repeats=repeats, check_grads=check_grads, progress=update)
+        if plan_budget.strip().lower() != "off":
+            from remat.plan import add_plan_row
+
+            update(f"plan for {plan_budget}", len(result.rows), len(result.rows) + 1)
+            result = add_plan_row(result, budget=plan_budget, check_grads=check_grads)
     elapsed_s = time.perf_counter() - started
 
     if json_out != "-":
