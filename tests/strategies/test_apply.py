@@ -306,3 +306,29 @@ def test_any_strategy_keeps_gradients(strategy: str, n_layer: int, batch_size: i
     model = build_model("llama-tiny", n_layer=n_layer, dropout=0.1)
     report = validate(model, make_batch(model, batch_size, seq_len=16, seed=seed), strategy)
     assert report.max_rel_error <= 1e-6, report
+
+
+def test_sqrt_segments_never_cross_stacks() -> None:
+    class EncoderDecoder(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.encoder = nn.ModuleList(KwBlock(16) for _ in range(4))
+            self.decoder = nn.ModuleList(KwBlock(16) for _ in range(4))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            memory = x
+            for layer in self.encoder:
+                memory = layer(memory, scale=torch.ones(1))
+            y = x.flip(0)  # the decoder starts from another tensor
+            for layer in self.decoder:
+                y = layer(y, scale=torch.ones(1)) + memory
+            return y.square().mean()
+
+    torch.manual_seed(0)
+    model = EncoderDecoder()
+    apply(model, "sqrt")
+    encoder_segments = {id(region_of(b).segment) for b in model.encoder}  # type: ignore[union-attr]
+    decoder_segments = {id(region_of(b).segment) for b in model.decoder}  # type: ignore[union-attr]
+    assert len(encoder_segments) == 2 and len(decoder_segments) == 2
+    assert not encoder_segments & decoder_segments
+    assert validate(model, torch.randn(3, 16), "full").passed
