@@ -38,7 +38,7 @@ from remat.models import build_model, make_batch
 from remat.units import format_bytes
 
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent))
-from strategies import RESULTS, replace_section  # noqa: E402
+from _results import RESULTS, replace_section  # noqa: E402
 
 
 class HandWritten(nn.Module):

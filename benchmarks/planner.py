@@ -44,6 +44,10 @@ from remat.report._format import format_bytes, format_pct
 from remat.report.tables import markdown_table
 from remat.validate import validate
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _results import cpu_name as _cpu_name  # noqa: E402
+from _results import replace_section  # noqa: E402
+
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "RESULTS.md"
 PLOT = HERE / "planner.png"
@@ -69,28 +73,6 @@ class Row:
         return float(1.0 - self.plan.recompute_ms / self.best.recompute_ms)
 
 
-def replace_section(text: str, name: str, body: str) -> str:
-    """Replace (or append) the ``<!-- name:start -->...<!-- name:end -->`` section."""
-    start, end = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
-    block = f"{start}\n{body.strip()}\n{end}"
-    if start in text and end in text and text.index(start) < text.index(end):
-        head, rest = text.split(start, 1)
-        _, tail = rest.split(end, 1)
-        return head + block + tail
-    if start in text or end in text:
-        raise ValueError(f"{RESULTS}: found only one of {start!r} / {end!r}; fix it by hand")
-    prefix = text.rstrip() + "\n\n" if text.strip() else "# Benchmark results\n\n"
-    return prefix + block + "\n"
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.lower().startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def _command() -> str:

@@ -43,6 +43,9 @@ from remat.simulate.plot import plot_simulation
 from remat.simulate.run import DEFAULT_STRATEGIES, SimulationResult, simulate
 from remat.units import format_bytes
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _results import cpu_name, replace_section  # noqa: E402 (benchmarks/ is on sys.path)
+
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "RESULTS.md"
 PLOT = HERE / "simulate.png"
@@ -50,28 +53,6 @@ SECTION = "simulate"
 MODEL = "llama-7b"
 
 
-def replace_section(text: str, name: str, body: str) -> str:
-    """Replace (or append) the ``<!-- name:start -->...<!-- name:end -->`` section of ``text``."""
-    start, end = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
-    block = f"{start}\n{body.strip()}\n{end}"
-    if start in text and end in text and text.index(start) < text.index(end):
-        head, rest = text.split(start, 1)
-        _, tail = rest.split(end, 1)
-        return head + block + tail
-    if start in text or end in text:
-        raise ValueError(f"{RESULTS}: found only one of {start!r} / {end!r}; fix the file by hand")
-    prefix = text.rstrip() + "\n\n" if text.strip() else "# Benchmark results\n\n"
-    return prefix + block + "\n"
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.lower().startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def performance_check(seq_len: int) -> tuple[float, int, SimulationResult]:

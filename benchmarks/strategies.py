@@ -40,6 +40,9 @@ from remat.compare import ComparisonResult, compare_preset
 from remat.report.plots import plot_comparison
 from remat.report.tables import comparison_markdown
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _results import cpu_name, replace_section  # noqa: E402 (benchmarks/ is on sys.path)
+
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "RESULTS.md"
 PLOT = HERE / "compare.png"
@@ -47,29 +50,6 @@ SECTION = "strategies"
 RUNS: tuple[tuple[str, int], ...] = (("gpt-small", 8), ("llama-small", 8))
 
 
-def replace_section(text: str, name: str, body: str) -> str:
-    """Replace (or append) the ``<!-- name:start -->...<!-- name:end -->`` section of ``text``."""
-    start, end = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
-    block = f"{start}\n{body.strip()}\n{end}"
-    if start in text and end in text and text.index(start) < text.index(end):
-        head, rest = text.split(start, 1)
-        _, tail = rest.split(end, 1)
-        return head + block + tail
-    if start in text or end in text:
-        raise ValueError(f"{RESULTS}: found only one of {start!r} / {end!r}; fix the file by hand")
-    prefix = text.rstrip() + "\n\n" if text.strip() else "# Benchmark results\n\n"
-    return prefix + block + "\n"
-
-
-def cpu_name() -> str:
-    """The CPU model from /proc/cpuinfo, else platform.processor()."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.lower().startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def machine_lines(device: torch.device) -> list[str]:

@@ -56,6 +56,21 @@ def test_compare_json_to_stdout_only() -> None:
     assert data["rows"][1]["grad_passed"] is None and data["rows"][1]["step_ms"] is None
 
 
+def test_compare_plan_row_and_infeasible_plan_budget() -> None:
+    base = ["compare", "--model", "gpt-tiny", "--batch", "2", "--device", "cpu",
+            "--strategies", "none,full", "--repeats", "0", "--json", "-"]
+    result = runner.invoke(app, [*base, "--plan-budget", "80%"])
+    assert result.exit_code == 0, result.output
+    rows = {row["strategy"]: row for row in json.loads(result.stdout)["rows"]}
+    assert list(rows) == ["none", "full", "plan"]
+    assert rows["plan"]["peak_bytes"] <= 0.8 * rows["none"]["peak_bytes"]
+    assert rows["plan"]["grad_passed"] is True
+    result = runner.invoke(app, [*base, "--plan-budget", "10%"])
+    assert result.exit_code == 0, result.output
+    assert [r["strategy"] for r in json.loads(result.stdout)["rows"]] == ["none", "full"]
+    assert "No plan row: no plan fits --plan-budget 10%" in result.stderr
+
+
 @pytest.mark.parametrize(("args", "expected"), [
     (["--model", "gpt-huge"], ["Invalid value for '--model'", "unknown preset 'gpt-huge'",
                                "gpt-tiny", "llama-7b"]),

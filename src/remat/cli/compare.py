@@ -122,10 +122,18 @@ def compare_command(
         result = compare_preset(model, batch, seq, names, device=target, seed=seed,
                                 repeats=repeats, check_grads=check_grads, progress=update)
         if plan_budget.strip().lower() != "off":
+            from remat.errors import BudgetTooSmall
             from remat.plan import add_plan_row
 
             update(f"plan for {plan_budget}", len(result.rows), len(result.rows) + 1)
-            result = add_plan_row(result, budget=plan_budget, check_grads=check_grads)
+            try:
+                result = add_plan_row(result, budget=plan_budget, check_grads=check_grads)
+            except BudgetTooSmall as exc:  # the default budget may not suit every model
+                err_console.print(
+                    f"No plan row: no plan fits --plan-budget {plan_budget} (smallest "
+                    f"reachable peak {exc.min_peak_bytes} B); pass a larger --plan-budget.",
+                    highlight=False,
+                )
     elapsed_s = time.perf_counter() - started
 
     if json_out != "-":
