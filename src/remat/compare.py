@@ -85,6 +85,29 @@ class StrategyRow:
     worst_param: str | None = None
     cuda_peak_bytes: int | None = None
 
+    @classmethod
+    def from_profile(cls, strategy: str, prof: Any, base: Any, *, step_ms: float | None = None,
+                     base_ms: float | None = None, report: Any = None) -> StrategyRow:
+        """A row from a Profile, the ``none`` baseline's Profile and an optional ParityReport."""
+        return cls(
+            strategy=strategy,
+            peak_bytes=int(prof.peak_bytes),
+            activation_bytes=int(prof.activation_bytes),
+            param_bytes=int(prof.param_bytes),
+            grad_bytes=int(prof.grad_bytes),
+            flops=int(prof.flops),
+            recompute_flops=int(prof.recompute_flops),
+            step_ms=step_ms,
+            peak_change_pct=_change_pct(prof.peak_bytes, base.peak_bytes),
+            activation_change_pct=_change_pct(prof.activation_bytes, base.activation_bytes),
+            recompute_overhead_pct=100.0 * prof.recompute_flops / max(base.flops, 1),
+            step_time_ratio=(step_ms / base_ms) if step_ms is not None and base_ms else None,
+            grad_max_rel_error=_report_error(report),
+            grad_passed=None if report is None else bool(report.passed),
+            worst_param=None if report is None else str(report.worst_param),
+            cuda_peak_bytes=getattr(prof, "cuda_peak_bytes", None),
+        )
+
     def __post_init__(self) -> None:
         if not self.strategy:
             raise ValueError("StrategyRow: strategy must be a non-empty string")
@@ -309,24 +332,8 @@ def compare(
         prof = profiles[name]
         report = reports.get(name)
         ms = step_ms[name]
-        rows.append(StrategyRow(
-            strategy=name,
-            peak_bytes=int(prof.peak_bytes),
-            activation_bytes=int(prof.activation_bytes),
-            param_bytes=int(prof.param_bytes),
-            grad_bytes=int(prof.grad_bytes),
-            flops=int(prof.flops),
-            recompute_flops=int(prof.recompute_flops),
-            step_ms=ms,
-            peak_change_pct=_change_pct(prof.peak_bytes, base.peak_bytes),
-            activation_change_pct=_change_pct(prof.activation_bytes, base.activation_bytes),
-            recompute_overhead_pct=100.0 * prof.recompute_flops / max(base.flops, 1),
-            step_time_ratio=(ms / base_ms) if ms is not None and base_ms else None,
-            grad_max_rel_error=_report_error(report),
-            grad_passed=None if report is None else bool(report.passed),
-            worst_param=None if report is None else str(report.worst_param),
-            cuda_peak_bytes=getattr(prof, "cuda_peak_bytes", None),
-        ))
+        rows.append(StrategyRow.from_profile(name, prof, base, step_ms=ms, base_ms=base_ms,
+                                             report=report))
     return ComparisonResult(rows=tuple(rows), device=device, repeats=repeats, label=label,
                             meta=dict(meta or {}))
 

@@ -38,7 +38,7 @@ from remat.measure.fake import (
     fake_copy_with_map,
     fake_optimizer,
 )
-from remat.measure.step import LossFn, run_step
+from remat.measure.step import LossFn, batch_tensors, clear_grads, run_step
 from remat.measure.timing import time_blocks, time_step
 from remat.measure.tracker import PHASES, MemoryTracker, OpRecord
 
@@ -228,19 +228,8 @@ def _model_device(model: nn.Module) -> torch.device:
     return torch.device("cpu")
 
 
-def _batch_tensors(batch: Any) -> list[Tensor]:
-    if isinstance(batch, Tensor):
-        return [batch]
-    if isinstance(batch, Mapping):
-        return [t for v in batch.values() for t in _batch_tensors(v)]
-    if isinstance(batch, (tuple, list)):
-        return [t for v in batch for t in _batch_tensors(v)]
-    return []
 
 
-def _clear_grads(model: nn.Module) -> None:
-    for p in model.parameters():
-        p.grad = None
 
 
 # ---- snapshot / restore ------------------------------------------------------------------
@@ -311,7 +300,7 @@ def _tracked_step(model: nn.Module, batch: Any, *, loss_fn: LossFn | None,
     tracker.register_model(model)
     if optimizer is not None:
         tracker.register_optimizer(optimizer)
-    tracker.register(_batch_tensors(batch), "batch")
+    tracker.register(batch_tensors(batch), "batch")
     static = tracker.current_breakdown
     grad_bytes = 0
 
@@ -388,14 +377,14 @@ def _build(tracked: _Tracked, blocks: Sequence[tuple[str, nn.Module]], *, simula
 def _cuda_peak(model: nn.Module, batch: Any, loss_fn: LossFn | None,
                optimizer: torch.optim.Optimizer | None, device: torch.device,
                static_bytes: int) -> int:
-    _clear_grads(model)
+    clear_grads(model)
     torch.cuda.synchronize(device)
     before = torch.cuda.memory_allocated(device)
     torch.cuda.reset_peak_memory_stats(device)
     run_step(model, batch, loss_fn=loss_fn, optimizer=optimizer)
     torch.cuda.synchronize(device)
     peak = torch.cuda.max_memory_allocated(device)
-    _clear_grads(model)
+    clear_grads(model)
     return int(peak - before + static_bytes)
 
 
@@ -468,12 +457,12 @@ def profile(
     named = _named_blocks(model, blocks)
     device = _model_device(model)
     with _preserved(model, optimizer, device):
-        _clear_grads(model)
+        clear_grads(model)
         run_step(model, batch, loss_fn=loss_fn, optimizer=optimizer)  # warm-up
-        _clear_grads(model)
+        clear_grads(model)
         tracked = _tracked_step(model, batch, loss_fn=loss_fn, optimizer=optimizer,
                                 blocks=named, device=device)
-        _clear_grads(model)
+        clear_grads(model)
         times = block_ms = None
         if timing:
             times = time_step(model, batch, loss_fn=loss_fn, optimizer=optimizer,
@@ -528,7 +517,7 @@ def profile_simulated(
     fdevice = _model_device(fmodel)
     with fake_mode:
         run_step(fmodel, fbatch, loss_fn=loss_fn, optimizer=fopt)  # warm-up, as for real
-        _clear_grads(fmodel)
+        clear_grads(fmodel)
         tracked = _tracked_step(fmodel, fbatch, loss_fn=loss_fn, optimizer=fopt,
                                 blocks=named, device=fdevice)
     return _build(tracked, named, simulated=True, device=fdevice)

@@ -15,6 +15,23 @@ LossFn = Callable[[Any, Any], Tensor]
 PhaseCallback = Callable[[str], None]
 
 
+def batch_tensors(batch: Any) -> list[Tensor]:
+    """Every tensor in a batch (a tensor, or nested mappings / tuples / lists of them)."""
+    if isinstance(batch, Tensor):
+        return [batch]
+    if isinstance(batch, Mapping):
+        return [t for v in batch.values() for t in batch_tensors(v)]
+    if isinstance(batch, (tuple, list)):
+        return [t for v in batch for t in batch_tensors(v)]
+    return []
+
+
+def clear_grads(model: nn.Module) -> None:
+    """Drop every parameter's ``.grad`` (``zero_grad(set_to_none=True)`` without an optimizer)."""
+    for p in model.parameters():
+        p.grad = None
+
+
 def call_model(model: nn.Module, batch: Any, *, api: str = "remat.run_step") -> Any:
     """Run ``model`` on ``batch``: ``model(**batch)`` for a mapping, ``model(*batch)`` for a
     tuple or list, ``model(batch)`` for a tensor.

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from remat.measure.step import LossFn, call_model, default_loss, run_step
+from remat.measure.step import LossFn, call_model, clear_grads, default_loss, run_step
 
 __all__ = ["StepTimes", "time_blocks", "time_step"]
 
@@ -65,9 +65,6 @@ class StepTimes:
                 raise ValueError(f"StepTimes: {name} must be >= 0, got {getattr(self, name)}")
 
 
-def _clear_grads(model: nn.Module) -> None:
-    for p in model.parameters():
-        p.grad = None
 
 
 def time_step(
@@ -102,7 +99,7 @@ def time_step(
     backward: list[float] = []
     total: list[float] = []
     for i in range(warmup + repeats):
-        _clear_grads(model)
+        clear_grads(model)
         marks: dict[str, Any] = {}
 
         def on_phase(phase: str, marks: dict[str, Any] = marks) -> None:
@@ -115,7 +112,7 @@ def time_step(
         forward.append(clock.elapsed_ms(marks["forward"], marks["backward"]))
         backward.append(clock.elapsed_ms(marks["backward"], marks.get("optimizer", marks["end"])))
         total.append(clock.elapsed_ms(marks["forward"], marks["end"]))
-    _clear_grads(model)
+    clear_grads(model)
     return StepTimes(
         statistics.median(forward), statistics.median(backward), statistics.median(total)
     )

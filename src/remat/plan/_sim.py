@@ -34,7 +34,7 @@ from torch.utils.hooks import RemovableHandle
 
 from remat.blocks import BlocksSpec, named_blocks
 from remat.measure.fake import fake_batch, fake_copy_with_map, fake_optimizer
-from remat.measure.step import LossFn, run_step
+from remat.measure.step import LossFn, batch_tensors, clear_grads, run_step
 from remat.measure.tracker import MemoryTracker, OpRecord
 from remat.strategies import is_recomputing, remove
 
@@ -149,19 +149,8 @@ class StepWindows:
     static: Mapping[str, int]
 
 
-def _batch_tensors(batch: Any) -> list[Tensor]:
-    if isinstance(batch, Tensor):
-        return [batch]
-    if isinstance(batch, Mapping):
-        return [t for v in batch.values() for t in _batch_tensors(v)]
-    if isinstance(batch, (tuple, list)):
-        return [t for v in batch for t in _batch_tensors(v)]
-    return []
 
 
-def _clear_grads(model: nn.Module) -> None:
-    for p in model.parameters():
-        p.grad = None
 
 
 def run_windows(setup: FakeSetup, *, loss_fn: LossFn | None) -> StepWindows:
@@ -175,13 +164,13 @@ def run_windows(setup: FakeSetup, *, loss_fn: LossFn | None) -> StepWindows:
     with setup.mode:
         if optimizer is not None:  # fake steps have no other lazy state to warm up
             run_step(model, batch, loss_fn=loss_fn, optimizer=optimizer)
-            _clear_grads(model)
+            clear_grads(model)
         gc.collect()
         tracker = MemoryTracker(device=setup.device, blocks=setup.blocks, record_ops=True)
         tracker.register_model(model)
         if optimizer is not None:
             tracker.register_optimizer(optimizer)
-        tracker.register(_batch_tensors(batch), "batch")
+        tracker.register(batch_tensors(batch), "batch")
         static = tracker.current_breakdown
         windows = WindowRecorder(tracker)
         handles = _window_hooks(setup.blocks, windows, tracker)
@@ -199,7 +188,7 @@ def run_windows(setup: FakeSetup, *, loss_fn: LossFn | None) -> StepWindows:
         finally:
             for handle in handles:
                 handle.remove()
-        _clear_grads(model)
+        clear_grads(model)
     order = tuple(windows.starts)
     return StepWindows(dict(windows.peaks), order, tracker.peak_bytes, tracker.peak_breakdown,
                        tracker.ops, static)

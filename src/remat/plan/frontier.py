@@ -282,28 +282,7 @@ def add_plan_row(
 
         report = validate(fresh(), batch, plan, blocks=blocks, loss_fn=loss_fn)
 
-    def change(value: int, reference: int) -> float:
-        return 100.0 * (value / reference - 1.0) if reference else 0.0
-
-    row = StrategyRow(
-        strategy="plan",
-        peak_bytes=int(prof.peak_bytes),
-        activation_bytes=int(prof.activation_bytes),
-        param_bytes=int(prof.param_bytes),
-        grad_bytes=int(prof.grad_bytes),
-        flops=int(prof.flops),
-        recompute_flops=int(prof.recompute_flops),
-        step_ms=None,
-        peak_change_pct=change(prof.peak_bytes, base.peak_bytes),
-        activation_change_pct=change(prof.activation_bytes, base.activation_bytes),
-        recompute_overhead_pct=100.0 * prof.recompute_flops / max(base.flops, 1),
-        step_time_ratio=None,
-        grad_max_rel_error=(None if report is None
-                            else float(max(report.max_rel_error, report.loss_rel_error))),
-        grad_passed=None if report is None else bool(report.passed),
-        worst_param=None if report is None else str(report.worst_param),
-        cuda_peak_bytes=prof.cuda_peak_bytes,
-    )
+    row = StrategyRow.from_profile("plan", prof, base, report=report)
     meta["plan"] = {"budget": str(budget), "budget_bytes": plan.budget_bytes,
                     "decisions": plan.label()}
     rows = tuple(r for r in result.rows if r.strategy != "plan") + (row,)

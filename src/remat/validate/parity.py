@@ -18,6 +18,7 @@ from torch import nn
 
 from remat.blocks import BlocksSpec
 from remat.errors import ParityError
+from remat.measure.step import call_model, default_loss
 
 __all__ = ["ParityReport", "relative_error", "validate"]
 
@@ -79,31 +80,6 @@ def relative_error(value: torch.Tensor, reference: torch.Tensor) -> float:
     return float(diff / max(scale, _TINY))
 
 
-def _loss_of(output: Any, batch: Any, loss_fn: Callable[[Any, Any], torch.Tensor] | None
-             ) -> torch.Tensor:
-    if loss_fn is not None:
-        return loss_fn(output, batch)
-    loss = getattr(output, "loss", None)
-    if isinstance(loss, torch.Tensor):
-        return loss
-    if isinstance(output, (tuple, list)) and output and isinstance(output[0], torch.Tensor):
-        return output[0].float().mean() if output[0].dim() else output[0]
-    if isinstance(output, torch.Tensor):
-        return output.float().mean()
-    raise TypeError(
-        f"remat.validate: cannot find a loss in the model output ({type(output).__name__}); "
-        "pass loss_fn=lambda output, batch: ..."
-    )
-
-
-def _call(model: nn.Module, batch: Any) -> Any:
-    if isinstance(batch, dict):
-        return model(**batch)
-    if isinstance(batch, (tuple, list)):
-        return model(*batch)
-    return model(batch)
-
-
 @contextmanager
 def _preserved(model: nn.Module) -> Iterator[None]:
     """Restore remat regions, buffers, grads and the RNG state afterwards."""
@@ -139,7 +115,9 @@ def _step(model: nn.Module, batch: Any, loss_fn: Callable[[Any, Any], torch.Tens
     for p in model.parameters():
         p.grad = None
     torch.manual_seed(seed)
-    loss = _loss_of(_call(model, batch), batch, loss_fn)
+    output = call_model(model, batch, api="remat.validate")
+    loss = loss_fn(output, batch) if loss_fn is not None else default_loss(
+        output, api="remat.validate")
     loss.backward()
     grads = {n: (p.grad.detach().clone() if p.grad is not None else None)
              for n, p in model.named_parameters()}
