@@ -47,6 +47,18 @@ def test_save_set_chain_keeps_attention_longest_then_matmuls_then_pointwise() ->
     assert save_set_chain(ops, H100, max_light_ops=1)[-1] == chain[2]
 
 
+def test_save_set_chain_adds_repeated_matmuls_call_by_call() -> None:
+    ops = [  # three matmuls writing the same bytes; inner dimensions 64, 1024, 256
+        op("aten.mm", 2 * 64 * 64 * 64, 8192, 16384),
+        op("aten.mm", 2 * 64 * 1024 * 64, 8192, 16384),
+        op("aten.mm", 2 * 64 * 256 * 64, 8192, 16384),
+        op("aten.gelu", 0, 16384, 16384),
+    ]
+    chain = save_set_chain(ops, H100)
+    # Dearest to recompute per byte first; every call kept is spelled by the op's name.
+    assert chain == [{"aten.mm#1"}, {"aten.mm#1", "aten.mm#2"}, {"aten.mm"}]
+
+
 def test_candidates_of_a_transformer_block(gpt_tiny: Prepared) -> None:
     tables = gpt_tiny.context.peak_model.tables
     assert len({id(t) for t in tables}) == 1  # identical blocks share one measurement

@@ -11,14 +11,16 @@ the whole model.
 NOTE [ Candidate decisions ]
     1. ``none`` (keep everything) and ``full`` (checkpoint the block).
     2. ``attn`` / ``mlp``: checkpoint that sub-layer only (when the block has one).
-    3. ``ops`` with save sets of increasing size: the op names of the block's
-       forward are ranked by how much recompute time a byte of their output
-       saves (roofline ms / output bytes); attention kernels rank first (they are
-       dropped from the save set last), then the other compute-heavy ops
-       (matmuls), then pointwise ops and norms. Save set k keeps the outputs of
-       the first k names and recomputes everything else, so the first sets
-       recompute pointwise ops and norms, the last recompute almost nothing.
-       The set holding all heavy ops is the ``"ops"`` strategy's.
+    3. ``ops`` with save sets of increasing size: the entries of the block's
+       forward (each call of a compute-heavy op that runs more than once, e.g.
+       ``aten.mm#2``; other ops by name) are ranked by how much recompute time a
+       byte of their output saves (roofline ms / output bytes); attention kernels
+       rank first (they are dropped from the save set last), then the other
+       compute-heavy ops (matmuls, cheapest per byte last), then pointwise ops
+       and norms. Save set k keeps the outputs of the first k entries and
+       recomputes everything else, so the first sets recompute pointwise ops and
+       norms, the last recompute almost nothing. The set holding all heavy ops
+       is the ``"ops"`` strategy's.
     4. ``offload`` when the model is on a device with separate host memory
        (CUDA); never on CPU, where it is a no-op.
     5. Decisions on the attention and MLP sub-layers together (e.g. attention
@@ -50,6 +52,7 @@ from remat.plan._sim import FakeSetup, WindowRecorder, first_tensor, quiet
 from remat.plan.plans import NamedBlocks
 from remat.simulate.devices import DeviceSpec
 from remat.strategies import COMPUTE_HEAVY_OPS, BlockDecision, apply_decisions, remove
+from remat.strategies.ops import call_entry, parse_entry
 
 __all__ = ["BlockGroup", "Candidate", "measure_groups", "save_set_chain"]
 
@@ -318,54 +321,85 @@ def save_set_chain(forward_ops: Sequence[OpRecord], device: DeviceSpec, *,
                    exhaustive_up_to: int = 0) -> list[frozenset[str]]:
     """Save sets of increasing size for op-level checkpointing (NOTE [ Candidate decisions ], 3).
 
+    Compute-heavy ops (matmuls, attention) called more than once in the region enter
+    the sets call by call (``"aten.mm#2"``, see ``remat.strategies.ops``), so the
+    cheapest matmuls per byte can be recomputed while the others are kept; pointwise
+    ops enter by name. A set holding every call of an op names the op instead.
+
     Args:
-        forward_ops: the block's forward ops without checkpointing.
-        device: the cost device (ranks ops by roofline time per output byte).
+        forward_ops: the region's forward ops without checkpointing, in order.
+        device: the cost device (ranks entries by roofline time per output byte).
         max_light_ops: at most this many pointwise op names are added. Default: 4.
-        exhaustive_up_to: with at most this many op names, every proper subset follows the
-            chain. Default: 0 (the chain only).
+        exhaustive_up_to: with at most this many entries, every proper subset follows
+            the chain. Default: 0 (the chain only).
 
     Returns:
         Non-empty save sets: the chain, each a superset of the previous one, whose last one
-        leaves at least one op name to recompute; then the other subsets, if exhaustive.
+        leaves at least one entry to recompute; then the other subsets, if exhaustive.
 
     Example:
         >>> chain = save_set_chain(prof.ops_in("forward"), get_device("h100-80gb"))
         >>> chain[0]  # attention kept first, dropped last
         frozenset({'aten._scaled_dot_product_flash_attention_for_cpu'})
     """
-    out_bytes: dict[str, int] = {}
-    cost_ms: dict[str, float] = {}
+    calls: dict[str, list[OpRecord]] = {}
     excluded: set[str] = set()
     for op in forward_ops:
-        out_bytes[op.name] = out_bytes.get(op.name, 0) + op.write_bytes
-        cost_ms[op.name] = cost_ms.get(op.name, 0.0) + op_roofline_ms(op, device)
+        calls.setdefault(op.name, []).append(op)
         if op.name.endswith("_") or op.read_bytes == 0:
             # In-place ops (aten's trailing underscore) cannot be saved: SAC refuses a cached
             # output that is mutated later. Factories (no input) cost nothing to redo.
             excluded.add(op.name)
-    names = [n for n, b in out_bytes.items() if b > 0 and cost_ms[n] > 0 and n not in excluded]
+    out_bytes: dict[str, int] = {}
+    cost_ms: dict[str, float] = {}
+    entries_of: dict[str, list[str]] = {}
+    for name, ops in calls.items():
+        if name in excluded:
+            continue
+        per_call = len(ops) > 1 and (name in COMPUTE_HEAVY_OPS or _is_attention(name))
+        entries = [call_entry(name, i) for i in range(len(ops))] if per_call else [name]
+        groups = [[op] for op in ops] if per_call else [ops]
+        for entry, group in zip(entries, groups, strict=True):
+            written = sum(op.write_bytes for op in group)
+            cost = sum(op_roofline_ms(op, device) for op in group)
+            if written > 0 and cost > 0:
+                out_bytes[entry], cost_ms[entry] = written, cost
+                entries_of.setdefault(name, []).append(entry)
+    items = list(out_bytes)
 
-    def value(n: str) -> tuple[float, int]:
-        return (-cost_ms[n] / out_bytes[n], out_bytes[n])
+    def value(e: str) -> tuple[float, int]:
+        return (-cost_ms[e] / out_bytes[e], out_bytes[e])
 
-    attention = sorted((n for n in names if _is_attention(n)), key=value)
-    heavy = sorted((n for n in names if n in COMPUTE_HEAVY_OPS and not _is_attention(n)),
-                   key=value)
-    light = sorted((n for n in names if n not in COMPUTE_HEAVY_OPS and not _is_attention(n)),
-                   key=value)[:max_light_ops]
+    def kind(e: str) -> str:
+        return parse_entry(e)[0]
+
+    attention = sorted((e for e in items if _is_attention(kind(e))), key=value)
+    heavy = sorted((e for e in items if kind(e) in COMPUTE_HEAVY_OPS
+                    and not _is_attention(kind(e))), key=value)
+    light = sorted((e for e in items if kind(e) not in COMPUTE_HEAVY_OPS
+                    and not _is_attention(kind(e))), key=value)[:max_light_ops]
     order = attention + heavy + light
-    total = len(names)
+    whole = {name: frozenset(es) for name, es in entries_of.items()
+             if len(es) == len(calls[name]) and len(es) > 1}
+
+    def named(entries: Sequence[str]) -> frozenset[str]:
+        chosen = set(entries)
+        for name, es in whole.items():  # every call of an op: name the op
+            if es <= chosen:
+                chosen = (chosen - es) | {name}
+        return frozenset(chosen)
+
+    total = len(items)
     chain: list[frozenset[str]] = []
     for k in range(1, len(order) + 1):
         if k >= total:  # saving every op's output is "none" with extra steps
             break
-        chain.append(frozenset(order[:k]))
-    if 1 < total <= exhaustive_up_to:  # few names: every proper subset, chain first
+        chain.append(named(order[:k]))
+    if 1 < total <= exhaustive_up_to:  # few entries: every proper subset, chain first
         for k in range(1, total):
             for subset in itertools.combinations(order, k):
-                if frozenset(subset) not in chain:
-                    chain.append(frozenset(subset))
+                if named(subset) not in chain:
+                    chain.append(named(subset))
     return chain
 
 

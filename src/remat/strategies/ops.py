@@ -7,18 +7,45 @@ block's saved bytes; pointwise ops and norms are cheap to redo and often
 dominate the bytes. Saving the former and recomputing the latter buys most of
 full checkpointing's memory for a fraction of its recompute time.
 
+A save set names ops two ways: ``"aten.mm"`` keeps the output of every call of
+that op in the region; ``"aten.mm#2"`` keeps only the third call's (calls are
+counted per op name in the order the region's forward runs them; see NOTE
+[ Per-call save sets ]). Per-call entries let a plan keep, say, an MLP's down
+projection and recompute its gate and up projections, which by name alone are
+indistinguishable.
+
 See ``torch.utils.checkpoint.create_selective_checkpoint_contexts``.
+
+NOTE [ Per-call save sets ]
+    SAC's own caches index an op's outputs by call order within the region, and
+    the policy is consulted once per op call of the region's forward (and, in
+    older PyTorch releases, again during recompute, with ``ctx.is_recompute``).
+    :class:`SavePolicy` counts calls per op name separately for the two, so the
+    k-th call of ``aten.mm`` means the same op in forward and in recompute as long
+    as the region's control flow is deterministic, which non-reentrant
+    checkpointing requires anyway. A fresh policy is made for every checkpointed
+    call (``sac_context_fn`` builds one per ``context_fn()`` call), so counts
+    never leak between steps. Under ``torch.compile`` the policy sees the traced
+    (possibly decomposed) ops, so per-call indices may select different calls
+    than in eager; gradients are unaffected, only what is kept.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from functools import partial
 from typing import Any
 
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
-__all__ = ["COMPUTE_HEAVY_OPS", "default_save_ops", "make_policy", "sac_context_fn"]
+__all__ = [
+    "COMPUTE_HEAVY_OPS",
+    "SavePolicy",
+    "call_entry",
+    "default_save_ops",
+    "make_policy",
+    "parse_entry",
+    "sac_context_fn",
+]
 
 #: aten overload packets that do the heavy math, as seen by the dispatcher
 #: (``nn.Linear`` and ``matmul`` decompose into mm/addmm/bmm before dispatch).
@@ -53,24 +80,86 @@ def op_name(func: Any) -> str:
     return str(packet)
 
 
-def _policy(save_ops: frozenset[str], ctx: Any, func: Any, *args: Any,
-            **kwargs: Any) -> CheckpointPolicy:
-    if op_name(func) in save_ops:
-        return CheckpointPolicy.MUST_SAVE
-    return CheckpointPolicy.PREFER_RECOMPUTE
+def call_entry(name: str, index: int) -> str:
+    """The save-set entry for the ``index``-th call (from 0) of op ``name``: ``"aten.mm#2"``."""
+    return f"{name}#{index}"
+
+
+def parse_entry(entry: str) -> tuple[str, int | None]:
+    """``("aten.mm", 2)`` for ``"aten.mm#2"``, ``("aten.mm", None)`` for ``"aten.mm"``.
+
+    Raises:
+        ValueError: an empty name, or an index that is not a non-negative integer.
+
+    Example:
+        >>> parse_entry("aten.mm#2")
+        ('aten.mm', 2)
+    """
+    name, sep, index = entry.partition("#")
+    if not name or (sep and not index.isdigit()):
+        raise ValueError(
+            f"save-set entry {entry!r} is not an op name ('aten.mm') or an op call "
+            "('aten.mm#2': the third call of aten.mm in the region)"
+        )
+    return name, int(index) if sep else None
+
+
+class SavePolicy:
+    """A SAC policy: save the outputs of the named ops and op calls, recompute the rest.
+
+    Args:
+        save_ops: entries as :func:`parse_entry` reads them.
+
+    Example:
+        >>> policy = SavePolicy({"aten.addmm", "aten.mm#1"})
+    """
+
+    def __init__(self, save_ops: Iterable[str]) -> None:
+        self.names: frozenset[str] = frozenset()
+        calls: set[tuple[str, int]] = set()
+        names: set[str] = set()
+        for entry in save_ops:
+            name, index = parse_entry(entry)
+            if index is None:
+                names.add(name)
+            else:
+                calls.add((name, index))
+        self.names = frozenset(names)
+        self.calls = frozenset(calls)
+        self._counted = frozenset(n for n, _ in calls)
+        self._counts: dict[bool, dict[str, int]] = {False: {}, True: {}}
+
+    def __call__(self, ctx: Any, func: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+        name = op_name(func)
+        if name in self.names:
+            return CheckpointPolicy.MUST_SAVE
+        if name in self._counted:  # NOTE [ Per-call save sets ]
+            counts = self._counts[bool(getattr(ctx, "is_recompute", False))]
+            index = counts.get(name, 0)
+            counts[name] = index + 1
+            if (name, index) in self.calls:
+                return CheckpointPolicy.MUST_SAVE
+        return CheckpointPolicy.PREFER_RECOMPUTE
 
 
 def make_policy(save_ops: Iterable[str]) -> Callable[..., CheckpointPolicy]:
-    """A SAC policy function that saves the outputs of ``save_ops`` and recomputes the rest."""
-    return partial(_policy, frozenset(save_ops))
+    """A fresh SAC policy saving the outputs of ``save_ops`` (names or calls; see module doc)."""
+    return SavePolicy(save_ops)
 
 
 def sac_context_fn(save_ops: Iterable[str]) -> Callable[[], tuple[Any, Any]]:
     """A ``context_fn`` for ``torch.utils.checkpoint`` implementing the policy.
 
+    Each call makes a fresh :class:`SavePolicy` (per-call counts start at zero).
+
     Example:
         >>> fn = sac_context_fn({"aten.mm"})
         >>> fwd_ctx, recompute_ctx = fn()
     """
-    policy = make_policy(save_ops)
-    return partial(create_selective_checkpoint_contexts, policy)
+    entries = frozenset(save_ops)
+
+    def context_fn() -> tuple[Any, Any]:
+        forward_ctx, recompute_ctx = create_selective_checkpoint_contexts(SavePolicy(entries))
+        return forward_ctx, recompute_ctx
+
+    return context_fn

@@ -47,7 +47,7 @@ from torch.utils.checkpoint import (
 
 from remat.errors import RematError
 from remat.strategies.context import recomputing
-from remat.strategies.ops import make_policy
+from remat.strategies.ops import make_policy, sac_context_fn
 
 __all__ = [
     "RegionInfo",
@@ -73,6 +73,9 @@ class RegionInfo:
         stateful: modules inside the region with running statistics (BatchNorm);
             their statistics are restored after each recompute.
         segment: the shared segment state when ``kind == "segment"``.
+        compiled_context_fn: SAC's ``context_fn`` for ``save_ops`` under
+            ``torch.compile``, made once here: Dynamo accepts a ``context_fn`` that
+            exists before tracing, not a policy object built while tracing.
     """
 
     kind: str
@@ -80,6 +83,11 @@ class RegionInfo:
     save_ops: frozenset[str] | None = None
     stateful: tuple[nn.Module, ...] = ()
     segment: _Segment | None = None
+    compiled_context_fn: Callable[[], tuple[Any, Any]] | None = None
+
+    def __post_init__(self) -> None:
+        if self.save_ops is not None and self.compiled_context_fn is None:
+            self.compiled_context_fn = sac_context_fn(self.save_ops)
 
 
 @dataclass(eq=False)
@@ -170,14 +178,15 @@ def _recompute_context(inner: Any, stateful: tuple[nn.Module, ...]) -> Iterator[
         yield
 
 
-def _context_fn(save_ops: frozenset[str] | None,
+def _context_fn(info: RegionInfo | None,
                 stateful: tuple[nn.Module, ...]) -> Callable[[], tuple[Any, Any]]:
     # Under torch.compile the context managers must be SAC's own dispatch modes
     # (torch.utils.checkpoint asserts it), so the recompute marker is left out.
+    save_ops = info.save_ops if info is not None else None
     if torch.compiler.is_compiling():
-        if save_ops is None:
+        if info is None or info.compiled_context_fn is None:
             return noop_context_fn
-        return partial(create_selective_checkpoint_contexts, make_policy(save_ops))
+        return info.compiled_context_fn
 
     def context_fn() -> tuple[Any, Any]:
         if save_ops is None:
@@ -203,7 +212,7 @@ def _checkpointed_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
         *args,
         use_reentrant=False,
         preserve_rng_state=True,
-        context_fn=_context_fn(info.save_ops, info.stateful),
+        context_fn=_context_fn(info, info.stateful),
         **kwargs,
     )
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from remat.errors import StrategyError
+from remat.strategies.ops import parse_entry
 
 __all__ = [
     "DECISION_KINDS",
@@ -40,8 +41,10 @@ class BlockDecision:
             (op-level selective checkpointing: save the outputs of ``save_ops``,
             recompute the rest) or ``"offload"`` (keep saved activations in host memory).
         save_ops: for ``"ops"``: aten overload-packet names whose outputs are kept,
-            e.g. ``frozenset({"aten.mm", "aten.addmm"})``. ``None`` means the default set
-            (:func:`remat.strategies.ops.default_save_ops`). Must be ``None`` for other kinds.
+            e.g. ``frozenset({"aten.mm", "aten.addmm"})``, or single calls of one
+            (``"aten.mm#2"``: the third ``aten.mm`` of the region's forward). ``None``
+            means the default set (:func:`remat.strategies.ops.default_save_ops`). Must be
+            ``None`` for other kinds.
 
     Example:
         >>> BlockDecision("ops", frozenset({"aten.mm"})).kind
@@ -63,6 +66,11 @@ class BlockDecision:
                     f"{self.kind!r} with save_ops={sorted(self.save_ops)}"
                 )
             object.__setattr__(self, "save_ops", frozenset(self.save_ops))
+            for entry in self.save_ops:
+                try:
+                    parse_entry(entry)
+                except ValueError as exc:
+                    raise ValueError(f"BlockDecision: {exc}") from None
 
     def label(self) -> str:
         """Short human-readable form, e.g. ``ops[aten.mm,aten.addmm]``."""
