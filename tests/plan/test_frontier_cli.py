@@ -96,3 +96,24 @@ def test_cli_plan_errors_are_clean() -> None:
                                 "5%", "--device", "cpu", "--no-frontier", "--simulate"])
     assert small.exit_code == 1
     assert "no checkpointing plan fits" in small.output and "Traceback" not in small.output
+
+
+def test_cli_plan_with_measured_costs_times_every_strategy(tmp_path: Path) -> None:
+    data = tmp_path / "run.json"
+    result = runner.invoke(app, [
+        "plan", "--model", "gpt-tiny", "--batch", "2", "--budget", "90%", "--device", "cpu",
+        "--cost", "measured", "--json", str(data),
+    ])
+    assert result.exit_code == 0, result.output
+    assert "measured, cpu" in result.stdout and "timed step" in result.stdout
+    run = json.loads(data.read_text())
+    assert run["plan"]["cost_source"] == "measured" and run["plan"]["timed_on"] == "cpu"
+    front = run["frontier"]
+    assert front["cost_source"] == "measured" and front["step_ms"] > 0
+    points = {p["name"]: p for p in front["points"]}
+    assert points["none"]["recompute_ms"] == 0.0
+    assert all(p["recompute_ms"] >= 0 for p in points.values())
+    assert points["plan"]["peak_bytes"] <= run["plan"]["budget_bytes"]
+    bad = runner.invoke(app, ["plan", "--model", "gpt-tiny", "--cost", "measured",
+                              "--simulate", "--no-frontier"])
+    assert bad.exit_code == 2 and "measured costs" in bad.output

@@ -42,7 +42,7 @@ from remat.measure.step import LossFn, batch_tensors, clear_grads, run_step
 from remat.measure.timing import time_blocks, time_step
 from remat.measure.tracker import PHASES, MemoryTracker, OpRecord
 
-__all__ = ["BlockProfile", "Profile", "profile", "profile_simulated"]
+__all__ = ["BlockProfile", "Profile", "preserved_state", "profile", "profile_simulated"]
 
 _API = "remat.profile"
 
@@ -239,9 +239,13 @@ def _host_copy(t: Tensor) -> Tensor:
 
 
 @contextmanager
-def _preserved(model: nn.Module, optimizer: torch.optim.Optimizer | None,
-               device: torch.device) -> Iterator[None]:
-    """Restore parameters, gradients, buffers, optimizer state and RNG on exit."""
+def preserved_state(model: nn.Module, optimizer: torch.optim.Optimizer | None,
+                    device: torch.device) -> Iterator[None]:
+    """Restore parameters, gradients, buffers, optimizer state and RNG on exit.
+
+    Parameters and optimizer state are copied to host memory only when an optimizer
+    is given (only an update changes them); gradients are put back as the same tensors.
+    """
     params = list(dict.fromkeys(model.parameters()))
     grads = [(p, p.grad) for p in params]
     values = [(p, _host_copy(p)) for p in params] if optimizer is not None else []
@@ -456,7 +460,7 @@ def profile(
                                  blocks=blocks)
     named = _named_blocks(model, blocks)
     device = _model_device(model)
-    with _preserved(model, optimizer, device):
+    with preserved_state(model, optimizer, device):
         clear_grads(model)
         run_step(model, batch, loss_fn=loss_fn, optimizer=optimizer)  # warm-up
         clear_grads(model)

@@ -19,11 +19,21 @@ from torch import nn
 
 from remat.measure.step import LossFn, call_model, clear_grads, default_loss, run_step
 
-__all__ = ["StepTimes", "time_blocks", "time_step"]
+__all__ = ["Clock", "StepTimes", "time_blocks", "time_step"]
 
 
-class _Clock:
-    """Marks points in time; reads elapsed milliseconds after :meth:`sync`."""
+class Clock:
+    """Marks points in time; reads elapsed milliseconds after :meth:`sync`.
+
+    CUDA events on a CUDA device (kernel time, not launch time), ``perf_counter``
+    elsewhere.
+
+    Example:
+        >>> clock = Clock(torch.device("cpu"))
+        >>> start = clock.mark(); end = clock.mark(); clock.sync()
+        >>> clock.elapsed_ms(start, end) >= 0
+        True
+    """
 
     def __init__(self, device: torch.device) -> None:
         self.cuda = device.type == "cuda"
@@ -94,7 +104,7 @@ def time_step(
     """
     if repeats < 1:
         raise ValueError(f"remat.measure.time_step: repeats must be >= 1, got {repeats}")
-    clock = _Clock(device or _device_of(model))
+    clock = Clock(device or _device_of(model))
     forward: list[float] = []
     backward: list[float] = []
     total: list[float] = []
@@ -146,7 +156,7 @@ def time_blocks(
         raise ValueError(f"remat.measure.time_blocks: repeats must be >= 1, got {repeats}")
     if not blocks:
         return {}
-    clock = _Clock(device or _device_of(model))
+    clock = Clock(device or _device_of(model))
     runs: list[list[tuple[str, Any, Any]]] = []
     starts: dict[str, list[Any]] = {}
     current: list[tuple[str, Any, Any]] = []

@@ -35,6 +35,7 @@ NOTE [ Candidate decisions ]
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import warnings
 from collections.abc import Mapping, Sequence
@@ -54,7 +55,17 @@ from remat.simulate.devices import DeviceSpec
 from remat.strategies import COMPUTE_HEAVY_OPS, BlockDecision, apply_decisions, remove
 from remat.strategies.ops import call_entry, parse_entry
 
-__all__ = ["BlockGroup", "Candidate", "measure_groups", "save_set_chain"]
+__all__ = [
+    "BlockGroup",
+    "Candidate",
+    "apply_parts",
+    "block_input",
+    "capture_inputs",
+    "measure_groups",
+    "prune_candidates",
+    "save_set_chain",
+    "with_input",
+]
 
 _MAX_LIGHT_OPS = 4  # pointwise op names added one by one to a sub-layer's save-set chain
 _MAX_LIGHT_OPS_BLOCK = 2  # ... to a whole block's (block-wide pointwise sets rarely pay off)
@@ -170,12 +181,20 @@ def _shape_key(value: Any) -> Any:
     return type(value).__name__
 
 
-def _capture_inputs(setup: FakeSetup) -> dict[str, tuple[tuple[Any, ...], dict[str, Any]]]:
-    """Arguments each block is called with, from a fake forward stopped after the last block."""
+def capture_inputs(model: nn.Module, batch: Any, blocks: Sequence[tuple[str, nn.Module]], *,
+                   mode: Any = None) -> dict[str, tuple[tuple[Any, ...], dict[str, Any]]]:
+    """Arguments each of ``blocks`` is called with, from a forward stopped after the last one.
+
+    Args:
+        model: the model (fake or real).
+        batch: its batch.
+        blocks: the ``(name, module)`` pairs whose arguments are wanted, in forward order.
+        mode: a context entered around the forward (the fake mode). Default: none.
+    """
     from remat.measure.step import call_model
 
     captured: dict[str, tuple[tuple[Any, ...], dict[str, Any]]] = {}
-    last = setup.blocks[-1][0]
+    last = blocks[-1][0]
 
     def hook_for(name: str) -> Any:
         def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
@@ -185,18 +204,17 @@ def _capture_inputs(setup: FakeSetup) -> dict[str, tuple[tuple[Any, ...], dict[s
                 raise _Captured
         return hook
 
-    handles = [m.register_forward_pre_hook(hook_for(n), with_kwargs=True)
-               for n, m in setup.blocks]
+    handles = [m.register_forward_pre_hook(hook_for(n), with_kwargs=True) for n, m in blocks]
     try:
-        with setup.mode, torch.enable_grad():
+        with mode if mode is not None else contextlib.nullcontext(), torch.enable_grad():
             try:
-                call_model(setup.model, setup.batch, api="remat.plan")
+                call_model(model, batch, api="remat.plan")
             except _Captured:
                 pass
     finally:
         for h in handles:
             h.remove()
-    missing = [n for n, _ in setup.blocks if n not in captured]
+    missing = [n for n, _ in blocks if n not in captured]
     if missing:
         raise BlocksNotFound(
             f"remat.plan: blocks {missing[:4]} were not called in the model's forward, so they "
@@ -240,6 +258,33 @@ def _tensors_in(value: Any) -> list[Tensor]:
     return []
 
 
+def apply_parts(model: nn.Module, name: str, parts: Sequence[Part],
+                block_names: Sequence[str]) -> None:
+    """Apply a candidate's ``parts`` to block ``name`` of ``model`` (undo with ``remove``)."""
+    decisions = {f"{name}.{path}" if path else name: d for path, d in parts if d.kind != "none"}
+    if any(key != name for key in decisions):
+        spec = NamedBlocks(tuple(decisions))
+    else:
+        spec = NamedBlocks(tuple(block_names))
+    with quiet():
+        apply_decisions(model, decisions, blocks=spec)
+
+
+def block_input(name: str, inputs: tuple[tuple[Any, ...], dict[str, Any]]) -> Tensor:
+    """The tensor a block's activations hang from: its first tensor argument."""
+    args, kwargs = inputs
+    hidden = first_tensor(args) if args else first_tensor(kwargs)
+    if hidden is None:
+        raise ValueError(f"remat.plan: block {name!r} takes no tensor argument to plan around")
+    return hidden
+
+
+def with_input(inputs: tuple[tuple[Any, ...], dict[str, Any]], old: Tensor,
+               new: Tensor) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """``inputs`` with the tensor ``old`` replaced by ``new``."""
+    return _replace_first(inputs[0], inputs[1], old, new)
+
+
 # NOTE [ Gradient of the block output ]
 #   In the whole step, the gradient of a block's output is made by the next block's
 #   backward and freed by autograd as soon as this block's backward has used it. Passing
@@ -255,21 +300,12 @@ def _run_block(setup: FakeSetup, name: str, block: nn.Module,
                inputs: tuple[tuple[Any, ...], dict[str, Any]], parts: Sequence[Part],
                attribution: Sequence[tuple[str, nn.Module]] = ()) -> _Run:
     """Forward and backward of one block under ``parts``, tracked (see module docstring)."""
-    args, kwargs = inputs
-    hidden = first_tensor(args) if args else first_tensor(kwargs)
-    if hidden is None:
-        raise ValueError(f"remat.plan: block {name!r} takes no tensor argument to plan around")
-    decisions = {f"{name}.{path}" if path else name: d for path, d in parts if d.kind != "none"}
-    if any(key != name for key in decisions):
-        spec = NamedBlocks(tuple(decisions))
-    else:
-        spec = NamedBlocks(tuple(n for n, _ in setup.blocks))
-    with quiet():
-        apply_decisions(setup.model, decisions, blocks=spec)
+    hidden = block_input(name, inputs)
+    apply_parts(setup.model, name, parts, [n for n, _ in setup.blocks])
     try:
         with setup.mode:
             x = hidden.detach().requires_grad_(hidden.requires_grad)
-        args, kwargs = _replace_first(args, kwargs, hidden, x)
+        args, kwargs = with_input(inputs, hidden, x)
         for p in block.parameters():
             p.grad = None
         tracker = MemoryTracker(device=setup.device, blocks=list(attribution) or [(name, block)])
@@ -432,7 +468,7 @@ def _offload_exposed_ms(run: _Run, base: _Run, device: DeviceSpec) -> float:
     return max(transfer_ms - fwd_ms, 0.0) + max(transfer_ms - bwd_ms, 0.0)
 
 
-def _prune(candidates: Sequence[Candidate]) -> list[Candidate]:
+def prune_candidates(candidates: Sequence[Candidate]) -> list[Candidate]:
     """Drop candidates another one matches or beats in every number (``none`` stays)."""
     kept: list[Candidate] = []
     for i, c in enumerate(candidates):
@@ -545,7 +581,7 @@ def measure_groups(setup: FakeSetup, device: DeviceSpec, *, prune: bool = True,
     Returns:
         One :class:`BlockGroup` per kind of block, in order of first appearance.
     """
-    inputs = _capture_inputs(setup)
+    inputs = capture_inputs(setup.model, setup.batch, setup.blocks, mode=setup.mode)
     groups: dict[Any, list[str]] = {}
     for name, block in setup.blocks:
         groups.setdefault(_group_key(block, inputs[name]), []).append(name)
@@ -556,6 +592,6 @@ def measure_groups(setup: FakeSetup, device: DeviceSpec, *, prune: bool = True,
         candidates = _measure_kind(setup, rep, modules[rep], inputs[rep], device,
                                    max_composites)
         if prune:
-            candidates = _prune(candidates)
+            candidates = prune_candidates(candidates)
         result.append(BlockGroup(tuple(names), tuple(candidates)))
     return result

@@ -65,9 +65,13 @@ def _summary_cells(plan: Plan) -> list[tuple[str, str]]:
         ("Measured peak", "not measured" if plan.measured_peak_bytes is None
          else format_bytes(plan.measured_peak_bytes)),
         ("Recompute FLOPs", format_flops(plan.recompute_flops)),
-        (f"Recompute time ({plan.cost_device} roofline)", format_ms(plan.recompute_ms)),
-        (f"Predicted step time ({plan.cost_device})", format_ms(plan.predicted_step_ms)),
     ]
+    if plan.cost_source == "measured":
+        cells += [(f"Recompute time (measured, {plan.timed_on})", format_ms(plan.recompute_ms)),
+                  (f"Step time (measured, {plan.timed_on})", format_ms(plan.predicted_step_ms))]
+    else:
+        cells += [(f"Recompute time ({plan.cost_device} roofline)", format_ms(plan.recompute_ms)),
+                  (f"Predicted step time ({plan.cost_device})", format_ms(plan.predicted_step_ms))]
     if plan.batch_size is not None:
         cells.append(("Batch size", str(plan.batch_size)))
     return cells
@@ -122,14 +126,22 @@ def _frontier_rows(front: Frontier) -> list[list[str]]:
     return rows
 
 
+def _frontier_caption(front: Frontier) -> str:
+    if front.cost_source == "measured":
+        return (f"Recompute: timed step minus the un-checkpointed timed step on "
+                f"{front.cost_device} (medians); overhead: share of the latter "
+                f"({format_ms(front.step_ms)}).")
+    return (f"Recompute: roofline time of the recomputed ops on {front.cost_device}; "
+            f"overhead: share of the un-checkpointed step's roofline time "
+            f"({format_ms(front.step_ms)}).")
+
+
 def frontier_table(front: Frontier) -> Table:
     """The frontier as a rich table: one row per strategy, the plan last."""
     table = Table(
         title=f"Frontier{': ' + front.label if front.label else ''} "
               f"(budget {format_bytes(front.budget_bytes)})",
-        caption=f"Recompute: roofline time of the recomputed ops on {front.cost_device}; "
-                f"overhead: share of the un-checkpointed step's roofline time "
-                f"({format_ms(front.step_ms)}).",
+        caption=_frontier_caption(front),
         caption_justify="left",
     )
     for column in FRONTIER_COLUMNS:
@@ -163,8 +175,9 @@ def _throughput_rows(plan: Plan) -> list[list[str]]:
 
 def throughput_table(plan: Plan) -> Table:
     """The throughput search as a rich table (batch size vs best plan, peak, step time)."""
-    table = Table(title=f"Throughput search (budget {format_bytes(plan.budget_bytes)}, "
-                        f"{plan.cost_device} step-time model)")
+    source = f"timed on {plan.timed_on}" if plan.cost_source == "measured" \
+        else f"{plan.cost_device} step-time model"
+    table = Table(title=f"Throughput search (budget {format_bytes(plan.budget_bytes)}, {source})")
     for column in THROUGHPUT_COLUMNS:
         table.add_column(column, justify="left" if column in ("Batch", "Best plan")
                          else "right")
@@ -229,7 +242,8 @@ def plot_frontier(fronts: Frontier | Sequence[Frontier], path: str | Path, *,
                            color="tab:green", zorder=4, label="plan")
         ax.axhline(mib(front.budget_bytes), color="tab:red", linestyle="--", linewidth=1,
                    label=f"budget {format_bytes(front.budget_bytes)}")
-        ax.set_xlabel(f"Recompute overhead (% of step roofline time, {front.cost_device})")
+        kind = "timed step" if front.cost_source == "measured" else "step roofline time"
+        ax.set_xlabel(f"Recompute overhead (% of {kind}, {front.cost_device})")
         ax.set_ylabel("Peak memory (MiB)")
         ax.grid(True, alpha=0.3)
         ax.margins(x=0.12, y=0.08)

@@ -3,7 +3,10 @@
 Each point is one training step measured with :func:`remat.measure.profile`:
 its peak bytes, and its recompute cost as the roofline time of the recomputed
 ops on the cost device (the planner's objective). Recompute overhead is that
-cost as a percentage of the roofline time of the un-checkpointed step.
+cost as a percentage of the roofline time of the un-checkpointed step. With
+measured costs (``cost="measured"``, a plan made with them, on a GPU), every
+point's cost is instead its timed step minus the un-checkpointed timed step
+(medians, side by side in one run), and overhead is relative to the latter.
 :func:`add_plan_row` puts a plan next to the strategies of ``remat compare``.
 """
 
@@ -25,10 +28,10 @@ from remat.measure.roofline import roofline_ms
 from remat.measure.step import LossFn
 from remat.plan._sim import quiet
 from remat.plan.cost import cost_device, recompute_ms
-from remat.plan.planner import measure_decisions, preserved_strategy
+from remat.plan.planner import measure_decisions
 from remat.plan.plans import Plan
 from remat.simulate.devices import DeviceSpec
-from remat.strategies import apply
+from remat.strategies import apply, preserved_strategy
 
 if TYPE_CHECKING:
     from remat.compare import ComparisonResult
@@ -74,9 +77,11 @@ class Frontier:
     Args:
         points: the strategies in the order measured, then ``"plan"`` (if given).
         budget_bytes: the budget the points are judged against.
-        step_ms: roofline time of the un-checkpointed step on ``cost_device``, ms.
-        cost_device: the device the costs use.
+        step_ms: time of the un-checkpointed step, ms: roofline on ``cost_device``, or
+            timed (``cost_source="measured"``).
+        cost_device: the device the costs use (roofline), or were timed on (measured).
         label: what was measured, e.g. ``"gpt-small, batch 8"``.
+        cost_source: ``"roofline"`` or ``"measured"``. Default: ``"roofline"``.
     """
 
     points: tuple[FrontierPoint, ...]
@@ -84,6 +89,7 @@ class Frontier:
     step_ms: float
     cost_device: str
     label: str = ""
+    cost_source: str = "roofline"
     meta: Mapping[str, Any] = field(default_factory=dict, compare=False)
 
     def point(self, name: str) -> FrontierPoint:
@@ -106,6 +112,7 @@ class Frontier:
             "budget_bytes": self.budget_bytes,
             "step_ms": self.step_ms,
             "cost_device": self.cost_device,
+            "cost_source": self.cost_source,
             "best_manual": best.name if best is not None else None,
             "points": [asdict(p) for p in self.points],
             "meta": dict(self.meta),
@@ -138,6 +145,7 @@ def frontier(
     simulate: bool = False,
     device: str | DeviceSpec | None = None,
     label: str = "",
+    cost: str | None = None,
 ) -> Frontier:
     """Measure every manual strategy (and ``plan``) on ``model`` and ``batch``.
 
@@ -145,27 +153,34 @@ def frontier(
         model: the model, in train mode; left as it was.
         batch: the batch.
         plan: a plan to add as the point ``"plan"`` (its own measurement is used when it
-            has one). Default: None.
-        budget_bytes: the budget points are judged against. Default: the plan's.
+            has one and its costs are roofline costs). Default: None.
+        budget_bytes: the budget the points are judged against. Default: the plan's.
         strategies: the manual strategies. Default: :func:`manual_strategies`.
         loss_fn, optimizer, blocks, simulate: as for :func:`remat.plan.plan`.
         device: the cost device. Default: the plan's, else as for :func:`remat.plan.plan`.
         label: stored on the result.
+        cost: ``"roofline"``, ``"measured"`` (timed steps; see the module docstring) or
+            ``"auto"`` (measured on CUDA). Default: the plan's cost source, else ``"auto"``.
 
     Raises:
-        ValueError: neither ``plan`` nor ``budget_bytes`` given.
+        ValueError: neither ``plan`` nor ``budget_bytes`` given, or a bad ``cost``.
 
     Example:
         >>> f = frontier(model, batch, plan)
         >>> f.point("plan").recompute_ms <= f.best_manual().recompute_ms
         True
     """
+    from remat.plan.planner import resolve_cost
+
     if budget_bytes is None:
         if plan is None:
             raise ValueError("remat.plan.frontier: pass a plan or budget_bytes")
         budget_bytes = plan.budget_bytes
     if device is None and plan is not None:
         device = plan.cost_device
+    if cost is None:
+        cost = plan.cost_source if plan is not None else "auto"
+    timed = resolve_cost(cost, model, simulate=simulate) == "measured"
     spec = cost_device(next((p.device for p in model.parameters()), None), device)
     names = list(strategies) if strategies is not None else \
         manual_strategies(len(named_blocks(model, blocks)))
@@ -180,28 +195,41 @@ def frontier(
                 continue  # e.g. no attention sub-layer to checkpoint
             try:
                 profiles[name] = profile(model, batch, loss_fn=loss_fn, optimizer=optimizer,
-                                         simulate=simulate, blocks=blocks, timing=False)
+                                         simulate=simulate, blocks=blocks, timing=timed,
+                                         repeats=3)
             except (RuntimeError, ValueError) as exc:
                 if name == "none":
                     raise
                 warnings.warn(f"remat.plan.frontier: could not measure strategy {name!r} "
                               f"({type(exc).__name__}: {exc}); it is left out of the frontier",
                               RematWarning, stacklevel=2)
+    if plan is not None and (timed or plan.measured_peak_bytes is None
+                             or plan.cost_source != "roofline"):
+        profiles["plan"] = measure_decisions(model, batch, plan.decisions, loss_fn=loss_fn,
+                                             optimizer=optimizer, blocks=blocks or plan.blocks,
+                                             simulate=simulate, timing=timed)
+    if timed:
+        step = profiles["none"].step_ms or 0.0
+        points = [_timed_point(name, prof, budget_bytes, step)
+                  for name, prof in profiles.items()]
+        where = str(next((p.device for p in model.parameters()), "cpu"))
+        return Frontier(tuple(points), budget_bytes, step, where, label, "measured")
     step = roofline_ms(profiles["none"].ops, spec)
     points = [_point(name, prof, budget_bytes, step, spec) for name, prof in profiles.items()]
-    if plan is not None:
-        if plan.measured_peak_bytes is not None:
-            points.append(FrontierPoint(
-                "plan", plan.measured_peak_bytes, plan.recompute_flops, plan.recompute_ms,
-                100.0 * plan.recompute_ms / step if step > 0 else 0.0,
-                plan.measured_peak_bytes <= budget_bytes,
-            ))
-        else:
-            prof = measure_decisions(model, batch, plan.decisions, loss_fn=loss_fn,
-                                     optimizer=optimizer, blocks=blocks or plan.blocks,
-                                     simulate=simulate)
-            points.append(_point("plan", prof, budget_bytes, step, spec))
+    if plan is not None and "plan" not in profiles:
+        points.append(FrontierPoint(
+            "plan", plan.peak_bytes, plan.recompute_flops, plan.recompute_ms,
+            100.0 * plan.recompute_ms / step if step > 0 else 0.0,
+            plan.peak_bytes <= budget_bytes,
+        ))
     return Frontier(tuple(points), budget_bytes, step, spec.name, label)
+
+
+def _timed_point(name: str, prof: Profile, budget_bytes: int, base_ms: float) -> FrontierPoint:
+    ms = max((prof.step_ms or 0.0) - base_ms, 0.0)
+    return FrontierPoint(name, prof.peak_bytes, prof.recompute_flops, ms,
+                         100.0 * ms / base_ms if base_ms > 0 else 0.0,
+                         prof.peak_bytes <= budget_bytes)
 
 
 # ---- remat compare's "plan" row ----------------------------------------------------------

@@ -4,7 +4,8 @@ NOTE [ How a plan is made ]
     1. Copy the model, batch and optimizer as fake tensors (nothing is computed or
        allocated, the user's model is untouched; see ``_sim.py``).
     2. Measure every candidate of every kind of block (candidates.py) and one
-       whole step without checkpointing, cut into memory windows.
+       whole step without checkpointing, cut into memory windows. With measured
+       costs, time every candidate on the real model (timed.py).
     3. Calibrate the peak model (peak.py) and solve for the cheapest choice whose
        predicted peak fits (solver.py).
     4. Closed loop: apply the choice to the model, measure the step with
@@ -18,15 +19,15 @@ NOTE [ Throughput search ]
     With ``maximize="throughput"`` the batch is a function ``n -> batch``. Batch
     sizes 1, 2, 4, ... are planned until none fits the budget (or
     ``max_batch_size``), then the largest fitting size is refined by bisection.
-    Each size's best plan gets a predicted step time (cost.py, NOTE [ Step-time
-    model ]) and samples per second; the plan with the most samples per second
-    wins and carries the whole table in ``plan.throughput``.
+    Each size's best plan gets a step time, predicted (cost.py, NOTE [ Step-time
+    model ]) or, with measured costs, timed on the device, and samples per second;
+    the plan with the most samples per second wins and carries the whole table in
+    ``plan.throughput``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -35,25 +36,28 @@ from torch import Tensor, nn
 
 from remat.blocks import BlocksSpec, named_blocks
 from remat.errors import BudgetTooSmall
-from remat.measure.profile import Profile, profile
+from remat.measure.profile import Profile, preserved_state, profile
 from remat.measure.step import LossFn
+from remat.measure.timing import time_step
 from remat.plan._sim import fake_setup, quiet, run_windows
 from remat.plan.budget import Budget, BudgetLike, parse_budget
 from remat.plan.candidates import measure_groups
 from remat.plan.cost import cost_device, recompute_ms, step_ms
 from remat.plan.peak import PeakModel
-from remat.plan.plans import Plan, ThroughputRow, apply_spec, decisions_label
+from remat.plan.plans import COST_SOURCES, Plan, ThroughputRow, apply_spec, decisions_label
 from remat.plan.solver import min_peak_choice, solve
+from remat.plan.timed import time_groups
 from remat.simulate.devices import DeviceSpec
-from remat.strategies import BlockDecision, apply, apply_decisions, remove
+from remat.strategies import BlockDecision, apply, apply_decisions, preserved_strategy
 from remat.units import format_bytes
 from remat.validate.pitfalls import check_model, warn_pitfalls
 
-__all__ = ["PlanContext", "auto", "plan", "prepare"]
+__all__ = ["COSTS", "PlanContext", "auto", "plan", "prepare", "resolve_cost", "timed_step_ms"]
 
 _MAX_ROUNDS = 6
+#: ``cost=`` values: measured time on CUDA and roofline elsewhere, or either one forced.
+COSTS: tuple[str, ...] = ("auto", "roofline", "measured")
 _REFINE_STEPS = 4
-_REMAT_KEYS = ("forward", "_remat_region", "_remat_prev_forward", "_remat_applied")
 _KIND_NAMES = {
     "params": "parameters", "grads": "gradients", "optimizer_state": "optimizer state",
     "batch": "batch", "buffers": "buffers", "forward": "activations",
@@ -74,12 +78,27 @@ class PlanContext:
         no_checkpoint_peak_bytes: peak of the step without checkpointing (simulated;
             on CPU equal to a real run's).
         batch_size: the batch's leading dimension, when there is one.
+        cost_source: ``"roofline"`` or ``"measured"`` (candidates' costs timed on the
+            model's device; see NOTE [ Measured cost ] in timed.py).
+        timed_on: with ``"measured"``, the device the times come from.
     """
 
     peak_model: PeakModel
     device: DeviceSpec
     no_checkpoint_peak_bytes: int
     batch_size: int | None
+    cost_source: str = "roofline"
+    timed_on: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.cost_source not in COST_SOURCES:
+            raise ValueError(f"PlanContext: cost_source must be one of {COST_SOURCES}, got "
+                             f"{self.cost_source!r}")
+
+    def recompute_ms(self, choice: Sequence[int]) -> float:
+        """The solver's cost of a choice: its candidates' recompute costs summed, ms."""
+        return sum(table[c].recompute_ms
+                   for table, c in zip(self.peak_model.tables, choice, strict=True))
 
     @property
     def block_names(self) -> tuple[str, ...]:
@@ -112,27 +131,65 @@ def _batch_size(batch: Any) -> int | None:
     return None
 
 
+def resolve_cost(cost: str, model: nn.Module, *, simulate: bool = False) -> str:
+    """``"roofline"`` or ``"measured"`` for ``cost="auto"|"roofline"|"measured"``.
+
+    ``"auto"`` measures on CUDA (real runs) and uses the roofline elsewhere, where wall
+    time is too noisy to plan with or nothing runs for real.
+
+    Raises:
+        ValueError: an unknown ``cost``, or ``"measured"`` where nothing runs for real.
+    """
+    if cost not in COSTS:
+        raise ValueError(f"remat.plan: cost must be one of {COSTS}, got {cost!r}")
+    device = _model_device(model)
+    if cost == "auto":
+        return "measured" if device.type == "cuda" and not simulate else "roofline"
+    if cost == "measured" and (simulate or device.type == "meta"):
+        why = "simulate=True runs on fake tensors" if simulate else \
+            "the model is on the meta device"
+        raise ValueError(
+            f"remat.plan: cost='measured' times real forward and backward runs of the "
+            f"model's blocks, but {why}. Use cost='roofline' (or 'auto')."
+        )
+    return cost
+
+
+def _device_label(device: torch.device) -> str:
+    if device.type == "cuda" and torch.cuda.is_available():
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        return f"cuda:{index} ({torch.cuda.get_device_name(index)})"
+    return str(device)
+
+
 def prepare(model: nn.Module, batch: Any, *, loss_fn: LossFn | None = None,
             optimizer: torch.optim.Optimizer | None = None, blocks: BlocksSpec = None,
-            device: str | DeviceSpec | None = None) -> PlanContext:
+            device: str | DeviceSpec | None = None, cost: str = "auto") -> PlanContext:
     """Measure candidates and calibrate the peak model (steps 1-3 of NOTE [ How a plan is made ]).
 
-    Everything runs on fake copies, so the model, its gradients and the optimizer are
-    untouched. :func:`plan` calls this; call it yourself to plan several budgets for one
-    model and batch without measuring twice (``plan(..., context=ctx)``).
+    Bytes are measured on fake copies, so the model, its gradients and the optimizer are
+    untouched; with ``cost="measured"`` each candidate is also timed on the real model
+    (its state is restored). :func:`plan` calls this; call it yourself to plan several
+    budgets for one model and batch without measuring twice (``plan(..., context=ctx)``).
 
     Args:
-        model, batch, loss_fn, optimizer, blocks: as for :func:`plan`.
+        model, batch, loss_fn, optimizer, blocks, cost: as for :func:`plan` (``"auto"``
+            here measures on CUDA).
         device: the cost device (name or spec). Default: the model's GPU when remat
             knows it, else ``"h100-80gb"``.
     """
     _check_model(model)
+    source = resolve_cost(cost, model)
     spec = cost_device(_model_device(model), device)
     setup = fake_setup(model, batch, optimizer=optimizer, blocks=blocks)
-    groups = measure_groups(setup, spec)
+    groups = measure_groups(setup, spec, prune=source == "roofline")
+    timed_on = None
+    if source == "measured":
+        groups = time_groups(model, batch, groups, blocks=blocks)
+        timed_on = _device_label(_model_device(model))
     step = run_windows(setup, loss_fn=loss_fn)
     peak_model = PeakModel.calibrate(groups, [n for n, _ in setup.blocks], step)
-    return PlanContext(peak_model, spec, step.peak_bytes, _batch_size(batch))
+    return PlanContext(peak_model, spec, step.peak_bytes, _batch_size(batch), source, timed_on)
 
 
 def _check_model(model: nn.Module) -> None:
@@ -151,34 +208,35 @@ def _check_model(model: nn.Module) -> None:
 
 # ---- measuring a choice on the real model -------------------------------------------------
 
-@contextmanager
-def preserved_strategy(model: nn.Module) -> Iterator[None]:
-    """Put back whatever strategy was applied to ``model`` (the planner applies its own)."""
-    installed = [(m, {k: m.__dict__[k] for k in _REMAT_KEYS if k in m.__dict__})
-                 for m in model.modules()]
-    try:
-        yield
-    finally:
-        remove(model)
-        for module, saved in installed:
-            module.__dict__.update(saved)
-
-
 def measure_decisions(model: nn.Module, batch: Any, decisions: Mapping[str, BlockDecision], *,
                       loss_fn: LossFn | None = None,
                       optimizer: torch.optim.Optimizer | None = None,
-                      blocks: BlocksSpec = None, simulate: bool = False) -> Profile:
+                      blocks: BlocksSpec = None, simulate: bool = False,
+                      timing: bool = False) -> Profile:
     """Profile one step of ``model`` with ``decisions`` applied, then restore the model.
 
     Args:
         model, batch, loss_fn, optimizer, blocks, simulate: as for :func:`plan`.
         decisions: per block name, its decision (others: ``"none"``).
+        timing: also time the step (real runs only). Default: False.
     """
     names = [n for n, _ in named_blocks(model, blocks, api="remat.plan")]
     with preserved_strategy(model), quiet():
         apply_decisions(model, decisions, blocks=apply_spec(decisions, names, blocks))
         return profile(model, batch, loss_fn=loss_fn, optimizer=optimizer, simulate=simulate,
-                       blocks=blocks, timing=False)
+                       blocks=blocks, timing=timing and not simulate, repeats=3)
+
+
+def timed_step_ms(model: nn.Module, batch: Any, decisions: Mapping[str, BlockDecision], *,
+                  loss_fn: LossFn | None = None, optimizer: torch.optim.Optimizer | None = None,
+                  blocks: BlocksSpec = None, repeats: int = 3) -> float:
+    """Median time of a real training step with ``decisions`` applied, ms; model restored."""
+    names = [n for n, _ in named_blocks(model, blocks, api="remat.plan")]
+    device = _model_device(model)
+    with preserved_strategy(model), quiet(), preserved_state(model, optimizer, device):
+        apply_decisions(model, decisions, blocks=apply_spec(decisions, names, blocks))
+        return time_step(model, batch, loss_fn=loss_fn, optimizer=optimizer,
+                         repeats=repeats).step_ms
 
 
 # ---- the closed loop ----------------------------------------------------------------------
@@ -190,9 +248,14 @@ def _offload_ms(ctx: PlanContext, choice: Sequence[int]) -> float:
 
 
 def _build(ctx: PlanContext, choice: Sequence[int], prof: Profile, budget_bytes: int,
-           blocks: BlocksSpec) -> Plan:
-    extra_ms = _offload_ms(ctx, choice)
+           blocks: BlocksSpec, step_ms_measured: float | None = None) -> Plan:
     decisions = ctx.decisions(choice)
+    if ctx.cost_source == "measured":
+        cost_ms, step = ctx.recompute_ms(choice), step_ms_measured
+    else:
+        extra_ms = _offload_ms(ctx, choice)
+        cost_ms = recompute_ms(prof.ops, ctx.device) + extra_ms
+        step = step_ms(prof.ops, ctx.device) + extra_ms
     return Plan(
         decisions=decisions,
         block_names=ctx.block_names,
@@ -200,10 +263,12 @@ def _build(ctx: PlanContext, choice: Sequence[int], prof: Profile, budget_bytes:
         predicted_peak_bytes=ctx.peak_model.predict(choice),
         measured_peak_bytes=prof.peak_bytes,
         recompute_flops=prof.recompute_flops,
-        recompute_ms=recompute_ms(prof.ops, ctx.device) + extra_ms,
-        predicted_step_ms=step_ms(prof.ops, ctx.device) + extra_ms,
+        recompute_ms=cost_ms,
+        predicted_step_ms=step,
         no_checkpoint_peak_bytes=ctx.no_checkpoint_peak_bytes,
         cost_device=ctx.device.name,
+        cost_source=ctx.cost_source,
+        timed_on=ctx.timed_on,
         blocks=apply_spec(decisions, ctx.block_names, blocks),
         batch_size=ctx.batch_size,
     )
@@ -257,6 +322,18 @@ def _close_loop(model: nn.Module, batch: Any, ctx: PlanContext, budget_bytes: in
                                               blocks=blocks, simulate=simulate)
         return measured[key]
 
+    def build(choice: Sequence[int], prof: Profile) -> Plan:
+        step = None
+        if ctx.cost_source == "measured":
+            step = timed_step_ms(model, batch, ctx.decisions(choice), loss_fn=loss_fn,
+                                 optimizer=optimizer, blocks=blocks)
+        return _build(ctx, choice, prof, budget_bytes, blocks, step)
+
+    def cost(choice: Sequence[int], prof: Profile) -> float:
+        if ctx.cost_source == "measured":
+            return ctx.recompute_ms(choice)
+        return recompute_ms(prof.ops, ctx.device)
+
     internal = budget_bytes
     for _ in range(_MAX_ROUNDS):
         choice = solve(ctx.peak_model, internal)
@@ -264,18 +341,18 @@ def _close_loop(model: nn.Module, batch: Any, ctx: PlanContext, budget_bytes: in
             break
         prof = measure(choice)
         if prof.peak_bytes <= budget_bytes:
-            return _build(ctx, choice, prof, budget_bytes, blocks)
+            return build(choice, prof)
         # Over budget: the model under-predicted this choice; ask for that much less.
         internal = min(internal, ctx.peak_model.predict(choice)) \
             - (prof.peak_bytes - budget_bytes)
     smallest = min_peak_choice(ctx.peak_model)
     prof = measure(smallest)
     if prof.peak_bytes <= budget_bytes:
-        return _build(ctx, smallest, prof, budget_bytes, blocks)
+        return build(smallest, prof)
     fitted = [(k, p) for k, p in measured.items() if p.peak_bytes <= budget_bytes]
     if fitted:  # a measured choice fits after all: the cheapest of them
-        cheapest = min(fitted, key=lambda kp: recompute_ms(kp[1].ops, ctx.device))
-        return _build(ctx, cheapest[0], cheapest[1], budget_bytes, blocks)
+        cheapest = min(fitted, key=lambda kp: cost(kp[0], kp[1]))
+        return build(cheapest[0], cheapest[1])
     lowest = min(measured.items(), key=lambda kp: kp[1].peak_bytes)
     raise _too_small(ctx, budget_bytes, lowest[0], lowest[1])
 
@@ -296,6 +373,7 @@ def plan(
     context: PlanContext | None = None,
     batch_size: int = 8,
     max_batch_size: int = 1024,
+    cost: str = "auto",
 ) -> Plan:
     """The cheapest checkpointing plan whose measured peak fits ``budget``.
 
@@ -303,8 +381,9 @@ def plan(
     attention or MLP, keep only the outputs of chosen ops (op-level selective
     checkpointing), or offload (GPU only). Candidates are measured per kind of block,
     a peak model predicts the step's peak for any combination, an integer program picks
-    the combination with the least recompute cost (roofline time on ``device``) that
-    fits, and the choice is measured on the model and tightened until it fits (see
+    the combination with the least recompute cost that fits (measured time on a GPU,
+    roofline time on ``device`` elsewhere; see ``cost``), and the choice is measured on
+    the model and tightened until it fits (see
     NOTE [ How a plan is made ]). The model is left as it was; apply the plan with
     ``remat.apply(model, plan)``, or use :func:`auto`.
 
@@ -333,6 +412,13 @@ def plan(
             budgets without measuring again. Default: measured now.
         batch_size: with ``maximize``, the batch size percentages refer to. Default: 8.
         max_batch_size: with ``maximize``, the largest batch size tried. Default: 1024.
+        cost: what the solver minimizes. ``"measured"``: each candidate's extra
+            forward+backward time, timed on the model's device (NOTE [ Measured cost ]
+            in timed.py; costs a few block runs per candidate); ``"roofline"``: the
+            roofline time of the recomputed ops on ``device`` (exact, instant, ignores
+            kernel efficiency); ``"auto"``: measured on CUDA unless ``simulate``,
+            roofline elsewhere (CPU wall time is too noisy to plan with).
+            Default: ``"auto"``.
 
     Returns:
         A :class:`~remat.plan.Plan` with ``measured_peak_bytes <= budget_bytes``.
@@ -340,7 +426,8 @@ def plan(
     Raises:
         BudgetTooSmall: no plan fits; the message gives the smallest reachable peak and
             what dominates it.
-        ValueError: an unreadable budget, a model in eval mode, or a bad ``maximize``.
+        ValueError: an unreadable budget, a model in eval mode, a bad ``maximize`` or
+            ``cost``, or ``cost="measured"`` with ``simulate=True``.
 
     Example:
         >>> from remat.models import build_model, make_batch
@@ -350,6 +437,7 @@ def plan(
         True
         >>> remat.apply(model, plan)
     """
+    source = resolve_cost(cost, model, simulate=simulate)
     if maximize is not None:
         if maximize != "throughput":
             raise ValueError(f"remat.plan: maximize must be 'throughput' or None, "
@@ -362,7 +450,7 @@ def plan(
         return _throughput(model, batch, budget=parse_budget(budget), loss_fn=loss_fn,
                            optimizer=optimizer, blocks=blocks, simulate=simulate,
                            device=device, batch_size=batch_size,
-                           max_batch_size=max_batch_size)
+                           max_batch_size=max_batch_size, cost=source)
     if callable(batch) and not isinstance(batch, (Tensor, Mapping, tuple, list)):
         raise TypeError("remat.plan: batch is a function; pass maximize='throughput' to search "
                         "batch sizes, or pass a batch")
@@ -374,7 +462,7 @@ def plan(
         )
     if context is None:
         context = prepare(model, batch, loss_fn=loss_fn, optimizer=optimizer, blocks=blocks,
-                          device=device)
+                          device=device, cost=source)
     else:
         _check_model(model)
     budget_bytes = spec.resolve(context.no_checkpoint_peak_bytes)
@@ -395,6 +483,7 @@ def auto(
     device: str | DeviceSpec | None = None,
     batch_size: int = 8,
     max_batch_size: int = 1024,
+    cost: str = "auto",
 ) -> Plan:
     """Plan (see :func:`plan`), apply the plan to ``model``, and return it, measured.
 
@@ -409,7 +498,7 @@ def auto(
     """
     result = plan(model, batch, budget=budget, loss_fn=loss_fn, optimizer=optimizer,
                   blocks=blocks, simulate=simulate, maximize=maximize, device=device,
-                  batch_size=batch_size, max_batch_size=max_batch_size)
+                  batch_size=batch_size, max_batch_size=max_batch_size, cost=cost)
     apply(model, result)  # result.blocks finds the decided modules
     return result
 
@@ -419,14 +508,14 @@ def auto(
 def _throughput(model: nn.Module, make_batch: Callable[[int], Any], *, budget: Budget,
                 loss_fn: LossFn | None, optimizer: torch.optim.Optimizer | None,
                 blocks: BlocksSpec, simulate: bool, device: str | DeviceSpec | None,
-                batch_size: int, max_batch_size: int) -> Plan:
+                batch_size: int, max_batch_size: int, cost: str) -> Plan:
     """NOTE [ Throughput search ]."""
     if batch_size < 1 or max_batch_size < 1:
         raise ValueError(f"remat.plan: batch_size and max_batch_size must be >= 1, got "
                          f"{batch_size} and {max_batch_size}")
     if budget.is_relative:
         reference = prepare(model, make_batch(batch_size), loss_fn=loss_fn,
-                            optimizer=optimizer, blocks=blocks, device=device)
+                            optimizer=optimizer, blocks=blocks, device=device, cost="roofline")
         budget_bytes = budget.resolve(reference.no_checkpoint_peak_bytes)
     else:
         budget_bytes = budget.resolve(0)
@@ -440,7 +529,8 @@ def _throughput(model: nn.Module, make_batch: Callable[[int], Any], *, budget: B
             return rows[n].fits
         try:
             p = plan(model, make_batch(n), budget=budget_bytes, loss_fn=loss_fn,
-                     optimizer=optimizer, blocks=blocks, simulate=simulate, device=device)
+                     optimizer=optimizer, blocks=blocks, simulate=simulate, device=device,
+                     cost=cost)
         except BudgetTooSmall as exc:
             first_error = first_error or exc
             rows[n] = ThroughputRow(n, False, "", exc.min_peak_bytes, 0.0, 0.0, 0.0)

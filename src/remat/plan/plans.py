@@ -12,7 +12,9 @@ NOTE [ Plan JSON format ]
     a field changes meaning; :meth:`Plan.from_json` reads only versions it knows
     and says which it read otherwise. Custom ``blocks=`` specs (classes or
     predicates) are not serialisable, so the file stores the block names and
-    reads back a :class:`NamedBlocks` selecting exactly those modules.
+    reads back a :class:`NamedBlocks` selecting exactly those modules. Fields
+    added later with a default that keeps the old meaning (``cost_source``,
+    ``timed_on``) do not change the version: an older file reads as before.
 """
 
 from __future__ import annotations
@@ -29,12 +31,14 @@ from torch import nn
 from remat.blocks import BlocksSpec
 from remat.strategies import BlockDecision
 
-__all__ = ["PLAN_FORMAT_VERSION", "NamedBlocks", "Plan", "ThroughputRow", "apply_spec",
-           "decisions_label"]
+__all__ = ["COST_SOURCES", "PLAN_FORMAT_VERSION", "NamedBlocks", "Plan", "ThroughputRow",
+           "apply_spec", "decisions_label"]
 
 #: Version of the JSON written by :meth:`Plan.to_json` (see NOTE [ Plan JSON format ]).
 PLAN_FORMAT_VERSION = 1
 _FORMAT = "remat.plan"
+#: Where a plan's costs come from: op counts on a device spec, or timed runs.
+COST_SOURCES: tuple[str, ...] = ("roofline", "measured")
 
 
 @dataclass(frozen=True)
@@ -146,12 +150,20 @@ class Plan:
         measured_peak_bytes: the step's peak measured with the plan applied
             (``remat.profile(...).peak_bytes``); ``None`` until measured.
         recompute_flops: FLOPs recomputed per step.
-        recompute_ms: recompute cost per step, ms: the roofline time of the recomputed ops
-            on ``cost_device`` (plus exposed transfer time for offload).
-        predicted_step_ms: predicted time of the whole step on ``cost_device``, ms.
+        recompute_ms: recompute cost per step, ms: with ``cost_source="roofline"`` the
+            roofline time of the recomputed ops on ``cost_device`` (plus exposed transfer
+            time for offload); with ``"measured"`` the sum of each block's measured extra
+            forward+backward time on ``timed_on``.
+        predicted_step_ms: time of the whole step, ms: the step-time model on
+            ``cost_device`` (``"roofline"``), or a timed step of the model with the plan
+            applied (``"measured"``).
         no_checkpoint_peak_bytes: the un-checkpointed step's peak, bytes (what ``"60%"``
             budgets are relative to). Default: ``None``.
         cost_device: the device whose figures the costs use. Default: ``"h100-80gb"``.
+        cost_source: ``"roofline"`` (costs from op counts on ``cost_device``) or
+            ``"measured"`` (timed on the model's device). Default: ``"roofline"``.
+        timed_on: with ``"measured"``, the device the times come from, e.g.
+            ``"cuda:0 (NVIDIA H100 80GB HBM3)"``. Default: ``None``.
         blocks: the ``blocks=`` spec ``remat.apply`` finds the decided modules with: the
             spec the plan was made with (``None``: automatic), or a :class:`NamedBlocks`
             of the decided modules when the plan decides on sub-layers.
@@ -175,6 +187,8 @@ class Plan:
     predicted_step_ms: float | None = None
     no_checkpoint_peak_bytes: int | None = None
     cost_device: str = "h100-80gb"
+    cost_source: str = "roofline"
+    timed_on: str | None = None
     blocks: BlocksSpec = field(default=None, compare=False)
     batch_size: int | None = None
     throughput: tuple[ThroughputRow, ...] = ()
@@ -209,6 +223,13 @@ class Plan:
                    optional=True)
         _check_int("Plan", "batch_size", self.batch_size, optional=True)
         _check_float("Plan", "recompute_ms", self.recompute_ms)
+        if self.cost_source not in COST_SOURCES:
+            raise ValueError(f"Plan: cost_source must be one of {COST_SOURCES}, got "
+                             f"{self.cost_source!r}")
+        if (self.timed_on is None) != (self.cost_source == "roofline"):
+            raise ValueError(f"Plan: timed_on names the device measured costs come from, so it "
+                             f"is set exactly when cost_source is 'measured'; got cost_source="
+                             f"{self.cost_source!r}, timed_on={self.timed_on!r}")
         _check_float("Plan", "predicted_step_ms", self.predicted_step_ms, optional=True)
 
     # ---- reading -------------------------------------------------------------------------
@@ -276,6 +297,8 @@ class Plan:
             "predicted_step_ms": self.predicted_step_ms,
             "no_checkpoint_peak_bytes": self.no_checkpoint_peak_bytes,
             "cost_device": self.cost_device,
+            "cost_source": self.cost_source,
+            "timed_on": self.timed_on,
             "blocks": None if self.blocks is None else {"names": list(
                 self.blocks.names if isinstance(self.blocks, NamedBlocks) else self.block_names
             )},
@@ -323,6 +346,8 @@ class Plan:
                 predicted_step_ms=_opt_float(data.get("predicted_step_ms")),
                 no_checkpoint_peak_bytes=_opt_int(data.get("no_checkpoint_peak_bytes")),
                 cost_device=str(data.get("cost_device", "h100-80gb")),
+                cost_source=str(data.get("cost_source", "roofline")),
+                timed_on=None if data.get("timed_on") is None else str(data["timed_on"]),
                 blocks=NamedBlocks(tuple(blocks["names"])) if blocks else None,
                 batch_size=_opt_int(data.get("batch_size")),
                 throughput=tuple(ThroughputRow(**row) for row in data.get("throughput") or ()),

@@ -1,6 +1,13 @@
 """Checkpointing strategies: apply a strategy or a plan's per-block decisions to a model."""
 
-from remat.strategies.apply import AppliedStrategy, applied, apply, apply_decisions, remove
+from remat.strategies.apply import (
+    AppliedStrategy,
+    applied,
+    apply,
+    apply_decisions,
+    preserved_strategy,
+    remove,
+)
 from remat.strategies.context import is_recomputing, recomputing
 from remat.strategies.ops import COMPUTE_HEAVY_OPS, default_save_ops
 from remat.strategies.spec import (
@@ -25,6 +32,7 @@ __all__ = [
     "expand_strategy",
     "is_recomputing",
     "parse_strategy",
+    "preserved_strategy",
     "recomputing",
     "remove",
     "sqrt_segments",

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -26,10 +27,19 @@ from remat.strategies.spec import (
 )
 from remat.validate.pitfalls import check_model, check_regions, warn_pitfalls
 
-__all__ = ["AppliedStrategy", "applied", "apply", "apply_decisions", "remove"]
+__all__ = [
+    "AppliedStrategy",
+    "applied",
+    "apply",
+    "apply_decisions",
+    "preserved_strategy",
+    "remove",
+]
 
 M = TypeVar("M", bound=nn.Module)
 _APPLIED = "_remat_applied"
+#: Instance attributes remat installs on a module (regions.py and ``_APPLIED``).
+_INSTALLED_KEYS = ("forward", "_remat_region", "_remat_prev_forward", _APPLIED)
 
 
 @dataclass(frozen=True)
@@ -198,3 +208,25 @@ def apply(model: M, strategy: str | Any, *, blocks: BlocksSpec = None) -> M:
     return model
 
 
+
+
+@contextmanager
+def preserved_strategy(model: nn.Module) -> Iterator[None]:
+    """Put back whatever strategy was applied to ``model`` on exit.
+
+    For code that applies strategies to try them (the planner, the frontier) on a
+    model its user may already have checkpointed.
+
+    Example:
+        >>> with preserved_strategy(model):
+        ...     apply(model, "full")
+        ...     prof = remat.profile(model, batch)
+    """
+    installed = [(m, {k: m.__dict__[k] for k in _INSTALLED_KEYS if k in m.__dict__})
+                 for m in model.modules()]
+    try:
+        yield
+    finally:
+        remove(model)
+        for module, saved in installed:
+            module.__dict__.update(saved)
