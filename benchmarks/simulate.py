@@ -75,6 +75,10 @@ def simulation_markdown(result: SimulationResult) -> str:
     for strategy in result.strategies:
         for r in result.rows_for(strategy):
             recompute = f"{100 * r.recompute_ms / r.step_ms:.0f}%" if r.step_ms else "-"
+            if r.note:  # e.g. no plan fits: the peak is the smallest reachable, no times
+                lines.append(f"| {strategy} | {r.batch_size} | {format_bytes(r.peak_bytes)} "
+                             f"(smallest reachable) | no | - | - | - | {r.note} |")
+                continue
             lines.append(
                 f"| {strategy} | {r.batch_size} | {format_bytes(r.peak_bytes)} | "
                 f"{'yes' if r.fits else 'no'} | {format_bytes(r.activation_bytes)} | "

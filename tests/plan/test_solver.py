@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import os
 
 import pytest
 from hypothesis import given, settings
@@ -103,3 +104,14 @@ def test_candidate_validation_and_labels() -> None:
     assert FULL.dominates(FULL) and not NONE.dominates(FULL)
     with pytest.raises(ValueError, match="saved_bytes must be >= 0"):
         Candidate((), -1, 0, 0, 0, 0.0)
+
+
+def test_the_solvers_native_output_never_reaches_stdout(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    from remat.plan.solver import _native_stdout_silenced
+
+    with _native_stdout_silenced():
+        os.write(1, b"HighsMipSolverData::printDisplayLine\n")  # what HiGHS prints from C++
+    print("after", flush=True)
+    assert capfd.readouterr().out == "after\n"

@@ -133,3 +133,45 @@ def test_cost_choice_is_resolved_and_checked() -> None:
         Plan({}, ("blocks.0",), 1, 1, cost_source="measured")
     with pytest.raises(ValueError, match="cost_source"):
         Plan({}, ("blocks.0",), 1, 1, cost_source="guessed", timed_on="cpu")
+
+
+def test_offload_cost_is_transfer_time_not_hidden_behind_compute() -> None:
+    from remat.measure.tracker import OpRecord
+    from remat.plan.candidates import _offload_exposed_ms, _Run
+
+    mm = OpRecord("aten.mm", "forward", 2 * 4096**3, 3 * 2 * 4096**2, 2 * 4096**2,
+                  dtype_bytes=2)
+    mm_back = OpRecord("aten.mm", "backward", 2 * 2 * 4096**3, 3 * 2 * 4096**2,
+                       2 * 4096**2, dtype_bytes=2)
+    base = _Run(saved_bytes=8 * 2**30, forward_peak_bytes=0, backward_peak_bytes=0,
+                ops=(mm, mm_back))
+    offloaded = _Run(saved_bytes=2**30, forward_peak_bytes=0, backward_peak_bytes=0, ops=())
+    transfer_ms = 7 * 2**30 / H100.host_link_bytes_per_s * 1e3  # each way
+    forward_ms = 2 * 4096**3 / H100.flops_per_s(2) * 1e3
+    expected = (transfer_ms - forward_ms) + (transfer_ms - 2 * forward_ms)
+    assert _offload_exposed_ms(offloaded, base, H100) == pytest.approx(expected, rel=1e-9)
+    # Little to move: the copies hide entirely behind the block's kernels.
+    small = _Run(saved_bytes=8 * 2**30 - 2**20, forward_peak_bytes=0, backward_peak_bytes=0,
+                 ops=())
+    assert _offload_exposed_ms(small, base, H100) == 0.0
+
+
+def test_no_offload_candidate_on_cpu() -> None:
+    _, _, groups = _groups("gpt-tiny")
+    assert not any(c.offloads for g in groups for c in g.candidates)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_on_cuda_the_plan_minimizes_measured_time_and_may_offload() -> None:
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = build_model("gpt-tiny")
+    batch = make_batch(model, 4, device=torch.device("cuda"))
+    plan = remat.plan(model, batch, budget="85%")
+    assert plan.cost_source == "measured" and plan.timed_on is not None
+    assert plan.timed_on.startswith("cuda")
+    assert plan.measured_peak_bytes is not None
+    assert plan.measured_peak_bytes <= plan.budget_bytes
+    setup = fake_setup(model, batch, optimizer=None, blocks=None)
+    kinds = {c.label() for g in measure_groups(setup, H100, prune=False) for c in g.candidates}
+    assert "offload" in kinds

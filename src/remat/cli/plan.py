@@ -38,6 +38,8 @@ Examples:
 
   remat plan --model gpt-small --budget 60% --maximize throughput --simulate
 
+  remat plan --model gpt-tiny --budget 80% --cost measured   # time candidates (auto on CUDA)
+
 Then train with it:  remat.apply(model, remat.plan.Plan.from_json(open("plan.json").read()))
 """
 

@@ -390,18 +390,12 @@ def simulate_command(
     choice = _source(model, hf, hf_config, _overrides(overrides), seq)
     name = choice.name
     names = strategies.split(",") if strategies else list(DEFAULT_STRATEGIES)
-    from remat.simulate.run import planner_available
-
-    do_plan = plan and planner_available()
-    if plan and not do_plan:
-        err_console.print("The planner (remat.plan) is not installed; simulating strategies "
-                          "only.", highlight=False)
-    total = len(batch_sizes) * (len(names) + (1 if do_plan else 0))
+    total = len(batch_sizes) * (len(names) + (1 if plan else 0))
     with user_errors(), _progress(f"simulate {name}", total) as advance:
         result = simulate(
             choice.source, seq_len=seq, batch_sizes=batch_sizes, dtype=dtype, optimizer=optimizer,
             device=device, strategies=names, world_size=world_size, sharding=mode,
-            plan=do_plan, on_row=lambda r: advance(f"{r.strategy} batch {r.batch_size}"),
+            plan=plan, on_row=lambda r: advance(f"{r.strategy} batch {r.batch_size}"),
         )
     if name != result.model:
         result = _renamed(result, name)

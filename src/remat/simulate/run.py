@@ -79,7 +79,6 @@ __all__ = [
     "SimulationResult",
     "SimulationRow",
     "default_batch",
-    "planner_available",
     "simulate",
 ]
 
@@ -455,25 +454,9 @@ def _point(setup: _Setup, strategy: str, batch_size: int, seq_len: int) -> Simul
 # NOTE [ Planner hook ]
 # ``plan=True`` adds rows labelled "plan": for each batch size, remat.plan.plan(...,
 # simulate=True) picks per-block decisions for the device budget, the plan is applied
-# and simulated like a strategy. The planner is another module (issue 3); until it
-# exists (``remat.plan`` has no ``plan``), plan=True adds nothing. Everything that
-# touches the planner is in this section.
-
-def planner_available() -> bool:
-    """Whether ``simulate(..., plan=True)`` will add plan rows (``remat.plan.plan`` exists)."""
-    return _planner() is not None
-
-
-def _planner() -> Callable[..., Any] | None:
-    import importlib
-
-    try:
-        module = importlib.import_module("remat.plan")
-    except ImportError:
-        return None
-    fn = getattr(module, "plan", None)
-    return fn if callable(fn) else None
-
+# and simulated like a strategy. A batch size no plan fits gets a row with the smallest
+# reachable peak and no times. The planner is imported lazily (it imports this
+# package's device table).
 
 def _single_device_budget(setup: _Setup, fixed: tuple[int, int, int]) -> int:
     """The one-device peak whose sharded peak is the device memory (inverse of _shard)."""
@@ -491,22 +474,16 @@ def _single_device_budget(setup: _Setup, fixed: tuple[int, int, int]) -> int:
     return memory
 
 
-def _plan_rows(setup: _Setup, planner: Callable[..., Any], batch_sizes: Sequence[int],
-               seq_len: int, fixed: tuple[int, int, int],
+def _plan_rows(setup: _Setup, batch_sizes: Sequence[int], seq_len: int,
+               fixed: tuple[int, int, int],
                on_row: Callable[[SimulationRow], None] | None) -> list[SimulationRow]:
-    import inspect
-
     from remat.errors import BudgetTooSmall
+    from remat.plan.planner import plan as planner
     from remat.strategies import apply
 
     budget = _single_device_budget(setup, fixed)
-    offered = {"budget": budget, "optimizer": setup.optimizer, "loss_fn": setup.loss_fn,
-               "blocks": setup.blocks, "simulate": True, "device": setup.device}
-    try:
-        accepted = inspect.signature(planner).parameters
-        kwargs = {k: v for k, v in offered.items() if k in accepted}
-    except (TypeError, ValueError):
-        kwargs = offered
+    kwargs = {"budget": budget, "optimizer": setup.optimizer, "loss_fn": setup.loss_fn,
+              "blocks": setup.blocks, "simulate": True, "device": setup.device}
     rows: list[SimulationRow] = []
     for batch_size in batch_sizes:
         batch = setup.batch_fn(batch_size, seq_len)
@@ -659,10 +636,9 @@ def simulate(
                 rows.append(row)
                 if on_row is not None:
                     on_row(row)
-        planner = _planner() if plan else None
-        if planner is not None:
+        if plan:
             fixed = _fixed_bytes(setup, rows, sizes[0], seq_len)
-            rows.extend(_plan_rows(setup, planner, sizes, seq_len, fixed, on_row))
+            rows.extend(_plan_rows(setup, sizes, seq_len, fixed, on_row))
             labels.append("plan")
 
     return SimulationResult(
