@@ -38,6 +38,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils.checkpoint import (
     _checkpoint_without_reentrant_generator,
     checkpoint,
@@ -233,19 +234,22 @@ def install_checkpoint(module: nn.Module, *, label: str = "full",
 
 # ---- offload -----------------------------------------------------------------------------
 
-def _first_tensor_device(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.device | None:
+def _first_tensor(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor | None:
     for value in (*args, *kwargs.values()):
         if isinstance(value, torch.Tensor):
-            return value.device
+            return value
     return None
 
 
 def _offload_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
     inner = _inner_forward(self)
-    device = _first_tensor_device(args, kwargs)
-    if not torch.is_grad_enabled() or device is None or device.type in ("cpu", "meta"):
+    first = _first_tensor(args, kwargs)
+    if not torch.is_grad_enabled() or first is None or first.device.type in ("cpu", "meta"):
         return inner(*args, **kwargs)
-    with torch.autograd.graph.save_on_cpu(pin_memory=True):
+    # Pinned host memory makes the copies asynchronous; fake tensors (the planner's
+    # measurements) have no memory to pin, and the bytes moved are the same either way.
+    pin = not isinstance(first, FakeTensor)
+    with torch.autograd.graph.save_on_cpu(pin_memory=pin):
         return inner(*args, **kwargs)
 
 
