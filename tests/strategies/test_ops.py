@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import remat
@@ -89,3 +89,28 @@ def test_policy_counts_forward_and_recompute_separately() -> None:
     recompute = [policy(Ctx(True), mm).name for _ in range(3)]
     assert forward == recompute == ["PREFER_RECOMPUTE", "MUST_SAVE", "PREFER_RECOMPUTE"]
     assert policy(Ctx(False), addmm).name == "MUST_SAVE"
+
+
+@settings(max_examples=12, deadline=None)
+@given(calls=st.sets(st.integers(min_value=0, max_value=6), max_size=7),
+       names=st.sets(st.sampled_from(["aten.mul", "aten.silu", "aten.rsqrt", "aten.add"]),
+                     max_size=2))
+def test_any_save_set_leaves_gradients_unchanged(calls: set[int], names: set[str]) -> None:
+    torch.manual_seed(0)
+    model = build_model("llama-tiny")
+    batch = make_batch(model, 2)
+    torch.manual_seed(1)  # same dropout masks in both runs
+    model.zero_grad(set_to_none=True)
+    model(**batch).loss.backward()
+    reference = [p.grad.clone() for p in model.parameters()]
+    save = frozenset({call_entry("aten.mm", i) for i in calls} | names)
+    blocks = tuple(f"blocks.{i}" for i in range(len(model.blocks)))
+    apply_decisions(model, {b: BlockDecision("ops", save) for b in blocks},
+                    blocks=NamedBlocks(blocks))
+    torch.manual_seed(1)
+    model.zero_grad(set_to_none=True)
+    model(**batch).loss.backward()
+    remove(model)
+    for got, want in zip((p.grad for p in model.parameters()), reference, strict=True):
+        assert got is not None
+        assert torch.equal(got, want)
