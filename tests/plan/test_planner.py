@@ -110,7 +110,8 @@ def test_budget_too_small_reports_optimizer_state() -> None:
 
 
 def _optimistic(pm: PeakModel, lie: int) -> PeakModel:
-    """``pm`` claiming every checkpointing candidate keeps ``lie`` bytes less than it does."""
+    """``pm`` claiming every checkpointing candidate keeps ``lie`` bytes less than it does
+    (more, for a negative ``lie``)."""
     tables = tuple(
         tuple(c if c.is_none else dataclasses.replace(
             c, saved_bytes=max(c.saved_bytes - lie, 0),
@@ -137,6 +138,20 @@ def test_closed_loop_tightens_when_the_model_under_predicts(gpt_tiny: Prepared) 
     result = plan(gpt_tiny.model, gpt_tiny.batch, budget=budget, context=context)
     assert result.measured_peak_bytes is not None
     assert result.measured_peak_bytes <= budget
+
+
+def test_a_budget_full_checkpointing_meets_is_planned_even_when_over_predicted(
+    tiny: Prepared,
+) -> None:
+    # A peak model that over-predicts every checkpointing candidate finds no choice for a
+    # budget equal to the measured full-checkpoint peak; the loop must measure the lowest
+    # choices themselves and return one that fits, not raise BudgetTooSmall.
+    pessimistic = _optimistic(tiny.context.peak_model, -tiny.none_peak)
+    assert solve(pessimistic, tiny.full_peak) is None
+    context = dataclasses.replace(tiny.context, peak_model=pessimistic)
+    result = plan(tiny.model, tiny.batch, budget=tiny.full_peak, context=context)
+    assert result.measured_peak_bytes is not None
+    assert result.measured_peak_bytes <= tiny.full_peak
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

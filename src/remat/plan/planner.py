@@ -41,7 +41,7 @@ from remat.measure.step import LossFn
 from remat.measure.timing import time_step
 from remat.plan._sim import fake_setup, quiet, run_windows
 from remat.plan.budget import Budget, BudgetLike, parse_budget
-from remat.plan.candidates import measure_groups
+from remat.plan.candidates import Candidate, measure_groups
 from remat.plan.cost import cost_device, recompute_ms, step_ms
 from remat.plan.peak import PeakModel
 from remat.plan.plans import COST_SOURCES, Plan, ThroughputRow, apply_spec, decisions_label
@@ -308,6 +308,29 @@ def _too_small(ctx: PlanContext, budget_bytes: int, choice: Sequence[int],
     )
 
 
+def _lowest_choices(ctx: PlanContext) -> list[list[int]]:
+    """Choices that keep the least: the smallest predicted peak, every block fully
+    checkpointed, and every block's candidate that keeps the fewest bytes."""
+    full = BlockDecision("full")
+    choices = [min_peak_choice(ctx.peak_model)]
+    tables = ctx.peak_model.tables
+    all_full = [next((i for i, c in enumerate(t) if c.parts == (("", full),)), None)
+                for t in tables]
+    if all(i is not None for i in all_full):
+        choices.append([i for i in all_full if i is not None])
+
+    def fewest_bytes(table: Sequence[Candidate]) -> int:
+        return min(range(len(table)),
+                   key=lambda i: (table[i].saved_bytes, table[i].recompute_ms))
+
+    choices.append([fewest_bytes(t) for t in tables])
+    unique: list[list[int]] = []
+    for choice in choices:
+        if choice not in unique:
+            unique.append(choice)
+    return unique
+
+
 def _close_loop(model: nn.Module, batch: Any, ctx: PlanContext, budget_bytes: int, *,
                 loss_fn: LossFn | None, optimizer: torch.optim.Optimizer | None,
                 blocks: BlocksSpec, simulate: bool) -> Plan:
@@ -345,10 +368,12 @@ def _close_loop(model: nn.Module, batch: Any, ctx: PlanContext, budget_bytes: in
         # Over budget: the model under-predicted this choice; ask for that much less.
         internal = min(internal, ctx.peak_model.predict(choice)) \
             - (prof.peak_bytes - budget_bytes)
-    smallest = min_peak_choice(ctx.peak_model)
-    prof = measure(smallest)
-    if prof.peak_bytes <= budget_bytes:
-        return build(smallest, prof)
+    # Nothing predicted to fit fits: measure the lowest choices themselves, since the
+    # peak model may over-predict them (it is calibrated to be safe, not tight).
+    for lowest_choice in _lowest_choices(ctx):
+        prof = measure(lowest_choice)
+        if prof.peak_bytes <= budget_bytes:
+            break
     fitted = [(k, p) for k, p in measured.items() if p.peak_bytes <= budget_bytes]
     if fitted:  # a measured choice fits after all: the cheapest of them
         cheapest = min(fitted, key=lambda kp: cost(kp[0], kp[1]))
