@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
 from typing import Any
 
@@ -182,10 +183,15 @@ def main() -> None:
         if device.type == "cuda":
             memory = f" | peak {format_bytes(torch.cuda.max_memory_allocated(device))}"
         log(rank, f"step {step} | loss {total.item() / world:.4f} | {elapsed_ms:.0f} ms{memory}")
-    # Every rank leaves together: a gloo rank that tears down while its peer still talks to
-    # it can abort the process ("terminate called without an active exception").
+    # Every rank leaves together, then skips interpreter finalization: gloo's C++ worker
+    # threads can still hold work objects whose tensors need the GIL while Python tears down,
+    # which aborts the process now and then ("terminate called without an active exception",
+    # pytorch/pytorch#179291), after the training itself has finished fine.
     dist.barrier()
     dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

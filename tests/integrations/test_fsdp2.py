@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import functools
 import json
+import os
 import sys
 import warnings
 from pathlib import Path
@@ -178,6 +179,11 @@ def _worker(rank: int, store_path: str, out_path: str) -> None:
         Path(out_path).write_text(json.dumps(results))
     dist.barrier()  # leave together (gloo may abort a rank whose peer is still talking)
     dist.destroy_process_group()
+    # Skip interpreter finalization, which gloo's worker threads can abort now and then
+    # (see examples/train_fsdp.py); the results are written.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _spawn_all(tmp: Path) -> dict[str, Any]:
