@@ -35,6 +35,7 @@ from torch import nn
 
 from remat.blocks import BlocksSpec
 from remat.errors import RematWarning
+from remat.measure.step import model_device
 from remat.strategies.apply import AppliedStrategy, applied, apply
 
 try:
@@ -50,11 +51,6 @@ __all__ = ["RematCallback", "disable_kv_cache", "prepare_model", "to_model_batch
 M = TypeVar("M", bound=nn.Module)
 _API = "remat.integrations.hf.prepare_model"
 
-
-def _device_of(model: nn.Module) -> torch.device:
-    for p in model.parameters():
-        return p.device
-    return torch.device("cpu")
 
 
 def disable_kv_cache(model: nn.Module, *, include_root: bool = True) -> list[str]:
@@ -99,7 +95,7 @@ def to_model_batch(batch: Any, model: nn.Module) -> Any:
         >>> to_model_batch(tokenizer(["hi"], return_tensors="pt"), model).keys()
         dict_keys(['input_ids', 'attention_mask'])
     """
-    device = _device_of(model)
+    device = model_device(model)
 
     def move(value: Any) -> Any:
         return value.to(device) if isinstance(value, torch.Tensor) else value

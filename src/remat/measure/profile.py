@@ -38,7 +38,7 @@ from remat.measure.fake import (
     fake_copy_with_map,
     fake_optimizer,
 )
-from remat.measure.step import LossFn, batch_tensors, clear_grads, run_step
+from remat.measure.step import LossFn, batch_tensors, clear_grads, model_device, run_step
 from remat.measure.timing import time_blocks, time_step
 from remat.measure.tracker import PHASES, MemoryTracker, OpRecord
 
@@ -221,11 +221,6 @@ def _named_blocks(model: nn.Module, blocks: Any) -> list[tuple[str, nn.Module]]:
     except BlocksNotFound:  # a model without repeated blocks still has a profile
         return []
 
-
-def _model_device(model: nn.Module) -> torch.device:
-    for p in model.parameters():
-        return p.device
-    return torch.device("cpu")
 
 
 
@@ -459,7 +454,7 @@ def profile(
         return profile_simulated(model, batch, loss_fn=loss_fn, optimizer=optimizer,
                                  blocks=blocks)
     named = _named_blocks(model, blocks)
-    device = _model_device(model)
+    device = model_device(model)
     with preserved_state(model, optimizer, device):
         clear_grads(model)
         run_step(model, batch, loss_fn=loss_fn, optimizer=optimizer)  # warm-up
@@ -518,7 +513,7 @@ def profile_simulated(
     fbatch = fake_batch(batch, fake_mode, device=device)
     fopt = fake_optimizer(optimizer, replaced) if optimizer is not None else None
     named = _named_blocks(fmodel, blocks)
-    fdevice = _model_device(fmodel)
+    fdevice = model_device(fmodel)
     with fake_mode:
         run_step(fmodel, fbatch, loss_fn=loss_fn, optimizer=fopt)  # warm-up, as for real
         clear_grads(fmodel)

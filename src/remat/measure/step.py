@@ -8,7 +8,15 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-__all__ = ["Batch", "LossFn", "PhaseCallback", "call_model", "default_loss", "run_step"]
+__all__ = [
+    "Batch",
+    "LossFn",
+    "PhaseCallback",
+    "call_model",
+    "default_loss",
+    "model_device",
+    "run_step",
+]
 
 Batch = Tensor | tuple[Any, ...] | list[Any] | Mapping[str, Any]
 LossFn = Callable[[Any, Any], Tensor]
@@ -149,3 +157,15 @@ def run_step(
     if on_phase is not None:
         on_phase("end")
     return loss.detach()
+
+
+def model_device(model: nn.Module) -> torch.device:
+    """The device of ``model``'s first parameter (CPU for a model without parameters).
+
+    Example:
+        >>> model_device(torch.nn.Linear(2, 2))
+        device(type='cpu')
+    """
+    for p in model.parameters():
+        return p.device
+    return torch.device("cpu")

@@ -17,7 +17,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from remat.measure.step import LossFn, call_model, clear_grads, default_loss, run_step
+from remat.measure.step import (
+    LossFn,
+    call_model,
+    clear_grads,
+    default_loss,
+    model_device,
+    run_step,
+)
 
 __all__ = ["Clock", "StepTimes", "time_blocks", "time_step"]
 
@@ -104,7 +111,7 @@ def time_step(
     """
     if repeats < 1:
         raise ValueError(f"remat.measure.time_step: repeats must be >= 1, got {repeats}")
-    clock = Clock(device or _device_of(model))
+    clock = Clock(device or model_device(model))
     forward: list[float] = []
     backward: list[float] = []
     total: list[float] = []
@@ -156,7 +163,7 @@ def time_blocks(
         raise ValueError(f"remat.measure.time_blocks: repeats must be >= 1, got {repeats}")
     if not blocks:
         return {}
-    clock = Clock(device or _device_of(model))
+    clock = Clock(device or model_device(model))
     runs: list[list[tuple[str, Any, Any]]] = []
     starts: dict[str, list[Any]] = {}
     current: list[tuple[str, Any, Any]] = []
@@ -200,8 +207,3 @@ def time_blocks(
             per_block.setdefault(name, []).append(ms)
     return {name: statistics.median(values) for name, values in per_block.items()}
 
-
-def _device_of(model: nn.Module) -> torch.device:
-    for p in model.parameters():
-        return p.device
-    return torch.device("cpu")

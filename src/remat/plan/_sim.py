@@ -34,7 +34,7 @@ from torch.utils.hooks import RemovableHandle
 
 from remat.blocks import BlocksSpec, named_blocks
 from remat.measure.fake import fake_batch, fake_copy_with_map, fake_optimizer
-from remat.measure.step import LossFn, batch_tensors, clear_grads, run_step
+from remat.measure.step import LossFn, batch_tensors, clear_grads, model_device, run_step
 from remat.measure.tracker import MemoryTracker, OpRecord
 from remat.strategies import is_recomputing, remove
 
@@ -61,11 +61,6 @@ class FakeSetup:
     device: torch.device
 
 
-def _device_of(model: nn.Module) -> torch.device:
-    for p in model.parameters():
-        return p.device
-    return torch.device("cpu")
-
 
 def fake_setup(model: nn.Module, batch: Any, *, optimizer: torch.optim.Optimizer | None,
                blocks: BlocksSpec) -> FakeSetup:
@@ -77,7 +72,7 @@ def fake_setup(model: nn.Module, batch: Any, *, optimizer: torch.optim.Optimizer
     fbatch = fake_batch(batch, mode)
     fopt = fake_optimizer(optimizer, replaced) if optimizer is not None else None
     named = named_blocks(fmodel, blocks, api="remat.plan")
-    return FakeSetup(mode, fmodel, fbatch, fopt, named, _device_of(fmodel))
+    return FakeSetup(mode, fmodel, fbatch, fopt, named, model_device(fmodel))
 
 
 class WindowRecorder(TorchDispatchMode):

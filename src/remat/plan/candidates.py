@@ -240,14 +240,6 @@ class _Run:
     ops: tuple[OpRecord, ...]
 
 
-def _replace_first(args: tuple[Any, ...], kwargs: dict[str, Any], old: Tensor,
-                   new: Tensor) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    if any(a is old for a in args):
-        i = next(i for i, a in enumerate(args) if a is old)
-        return (*args[:i], new, *args[i + 1:]), kwargs
-    return args, {k: (new if v is old else v) for k, v in kwargs.items()}
-
-
 def _tensors_in(value: Any) -> list[Tensor]:
     if isinstance(value, Tensor):
         return [value]
@@ -282,7 +274,11 @@ def block_input(name: str, inputs: tuple[tuple[Any, ...], dict[str, Any]]) -> Te
 def with_input(inputs: tuple[tuple[Any, ...], dict[str, Any]], old: Tensor,
                new: Tensor) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """``inputs`` with the tensor ``old`` replaced by ``new``."""
-    return _replace_first(inputs[0], inputs[1], old, new)
+    args, kwargs = inputs
+    for i, a in enumerate(args):
+        if a is old:
+            return (*args[:i], new, *args[i + 1:]), kwargs
+    return args, {k: (new if v is old else v) for k, v in kwargs.items()}
 
 
 # NOTE [ Gradient of the block output ]

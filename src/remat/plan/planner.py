@@ -37,7 +37,7 @@ from torch import Tensor, nn
 from remat.blocks import BlocksSpec, named_blocks
 from remat.errors import BudgetTooSmall
 from remat.measure.profile import Profile, preserved_state, profile
-from remat.measure.step import LossFn
+from remat.measure.step import LossFn, model_device
 from remat.measure.timing import time_step
 from remat.plan._sim import fake_setup, quiet, run_windows
 from remat.plan.budget import Budget, BudgetLike, parse_budget
@@ -113,11 +113,6 @@ class PlanContext:
         return out
 
 
-def _model_device(model: nn.Module) -> torch.device:
-    for p in model.parameters():
-        return p.device
-    return torch.device("cpu")
-
 
 def _batch_size(batch: Any) -> int | None:
     if isinstance(batch, Tensor):
@@ -142,7 +137,7 @@ def resolve_cost(cost: str, model: nn.Module, *, simulate: bool = False) -> str:
     """
     if cost not in COSTS:
         raise ValueError(f"remat.plan: cost must be one of {COSTS}, got {cost!r}")
-    device = _model_device(model)
+    device = model_device(model)
     if cost == "auto":
         return "measured" if device.type == "cuda" and not simulate else "roofline"
     if cost == "measured" and (simulate or device.type == "meta"):
@@ -180,13 +175,13 @@ def prepare(model: nn.Module, batch: Any, *, loss_fn: LossFn | None = None,
     """
     _check_model(model)
     source = resolve_cost(cost, model)
-    spec = cost_device(_model_device(model), device)
+    spec = cost_device(model_device(model), device)
     setup = fake_setup(model, batch, optimizer=optimizer, blocks=blocks)
     groups = measure_groups(setup, spec, prune=source == "roofline")
     timed_on = None
     if source == "measured":
         groups = time_groups(model, batch, groups, blocks=blocks)
-        timed_on = _device_label(_model_device(model))
+        timed_on = _device_label(model_device(model))
     step = run_windows(setup, loss_fn=loss_fn)
     peak_model = PeakModel.calibrate(groups, [n for n, _ in setup.blocks], step)
     return PlanContext(peak_model, spec, step.peak_bytes, _batch_size(batch), source, timed_on)
@@ -232,7 +227,7 @@ def timed_step_ms(model: nn.Module, batch: Any, decisions: Mapping[str, BlockDec
                   blocks: BlocksSpec = None, repeats: int = 3) -> float:
     """Median time of a real training step with ``decisions`` applied, ms; model restored."""
     names = [n for n, _ in named_blocks(model, blocks, api="remat.plan")]
-    device = _model_device(model)
+    device = model_device(model)
     with preserved_strategy(model), quiet(), preserved_state(model, optimizer, device):
         apply_decisions(model, decisions, blocks=apply_spec(decisions, names, blocks))
         return time_step(model, batch, loss_fn=loss_fn, optimizer=optimizer,
@@ -480,7 +475,7 @@ def plan(
         raise TypeError("remat.plan: batch is a function; pass maximize='throughput' to search "
                         "batch sizes, or pass a batch")
     spec = parse_budget(budget)
-    if not simulate and _model_device(model).type == "meta":
+    if not simulate and model_device(model).type == "meta":
         raise ValueError(
             "remat.plan: the model is on the meta device, so its steps cannot run for real; "
             "pass simulate=True to plan it on fake tensors"

@@ -31,6 +31,7 @@ from torch import Tensor, nn
 
 from remat.blocks import BlocksSpec, named_blocks
 from remat.measure.profile import preserved_state
+from remat.measure.step import model_device
 from remat.measure.timing import Clock
 from remat.plan._sim import first_tensor
 from remat.plan.candidates import (
@@ -57,11 +58,6 @@ class TimingClock(Protocol):
     def sync(self) -> None: ...
     def elapsed_ms(self, start: Any, end: Any) -> float: ...
 
-
-def _model_device(model: nn.Module) -> torch.device:
-    for p in model.parameters():
-        return p.device
-    return torch.device("cpu")
 
 
 def _detached(value: Any) -> Any:
@@ -162,7 +158,7 @@ def time_groups(
     if repeats < 1 or warmup < 0:
         raise ValueError(f"remat.plan: cost timing needs repeats >= 1 and warmup >= 0, got "
                          f"repeats={repeats}, warmup={warmup}")
-    device = _model_device(model)
+    device = model_device(model)
     if device.type == "meta":
         raise ValueError("remat.plan: cost='measured' runs the model, but it is on the meta "
                          "device; use cost='roofline' (the default there)")

@@ -42,13 +42,12 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils.checkpoint import (
     _checkpoint_without_reentrant_generator,
     checkpoint,
-    create_selective_checkpoint_contexts,
     noop_context_fn,
 )
 
 from remat.errors import RematError
 from remat.strategies.context import recomputing
-from remat.strategies.ops import make_policy, sac_context_fn
+from remat.strategies.ops import sac_context_fn
 
 __all__ = [
     "RegionInfo",
@@ -74,8 +73,8 @@ class RegionInfo:
         stateful: modules inside the region with running statistics (BatchNorm);
             their statistics are restored after each recompute.
         segment: the shared segment state when ``kind == "segment"``.
-        compiled_context_fn: SAC's ``context_fn`` for ``save_ops`` under
-            ``torch.compile``, made once here: Dynamo accepts a ``context_fn`` that
+        sac_contexts: SAC's ``context_fn`` for ``save_ops`` (a fresh policy per call),
+            made once here: under ``torch.compile`` Dynamo accepts a ``context_fn`` that
             exists before tracing, not a policy object built while tracing.
     """
 
@@ -84,11 +83,11 @@ class RegionInfo:
     save_ops: frozenset[str] | None = None
     stateful: tuple[nn.Module, ...] = ()
     segment: _Segment | None = None
-    compiled_context_fn: Callable[[], tuple[Any, Any]] | None = None
+    sac_contexts: Callable[[], tuple[Any, Any]] | None = None
 
     def __post_init__(self) -> None:
-        if self.save_ops is not None and self.compiled_context_fn is None:
-            self.compiled_context_fn = sac_context_fn(self.save_ops)
+        if self.save_ops is not None and self.sac_contexts is None:
+            self.sac_contexts = sac_context_fn(self.save_ops)
 
 
 @dataclass(eq=False)
@@ -181,18 +180,16 @@ def _recompute_context(inner: Any, stateful: tuple[nn.Module, ...]) -> Iterator[
 
 def _context_fn(info: RegionInfo | None,
                 stateful: tuple[nn.Module, ...]) -> Callable[[], tuple[Any, Any]]:
+    sac = info.sac_contexts if info is not None else None
     # Under torch.compile the context managers must be SAC's own dispatch modes
     # (torch.utils.checkpoint asserts it), so the recompute marker is left out.
-    save_ops = info.save_ops if info is not None else None
     if torch.compiler.is_compiling():
-        if info is None or info.compiled_context_fn is None:
-            return noop_context_fn
-        return info.compiled_context_fn
+        return sac if sac is not None else noop_context_fn
 
     def context_fn() -> tuple[Any, Any]:
-        if save_ops is None:
+        if sac is None:
             return contextlib.nullcontext(), _recompute_context(None, stateful)
-        forward_ctx, recompute_ctx = create_selective_checkpoint_contexts(make_policy(save_ops))
+        forward_ctx, recompute_ctx = sac()
         return forward_ctx, _recompute_context(recompute_ctx, stateful)
 
     return context_fn
