@@ -52,7 +52,6 @@ M = TypeVar("M", bound=nn.Module)
 _API = "remat.integrations.hf.prepare_model"
 
 
-
 def disable_kv_cache(model: nn.Module, *, include_root: bool = True) -> list[str]:
     """Set ``use_cache=False`` on every config in the model, sub-stacks included.
 

@@ -222,11 +222,6 @@ def _named_blocks(model: nn.Module, blocks: Any) -> list[tuple[str, nn.Module]]:
         return []
 
 
-
-
-
-
-
 # ---- snapshot / restore ------------------------------------------------------------------
 
 def _host_copy(t: Tensor) -> Tensor:

@@ -82,8 +82,6 @@ class StepTimes:
                 raise ValueError(f"StepTimes: {name} must be >= 0, got {getattr(self, name)}")
 
 
-
-
 def time_step(
     model: nn.Module,
     batch: Any,
@@ -206,4 +204,3 @@ def time_blocks(
         for name, ms in sums.items():
             per_block.setdefault(name, []).append(ms)
     return {name: statistics.median(values) for name, values in per_block.items()}
-

@@ -61,7 +61,6 @@ class FakeSetup:
     device: torch.device
 
 
-
 def fake_setup(model: nn.Module, batch: Any, *, optimizer: torch.optim.Optimizer | None,
                blocks: BlocksSpec) -> FakeSetup:
     """Copy ``model`` (without any applied strategy), ``batch`` and ``optimizer`` as fakes."""
@@ -142,10 +141,6 @@ class StepWindows:
     peak_breakdown: Mapping[str, int]
     ops: tuple[OpRecord, ...]
     static: Mapping[str, int]
-
-
-
-
 
 
 def run_windows(setup: FakeSetup, *, loss_fn: LossFn | None) -> StepWindows:

@@ -113,7 +113,6 @@ class PlanContext:
         return out
 
 
-
 def _batch_size(batch: Any) -> int | None:
     if isinstance(batch, Tensor):
         return int(batch.shape[0]) if batch.dim() else None

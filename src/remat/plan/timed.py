@@ -59,7 +59,6 @@ class TimingClock(Protocol):
     def elapsed_ms(self, start: Any, end: Any) -> float: ...
 
 
-
 def _detached(value: Any) -> Any:
     if isinstance(value, Tensor):
         return value.detach()

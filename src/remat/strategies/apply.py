@@ -208,8 +208,6 @@ def apply(model: M, strategy: str | Any, *, blocks: BlocksSpec = None) -> M:
     return model
 
 
-
-
 @contextmanager
 def preserved_strategy(model: nn.Module) -> Iterator[None]:
     """Put back whatever strategy was applied to ``model`` on exit.
