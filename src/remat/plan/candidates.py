@@ -59,12 +59,11 @@ __all__ = [
     "BlockGroup",
     "Candidate",
     "apply_parts",
-    "block_input",
     "capture_inputs",
+    "fresh_inputs",
     "measure_groups",
     "prune_candidates",
     "save_set_chain",
-    "with_input",
 ]
 
 _MAX_LIGHT_OPS = 4  # pointwise op names added one by one to a sub-layer's save-set chain
@@ -262,23 +261,39 @@ def apply_parts(model: nn.Module, name: str, parts: Sequence[Part],
         apply_decisions(model, decisions, blocks=spec)
 
 
-def block_input(name: str, inputs: tuple[tuple[Any, ...], dict[str, Any]]) -> Tensor:
-    """The tensor a block's activations hang from: its first tensor argument."""
+def fresh_inputs(name: str, inputs: tuple[tuple[Any, ...], dict[str, Any]],
+                 ) -> tuple[tuple[tuple[Any, ...], dict[str, Any]], Tensor]:
+    """A block's arguments cut from the graph that made them, and its hidden-state input.
+
+    Every tensor becomes a new leaf with the same ``requires_grad`` (the same tensor
+    twice stays one leaf), so a block can run forward and backward again and again
+    without reaching into the forward that captured its arguments: an encoder-decoder's
+    ``encoder_hidden_states`` or T5's shared ``position_bias`` come from other blocks.
+    The hidden state is the first tensor argument, the one activations hang from.
+
+    Raises:
+        ValueError: the block takes no tensor argument.
+    """
+    leaves: dict[int, Tensor] = {}
+
+    def cut(value: Any) -> Any:
+        if isinstance(value, Tensor):
+            if id(value) not in leaves:
+                grad = value.requires_grad and value.is_floating_point()
+                leaves[id(value)] = value.detach().requires_grad_(grad)
+            return leaves[id(value)]
+        if isinstance(value, (tuple, list)):
+            return type(value)(cut(v) for v in value)
+        if isinstance(value, dict):
+            return {k: cut(v) for k, v in value.items()}
+        return value
+
     args, kwargs = inputs
-    hidden = first_tensor(args) if args else first_tensor(kwargs)
+    new_args, new_kwargs = tuple(cut(a) for a in args), {k: cut(v) for k, v in kwargs.items()}
+    hidden = first_tensor(new_args) if new_args else first_tensor(new_kwargs)
     if hidden is None:
         raise ValueError(f"remat.plan: block {name!r} takes no tensor argument to plan around")
-    return hidden
-
-
-def with_input(inputs: tuple[tuple[Any, ...], dict[str, Any]], old: Tensor,
-               new: Tensor) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    """``inputs`` with the tensor ``old`` replaced by ``new``."""
-    args, kwargs = inputs
-    for i, a in enumerate(args):
-        if a is old:
-            return (*args[:i], new, *args[i + 1:]), kwargs
-    return args, {k: (new if v is old else v) for k, v in kwargs.items()}
+    return (new_args, new_kwargs), hidden
 
 
 # NOTE [ Gradient of the block output ]
@@ -296,12 +311,10 @@ def _run_block(setup: FakeSetup, name: str, block: nn.Module,
                inputs: tuple[tuple[Any, ...], dict[str, Any]], parts: Sequence[Part],
                attribution: Sequence[tuple[str, nn.Module]] = ()) -> _Run:
     """Forward and backward of one block under ``parts``, tracked (see module docstring)."""
-    hidden = block_input(name, inputs)
     apply_parts(setup.model, name, parts, [n for n, _ in setup.blocks])
     try:
         with setup.mode:
-            x = hidden.detach().requires_grad_(hidden.requires_grad)
-        args, kwargs = with_input(inputs, hidden, x)
+            (args, kwargs), x = fresh_inputs(name, inputs)
         for p in block.parameters():
             p.grad = None
         tracker = MemoryTracker(device=setup.device, blocks=list(attribution) or [(name, block)])

@@ -27,7 +27,7 @@ from dataclasses import replace
 from typing import Any, Protocol
 
 import torch
-from torch import Tensor, nn
+from torch import nn
 
 from remat.blocks import BlocksSpec, named_blocks
 from remat.measure.profile import preserved_state
@@ -38,10 +38,9 @@ from remat.plan.candidates import (
     BlockGroup,
     Candidate,
     apply_parts,
-    block_input,
     capture_inputs,
+    fresh_inputs,
     prune_candidates,
-    with_input,
 )
 from remat.strategies import preserved_strategy, remove
 
@@ -59,34 +58,21 @@ class TimingClock(Protocol):
     def elapsed_ms(self, start: Any, end: Any) -> float: ...
 
 
-def _detached(value: Any) -> Any:
-    if isinstance(value, Tensor):
-        return value.detach()
-    if isinstance(value, tuple):
-        return tuple(_detached(v) for v in value)
-    if isinstance(value, list):
-        return [_detached(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _detached(v) for k, v in value.items()}
-    return value
-
-
-def _run_once(block: nn.Module, inputs: tuple[tuple[Any, ...], dict[str, Any]], hidden: Tensor,
+def _run_once(block: nn.Module, rep: str, inputs: tuple[tuple[Any, ...], dict[str, Any]],
               clock: TimingClock) -> tuple[Any, Any]:
     """One timed forward and backward of ``block``; returns the clock's two marks."""
     for p in block.parameters():
         p.grad = None
-    x = hidden.detach().requires_grad_(hidden.is_floating_point())
-    args, kwargs = with_input(inputs, hidden, x)
+    (args, kwargs), _ = fresh_inputs(rep, inputs)
     start = clock.mark()
     out = block(*args, **kwargs)
     y = first_tensor(out)
     if y is None or not y.requires_grad:
-        raise ValueError("remat.plan: a block returned no tensor that requires grad, so its "
-                         "recompute cost cannot be timed")
+        raise ValueError(f"remat.plan: block {rep!r} returned no tensor that requires grad, "
+                         "so its recompute cost cannot be timed")
     y.backward(torch.ones_like(y))
     end = clock.mark()
-    del out, y, x
+    del out, y, args, kwargs
     return start, end
 
 
@@ -94,13 +80,12 @@ def _time_kind(model: nn.Module, rep: str, block: nn.Module,
                inputs: tuple[tuple[Any, ...], dict[str, Any]], candidates: Sequence[Candidate],
                block_names: Sequence[str], clock: TimingClock, repeats: int,
                warmup: int) -> list[Candidate]:
-    hidden = block_input(rep, inputs)
     samples: list[list[float]] = [[] for _ in candidates]
     for round_ in range(warmup + repeats):
         for i, candidate in enumerate(candidates):
             apply_parts(model, rep, candidate.parts, block_names)
             try:
-                start, end = _run_once(block, inputs, hidden, clock)
+                start, end = _run_once(block, rep, inputs, clock)
             finally:
                 remove(model)
             clock.sync()
@@ -173,8 +158,9 @@ def time_groups(
     wanted = [(n, m) for n, m in named if n in set(reps)]
     timed: list[BlockGroup] = []
     with preserved_state(model, None, device), preserved_strategy(model):
-        inputs = {name: (_detached(a), _detached(k))
-                  for name, (a, k) in capture_inputs(model, batch, wanted).items()}
+        # Cut from the capture forward's graph at once, so its activations are freed.
+        inputs = {name: fresh_inputs(name, captured)[0]
+                  for name, captured in capture_inputs(model, batch, wanted).items()}
         for group in groups:
             rep = group.names[0]
             if progress is not None:
