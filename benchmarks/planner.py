@@ -3,10 +3,10 @@
 For gpt-small and llama-small (batch 8, full sequence length, CPU, float32):
 
 1. measure every manual strategy (none, full, every:N for all N, sqrt, attn, mlp, ops)
-   with :func:`remat.plan.frontier.frontier`: peak bytes, and recompute cost as the
+   with :func:`remat.compare.frontier.frontier`: peak bytes, and recompute cost as the
    roofline time of the recomputed ops with H100 figures;
 2. for budgets 25%, 50% and 75% of the way from the full-checkpoint peak to the
-   no-checkpoint peak, run :func:`remat.plan.plan` (closed loop measured for real) and
+   no-checkpoint peak, run :func:`remat.plan` (closed loop measured for real) and
    compare its recompute cost with the cheapest manual strategy whose peak fits;
 3. check the gradients of every plan against the un-checkpointed model;
 4. time planning a 12-layer model end to end.
@@ -36,13 +36,13 @@ from pathlib import Path
 
 import torch
 
+from remat.compare.frontier import Frontier, FrontierPoint, frontier
 from remat.models import build_model, make_batch
-from remat.plan import Plan, plan, prepare
-from remat.plan.display import frontier_markdown, plot_frontier
-from remat.plan.frontier import Frontier, FrontierPoint, frontier
-from remat.report._format import format_bytes, format_pct
+from remat.planning import Plan, plan, prepare
+from remat.report.frontier import frontier_markdown, plot_frontier
 from remat.report.tables import markdown_table
-from remat.validate import validate
+from remat.units import format_bytes, format_pct
+from remat.validation import validate
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _results import cpu_name as _cpu_name  # noqa: E402

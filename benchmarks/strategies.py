@@ -36,7 +36,7 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
-from remat.compare import ComparisonResult, compare_preset
+from remat.compare.runner import ComparisonResult, compare_preset
 from remat.report.plots import plot_comparison
 from remat.report.tables import comparison_markdown
 

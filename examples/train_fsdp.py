@@ -112,8 +112,8 @@ def plan_for_budget(model: nn.Module, batch: dict[str, torch.Tensor], budget: st
                     rank: int, world: int, lr: float) -> Any:
     """Plan on rank 0 for a per-rank budget, then give every rank the same plan."""
     try:
-        from remat.plan import Plan
-        from remat.plan import plan as make_plan
+        from remat.planning import Plan
+        from remat.planning import plan as make_plan
     except ImportError as exc:
         raise SystemExit("train_fsdp.py: --budget needs remat.plan; use --strategy") from exc
     from remat.errors import BudgetTooSmall

@@ -38,7 +38,7 @@ from torch import nn
 from remat.blocks import named_blocks
 from remat.measure import profile
 from remat.units import format_bytes
-from remat.validate import validate
+from remat.validation import validate
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "compat.md"

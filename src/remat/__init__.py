@@ -12,55 +12,89 @@ fits, costs the least recompute, and leaves gradients unchanged::
     plan = remat.auto(model, batch, budget="60%")      # plan, apply, measure
     assert remat.validate(model, batch, plan).passed   # gradients unchanged
 
-Importing remat has no side effects: it does not initialize CUDA, and plotting
-and Hugging Face libraries load only when used.
+Importing remat is light and has no side effects: the public names below load their
+subpackage on first use (NOTE [ Lazy public API ]), so ``import remat`` loads neither
+torch's distributed/compile machinery nor plotting or Hugging Face libraries, and never
+initializes CUDA.
 
-NOTE [ Eager public names ]
-    ``validate`` and ``plan`` are both functions here and subpackages
-    (``remat.validate``, ``remat.plan``). Importing a subpackage binds its name on
-    this package, so the functions are imported eagerly below, after the
-    subpackages: the later binding (the function) is the one that stays.
+NOTE [ Lazy public API ]
+    Each public name maps to the module that defines it (``_EXPORTS``); module
+    ``__getattr__`` (PEP 562) imports it on first access and caches it in the module
+    dict. The verbs are functions whose names differ from every subpackage
+    (``remat.plan`` the function, ``remat.planning`` the package; ``remat.validate`` /
+    ``remat.validation``), so importing a subpackage never shadows a verb.
 """
 
-from remat.blocks import find_blocks
-from remat.errors import (
-    BlocksNotFound,
-    BudgetTooSmall,
-    ParityError,
-    RematError,
-    RematWarning,
-    StrategyError,
-)
-from remat.measure import Profile, profile
-from remat.plan import Plan, auto, plan
-from remat.strategies.apply import apply, remove
-from remat.strategies.context import is_recomputing
-from remat.strategies.spec import STRATEGIES, BlockDecision
-from remat.units import format_bytes, parse_bytes
-from remat.validate.parity import ParityReport, validate
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "BlockDecision",
-    "BlocksNotFound",
-    "BudgetTooSmall",
-    "ParityError",
-    "ParityReport",
-    "Plan",
-    "Profile",
-    "RematError",
-    "RematWarning",
-    "STRATEGIES",
-    "StrategyError",
-    "apply",
-    "auto",
-    "find_blocks",
-    "format_bytes",
-    "is_recomputing",
-    "parse_bytes",
-    "plan",
-    "profile",
-    "remove",
-    "validate",
-]
+_EXPORTS: dict[str, str] = {
+    "BlockDecision": "remat.strategies.decision",
+    "BlocksNotFound": "remat.errors",
+    "BudgetTooSmall": "remat.errors",
+    "ParityError": "remat.errors",
+    "ParityReport": "remat.validation.parity",
+    "Plan": "remat.planning.plans",
+    "PlanOptions": "remat.planning.options",
+    "Profile": "remat.measure.profile",
+    "RematError": "remat.errors",
+    "RematWarning": "remat.errors",
+    "STRATEGIES": "remat.strategies.registry",
+    "Step": "remat.measure.step",
+    "Strategy": "remat.strategies.base",
+    "StrategyError": "remat.errors",
+    "apply": "remat.strategies.apply",
+    "auto": "remat.planning.planner",
+    "find_blocks": "remat.blocks",
+    "format_bytes": "remat.units",
+    "is_recomputing": "remat.recompute",
+    "parse_bytes": "remat.units",
+    "plan": "remat.planning.planner",
+    "profile": "remat.measure.profile",
+    "register_strategy": "remat.strategies.registry",
+    "remove": "remat.strategies.apply",
+    "validate": "remat.validation.parity",
+}
+
+__all__ = sorted(_EXPORTS)
+
+if TYPE_CHECKING:
+    from remat.blocks import find_blocks
+    from remat.errors import (
+        BlocksNotFound,
+        BudgetTooSmall,
+        ParityError,
+        RematError,
+        RematWarning,
+        StrategyError,
+    )
+    from remat.measure.profile import Profile, profile
+    from remat.measure.step import Step
+    from remat.planning.options import PlanOptions
+    from remat.planning.planner import auto, plan
+    from remat.planning.plans import Plan
+    from remat.recompute import is_recomputing
+    from remat.strategies.apply import apply, remove
+    from remat.strategies.base import Strategy
+    from remat.strategies.decision import BlockDecision
+    from remat.strategies.registry import STRATEGIES, register_strategy
+    from remat.units import format_bytes, parse_bytes
+    from remat.validation.parity import ParityReport, validate
+
+
+def __getattr__(name: str) -> Any:
+    """Import a public name on first use (NOTE [ Lazy public API ])."""
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'remat' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])

@@ -1,15 +1,29 @@
-"""Parse and format byte quantities.
+"""Parse and format quantities: bytes, FLOPs, times, percentages.
 
-remat keeps every quantity in bytes internally (``budget_bytes``, ``peak_bytes``);
-this module is the only place that turns user strings into bytes, and
-:func:`format_bytes` the only formatter.
+remat keeps every quantity in base units internally (``budget_bytes``, ``peak_bytes``,
+``recompute_flops``, ``step_ms``); this module is the only place that turns user strings
+into bytes and the only place that turns quantities into display strings (tables, plots,
+plan summaries all format through it).
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 
-__all__ = ["format_bytes", "parse_bytes"]
+__all__ = [
+    "format_bytes",
+    "format_flops",
+    "format_grad_check",
+    "format_ms",
+    "format_pct",
+    "format_ratio",
+    "markdown_table",
+    "mib",
+    "parse_bytes",
+]
+
+_MIB = 1024**2
 
 _UNITS: dict[str, int] = {
     "": 1, "b": 1,
@@ -68,3 +82,56 @@ def format_bytes(num_bytes: int | float, *, signed: bool = False) -> str:
             return f"{sign}{value:.0f} {unit}" if unit == "B" else f"{sign}{value:.2f} {unit}"
         value /= 1024
     raise AssertionError("unreachable")
+
+
+
+def mib(num_bytes: int | float) -> float:
+    """Bytes as MiB (a float), for plot axes."""
+    return float(num_bytes) / _MIB
+
+
+def format_flops(flops: int | float) -> str:
+    """Format a FLOP count with decimal prefixes, e.g. ``12.3 GFLOP``."""
+    value = float(flops)
+    for unit in ("FLOP", "kFLOP", "MFLOP", "GFLOP", "TFLOP"):
+        if abs(value) < 1000 or unit == "TFLOP":
+            return f"{value:.0f} {unit}" if unit == "FLOP" else f"{value:.2f} {unit}"
+        value /= 1000
+    raise AssertionError("unreachable")
+
+
+def format_pct(value: float | None, *, signed: bool = False) -> str:
+    """Format a percentage (``12.5`` -> ``12.5%``); ``None`` -> ``n/a``."""
+    if value is None:
+        return "n/a"
+    if signed:
+        return f"{value:+.1f}%"
+    return f"{value:.1f}%"
+
+
+def format_ratio(value: float | None) -> str:
+    """Format a ratio (``1.234`` -> ``1.23x``); ``None`` -> ``n/a``."""
+    return "n/a" if value is None else f"{value:.2f}x"
+
+
+def format_ms(value: float | None) -> str:
+    """Format milliseconds (``12.345`` -> ``12.35 ms``); ``None`` -> ``n/a``."""
+    if value is None:
+        return "n/a"
+    return f"{value:.3f} ms" if value < 1 else f"{value:.2f} ms"
+
+
+def format_grad_check(passed: bool | None, max_rel_error: float | None) -> str:
+    """``PASS (3.1e-08)`` / ``FAIL (2.0e-03)`` / ``skipped``."""
+    if passed is None or max_rel_error is None:
+        return "skipped"
+    return f"{'PASS' if passed else 'FAIL'} ({max_rel_error:.1e})"
+
+
+def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """A markdown table; every column but the first is right-aligned."""
+    def line(cells: Sequence[str]) -> str:
+        return "| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |"
+
+    align = [":---"] + ["---:"] * (len(headers) - 1)
+    return "\n".join([line(headers), "|" + "|".join(align) + "|", *(line(r) for r in rows)])

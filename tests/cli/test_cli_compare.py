@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from remat.cli import app
-from remat.compare import DEFAULT_STRATEGIES, ComparisonResult
+from remat.compare.runner import DEFAULT_STRATEGIES, ComparisonResult
 
 runner = CliRunner()
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

@@ -22,7 +22,7 @@ from remat.errors import StrategyError
 from remat.integrations.compile import compile_blocks
 from remat.models import build_model, make_batch
 from remat.strategies import apply
-from remat.validate import relative_error
+from remat.validation import relative_error
 
 
 class Capture:

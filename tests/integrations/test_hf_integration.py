@@ -25,7 +25,7 @@ from remat.integrations.hf import (  # noqa: E402
     to_model_batch,
 )
 from remat.strategies import applied, apply  # noqa: E402
-from remat.validate import validate  # noqa: E402
+from remat.validation import validate  # noqa: E402
 
 VOCAB = 96
 STRATEGIES = ["full", "every:2", "sqrt", "attn", "mlp", "ops", "offload"]
@@ -227,7 +227,7 @@ def test_checkpointed_blocks_run_again_in_backward() -> None:
 
 
 class _FakePlan:
-    """Stands in for remat.plan.Plan: what remat.apply reads from a plan."""
+    """Stands in for remat.Plan: what remat.apply reads from a plan."""
 
     blocks = None
 
@@ -239,7 +239,7 @@ class _FakePlan:
 
 def test_budget_plans_on_a_plain_dict_batch_then_applies(monkeypatch: pytest.MonkeyPatch
                                                          ) -> None:
-    plan_module = importlib.import_module("remat.plan")
+    plan_module = importlib.import_module("remat.planning")
     seen: dict[str, Any] = {}
 
     def fake_plan(model: nn.Module, batch: Any, **kwargs: Any) -> _FakePlan:

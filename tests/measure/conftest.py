@@ -10,7 +10,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from remat.strategies.context import recomputing
+from remat.recompute import recomputing
 
 
 class ToyBlock(nn.Module):

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from remat.devices import DEVICES, DeviceSpec
 from remat.measure import OpRecord, profile, roofline_ms
-from remat.simulate.devices import DEVICES, DeviceSpec
 
 # A made-up device with round numbers: 100 TFLOP/s bf16, 10 TFLOP/s fp32, 1 TB/s.
 DEV = DeviceSpec("round", 10**10, 100e12, 10e12, 1e12, 1e10)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from remat.compare import ComparisonResult, StrategyRow
+from remat.compare.runner import ComparisonResult, StrategyRow
 from remat.report.plots import plot_comparison
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

@@ -7,8 +7,7 @@ from types import SimpleNamespace
 import pytest
 from rich.console import Console
 
-from remat.compare import ComparisonResult, StrategyRow
-from remat.report._format import format_flops, format_grad_check, format_ms, format_pct
+from remat.compare.runner import ComparisonResult, StrategyRow
 from remat.report.tables import (
     COMPARISON_COLUMNS,
     backward_forward_ratio,
@@ -20,6 +19,7 @@ from remat.report.tables import (
     totals_cells,
     totals_table,
 )
+from remat.units import format_flops, format_grad_check, format_ms, format_pct
 
 MIB = 1024**2
 

@@ -8,9 +8,9 @@ import warnings
 import pytest
 import torch
 
+from remat.devices import DeviceSpec
 from remat.measure import profile
 from remat.models import build_model, make_batch
-from remat.simulate.devices import DeviceSpec
 from remat.simulate.precision import make_optimizer
 from remat.simulate.run import SimulationResult, SimulationRow, simulate
 from remat.strategies import apply

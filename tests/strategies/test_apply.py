@@ -25,7 +25,7 @@ from remat.strategies import (
     sqrt_segments,
 )
 from remat.strategies.regions import region_of
-from remat.validate import validate
+from remat.validation import validate
 
 
 class KwBlock(nn.Module):

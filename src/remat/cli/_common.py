@@ -239,7 +239,7 @@ def check_fits(preset: str, device: Any, *, copies: int) -> None:
     import torch
 
     from remat.models import build_model
-    from remat.report._format import format_bytes
+    from remat.units import format_bytes
 
     with torch.device("meta"):
         model = build_model(preset)

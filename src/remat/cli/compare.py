@@ -102,7 +102,7 @@ def compare_command(
     gradient check fails.
     """
     from remat.cli._common import parse_strategies
-    from remat.compare import DEFAULT_STRATEGIES, compare_preset
+    from remat.compare.runner import DEFAULT_STRATEGIES, compare_preset
     from remat.models import make_batch
     from remat.report.plots import plot_comparison
     from remat.report.tables import comparison_table
@@ -122,8 +122,8 @@ def compare_command(
         result = compare_preset(model, batch, seq, names, device=target, seed=seed,
                                 repeats=repeats, check_grads=check_grads, progress=update)
         if plan_budget.strip().lower() != "off":
+            from remat.compare.frontier import add_plan_row
             from remat.errors import BudgetTooSmall
-            from remat.plan import add_plan_row
 
             update(f"plan for {plan_budget}", len(result.rows), len(result.rows) + 1)
             try:

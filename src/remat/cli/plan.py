@@ -40,7 +40,7 @@ Examples:
 
   remat plan --model gpt-tiny --budget 80% --cost measured   # time candidates (auto on CUDA)
 
-Then train with it:  remat.apply(model, remat.plan.Plan.from_json(open("plan.json").read()))
+Then train with it:  remat.apply(model, remat.Plan.from_json(open("plan.json").read()))
 """
 
 
@@ -51,7 +51,7 @@ class Maximize(str, Enum):
 
 
 class CostChoice(str, Enum):
-    """What ``remat plan --cost`` minimizes (see ``remat.plan.plan``'s ``cost``)."""
+    """What ``remat plan --cost`` minimizes (see ``remat.plan``'s ``cost``)."""
 
     auto = "auto"
     roofline = "roofline"
@@ -59,7 +59,7 @@ class CostChoice(str, Enum):
 
 
 def _check_budget(value: str) -> str:
-    from remat.plan.budget import parse_budget
+    from remat.planning.budget import parse_budget
 
     try:
         parse_budget(int(value) if value.strip().isdigit() else value)
@@ -113,7 +113,7 @@ def plan_command(
     seed: Annotated[int, typer.Option("--seed", help="Seed for weights and batch.")] = 0,
     out: Annotated[Path | None, typer.Option(
         "--out", metavar="FILE.json", dir_okay=False,
-        help="Write the plan as JSON (read it back with remat.plan.Plan.from_json).",
+        help="Write the plan as JSON (read it back with remat.Plan.from_json).",
     )] = None,
     json_out: JsonOpt = None,
     plot: Annotated[Path | None, typer.Option(
@@ -133,10 +133,10 @@ def plan_command(
     import torch
 
     from remat.cli.compare import progress_bar
+    from remat.compare.frontier import frontier as measure_frontier
     from remat.models import build_model, make_batch
-    from remat.plan import plan as make_plan
-    from remat.plan.display import frontier_table, plot_frontier
-    from remat.plan.frontier import frontier as measure_frontier
+    from remat.planning import plan as make_plan
+    from remat.report.frontier import frontier_table, plot_frontier
 
     if cost is CostChoice.measured and simulate:
         raise typer.BadParameter(

@@ -106,7 +106,7 @@ def _check_choice(value: str, choices: list[str], option: str) -> str:
 
 
 def _check_device_name(value: str) -> str:
-    from remat.simulate.devices import DEVICES
+    from remat.devices import DEVICES
 
     key = value.lower().replace("_", "-")
     if key not in DEVICES:

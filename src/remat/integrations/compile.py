@@ -45,10 +45,11 @@ def check_compilable(model: nn.Module, *, api: str = "remat.integrations.compile
         info = region_of(module)
         if info is not None and info.kind == "segment":
             raise StrategyError(
-                f"{api}: block {name!r} is part of a 'sqrt' segment, one region spread over "
-                "several blocks' calls and driven by Python state between them, which "
-                "torch.compile cannot trace block by block. Use 'full', 'every:N', 'ops' or a "
-                "plan with per-block compile, or leave 'sqrt' blocks uncompiled."
+                f"{api}: block {name!r} is part of a {info.label!r} segment, one region "
+                "spread over several blocks' calls and driven by Python state between them, "
+                "which torch.compile cannot trace block by block. Use 'full', 'every:N', "
+                f"'ops' or a plan with per-block compile, or leave {info.label!r} blocks "
+                "uncompiled."
             )
 
 

@@ -55,7 +55,7 @@ from remat.errors import RematError, StrategyError
 from remat.integrations.compile import compile_blocks
 from remat.simulate.sharding import ShardedPeak, shard_peak
 from remat.strategies.regions import region_of
-from remat.strategies.spec import parse_strategy
+from remat.strategies.registry import parse_strategy
 
 __all__ = [
     "ProfileBytes",
@@ -240,11 +240,11 @@ def apply_fsdp(model: M, strategy: str | Any, *, mesh: Any = None, compile: bool
             "and run remat.apply(model, strategy) after them (every strategy but 'sqrt' "
             "works in that order)."
         )
-    if compile and isinstance(strategy, str) and parse_strategy(strategy).name == "sqrt":
+    if compile and isinstance(strategy, str) and parse_strategy(strategy).spans_blocks:
         raise StrategyError(  # before touching the model
-            f"{api}: compile=True cannot compile 'sqrt' segments block by block (one region "
-            "spread over several blocks' calls). Use 'full', 'every:N', 'ops' or a plan with "
-            "compile=True, or compile=False with 'sqrt'."
+            f"{api}: compile=True cannot compile {strategy!r} block by block (its regions "
+            "span several blocks' calls). Use 'full', 'every:N', 'ops' or a plan with "
+            f"compile=True, or compile=False with {strategy!r}."
         )
     apply(model, strategy, blocks=blocks)
     groups = shard_groups(model, blocks=blocks)

@@ -114,7 +114,7 @@ def prepare_model(model: M, *, strategy: str | Any | None = None, budget: int | 
     ``use_cache`` is turned off in every config of the model (T5's decoder stack has
     its own) and the model's own activation checkpointing disabled, with one warning
     each; the model's train/eval mode is kept. A budget costs a few measured training
-    steps to plan (see :func:`remat.plan.plan`); a strategy costs nothing up front.
+    steps to plan (see :func:`remat.plan`); a strategy costs nothing up front.
 
     Args:
         model: a transformers ``PreTrainedModel`` (or any model remat can find blocks in).
@@ -162,7 +162,7 @@ def prepare_model(model: M, *, strategy: str | Any | None = None, budget: int | 
                     f"{_API}: budget={budget!r} needs batch=, one training batch as the "
                     "Trainer's data collator produces it, to measure the step"
                 )
-            from remat.plan import plan
+            from remat.planning import plan
 
             chosen = plan(model, to_model_batch(batch, model), budget=budget, blocks=blocks,
                           optimizer=optimizer)

@@ -21,15 +21,13 @@ NOTE [ What a profile runs ]
 
 from __future__ import annotations
 
-import copy
 import gc
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch import Tensor, nn
+from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from remat.measure.fake import (
@@ -38,158 +36,16 @@ from remat.measure.fake import (
     fake_copy_with_map,
     fake_optimizer,
 )
-from remat.measure.step import LossFn, batch_tensors, clear_grads, model_device, run_step
+from remat.measure.results import BlockProfile, Profile
+from remat.measure.state import preserved_state
+from remat.measure.step import LossFn, Step, batch_tensors, clear_grads
 from remat.measure.timing import time_blocks, time_step
-from remat.measure.tracker import PHASES, MemoryTracker, OpRecord
+from remat.measure.tracker import PHASES, MemoryTracker
 
-__all__ = ["BlockProfile", "Profile", "preserved_state", "profile", "profile_simulated"]
+__all__ = ["BlockProfile", "Profile", "preserved_state", "profile", "profile_simulated",
+           "profile_step"]
 
 _API = "remat.profile"
-
-
-@dataclass(frozen=True)
-class BlockProfile:
-    """What one block costs in a training step.
-
-    Args:
-        name: qualified module name, e.g. ``"blocks.3"``.
-        saved_bytes: bytes of the storages the block created in forward that were
-            still alive when backward started (its share of ``activation_bytes``).
-        forward_flops: FLOPs of the forward ops run inside it (innermost block only,
-            if blocks nest).
-        forward_ms: median forward time, ms; ``None`` when not timed.
-        backward_flops: FLOPs of backward ops attributed to it (recompute excluded).
-        recompute_flops: FLOPs recomputed for it during backward.
-    """
-
-    name: str
-    saved_bytes: int
-    forward_flops: int
-    forward_ms: float | None = None
-    backward_flops: int = 0
-    recompute_flops: int = 0
-
-    def __post_init__(self) -> None:
-        for key in ("saved_bytes", "forward_flops", "backward_flops", "recompute_flops"):
-            if getattr(self, key) < 0:
-                raise ValueError(f"BlockProfile({self.name!r}): {key} must be >= 0, "
-                                 f"got {getattr(self, key)}")
-        if self.forward_ms is not None and self.forward_ms < 0:
-            raise ValueError(f"BlockProfile({self.name!r}): forward_ms must be >= 0, "
-                             f"got {self.forward_ms}")
-
-
-@dataclass(frozen=True)
-class Profile:
-    """One training step, measured: exact bytes and FLOPs, and (real runs) times.
-
-    Bytes are exact sums of tensor storage sizes on the model's device (see
-    NOTE [ What the tracker cannot see ] in tracker.py); FLOPs follow
-    ``torch.utils.flop_counter``.
-
-    Args:
-        peak_bytes: the step's high-water mark of live tensor bytes, including
-            parameters, buffers, gradients, optimizer state and the batch.
-        activation_bytes: bytes created during forward (model and loss) that were
-            still alive when backward started: what autograd saved, plus the loss.
-        param_bytes: parameters (tied weights once).
-        buffer_bytes: buffers.
-        grad_bytes: gradients when backward ended.
-        optimizer_bytes: optimizer state (after the warm-up step created it).
-        batch_bytes: the batch's tensors.
-        flops: ``forward_flops + backward_flops + recompute_flops`` (optimizer excluded).
-        forward_flops: forward and loss.
-        backward_flops: backward, recomputation *excluded*.
-        recompute_flops: ops run while ``remat.strategies.context.is_recomputing()``.
-        forward_ms: median forward+loss time, ms (None when simulated or not timed).
-        backward_ms: median backward time, recomputation included, ms.
-        step_ms: median whole-step time, optimizer included, ms.
-        blocks: per-block figures, in forward order.
-        ops: every op of the tracked step, in order.
-        simulated: the step ran under FakeTensorMode.
-        device: the device the step ran on (fake device when simulated), e.g. ``"cpu"``.
-        cuda_peak_bytes: on CUDA, ``max_memory_allocated`` during an untracked step,
-            minus what was allocated before it, plus the bytes the tracker counts at the
-            step's start (parameters, buffers, optimizer state, batch): the allocator's
-            view of ``peak_bytes``. It reads higher by allocator rounding (512-byte
-            blocks) and kernel workspaces. None elsewhere.
-        peak_phase: the phase in which the peak was reached.
-        peak_breakdown: bytes per kind at the peak (``"params"``, ``"grads"``,
-            ``"optimizer_state"``, ``"batch"``, ``"forward"`` (activations),
-            ``"backward"``, ``"recompute"``, ``"optimizer"``, ...).
-    """
-
-    peak_bytes: int
-    activation_bytes: int
-    param_bytes: int
-    buffer_bytes: int
-    grad_bytes: int
-    optimizer_bytes: int
-    batch_bytes: int
-    flops: int
-    forward_flops: int
-    backward_flops: int
-    recompute_flops: int
-    forward_ms: float | None
-    backward_ms: float | None
-    step_ms: float | None
-    blocks: tuple[BlockProfile, ...]
-    ops: tuple[OpRecord, ...] = field(repr=False)  # thousands of them
-    simulated: bool
-    device: str
-    cuda_peak_bytes: int | None = None
-    peak_phase: str | None = None
-    peak_breakdown: Mapping[str, int] = field(default_factory=dict, hash=False)
-
-    def __post_init__(self) -> None:
-        for key in ("peak_bytes", "activation_bytes", "param_bytes", "buffer_bytes",
-                    "grad_bytes", "optimizer_bytes", "batch_bytes", "flops", "forward_flops",
-                    "backward_flops", "recompute_flops"):
-            if getattr(self, key) < 0:
-                raise ValueError(f"Profile: {key} must be >= 0, got {getattr(self, key)}")
-        parts = self.forward_flops + self.backward_flops + self.recompute_flops
-        if self.flops != parts:
-            raise ValueError(
-                f"Profile: flops ({self.flops}) must equal forward_flops + backward_flops + "
-                f"recompute_flops ({parts})"
-            )
-        for key in ("forward_ms", "backward_ms", "step_ms"):
-            value = getattr(self, key)
-            if value is not None and (self.simulated or value < 0):
-                raise ValueError(f"Profile: {key} must be None when simulated and >= 0 "
-                                 f"otherwise, got {value} (simulated={self.simulated})")
-
-    @property
-    def fixed_bytes(self) -> int:
-        """Bytes no checkpointing can remove: parameters, buffers, gradients, optimizer state."""
-        return self.param_bytes + self.buffer_bytes + self.grad_bytes + self.optimizer_bytes
-
-    @property
-    def recompute_overhead(self) -> float:
-        """Recomputed FLOPs as a fraction of the step's other FLOPs (0.0 = none)."""
-        base = self.forward_flops + self.backward_flops
-        return self.recompute_flops / base if base else 0.0
-
-    @property
-    def backward_forward_ratio(self) -> float | None:
-        """``backward_ms / forward_ms`` (about 2 without checkpointing); None if untimed."""
-        if self.forward_ms is None or self.backward_ms is None or self.forward_ms <= 0:
-            return None
-        return self.backward_ms / self.forward_ms
-
-    def block(self, name: str) -> BlockProfile:
-        """The block called ``name``; KeyError listing the known names otherwise."""
-        for b in self.blocks:
-            if b.name == name:
-                return b
-        raise KeyError(f"Profile.block: no block {name!r}; blocks: "
-                       f"{', '.join(b.name for b in self.blocks) or '(none)'}")
-
-    def ops_in(self, phase: str) -> tuple[OpRecord, ...]:
-        """The ops of one phase: ``"forward"``, ``"backward"``, ``"recompute"``, ``"optimizer"``."""
-        if phase not in PHASES:
-            raise ValueError(f"Profile.ops_in: phase must be one of {PHASES}, got {phase!r}")
-        return tuple(op for op in self.ops if op.phase == phase)
 
 
 # ---- checks and block lookup -------------------------------------------------------------
@@ -210,74 +66,6 @@ def _check_trainable(model: nn.Module) -> None:
         )
 
 
-def _named_blocks(model: nn.Module, blocks: Any) -> list[tuple[str, nn.Module]]:
-    from remat.blocks import named_blocks
-    from remat.errors import BlocksNotFound
-
-    if blocks is not None:
-        return named_blocks(model, blocks)
-    try:
-        return named_blocks(model)
-    except BlocksNotFound:  # a model without repeated blocks still has a profile
-        return []
-
-
-# ---- snapshot / restore ------------------------------------------------------------------
-
-def _host_copy(t: Tensor) -> Tensor:
-    return t.detach().to("cpu", copy=True)
-
-
-@contextmanager
-def preserved_state(model: nn.Module, optimizer: torch.optim.Optimizer | None,
-                    device: torch.device) -> Iterator[None]:
-    """Restore parameters, gradients, buffers, optimizer state and RNG on exit.
-
-    Parameters and optimizer state are copied to host memory only when an optimizer
-    is given (only an update changes them); gradients are put back as the same tensors.
-    """
-    params = list(dict.fromkeys(model.parameters()))
-    grads = [(p, p.grad) for p in params]
-    values = [(p, _host_copy(p)) for p in params] if optimizer is not None else []
-    buffers = [(b, _host_copy(b)) for b in model.buffers()]
-    state: list[tuple[Any, dict[str, Any], list[tuple[str, Any, Any]]]] = []
-    groups: list[dict[str, Any]] = []
-    if optimizer is not None:
-        for p, entries in optimizer.state.items():
-            saved = [(k, v, _host_copy(v) if isinstance(v, Tensor) else copy.deepcopy(v))
-                     for k, v in entries.items()]
-            state.append((p, entries, saved))
-        groups = [{k: copy.deepcopy(v) for k, v in g.items() if k != "params"}
-                  for g in optimizer.param_groups]
-    devices = [device.index or 0] if device.type == "cuda" else []
-    with ExitStack() as stack:
-        stack.enter_context(torch.random.fork_rng(devices=devices))
-        try:
-            yield
-        finally:
-            with torch.no_grad():
-                for p, v in values:
-                    p.copy_(v)
-                for b, v in buffers:
-                    b.copy_(v)
-            for p, g in grads:
-                p.grad = g
-            if optimizer is not None:
-                optimizer.state.clear()
-                for p, entries, saved in state:
-                    entries.clear()
-                    for k, original, value in saved:
-                        if isinstance(original, Tensor):
-                            with torch.no_grad():
-                                original.copy_(value)
-                            entries[k] = original
-                        else:
-                            entries[k] = value
-                    optimizer.state[p] = entries
-                for group, saved_group in zip(optimizer.param_groups, groups, strict=True):
-                    group.update(saved_group)
-
-
 # ---- the tracked step --------------------------------------------------------------------
 
 @dataclass
@@ -287,14 +75,13 @@ class _Tracked:
     grad_bytes: int
 
 
-def _tracked_step(model: nn.Module, batch: Any, *, loss_fn: LossFn | None,
-                  optimizer: torch.optim.Optimizer | None,
-                  blocks: Sequence[tuple[str, nn.Module]], device: torch.device) -> _Tracked:
-    tracker = MemoryTracker(device=device, blocks=blocks)
+def _tracked_step(step: Step, blocks: Sequence[tuple[str, nn.Module]]) -> _Tracked:
+    model, optimizer = step.model, step.optimizer
+    tracker = MemoryTracker(device=step.device, blocks=blocks)
     tracker.register_model(model)
     if optimizer is not None:
         tracker.register_optimizer(optimizer)
-    tracker.register(batch_tensors(batch), "batch")
+    tracker.register(batch_tensors(step.batch), "batch")
     static = tracker.current_breakdown
     grad_bytes = 0
 
@@ -311,7 +98,7 @@ def _tracked_step(model: nn.Module, batch: Any, *, loss_fn: LossFn | None,
     gc.disable()
     try:
         with tracker:
-            run_step(model, batch, loss_fn=loss_fn, optimizer=optimizer, on_phase=on_phase)
+            step.run(on_phase)
     finally:
         if gc_was_enabled:
             gc.enable()
@@ -368,17 +155,16 @@ def _build(tracked: _Tracked, blocks: Sequence[tuple[str, nn.Module]], *, simula
     )
 
 
-def _cuda_peak(model: nn.Module, batch: Any, loss_fn: LossFn | None,
-               optimizer: torch.optim.Optimizer | None, device: torch.device,
-               static_bytes: int) -> int:
-    clear_grads(model)
+def _cuda_peak(step: Step, static_bytes: int) -> int:
+    device = step.device
+    clear_grads(step.model)
     torch.cuda.synchronize(device)
     before = torch.cuda.memory_allocated(device)
     torch.cuda.reset_peak_memory_stats(device)
-    run_step(model, batch, loss_fn=loss_fn, optimizer=optimizer)
+    step.run()
     torch.cuda.synchronize(device)
     peak = torch.cuda.max_memory_allocated(device)
-    clear_grads(model)
+    clear_grads(step.model)
     return int(peak - before + static_bytes)
 
 
@@ -442,31 +228,40 @@ def profile(
         >>> prof.activation_bytes > 0 and prof.peak_bytes > prof.param_bytes
         True
     """
-    _check_trainable(model)
+    step = Step(model, batch, loss_fn=loss_fn, optimizer=optimizer, blocks=blocks)
+    return profile_step(step, simulate=simulate, timing=timing, repeats=repeats)
+
+
+def profile_step(step: Step, *, simulate: bool = False, timing: bool = True,
+                 repeats: int = 5) -> Profile:
+    """:func:`profile` of a resolved :class:`~remat.measure.step.Step` (its blocks found once).
+
+    Example:
+        >>> profile_step(Step(model, batch), timing=False).peak_bytes > 0
+        True
+    """
+    _check_trainable(step.model)
     if repeats < 1:
         raise ValueError(f"{_API}: repeats must be >= 1, got {repeats}")
     if simulate:
-        return profile_simulated(model, batch, loss_fn=loss_fn, optimizer=optimizer,
-                                 blocks=blocks)
-    named = _named_blocks(model, blocks)
-    device = model_device(model)
-    with preserved_state(model, optimizer, device):
+        return _simulated(step, device=None)
+    named = step.blocks_found(api=_API, required=False)
+    model, device = step.model, step.device
+    with preserved_state(model, step.optimizer, device):
         clear_grads(model)
-        run_step(model, batch, loss_fn=loss_fn, optimizer=optimizer)  # warm-up
+        step.run()  # warm-up
         clear_grads(model)
-        tracked = _tracked_step(model, batch, loss_fn=loss_fn, optimizer=optimizer,
-                                blocks=named, device=device)
+        tracked = _tracked_step(step, named)
         clear_grads(model)
         times = block_ms = None
         if timing:
-            times = time_step(model, batch, loss_fn=loss_fn, optimizer=optimizer,
+            times = time_step(model, step.batch, loss_fn=step.loss_fn, optimizer=step.optimizer,
                               repeats=repeats, device=device, warmup=0)
-            block_ms = time_blocks(model, batch, named, loss_fn=loss_fn, repeats=repeats,
-                                   device=device, warmup=0)
+            block_ms = time_blocks(model, step.batch, named, loss_fn=step.loss_fn,
+                                   repeats=repeats, device=device, warmup=0)
         cuda_peak = None
         if device.type == "cuda":
-            cuda_peak = _cuda_peak(model, batch, loss_fn, optimizer, device,
-                                   sum(tracked.static.values()))
+            cuda_peak = _cuda_peak(step, sum(tracked.static.values()))
     return _build(tracked, named, simulated=False, device=device, times=times,
                   block_ms=block_ms, cuda_peak_bytes=cuda_peak)
 
@@ -501,17 +296,22 @@ def profile_simulated(
         >>> profile_simulated(model, batch).simulated
         True
     """
+    step = Step(model, batch, loss_fn=loss_fn, optimizer=optimizer, blocks=blocks)
     _check_trainable(model)
+    return _simulated(step, device=device)
+
+
+def _simulated(step: Step, *, device: torch.device | str | None) -> Profile:
+    """The tracked step on fake copies (NOTE [ What a profile runs ])."""
     check_fake_device(device)
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
-    fmodel, replaced = fake_copy_with_map(model, fake_mode, device=device)
-    fbatch = fake_batch(batch, fake_mode, device=device)
-    fopt = fake_optimizer(optimizer, replaced) if optimizer is not None else None
-    named = _named_blocks(fmodel, blocks)
-    fdevice = model_device(fmodel)
+    fmodel, replaced = fake_copy_with_map(step.model, fake_mode, device=device)
+    fbatch = fake_batch(step.batch, fake_mode, device=device)
+    fopt = fake_optimizer(step.optimizer, replaced) if step.optimizer is not None else None
+    fstep = step.with_model(fmodel, fopt, fbatch)
+    named = fstep.blocks_found(api=_API, required=False)
     with fake_mode:
-        run_step(fmodel, fbatch, loss_fn=loss_fn, optimizer=fopt)  # warm-up, as for real
+        fstep.run()  # warm-up, as for real
         clear_grads(fmodel)
-        tracked = _tracked_step(fmodel, fbatch, loss_fn=loss_fn, optimizer=fopt,
-                                blocks=named, device=fdevice)
-    return _build(tracked, named, simulated=True, device=fdevice)
+        tracked = _tracked_step(fstep, named)
+    return _build(tracked, named, simulated=True, device=fstep.device)

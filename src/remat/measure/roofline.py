@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from remat.devices import DeviceSpec, get_device
 from remat.measure.tracker import PHASES, OpRecord
-from remat.simulate.devices import DeviceSpec, get_device
 
 __all__ = ["op_roofline_ms", "roofline_ms"]
 
@@ -40,7 +40,7 @@ def roofline_ms(
 
     Args:
         ops: op records, e.g. ``remat.profile(...).ops``.
-        device: a :class:`~remat.simulate.devices.DeviceSpec` or a known device name
+        device: a :class:`~remat.devices.DeviceSpec` or a known device name
             (``"h100-80gb"``, ...).
         phases: only ops of these phases (``"forward"``, ``"backward"``, ``"recompute"``,
             ``"optimizer"``). Default: all.
@@ -53,7 +53,7 @@ def roofline_ms(
         ValueError: an unknown phase or device name.
 
     Example:
-        >>> from remat.simulate.devices import DEVICES
+        >>> from remat.devices import DEVICES
         >>> mm = OpRecord("aten.mm", "forward", flops=2 * 4096**3, read_bytes=2 * 2 * 4096**2,
         ...               write_bytes=2 * 4096**2, dtype_bytes=2)
         >>> round(roofline_ms([mm], DEVICES["h100-80gb"]), 4)  # 137 GFLOP at 989 TFLOP/s

@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
+from remat.blocks import BlocksSpec, named_blocks
+from remat.errors import BlocksNotFound
+
 __all__ = [
     "Batch",
     "LossFn",
     "PhaseCallback",
+    "Step",
     "call_model",
     "default_loss",
     "model_device",
@@ -169,3 +174,86 @@ def model_device(model: nn.Module) -> torch.device:
     for p in model.parameters():
         return p.device
     return torch.device("cpu")
+
+
+@dataclass(frozen=True, eq=False)
+class Step:
+    """What one training step is: the model, its batch, loss and optimizer, and its blocks.
+
+    The value every stage passes along (measure, planning, validation), so the
+    arguments that define a step travel together and the blocks are found once.
+
+    Args:
+        model: the model.
+        batch: a tensor, a tuple/list of arguments or a dict of keyword arguments.
+        loss_fn: ``loss_fn(output, batch) -> scalar``. Default: :func:`default_loss`.
+        optimizer: stepped in the step when given. Default: ``None``.
+        blocks: the ``blocks=`` spec (class, classes or predicate). Default: found.
+
+    Example:
+        >>> step = Step(model, batch)
+        >>> [name for name, _ in step.blocks_found()][:2]
+        ['blocks.0', 'blocks.1']
+    """
+
+    model: nn.Module
+    batch: Any
+    loss_fn: LossFn | None = None
+    optimizer: torch.optim.Optimizer | None = None
+    blocks: BlocksSpec = None
+    _found: dict[str, list[tuple[str, nn.Module]]] = field(
+        default_factory=dict, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.model, nn.Module):
+            raise TypeError(f"remat: model must be an nn.Module, got {type(self.model).__name__}")
+        if self.loss_fn is not None and not callable(self.loss_fn):
+            raise TypeError(f"remat: loss_fn must be callable (output, batch) -> scalar, got "
+                            f"{type(self.loss_fn).__name__}")
+
+    @property
+    def device(self) -> torch.device:
+        """The model's device (see :func:`model_device`)."""
+        return model_device(self.model)
+
+    def blocks_found(self, *, api: str = "remat", required: bool = True
+                     ) -> list[tuple[str, nn.Module]]:
+        """The model's blocks as ``(qualified_name, module)``, found once per step.
+
+        Args:
+            api: the public API to prefix errors with. Default: ``"remat"``.
+            required: raise when no block is found; else return ``[]`` (a model without
+                repeated blocks still has a profile). Default: ``True``.
+
+        Raises:
+            BlocksNotFound: no block found and ``required`` (or an explicit ``blocks=``
+                that matches nothing).
+        """
+        if "blocks" not in self._found:
+            try:
+                self._found["blocks"] = named_blocks(self.model, self.blocks, api=api)
+            except BlocksNotFound:
+                if required or self.blocks is not None:
+                    raise
+                return []
+        return self._found["blocks"]
+
+    def block_names(self, *, api: str = "remat") -> list[str]:
+        """The blocks' qualified names, in forward order."""
+        return [name for name, _ in self.blocks_found(api=api)]
+
+    def with_batch(self, batch: Any) -> Step:
+        """The same step on another batch (blocks are found again: the model is the same,
+        but the copy is cheap and keeps the value immutable)."""
+        return replace(self, batch=batch)
+
+    def with_model(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None,
+                   batch: Any = None) -> Step:
+        """The same step on another model (a fake copy, say), optimizer and batch."""
+        return replace(self, model=model, optimizer=optimizer,
+                       batch=self.batch if batch is None else batch)
+
+    def run(self, on_phase: PhaseCallback | None = None) -> Tensor:
+        """Run the step once (:func:`run_step`); returns the detached loss."""
+        return run_step(self.model, self.batch, loss_fn=self.loss_fn, optimizer=self.optimizer,
+                        on_phase=on_phase)

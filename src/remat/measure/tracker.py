@@ -33,7 +33,7 @@ NOTE [ What the tracker cannot see ]
 NOTE [ Phases ]
     The caller says which phase runs (:meth:`MemoryTracker.set_phase`):
     ``"forward"`` (model and loss), ``"backward"``, ``"optimizer"``. Ops that run
-    while ``remat.strategies.context.is_recomputing()`` get phase
+    while ``remat.recompute.is_recomputing()`` get phase
     ``"recompute"``. A storage created in a phase is of that *kind*; registered
     ones are ``"params"``, ``"buffers"``, ``"grads"``, ``"optimizer_state"``,
     ``"batch"`` or ``"other"``. A parameter's gradient becomes kind ``"grads"``
@@ -73,7 +73,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.hooks import RemovableHandle
 
 from remat.measure.flops import PHASES, UNINITIALISED_OPS, OpRecord, flop_formula
-from remat.strategies.context import is_recomputing
+from remat.recompute import is_recomputing
 
 __all__ = ["CREATED_KINDS", "PHASES", "REGISTERED_KINDS", "MemoryTracker", "OpRecord"]
 
@@ -317,7 +317,7 @@ class MemoryTracker(TorchDispatchMode):
         if phase not in ("forward", "backward", "optimizer"):
             raise ValueError(
                 "MemoryTracker.set_phase: phase must be 'forward', 'backward' or 'optimizer', "
-                f"got {phase!r} (recompute is detected from remat.strategies.context)"
+                f"got {phase!r} (recompute is detected from remat.recompute)"
             )
         if phase == "backward" and self._phase == "forward" and self._activation is None:
             self._snapshot_activations()

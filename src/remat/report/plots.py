@@ -11,10 +11,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from remat.report._format import mib
+from remat.units import mib
 
 if TYPE_CHECKING:
-    from remat.compare import ComparisonResult
+    from remat.compare.runner import ComparisonResult
 
 __all__ = ["plot_comparison"]
 

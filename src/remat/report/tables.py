@@ -7,24 +7,24 @@ shared between the rich and markdown forms so the two never disagree.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from rich import box
 from rich.table import Table
 from rich.text import Text
 
-from remat.report._format import (
+from remat.units import (
     format_bytes,
     format_flops,
     format_grad_check,
     format_ms,
     format_pct,
     format_ratio,
+    markdown_table,
 )
 
 if TYPE_CHECKING:
-    from remat.compare import ComparisonResult, StrategyRow
+    from remat.compare.runner import ComparisonResult, StrategyRow
 
 __all__ = [
     "COMPARISON_COLUMNS",
@@ -108,15 +108,6 @@ def comparison_markdown(result: ComparisonResult) -> str:
     """``result`` as a GitHub-flavoured markdown table (no title)."""
     rows = [comparison_cells(row, baseline=result.baseline) for row in result.rows]
     return markdown_table(COMPARISON_COLUMNS, rows)
-
-
-def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    """A markdown table; every column but the first is right-aligned."""
-    def line(cells: Sequence[str]) -> str:
-        return "| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |"
-
-    align = [":---"] + ["---:"] * (len(headers) - 1)
-    return "\n".join([line(headers), "|" + "|".join(align) + "|", *(line(r) for r in rows)])
 
 
 def _comparison_title(result: ComparisonResult) -> str:

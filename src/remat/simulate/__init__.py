@@ -12,12 +12,12 @@ and :mod:`~remat.simulate.formulas` (closed-form activation memory),
 :mod:`~remat.simulate.precision` (bf16 / AMP / fp32 and optimizers),
 :mod:`~remat.simulate.sharding` (FSDP / DDP per-rank arithmetic),
 :mod:`~remat.simulate.hf` (Hugging Face models from config classes, no weights),
-:mod:`~remat.simulate.devices` (GPU table), :mod:`~remat.simulate.plot` (the chart).
+:mod:`~remat.devices` (GPU table), :mod:`~remat.simulate.plot` (the chart).
 """
 
 from __future__ import annotations
 
-from remat.simulate.devices import DEVICES, DeviceSpec, get_device, register_device
+from remat.devices import DEVICES, DeviceSpec, get_device, register_device
 from remat.simulate.estimate import EstimateRow, EstimateTable, FormulaEstimate, estimate
 from remat.simulate.formulas import (
     full_checkpoint_bytes,

@@ -69,7 +69,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from remat.simulate.devices import DeviceSpec, get_device
+from remat.devices import DeviceSpec, get_device
 from remat.simulate.hf import is_hf_model, unpacked_sequences
 from remat.simulate.precision import Precision, get_precision, make_optimizer
 from remat.simulate.sharding import SHARDINGS, ShardedPeak, shard_peak
@@ -452,7 +452,7 @@ def _point(setup: _Setup, strategy: str, batch_size: int, seq_len: int) -> Simul
 
 # ---- the planner hook ----------------------------------------------------------------------
 # NOTE [ Planner hook ]
-# ``plan=True`` adds rows labelled "plan": for each batch size, remat.plan.plan(...,
+# ``plan=True`` adds rows labelled "plan": for each batch size, remat.plan(...,
 # simulate=True) picks per-block decisions for the device budget, the plan is applied
 # and simulated like a strategy. A batch size no plan fits gets a row with the smallest
 # reachable peak and no times. The planner is imported lazily (it imports this
@@ -478,7 +478,7 @@ def _plan_rows(setup: _Setup, batch_sizes: Sequence[int], seq_len: int,
                fixed: tuple[int, int, int],
                on_row: Callable[[SimulationRow], None] | None) -> list[SimulationRow]:
     from remat.errors import BudgetTooSmall
-    from remat.plan.planner import plan as planner
+    from remat.planning.planner import plan as planner
     from remat.strategies import apply
 
     budget = _single_device_budget(setup, fixed)
@@ -564,7 +564,7 @@ def simulate(
         dtype: training precision, see :data:`remat.simulate.precision.PRECISIONS`.
             Default: ``"bf16"`` (pure bf16).
         optimizer: ``"adamw"``, ``"adam"``, ``"sgd"`` or ``"none"``. Default: ``"adamw"``.
-        device: a name from :data:`remat.simulate.devices.DEVICES` or a
+        device: a name from :data:`remat.devices.DEVICES` or a
             :class:`DeviceSpec`. Default: ``"h100-80gb"``.
         strategies: strategy names. Default: :data:`DEFAULT_STRATEGIES`.
         world_size: data-parallel ranks. Default: ``1``.

@@ -1,5 +1,11 @@
-"""Checkpointing strategies: apply a strategy or a plan's per-block decisions to a model."""
+"""Checkpointing strategies: a registry of strategy configs, and applying them to a model.
 
+Each strategy is one module (``builtin/``) holding a frozen config, how it installs, and
+the planner candidates it offers; :mod:`~remat.strategies.registry` knows them all by
+name. :func:`apply` puts a strategy or a plan's per-block decisions on a model.
+"""
+
+from remat.recompute import is_recomputing, recomputing
 from remat.strategies.apply import (
     AppliedStrategy,
     applied,
@@ -8,32 +14,45 @@ from remat.strategies.apply import (
     preserved_strategy,
     remove,
 )
-from remat.strategies.context import is_recomputing, recomputing
-from remat.strategies.ops import COMPUTE_HEAVY_OPS, default_save_ops
-from remat.strategies.spec import (
+from remat.strategies.base import BlockContext, BlockStrategy, Offer, Part, Strategy
+from remat.strategies.builtin.sqrt import sqrt_segments
+from remat.strategies.decision import BlockDecision
+from remat.strategies.registry import (
     STRATEGIES,
-    BlockDecision,
-    StrategySpec,
-    expand_strategy,
+    block_strategy,
+    check_decision,
+    default_strategies,
     parse_strategy,
-    sqrt_segments,
+    register_strategy,
+    registered,
+    unregister_strategy,
 )
+from remat.strategies.sac import COMPUTE_HEAVY_OPS, default_save_ops
 
 __all__ = [
     "COMPUTE_HEAVY_OPS",
     "STRATEGIES",
     "AppliedStrategy",
+    "BlockContext",
     "BlockDecision",
-    "StrategySpec",
+    "BlockStrategy",
+    "Offer",
+    "Part",
+    "Strategy",
     "applied",
     "apply",
     "apply_decisions",
+    "block_strategy",
+    "check_decision",
     "default_save_ops",
-    "expand_strategy",
+    "default_strategies",
     "is_recomputing",
     "parse_strategy",
     "preserved_strategy",
     "recomputing",
+    "register_strategy",
+    "registered",
     "remove",
     "sqrt_segments",
+    "unregister_strategy",
 ]

@@ -10,22 +10,13 @@ from typing import Any, TypeVar
 
 from torch import nn
 
-from remat.blocks import BlocksSpec, find_sublayer, named_blocks
+from remat.blocks import BlocksSpec, named_blocks
 from remat.errors import RematWarning, StrategyError
-from remat.strategies.ops import default_save_ops
-from remat.strategies.regions import (
-    install_checkpoint,
-    install_offload,
-    install_segment,
-    uninstall,
-)
-from remat.strategies.spec import (
-    BlockDecision,
-    expand_strategy,
-    parse_strategy,
-    sqrt_segments,
-)
-from remat.validate.pitfalls import check_model, check_regions, warn_pitfalls
+from remat.strategies.base import Strategy
+from remat.strategies.decision import BlockDecision
+from remat.strategies.pitfalls import check_model, check_regions, warn_pitfalls
+from remat.strategies.regions import uninstall
+from remat.strategies.registry import check_decision, parse_strategy
 
 __all__ = [
     "AppliedStrategy",
@@ -40,6 +31,7 @@ M = TypeVar("M", bound=nn.Module)
 _APPLIED = "_remat_applied"
 #: Instance attributes remat installs on a module (regions.py and ``_APPLIED``).
 _INSTALLED_KEYS = ("forward", "_remat_region", "_remat_prev_forward", _APPLIED)
+_NONE = BlockDecision("none")
 
 
 @dataclass(frozen=True)
@@ -74,27 +66,8 @@ def remove(model: M) -> M:
     return model
 
 
-def _install(block: nn.Module, decision: BlockDecision) -> list[nn.Module]:
-    """Install one decision on one block; returns the modules that became regions."""
-    if decision.kind == "none":
-        return []
-    if decision.kind == "full":
-        install_checkpoint(block, label="full")
-        return [block]
-    if decision.kind in ("attn", "mlp"):
-        _, sub = find_sublayer(block, decision.kind)  # type: ignore[arg-type]
-        install_checkpoint(sub, label=decision.kind)
-        return [sub]
-    if decision.kind == "ops":
-        save_ops = decision.save_ops if decision.save_ops is not None else default_save_ops()
-        install_checkpoint(block, label=decision.label(), save_ops=save_ops)
-        return [block]
-    install_offload(block)
-    return []
-
-
-def _offload_notice(model: nn.Module, kinds: set[str]) -> None:
-    if "offload" not in kinds:
+def _offload_notice(model: nn.Module, decisions: Mapping[str, BlockDecision]) -> None:
+    if not any(check_decision(d).moves_to_host for d in decisions.values()):
         return
     devices = {p.device.type for p in model.parameters()}
     if devices <= {"cpu", "meta"}:
@@ -113,7 +86,8 @@ def apply_decisions(model: M, decisions: Mapping[str, BlockDecision], *,
     Blocks missing from ``decisions`` get ``"none"``.
 
     Raises:
-        StrategyError: a name in ``decisions`` is not one of the model's blocks.
+        StrategyError: a name in ``decisions`` is not one of the model's blocks, or a
+            decision's kind is not a registered per-block strategy.
     """
     remove(model)
     named = named_blocks(model, blocks)
@@ -125,29 +99,38 @@ def apply_decisions(model: M, decisions: Mapping[str, BlockDecision], *,
             f"The model's blocks are {sorted(known)[:5]}{' ...' if len(known) > 5 else ''}. "
             "Was the plan made for another model or with another blocks= setting?"
         )
+    strategies = {name: check_decision(d) for name, d in decisions.items()}
     pitfalls = check_model(model)
     regions: list[nn.Module] = []
     for name, block in named:
-        regions += _install(block, decisions.get(name, BlockDecision("none")))
+        if name in decisions:
+            regions += strategies[name].install_block(block, decisions[name])
     pitfalls += check_regions(model, regions)
     warn_pitfalls(pitfalls, model_name=type(model).__name__)
-    _offload_notice(model, {d.kind for d in decisions.values()})
+    _offload_notice(model, decisions)
     model.__dict__[_APPLIED] = AppliedStrategy(
-        label, tuple((name, decisions.get(name, BlockDecision("none")).label())
-                     for name, _ in named)
+        label, tuple((name, decisions.get(name, _NONE).label()) for name, _ in named)
     )
     return model
 
 
-def _stacks(named: list[tuple[str, nn.Module]]) -> list[list[nn.Module]]:
-    """Group blocks by the container that holds them, keeping forward order."""
-    stacks: dict[str, list[nn.Module]] = {}
-    for name, block in named:
-        stacks.setdefault(name.rpartition(".")[0], []).append(block)
-    return list(stacks.values())
+def _apply_strategy(model: M, strategy: Strategy, blocks: BlocksSpec) -> M:
+    named = named_blocks(model, blocks)
+    decisions = strategy.decisions([n for n, _ in named])
+    if decisions is not None:
+        return apply_decisions(model, decisions, blocks=blocks, label=str(strategy))
+    remove(model)
+    pitfalls = check_model(model)
+    regions = strategy.install(named) or []
+    pitfalls += check_regions(model, regions)
+    warn_pitfalls(pitfalls, model_name=type(model).__name__)
+    model.__dict__[_APPLIED] = AppliedStrategy(
+        str(strategy), tuple((name, str(strategy)) for name, _ in named)
+    )
+    return model
 
 
-def apply(model: M, strategy: str | Any, *, blocks: BlocksSpec = None) -> M:
+def apply(model: M, strategy: str | Strategy | Any, *, blocks: BlocksSpec = None) -> M:
     """Checkpoint (or offload) a model's blocks in place and return the model.
 
     Trades compute for memory: checkpointed regions drop their activations after
@@ -159,13 +142,14 @@ def apply(model: M, strategy: str | Any, *, blocks: BlocksSpec = None) -> M:
 
     Args:
         model: the model; its repeated blocks are found by :func:`remat.find_blocks`.
-        strategy: ``"none"``, ``"full"`` (each block), ``"every:N"`` (blocks 0, N, 2N, ...),
-            ``"sqrt"`` (consecutive blocks of each stack in ~sqrt(L) segments, one region
-            each),
-            ``"attn"`` / ``"mlp"`` (only that sub-layer of each block), ``"ops"`` (op-level
-            selective checkpointing: keep matmul/attention/conv outputs, recompute the
-            rest), ``"offload"`` (saved activations in pinned host memory; a no-op on
-            CPU), or a Plan from :func:`remat.plan`.
+        strategy: a registered strategy (``remat.STRATEGIES``): ``"none"``, ``"full"``
+            (each block), ``"every:N"`` (blocks 0, N, 2N, ...), ``"sqrt"`` (consecutive
+            blocks of each stack in ~sqrt(L) segments, one region each), ``"attn"`` /
+            ``"mlp"`` (only that sub-layer of each block), ``"ops"`` (op-level selective
+            checkpointing: keep matmul/attention/conv outputs, recompute the rest),
+            ``"offload"`` (saved activations in pinned host memory; a no-op on CPU); a
+            :class:`~remat.strategies.base.Strategy` config; or a Plan from
+            :func:`remat.plan`.
         blocks: which modules are blocks: a class, a list of classes, or a predicate
             ``(qualified_name, module) -> bool``. Default: found automatically.
 
@@ -181,31 +165,12 @@ def apply(model: M, strategy: str | Any, *, blocks: BlocksSpec = None) -> M:
         >>> remat.apply(model, "every:2")  # checkpoint blocks 0, 2, 4, ...
     """
     plan_decisions = getattr(strategy, "decisions", None)
-    if plan_decisions is not None and not isinstance(strategy, str):
+    if plan_decisions is not None and not isinstance(strategy, (str, Strategy)):
         plan_blocks = getattr(strategy, "blocks", None)
         # A plan's own blocks win: its decisions are keyed by the names they produce.
         chosen = plan_blocks if plan_blocks is not None else blocks
         return apply_decisions(model, plan_decisions, blocks=chosen, label="plan")
-    spec = parse_strategy(strategy)
-    named = named_blocks(model, blocks)
-    if spec.name != "sqrt":
-        decisions = dict(zip((n for n, _ in named), expand_strategy(spec, len(named)),
-                             strict=True))
-        return apply_decisions(model, decisions, blocks=blocks, label=str(spec))
-    remove(model)
-    pitfalls = check_model(model)
-    regions: list[nn.Module] = []
-    for stack in _stacks(named):  # segments never cross stacks (encoder | decoder)
-        for segment in sqrt_segments(len(stack)):
-            members = [stack[i] for i in segment]
-            install_segment(members, label="sqrt")
-            regions += members
-    pitfalls += check_regions(model, regions)
-    warn_pitfalls(pitfalls, model_name=type(model).__name__)
-    model.__dict__[_APPLIED] = AppliedStrategy(
-        "sqrt", tuple((name, "sqrt") for name, _ in named)
-    )
-    return model
+    return _apply_strategy(model, parse_strategy(strategy), blocks)
 
 
 @contextmanager

@@ -46,8 +46,8 @@ from torch.utils.checkpoint import (
 )
 
 from remat.errors import RematError
-from remat.strategies.context import recomputing
-from remat.strategies.ops import sac_context_fn
+from remat.recompute import recomputing
+from remat.strategies.sac import sac_context_fn
 
 __all__ = [
     "RegionInfo",

@@ -1,0 +1,478 @@
+"""Run every checkpointing strategy on the same model and batch, side by side.
+
+:func:`compare` is the library function behind ``remat compare``. For each
+strategy it builds a fresh model from ``model_factory`` under the same seed (so
+every strategy starts from identical weights), applies the strategy, measures
+one training step exactly with :func:`remat.measure.profile`, and checks the
+gradients against the un-checkpointed model with :func:`remat.validate`.
+Step times are then taken side by side (see Note [ Interleaved timing ]).
+
+# NOTE [ Interleaved timing ]
+# Timing each strategy in its own block of repeats lets drift (CPU frequency
+# scaling, a noisy neighbour, allocator warm-up) land on one strategy and not on
+# the others, which biases the step-time ratio. compare() instead keeps all
+# applied models alive and runs one step of each per round, rotating the order
+# every round, then takes the median per strategy. The ratios therefore compare
+# steps measured within the same few seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+__all__ = ["DEFAULT_STRATEGIES", "ComparisonResult", "StrategyRow", "compare", "compare_preset"]
+
+#: The strategies ``remat compare`` runs by default, baseline first.
+DEFAULT_STRATEGIES: tuple[str, ...] = (
+    "none", "full", "every:2", "sqrt", "attn", "mlp", "ops", "offload",
+)
+
+_BASELINE = "none"
+_JSON_VERSION = 1
+
+ProgressFn = Callable[[str, int, int], None]
+"""``progress(description, completed, total)``, called before and after each unit of work."""
+
+
+@dataclass(frozen=True)
+class StrategyRow:
+    """One strategy's measurements and its comparison with the ``"none"`` baseline.
+
+    Args:
+        strategy: the strategy string, e.g. ``"every:2"``.
+        peak_bytes: peak memory of one training step (params, grads, batch and
+            activations included).
+        activation_bytes: bytes created in forward and still alive when backward starts.
+        param_bytes: parameter bytes.
+        grad_bytes: gradient bytes.
+        flops: forward + backward FLOPs, recomputation included.
+        recompute_flops: FLOPs of the recompute passes.
+        step_ms: median forward+backward wall time in ms; ``None`` when not timed.
+        peak_change_pct: ``100 * (peak / peak_none - 1)``; negative saves memory.
+        activation_change_pct: the same for ``activation_bytes``.
+        recompute_overhead_pct: ``100 * recompute_flops / flops_none``.
+        step_time_ratio: ``step_ms / step_ms_none``; ``None`` when not timed.
+        grad_max_rel_error: worst relative gradient (or loss) error against the
+            un-checkpointed model; ``None`` when validation was skipped.
+        grad_passed: whether that error is within tolerance; ``None`` when skipped.
+        worst_param: the parameter with the worst error; ``None`` when skipped.
+        cuda_peak_bytes: ``torch.cuda.max_memory_allocated`` cross-check on CUDA, else ``None``.
+    """
+
+    strategy: str
+    peak_bytes: int
+    activation_bytes: int
+    param_bytes: int
+    grad_bytes: int
+    flops: int
+    recompute_flops: int
+    step_ms: float | None
+    peak_change_pct: float
+    activation_change_pct: float
+    recompute_overhead_pct: float
+    step_time_ratio: float | None
+    grad_max_rel_error: float | None = None
+    grad_passed: bool | None = None
+    worst_param: str | None = None
+    cuda_peak_bytes: int | None = None
+
+    @classmethod
+    def from_profile(cls, strategy: str, prof: Any, base: Any, *, step_ms: float | None = None,
+                     base_ms: float | None = None, report: Any = None) -> StrategyRow:
+        """A row from a Profile, the ``none`` baseline's Profile and an optional ParityReport."""
+        return cls(
+            strategy=strategy,
+            peak_bytes=int(prof.peak_bytes),
+            activation_bytes=int(prof.activation_bytes),
+            param_bytes=int(prof.param_bytes),
+            grad_bytes=int(prof.grad_bytes),
+            flops=int(prof.flops),
+            recompute_flops=int(prof.recompute_flops),
+            step_ms=step_ms,
+            peak_change_pct=_change_pct(prof.peak_bytes, base.peak_bytes),
+            activation_change_pct=_change_pct(prof.activation_bytes, base.activation_bytes),
+            recompute_overhead_pct=100.0 * prof.recompute_flops / max(base.flops, 1),
+            step_time_ratio=(step_ms / base_ms) if step_ms is not None and base_ms else None,
+            grad_max_rel_error=_report_error(report),
+            grad_passed=None if report is None else bool(report.passed),
+            worst_param=None if report is None else str(report.worst_param),
+            cuda_peak_bytes=getattr(prof, "cuda_peak_bytes", None),
+        )
+
+    def __post_init__(self) -> None:
+        if not self.strategy:
+            raise ValueError("StrategyRow: strategy must be a non-empty string")
+        for name in ("peak_bytes", "activation_bytes", "param_bytes", "grad_bytes", "flops",
+                     "recompute_flops"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(
+                    f"StrategyRow({self.strategy!r}): {name} must be an int >= 0, got {value!r}"
+                )
+        if self.recompute_flops > self.flops:
+            raise ValueError(
+                f"StrategyRow({self.strategy!r}): recompute_flops ({self.recompute_flops}) "
+                f"exceeds flops ({self.flops})"
+            )
+        for name in ("step_ms", "step_time_ratio", "grad_max_rel_error"):
+            value = getattr(self, name)
+            if value is not None and not (math.isfinite(value) and value >= 0):
+                raise ValueError(
+                    f"StrategyRow({self.strategy!r}): {name} must be a finite number >= 0 "
+                    f"or None, got {value!r}"
+                )
+        if (self.grad_passed is None) != (self.grad_max_rel_error is None):
+            raise ValueError(
+                f"StrategyRow({self.strategy!r}): grad_passed and grad_max_rel_error must both "
+                f"be set or both be None, got {self.grad_passed!r} and {self.grad_max_rel_error!r}"
+            )
+
+
+@dataclass(frozen=True)
+class ComparisonResult:
+    """Every strategy's :class:`StrategyRow`, baseline (``"none"``) first.
+
+    Args:
+        rows: one row per strategy, in the order they were requested.
+        device: the device the steps ran on, e.g. ``"cpu"`` or ``"cuda:0"``.
+        repeats: timed steps per strategy (0: timing skipped).
+        label: free text naming the setup, e.g. ``"gpt-small, batch 8, seq 256"``.
+        baseline: the strategy the changes are relative to. Default: ``"none"``.
+        meta: extra JSON-able facts about the run (model preset, batch size, ...).
+    """
+
+    rows: tuple[StrategyRow, ...]
+    device: str
+    repeats: int
+    label: str = ""
+    baseline: str = _BASELINE
+    meta: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.rows:
+            raise ValueError("ComparisonResult: rows must not be empty")
+        names = [row.strategy for row in self.rows]
+        if len(set(names)) != len(names):
+            raise ValueError(f"ComparisonResult: duplicate strategies in {names}")
+        if self.baseline not in names:
+            raise ValueError(
+                f"ComparisonResult: baseline {self.baseline!r} is not among the rows {names}"
+            )
+        if self.repeats < 0:
+            raise ValueError(f"ComparisonResult: repeats must be >= 0, got {self.repeats}")
+
+    @property
+    def strategies(self) -> tuple[str, ...]:
+        """The strategy names, in row order."""
+        return tuple(row.strategy for row in self.rows)
+
+    def row(self, strategy: str) -> StrategyRow:
+        """The row of ``strategy``; raises ``KeyError`` listing the known ones."""
+        for row in self.rows:
+            if row.strategy == strategy:
+                return row
+        raise KeyError(
+            f"ComparisonResult.row: no strategy {strategy!r}; have {list(self.strategies)}"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-able dict with keys version, label, device, repeats, baseline, meta, rows."""
+        return {
+            "version": _JSON_VERSION,
+            "label": self.label,
+            "device": self.device,
+            "repeats": self.repeats,
+            "baseline": self.baseline,
+            "meta": dict(self.meta),
+            "rows": [asdict(row) for row in self.rows],
+        }
+
+    def to_json(self, *, indent: int | None = 2) -> str:
+        """:meth:`to_dict` as a JSON string."""
+        return json.dumps(self.to_dict(), indent=indent)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ComparisonResult:
+        """Rebuild a result written by :meth:`to_dict` (validates it again)."""
+        version = data.get("version")
+        if version != _JSON_VERSION:
+            raise ValueError(
+                f"ComparisonResult.from_dict: unsupported version {version!r} "
+                f"(this remat reads version {_JSON_VERSION})"
+            )
+        return cls(
+            rows=tuple(StrategyRow(**row) for row in data["rows"]),
+            device=str(data["device"]),
+            repeats=int(data["repeats"]),
+            label=str(data.get("label", "")),
+            baseline=str(data.get("baseline", _BASELINE)),
+            meta=dict(data.get("meta", {})),
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> ComparisonResult:
+        """Rebuild a result from :meth:`to_json` output."""
+        return cls.from_dict(json.loads(text))
+
+
+def compare(
+    model_factory: Callable[[], nn.Module],
+    batch: Any,
+    strategies: Sequence[str] = DEFAULT_STRATEGIES,
+    *,
+    blocks: Any = None,
+    loss_fn: Callable[[Any, Any], torch.Tensor] | None = None,
+    seed: int = 0,
+    repeats: int = 5,
+    check_grads: bool = True,
+    label: str = "",
+    meta: Mapping[str, Any] | None = None,
+    progress: ProgressFn | None = None,
+) -> ComparisonResult:
+    """Measure peak memory, recompute FLOPs, step time and gradient parity per strategy.
+
+    Checkpointing trades compute for memory; this puts numbers on both sides of
+    the trade for one model and batch: exact peak and activation bytes, the FLOPs
+    spent recomputing (relative to the baseline's total FLOPs), and the median
+    step-time ratio against ``"none"``, plus a gradient check per strategy.
+
+    Warning:
+        All applied models stay alive until timing ends (one per strategy), so the
+        run needs about ``len(strategies)`` times the model's parameter memory.
+        Pass ``repeats=0`` to skip timing and keep only one model at a time.
+
+    Args:
+        model_factory: builds a fresh model on the target device, in train mode.
+            Called once per strategy (and by the gradient check) after
+            ``torch.manual_seed(seed)``, so it must be deterministic given the seed.
+        batch: the model input: a tensor, tuple, or dict (passed as ``model(**batch)``).
+        strategies: strategy strings (see :data:`remat.strategies.STRATEGIES`). The
+            baseline ``"none"`` is added first when missing. Default: :data:`DEFAULT_STRATEGIES`.
+        blocks: which modules are blocks (class, classes, or predicate). Default: found.
+        loss_fn: ``loss_fn(output, batch) -> Tensor``. Default: ``output.loss`` if
+            present, else the first element of a tuple output, else the mean output.
+        seed: the seed set before every model build. Default: ``0``.
+        repeats: timed steps per strategy; ``0`` skips timing. Default: ``5``.
+        check_grads: run :func:`remat.validate` per strategy. Default: ``True``.
+        label: free text stored on the result (titles of tables and plots).
+        meta: extra JSON-able facts stored on the result.
+        progress: called as ``progress(description, completed, total)`` as work proceeds.
+
+    Returns:
+        A :class:`ComparisonResult` with one row per strategy, baseline first.
+
+    Raises:
+        ValueError: ``strategies`` is empty, has duplicates, or ``repeats < 0``.
+        remat.errors.StrategyError: an unknown strategy (raised by ``remat.strategies``).
+
+    Example:
+        >>> from remat.models import build_model, make_batch
+        >>> model = build_model("gpt-tiny")
+        >>> result = compare(lambda: build_model("gpt-tiny"), make_batch(model, 2),
+        ...                  ["none", "full"], repeats=1)
+        >>> result.row("full").activation_bytes < result.row("none").activation_bytes
+        True
+    """
+    from remat.measure import profile as measure_profile
+    from remat.strategies import apply
+
+    names = _normalize_strategies(strategies)
+    if repeats < 0:
+        raise ValueError(f"remat.compare: repeats must be >= 0, got {repeats}")
+
+    total = len(names) * (2 if check_grads else 1) + repeats
+    done = 0
+
+    def tick(description: str, advance: int = 0) -> None:
+        nonlocal done
+        done += advance
+        if progress is not None:
+            progress(description, done, total)
+
+    profiles: dict[str, Any] = {}
+    reports: dict[str, Any] = {}
+    models: dict[str, nn.Module] = {}
+    device = "cpu"
+    for name in names:
+        tick(f"profile {name}")
+        model = _fresh_model(model_factory, seed)
+        device = _model_device(model)
+        apply(model, name, blocks=blocks)
+        profiles[name] = measure_profile(model, batch, loss_fn=loss_fn, blocks=blocks,
+                                         timing=False)
+        model.zero_grad(set_to_none=True)
+        if repeats:
+            models[name] = model
+        else:
+            del model
+        tick(f"profile {name}", 1)
+        if check_grads:
+            tick(f"check gradients {name}")
+            reports[name] = _check_grads(model_factory, seed, batch, name, blocks, loss_fn)
+            tick(f"check gradients {name}", 1)
+
+    step_ms: dict[str, float | None] = dict.fromkeys(names)
+    if repeats:
+        step_ms.update(_interleaved_step_ms(models, batch, loss_fn, repeats, tick))
+    models.clear()
+
+    base = profiles[_BASELINE]
+    base_ms = step_ms[_BASELINE]
+    rows = []
+    for name in names:
+        prof = profiles[name]
+        report = reports.get(name)
+        ms = step_ms[name]
+        rows.append(StrategyRow.from_profile(name, prof, base, step_ms=ms, base_ms=base_ms,
+                                             report=report))
+    return ComparisonResult(rows=tuple(rows), device=device, repeats=repeats, label=label,
+                            meta=dict(meta or {}))
+
+
+def compare_preset(
+    preset: str,
+    batch_size: int = 8,
+    seq_len: int | None = None,
+    strategies: Sequence[str] = DEFAULT_STRATEGIES,
+    *,
+    device: torch.device | str | None = None,
+    seed: int = 0,
+    repeats: int = 5,
+    check_grads: bool = True,
+    progress: ProgressFn | None = None,
+) -> ComparisonResult:
+    """:func:`compare` on a built-in model preset with a random token batch.
+
+    Args:
+        preset: a key of :data:`remat.models.PRESETS`, e.g. ``"gpt-small"``.
+        batch_size: sequences per batch. Default: ``8``.
+        seq_len: tokens per sequence. Default: the preset's ``max_seq_len``.
+        strategies: as in :func:`compare`. Default: :data:`DEFAULT_STRATEGIES`.
+        device: where to build the models and batch. Default: CUDA when available, else CPU.
+        seed: seed for the weights and the batch. Default: ``0``.
+        repeats: timed steps per strategy. Default: ``5``.
+        check_grads: run the gradient check. Default: ``True``.
+        progress: as in :func:`compare`.
+
+    Returns:
+        The :class:`ComparisonResult`, labelled ``"<preset>, batch <B>, seq <T>"`` with
+        ``meta`` holding ``model``, ``batch_size``, ``seq_len``, ``seed`` and ``torch``.
+
+    Raises:
+        ValueError: unknown preset, or a batch size / sequence length the preset cannot take.
+
+    Example:
+        >>> compare_preset("gpt-tiny", 2, strategies=["none", "full"]).row("full").strategy
+        'full'
+    """
+    from remat.models import build_model, make_batch
+
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    target = torch.device(device)
+    batch = make_batch(preset, batch_size, seq_len, seed=seed, device=target)
+    tokens = int(batch["input_ids"].shape[1])
+
+    def factory() -> nn.Module:
+        with target:
+            return build_model(preset)
+
+    meta = {"model": preset, "batch_size": batch_size, "seq_len": tokens, "seed": seed,
+            "torch": torch.__version__}
+    return compare(factory, batch, strategies, seed=seed, repeats=repeats,
+                   check_grads=check_grads, label=f"{preset}, batch {batch_size}, seq {tokens}",
+                   meta=meta, progress=progress)
+
+
+def _normalize_strategies(strategies: Sequence[str]) -> list[str]:
+    if isinstance(strategies, str):
+        strategies = [s.strip() for s in strategies.split(",") if s.strip()]
+    names = [s.strip() for s in strategies]
+    if not names:
+        raise ValueError(
+            f"remat.compare: strategies must not be empty; e.g. {list(DEFAULT_STRATEGIES)}"
+        )
+    duplicates = sorted({s for s in names if names.count(s) > 1})
+    if duplicates:
+        raise ValueError(f"remat.compare: strategies listed twice: {duplicates}")
+    if _BASELINE not in names:
+        names.insert(0, _BASELINE)
+    return names
+
+
+def _fresh_model(model_factory: Callable[[], nn.Module], seed: int) -> nn.Module:
+    torch.manual_seed(seed)
+    model = model_factory()
+    model.train()
+    return model
+
+
+def _model_device(model: nn.Module) -> str:
+    for param in model.parameters():
+        return str(param.device)
+    return "cpu"
+
+
+def _check_grads(model_factory: Callable[[], nn.Module], seed: int, batch: Any, strategy: str,
+                 blocks: Any, loss_fn: Callable[[Any, Any], torch.Tensor] | None) -> Any:
+    from remat.validation import validate
+
+    model = _fresh_model(model_factory, seed)
+    return validate(model, batch, strategy, blocks=blocks, loss_fn=loss_fn)
+
+
+def _report_error(report: Any) -> float | None:
+    if report is None:
+        return None
+    # The contract's "passed" covers the loss and every parameter gradient.
+    return float(max(report.max_rel_error, report.loss_rel_error))
+
+
+def _change_pct(value: int, base: int) -> float:
+    return 100.0 * (value / base - 1.0) if base else 0.0
+
+
+def _synchronize(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize(torch.device(device))
+
+
+def _train_step_ms(model: nn.Module, batch: Any,
+                   loss_fn: Callable[[Any, Any], torch.Tensor] | None) -> float:
+    from remat.measure import run_step
+
+    device = _model_device(model)
+    _synchronize(device)
+    start = time.perf_counter()
+    run_step(model, batch, loss_fn=loss_fn)
+    _synchronize(device)
+    elapsed_ms = (time.perf_counter() - start) * 1e3
+    model.zero_grad(set_to_none=True)
+    return elapsed_ms
+
+
+def _interleaved_step_ms(models: Mapping[str, nn.Module], batch: Any,
+                         loss_fn: Callable[[Any, Any], torch.Tensor] | None, repeats: int,
+                         tick: Callable[[str, int], None]) -> dict[str, float | None]:
+    # See Note [ Interleaved timing ].
+    names = list(models)
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    # No warm-up round: every model already ran profile()'s warm-up and tracked steps,
+    # and the median drops a slow first round.
+    for round_index in range(repeats):
+        description = f"time steps (round {round_index + 1}/{repeats})"
+        tick(description, 0)
+        shift = round_index % len(names)
+        for name in names[shift:] + names[:shift]:
+            samples[name].append(_train_step_ms(models[name], batch, loss_fn))
+        tick(description, 1)
+    return {name: statistics.median(values) for name, values in samples.items()}

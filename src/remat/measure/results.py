@@ -1,0 +1,155 @@
+"""What a profile returns: the step's bytes, FLOPs and times, in total and per block."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from remat.measure.tracker import PHASES, OpRecord
+
+__all__ = ["BlockProfile", "Profile"]
+
+
+@dataclass(frozen=True)
+class BlockProfile:
+    """What one block costs in a training step.
+
+    Args:
+        name: qualified module name, e.g. ``"blocks.3"``.
+        saved_bytes: bytes of the storages the block created in forward that were
+            still alive when backward started (its share of ``activation_bytes``).
+        forward_flops: FLOPs of the forward ops run inside it (innermost block only,
+            if blocks nest).
+        forward_ms: median forward time, ms; ``None`` when not timed.
+        backward_flops: FLOPs of backward ops attributed to it (recompute excluded).
+        recompute_flops: FLOPs recomputed for it during backward.
+    """
+
+    name: str
+    saved_bytes: int
+    forward_flops: int
+    forward_ms: float | None = None
+    backward_flops: int = 0
+    recompute_flops: int = 0
+
+    def __post_init__(self) -> None:
+        for key in ("saved_bytes", "forward_flops", "backward_flops", "recompute_flops"):
+            if getattr(self, key) < 0:
+                raise ValueError(f"BlockProfile({self.name!r}): {key} must be >= 0, "
+                                 f"got {getattr(self, key)}")
+        if self.forward_ms is not None and self.forward_ms < 0:
+            raise ValueError(f"BlockProfile({self.name!r}): forward_ms must be >= 0, "
+                             f"got {self.forward_ms}")
+
+
+@dataclass(frozen=True)
+class Profile:
+    """One training step, measured: exact bytes and FLOPs, and (real runs) times.
+
+    Bytes are exact sums of tensor storage sizes on the model's device (see
+    NOTE [ What the tracker cannot see ] in tracker.py); FLOPs follow
+    ``torch.utils.flop_counter``.
+
+    Args:
+        peak_bytes: the step's high-water mark of live tensor bytes, including
+            parameters, buffers, gradients, optimizer state and the batch.
+        activation_bytes: bytes created during forward (model and loss) that were
+            still alive when backward started: what autograd saved, plus the loss.
+        param_bytes: parameters (tied weights once).
+        buffer_bytes: buffers.
+        grad_bytes: gradients when backward ended.
+        optimizer_bytes: optimizer state (after the warm-up step created it).
+        batch_bytes: the batch's tensors.
+        flops: ``forward_flops + backward_flops + recompute_flops`` (optimizer excluded).
+        forward_flops: forward and loss.
+        backward_flops: backward, recomputation *excluded*.
+        recompute_flops: ops run while ``remat.recompute.is_recomputing()``.
+        forward_ms: median forward+loss time, ms (None when simulated or not timed).
+        backward_ms: median backward time, recomputation included, ms.
+        step_ms: median whole-step time, optimizer included, ms.
+        blocks: per-block figures, in forward order.
+        ops: every op of the tracked step, in order.
+        simulated: the step ran under FakeTensorMode.
+        device: the device the step ran on (fake device when simulated), e.g. ``"cpu"``.
+        cuda_peak_bytes: on CUDA, ``max_memory_allocated`` during an untracked step,
+            minus what was allocated before it, plus the bytes the tracker counts at the
+            step's start (parameters, buffers, optimizer state, batch): the allocator's
+            view of ``peak_bytes``. It reads higher by allocator rounding (512-byte
+            blocks) and kernel workspaces. None elsewhere.
+        peak_phase: the phase in which the peak was reached.
+        peak_breakdown: bytes per kind at the peak (``"params"``, ``"grads"``,
+            ``"optimizer_state"``, ``"batch"``, ``"forward"`` (activations),
+            ``"backward"``, ``"recompute"``, ``"optimizer"``, ...).
+    """
+
+    peak_bytes: int
+    activation_bytes: int
+    param_bytes: int
+    buffer_bytes: int
+    grad_bytes: int
+    optimizer_bytes: int
+    batch_bytes: int
+    flops: int
+    forward_flops: int
+    backward_flops: int
+    recompute_flops: int
+    forward_ms: float | None
+    backward_ms: float | None
+    step_ms: float | None
+    blocks: tuple[BlockProfile, ...]
+    ops: tuple[OpRecord, ...] = field(repr=False)  # thousands of them
+    simulated: bool
+    device: str
+    cuda_peak_bytes: int | None = None
+    peak_phase: str | None = None
+    peak_breakdown: Mapping[str, int] = field(default_factory=dict, hash=False)
+
+    def __post_init__(self) -> None:
+        for key in ("peak_bytes", "activation_bytes", "param_bytes", "buffer_bytes",
+                    "grad_bytes", "optimizer_bytes", "batch_bytes", "flops", "forward_flops",
+                    "backward_flops", "recompute_flops"):
+            if getattr(self, key) < 0:
+                raise ValueError(f"Profile: {key} must be >= 0, got {getattr(self, key)}")
+        parts = self.forward_flops + self.backward_flops + self.recompute_flops
+        if self.flops != parts:
+            raise ValueError(
+                f"Profile: flops ({self.flops}) must equal forward_flops + backward_flops + "
+                f"recompute_flops ({parts})"
+            )
+        for key in ("forward_ms", "backward_ms", "step_ms"):
+            value = getattr(self, key)
+            if value is not None and (self.simulated or value < 0):
+                raise ValueError(f"Profile: {key} must be None when simulated and >= 0 "
+                                 f"otherwise, got {value} (simulated={self.simulated})")
+
+    @property
+    def fixed_bytes(self) -> int:
+        """Bytes no checkpointing can remove: parameters, buffers, gradients, optimizer state."""
+        return self.param_bytes + self.buffer_bytes + self.grad_bytes + self.optimizer_bytes
+
+    @property
+    def recompute_overhead(self) -> float:
+        """Recomputed FLOPs as a fraction of the step's other FLOPs (0.0 = none)."""
+        base = self.forward_flops + self.backward_flops
+        return self.recompute_flops / base if base else 0.0
+
+    @property
+    def backward_forward_ratio(self) -> float | None:
+        """``backward_ms / forward_ms`` (about 2 without checkpointing); None if untimed."""
+        if self.forward_ms is None or self.backward_ms is None or self.forward_ms <= 0:
+            return None
+        return self.backward_ms / self.forward_ms
+
+    def block(self, name: str) -> BlockProfile:
+        """The block called ``name``; KeyError listing the known names otherwise."""
+        for b in self.blocks:
+            if b.name == name:
+                return b
+        raise KeyError(f"Profile.block: no block {name!r}; blocks: "
+                       f"{', '.join(b.name for b in self.blocks) or '(none)'}")
+
+    def ops_in(self, phase: str) -> tuple[OpRecord, ...]:
+        """The ops of one phase: ``"forward"``, ``"backward"``, ``"recompute"``, ``"optimizer"``."""
+        if phase not in PHASES:
+            raise ValueError(f"Profile.ops_in: phase must be one of {PHASES}, got {phase!r}")
+        return tuple(op for op in self.ops if op.phase == phase)

@@ -1,0 +1,49 @@
+"""Planning: the cheapest checkpointing plan whose measured peak fits a budget.
+
+The verbs are :func:`remat.plan` and :func:`remat.auto`; this package holds what they
+are made of: candidates measured per kind of block (``candidates.py``), the peak model
+(``peak.py``), the integer program (``solver.py``), the closed loop (``planner.py``) and
+the :class:`Plan` value with its versioned JSON (``plans.py``).
+
+Example::
+
+    >>> import remat
+    >>> from remat.models import build_model, make_batch
+    >>> model = build_model("gpt-small")
+    >>> p = remat.plan(model, make_batch(model, 8), budget="60%")
+    >>> p.measured_peak_bytes <= p.budget_bytes
+    True
+    >>> remat.Plan.from_json(p.to_json()) == p
+    True
+"""
+
+from __future__ import annotations
+
+from remat.planning.budget import Budget, parse_budget
+from remat.planning.candidates import BlockGroup, Candidate
+from remat.planning.context import PlanContext, prepare
+from remat.planning.loop import measure_decisions
+from remat.planning.options import PlanOptions
+from remat.planning.peak import PeakModel, Window
+from remat.planning.planner import auto, plan, plan_step
+from remat.planning.plans import PLAN_FORMAT_VERSION, NamedBlocks, Plan, ThroughputRow
+
+__all__ = [
+    "PLAN_FORMAT_VERSION",
+    "BlockGroup",
+    "Budget",
+    "Candidate",
+    "NamedBlocks",
+    "PeakModel",
+    "Plan",
+    "PlanContext",
+    "PlanOptions",
+    "ThroughputRow",
+    "Window",
+    "auto",
+    "measure_decisions",
+    "parse_budget",
+    "plan",
+    "plan_step",
+    "prepare",
+]

@@ -1,0 +1,229 @@
+"""Fake-tensor set-up and memory windows: the measuring instruments of the planner.
+
+The planner measures on a fake copy of the model (``FakeTensorMode``): every
+storage the real step would create is seen by
+:class:`~remat.measure.tracker.MemoryTracker` at its real size (on CPU the bytes
+equal a real run's exactly), nothing is computed or allocated, and the user's
+model, gradients and optimizer are never touched.
+
+NOTE [ Memory windows ]
+    A step's memory is a sequence of windows: ``pre`` (embeddings), for each
+    block ``fwd:i`` (its forward) and ``gap:i`` (after it; the last one is the
+    head, the loss and the head's backward), then ``bwd:i`` for each block in
+    reverse (from the gradient of its output to the gradient of its input), then
+    ``tail`` (the rest of backward) and ``optimizer``. :class:`WindowRecorder`
+    sits inside the tracker and reads its live byte count after every op, so the
+    peak of every window is known, not only the step's peak. The peak model
+    (peak.py) explains each window's peak from the blocks' decisions.
+"""
+
+from __future__ import annotations
+
+import gc
+import warnings
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.hooks import RemovableHandle
+
+from remat.blocks import BlocksSpec, named_blocks
+from remat.measure.fake import fake_batch, fake_copy_with_map, fake_optimizer
+from remat.measure.step import LossFn, batch_tensors, clear_grads, model_device, run_step
+from remat.measure.tracker import MemoryTracker, OpRecord
+from remat.recompute import is_recomputing
+from remat.strategies import remove
+
+__all__ = ["FakeSetup", "StepWindows", "WindowRecorder", "fake_setup", "quiet", "run_windows"]
+
+
+@contextmanager
+def quiet() -> Iterator[None]:
+    """Silence remat's pitfall warnings while the planner applies candidates to copies."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield
+
+
+@dataclass
+class FakeSetup:
+    """A fake copy of a model, its batch and its optimizer, ready to run."""
+
+    mode: FakeTensorMode
+    model: nn.Module
+    batch: Any
+    optimizer: torch.optim.Optimizer | None
+    blocks: list[tuple[str, nn.Module]]
+    device: torch.device
+
+
+def fake_setup(model: nn.Module, batch: Any, *, optimizer: torch.optim.Optimizer | None,
+               blocks: BlocksSpec) -> FakeSetup:
+    """Copy ``model`` (without any applied strategy), ``batch`` and ``optimizer`` as fakes."""
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    fmodel, replaced = fake_copy_with_map(model, mode)
+    remove(fmodel)  # plan from the un-checkpointed model, whatever is applied to the original
+    fmodel.train(model.training)
+    fbatch = fake_batch(batch, mode)
+    fopt = fake_optimizer(optimizer, replaced) if optimizer is not None else None
+    named = named_blocks(fmodel, blocks, api="remat.plan")
+    return FakeSetup(mode, fmodel, fbatch, fopt, named, model_device(fmodel))
+
+
+class WindowRecorder(TorchDispatchMode):
+    """Peak and starting live bytes of named windows (see NOTE [ Memory windows ]).
+
+    Enter it *inside* the tracker whose :attr:`~MemoryTracker.current_bytes` it reads.
+    """
+
+    def __init__(self, tracker: MemoryTracker) -> None:
+        super().__init__()
+        self._tracker = tracker
+        self.label: str | None = None
+        self.starts: dict[str, int] = {}
+        self.peaks: dict[str, int] = {}
+
+    def open(self, label: str) -> None:
+        """Make ``label`` the current window (its start is the first time it opens)."""
+        current = self._tracker.current_bytes
+        self.label = label
+        self.starts.setdefault(label, current)
+        self.peaks[label] = max(self.peaks.get(label, current), current)
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (),
+                           kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        label = self.label
+        if label is not None:
+            current = self._tracker.current_bytes
+            if current > self.peaks[label]:
+                self.peaks[label] = current
+        return out
+
+
+def first_tensor(value: Any) -> Tensor | None:
+    """The first tensor in a (nested) argument structure, or None."""
+    if isinstance(value, Tensor):
+        return value
+    if isinstance(value, (tuple, list)):
+        for v in value:
+            t = first_tensor(v)
+            if t is not None:
+                return t
+    if isinstance(value, Mapping):
+        for v in value.values():
+            t = first_tensor(v)
+            if t is not None:
+                return t
+    return None
+
+
+@dataclass(frozen=True)
+class StepWindows:
+    """One tracked whole-model step cut into windows.
+
+    Args:
+        peaks: per window label, its peak live bytes.
+        order: window labels in the order they first opened.
+        peak_bytes: the step's peak (the tracker's, as :func:`remat.profile` reports it).
+        peak_breakdown: bytes per kind at the peak.
+        ops: every op of the step.
+        static: bytes registered before the step, per kind (params, batch, ...).
+    """
+
+    peaks: Mapping[str, int]
+    order: tuple[str, ...]
+    peak_bytes: int
+    peak_breakdown: Mapping[str, int]
+    ops: tuple[OpRecord, ...]
+    static: Mapping[str, int]
+
+
+def run_windows(setup: FakeSetup, *, loss_fn: LossFn | None) -> StepWindows:
+    """Run one tracked step of ``setup``'s model as :func:`remat.profile` does, with windows.
+
+    Same sequence as ``profile(simulate=True)``: an untracked warm-up step that creates
+    the optimizer state (only with an optimizer), gradients cleared, then the tracked
+    step with parameters, buffers, optimizer state and batch registered first.
+    """
+    model, batch, optimizer = setup.model, setup.batch, setup.optimizer
+    with setup.mode:
+        if optimizer is not None:  # fake steps have no other lazy state to warm up
+            run_step(model, batch, loss_fn=loss_fn, optimizer=optimizer)
+            clear_grads(model)
+        gc.collect()
+        tracker = MemoryTracker(device=setup.device, blocks=setup.blocks, record_ops=True)
+        tracker.register_model(model)
+        if optimizer is not None:
+            tracker.register_optimizer(optimizer)
+        tracker.register(batch_tensors(batch), "batch")
+        static = tracker.current_breakdown
+        windows = WindowRecorder(tracker)
+        handles = _window_hooks(setup.blocks, windows, tracker)
+
+        def on_phase(phase: str) -> None:
+            if phase == "optimizer":
+                windows.open("optimizer")
+            if phase != "end":
+                tracker.set_phase(phase)
+
+        try:
+            windows.open("pre")
+            with tracker, windows:
+                run_step(model, batch, loss_fn=loss_fn, optimizer=optimizer, on_phase=on_phase)
+        finally:
+            for handle in handles:
+                handle.remove()
+        clear_grads(model)
+    order = tuple(windows.starts)
+    return StepWindows(dict(windows.peaks), order, tracker.peak_bytes, tracker.peak_breakdown,
+                       tracker.ops, static)
+
+
+def _window_hooks(blocks: Sequence[tuple[str, nn.Module]], windows: WindowRecorder,
+                  tracker: MemoryTracker) -> list[RemovableHandle]:
+    def live() -> bool:
+        return tracker.phase == "forward" and torch.is_grad_enabled() and not is_recomputing()
+
+    def pre(i: int) -> Callable[..., None]:
+        def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            if not live():
+                return
+            windows.open(f"fwd:{i}")
+            x = first_tensor(args) if args else first_tensor(kwargs)
+            if x is not None and x.requires_grad:
+                x.register_hook(end_backward(i))
+        return hook
+
+    def post(i: int) -> Callable[..., None]:
+        def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
+                 output: Any) -> None:
+            if not live():
+                return
+            windows.open(f"gap:{i}")
+            y = first_tensor(output)
+            if y is not None and y.requires_grad:
+                y.register_hook(start_backward(i))
+        return hook
+
+    def start_backward(i: int) -> Callable[[Tensor], None]:
+        def hook(grad: Tensor) -> None:
+            windows.open(f"bwd:{i}")
+        return hook
+
+    def end_backward(i: int) -> Callable[[Tensor], None]:
+        def hook(grad: Tensor) -> None:
+            if windows.label == f"bwd:{i}":
+                windows.open("tail" if i == 0 else f"after:{i}")
+        return hook
+
+    handles: list[RemovableHandle] = []
+    for i, (_, module) in enumerate(blocks):
+        handles.append(module.register_forward_pre_hook(pre(i), with_kwargs=True))
+        handles.append(module.register_forward_hook(post(i), with_kwargs=True, always_call=True))
+    return handles

@@ -1,0 +1,330 @@
+"""Per-block candidates, each measured: what it keeps, its working set, and what it recomputes.
+
+For every distinct kind of block (same class, parameter shapes and input shapes)
+one representative is run on its own, on fake tensors, once per candidate
+decision: its forward and backward are tracked by
+:class:`~remat.measure.tracker.MemoryTracker` and cut into windows (see NOTE
+[ Memory windows ] in ``_sim.py``). Blocks of the same kind reuse the
+representative's numbers; the closed loop in ``planner.py`` checks the result on
+the whole model.
+
+NOTE [ Candidate decisions ]
+    1. ``none`` (keep everything) and ``full`` (checkpoint the block).
+    2. ``attn`` / ``mlp``: checkpoint that sub-layer only (when the block has one).
+    3. ``ops`` with save sets of increasing size: the entries of the block's
+       forward (each call of a compute-heavy op that runs more than once, e.g.
+       ``aten.mm#2``; other ops by name) are ranked by how much recompute time a
+       byte of their output saves (roofline ms / output bytes); attention kernels
+       rank first (they are dropped from the save set last), then the other
+       compute-heavy ops (matmuls, cheapest per byte last), then pointwise ops
+       and norms. Save set k keeps the outputs of the first k entries and
+       recomputes everything else, so the first sets recompute pointwise ops and
+       norms, the last recompute almost nothing. The set holding all heavy ops
+       is the ``"ops"`` strategy's.
+    4. ``offload`` when the model is on a device with separate host memory
+       (CUDA); never on CPU, where it is a no-op.
+    5. Decisions on the attention and MLP sub-layers together (e.g. attention
+       with save set {qkv matmul}, MLP fully checkpointed): op names are far
+       more specific inside one sub-layer than across the block, so these reach
+       memory levels block-wide save sets cannot. Each sub-layer's options
+       (``full`` and its own save-set chain) are measured alone; the pairs whose
+       summed numbers lie on the bytes/cost frontier are then measured together.
+       The plan applies them by the sub-layers' qualified names.
+    Candidates no better than another in every measured number are dropped.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from torch import nn
+
+from remat.blocks import find_sublayer
+from remat.devices import DeviceSpec
+from remat.errors import BlocksNotFound, RematWarning
+from remat.measure.roofline import op_roofline_ms
+from remat.measure.tracker import OpRecord
+from remat.planning._sim import FakeSetup
+from remat.planning.block_run import BlockRun, run_block
+from remat.planning.capture import BlockInputs, capture_inputs, group_key
+from remat.strategies import (
+    BlockContext,
+    BlockDecision,
+    Offer,
+    Part,
+    check_decision,
+    registered,
+)
+from remat.strategies.base import BlockStrategy
+
+__all__ = [
+    "BlockGroup",
+    "Candidate",
+    "measure_groups",
+    "parts_label",
+    "prune_candidates",
+]
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One way to checkpoint one kind of block, measured.
+
+    Args:
+        parts: the decisions, ``()`` for none (keep everything), ``(("", d),)`` for a
+            block-level decision ``d``, or ``(("attn", d1), ("mlp", d2))`` for decisions on
+            the block's sub-layers (paths relative to the block).
+        saved_bytes: bytes the block's forward leaves alive for backward (its output
+            included: the next block keeps it either way).
+        forward_peak_bytes: the block forward's high-water mark above its start.
+        backward_peak_bytes: the block backward's high-water mark above the memory just
+            before it, plus ``saved_bytes``: the recompute working set, gradients and
+            temporaries of the block being recomputed.
+        recompute_flops: FLOPs recomputed in backward.
+        recompute_ms: cost of the decision per step, ms: roofline time of the recomputed
+            ops on the cost device (offload: exposed transfer time).
+        recompute_bytes: bytes read and written by the recomputed ops.
+    """
+
+    parts: tuple[Part, ...]
+    saved_bytes: int
+    forward_peak_bytes: int
+    backward_peak_bytes: int
+    recompute_flops: int
+    recompute_ms: float
+    recompute_bytes: int = 0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "parts", tuple((p, d) for p, d in self.parts
+                                                if d.kind != "none"))
+        for name in ("saved_bytes", "forward_peak_bytes", "backward_peak_bytes",
+                     "recompute_flops", "recompute_bytes"):
+            value = getattr(self, name)
+            if value < 0:
+                raise ValueError(f"Candidate({self.label()}): {name} must be >= 0, got {value}")
+        if not self.recompute_ms >= 0:
+            raise ValueError(f"Candidate({self.label()}): recompute_ms must be >= 0, "
+                             f"got {self.recompute_ms}")
+
+    @property
+    def is_none(self) -> bool:
+        """True for the candidate that keeps everything."""
+        return not self.parts
+
+    @property
+    def offloads(self) -> bool:
+        """True when a part moves activations to the host (its cost is transfer time, not
+        recompute)."""
+        return _moves_to_host(self.parts)
+
+    def label(self) -> str:
+        """``none``, a decision's label (``full``, ``ops[aten.mm]``), or ``attn=...; mlp=...``."""
+        return parts_label(self.parts)
+
+    def decisions_for(self, block_name: str) -> dict[str, BlockDecision]:
+        """The decisions to apply, keyed by qualified module name, for block ``block_name``."""
+        return {f"{block_name}.{path}" if path else block_name: d for path, d in self.parts}
+
+    def dominates(self, other: Candidate) -> bool:
+        """At most ``other`` in every number (ties count as dominating)."""
+        return (self.saved_bytes <= other.saved_bytes
+                and self.forward_peak_bytes <= other.forward_peak_bytes
+                and self.backward_peak_bytes <= other.backward_peak_bytes
+                and self.recompute_ms <= other.recompute_ms)
+
+
+def _moves_to_host(parts: Sequence[Part]) -> bool:
+    return any(check_decision(d).moves_to_host for _, d in parts)
+
+
+def parts_label(parts: Sequence[Part]) -> str:
+    """Label of a candidate's parts (see :meth:`Candidate.label`)."""
+    live = [(p, d) for p, d in parts if d.kind != "none"]
+    if not live:
+        return "none"
+    if len(live) == 1 and live[0][0] == "":
+        return live[0][1].label()
+    return "; ".join(f"{p or 'block'}={d.label()}" for p, d in live)
+
+
+@dataclass(frozen=True)
+class BlockGroup:
+    """Blocks that behave alike (same class, parameter shapes, input shapes).
+
+    Args:
+        names: qualified names of the member blocks, in forward order.
+        candidates: the measured candidates, ``none`` first.
+    """
+
+    names: tuple[str, ...]
+    candidates: tuple[Candidate, ...]
+
+
+# ---- all candidates of all groups ---------------------------------------------------------
+
+def _candidate(parts: Sequence[Part], run: BlockRun, device: DeviceSpec,
+               base: BlockRun | None = None) -> Candidate:
+    recompute = [op for op in run.ops if op.phase == "recompute"]
+    ms = sum(op_roofline_ms(op, device) for op in recompute)
+    if base is not None and _moves_to_host(parts):
+        ms += _offload_exposed_ms(run, base, device)
+    return Candidate(
+        parts=tuple(parts),
+        saved_bytes=run.saved_bytes,
+        forward_peak_bytes=run.forward_peak_bytes,
+        backward_peak_bytes=run.backward_peak_bytes,
+        recompute_flops=sum(op.flops for op in recompute),
+        recompute_ms=ms,
+        recompute_bytes=sum(op.bytes_moved for op in recompute),
+    )
+
+
+def _offload_exposed_ms(run: BlockRun, base: BlockRun, device: DeviceSpec) -> float:
+    """Transfer time not hidden behind the block's compute (copies out in forward, in in
+    backward, each overlapping that pass's kernels)."""
+    moved = max(base.saved_bytes - run.saved_bytes, 0)
+    transfer_ms = moved / device.host_link_bytes_per_s * 1e3
+    fwd_ms = sum(op_roofline_ms(op, device) for op in base.ops if op.phase == "forward")
+    bwd_ms = sum(op_roofline_ms(op, device) for op in base.ops if op.phase == "backward")
+    return max(transfer_ms - fwd_ms, 0.0) + max(transfer_ms - bwd_ms, 0.0)
+
+
+def prune_candidates(candidates: Sequence[Candidate]) -> list[Candidate]:
+    """Drop candidates another one matches or beats in every number (``none`` stays)."""
+    kept: list[Candidate] = []
+    for i, c in enumerate(candidates):
+        dominated = not c.is_none and any(
+            other.dominates(c) and (not c.dominates(other) or j < i)
+            for j, other in enumerate(candidates) if j != i
+        )
+        if not dominated:
+            kept.append(c)
+    return kept
+
+
+def _pareto(points: Sequence[tuple[int, float, Any]], limit: int) -> list[Any]:
+    """Items on the (bytes, cost) lower-left frontier, at most ``limit`` spread along it."""
+    front: list[tuple[int, float, Any]] = []
+    for saved, cost, item in sorted(points, key=lambda p: (p[0], p[1])):
+        if not front or cost < front[-1][1]:
+            front.append((saved, cost, item))
+    if limit <= 1:
+        return [item for _, _, item in front[:limit]]
+    if len(front) > limit:
+        step = (len(front) - 1) / (limit - 1)
+        front = [front[round(k * step)] for k in range(limit)]
+    return [item for _, _, item in front]
+
+
+def _sublayers(block: nn.Module) -> dict[str, tuple[str, nn.Module]]:
+    found: dict[str, tuple[str, nn.Module]] = {}
+    for kind in ("attn", "mlp"):
+        try:
+            found[kind] = find_sublayer(block, kind)  # type: ignore[arg-type]
+        except BlocksNotFound:
+            continue
+    return found
+
+
+def _ops_of(run: BlockRun, module_name: str) -> tuple[OpRecord, ...]:
+    return tuple(op for op in run.ops if op.phase == "forward" and op.block == module_name)
+
+
+def collect_offers(context: BlockContext) -> list[Offer]:
+    """Every registered block-level strategy's offers, in candidate order: whole-block
+    offers first, then each sub-layer's (NOTE [ Candidate decisions ]); within each, by
+    registration order."""
+    offers: list[tuple[tuple[int, int, int], int, Offer]] = []
+    kinds = list(context.sublayers)
+    for rank, cls in enumerate(registered()):
+        if not issubclass(cls, BlockStrategy):
+            continue
+        for offer in cls.parse(None).offers(context):  # type: ignore[union-attr]
+            group = (0, 0) if offer.sublayer is None else (1, kinds.index(offer.sublayer))
+            offers.append(((*group, rank), len(offers), offer))
+    return [offer for _, _, offer in sorted(offers, key=lambda item: (item[0], item[1]))]
+
+
+def _pairs(singles: dict[str, list[tuple[Part, BlockRun]]], none_run: BlockRun,
+           known: list[Candidate], device: DeviceSpec, limit: int) -> list[tuple[Part, ...]]:
+    """The attention + MLP pairs worth measuring (item 5 of NOTE [ Candidate decisions ])."""
+    if len(singles) != 2:
+        return []
+    first, second = singles.values()
+    base_saved = none_run.saved_bytes
+    estimates: list[tuple[int, float, Any]] = []
+    for part_a, run_a in first[1:]:
+        for part_m, run_m in second[1:]:
+            cost = (_candidate((), run_a, device).recompute_ms
+                    + _candidate((), run_m, device).recompute_ms)
+            saved = run_a.saved_bytes + run_m.saved_bytes - base_saved
+            estimates.append((saved, cost, (part_a, part_m)))
+    points = [(c.saved_bytes, c.recompute_ms, None) for c in known]
+    return [tuple(pair) for pair in _pareto(estimates + points, limit + len(points))
+            if pair is not None]
+
+
+def _measure_kind(setup: FakeSetup, rep: str, block: nn.Module, inputs: BlockInputs,
+                  device: DeviceSpec, max_composites: int) -> list[Candidate]:
+    """Every candidate of one kind of block (NOTE [ Candidate decisions ])."""
+    subs = _sublayers(block)
+    attribution = [(rep, block), *((f"{rep}.{path}", m) for path, m in subs.values())]
+    none_run = run_block(setup, rep, block, inputs, (), attribution)
+    measured: dict[tuple[Part, ...], Candidate] = {(): _candidate((), none_run, device)}
+    context = BlockContext(
+        forward_ops=tuple(op for op in none_run.ops if op.phase == "forward"),
+        sublayers={kind: (path, _ops_of(none_run, f"{rep}.{path}"))
+                   for kind, (path, _) in subs.items()},
+        cost_device=device, runs_on=setup.device.type,
+    )
+    singles: dict[str, list[tuple[Part, BlockRun]]] = {
+        kind: [((path, BlockDecision("none")), none_run)] for kind, (path, _) in subs.items()}
+    for offer in collect_offers(context):
+        try:
+            run = run_block(setup, rep, block, inputs, offer.parts)
+        except (RuntimeError, NotImplementedError) as exc:
+            if not offer.optional:
+                raise
+            warnings.warn(f"remat.plan: could not measure {parts_label(offer.parts)} on "
+                          f"{rep!r} ({exc}); planning without it", RematWarning, stacklevel=3)
+            continue
+        measured[offer.parts] = _candidate(offer.parts, run, device, base=none_run)
+        if offer.sublayer in singles:
+            singles[offer.sublayer].append((offer.paired, run))
+    for pair in _pairs(singles, none_run, list(measured.values()), device, max_composites):
+        run = run_block(setup, rep, block, inputs, pair)
+        measured[pair] = _candidate(pair, run, device, base=none_run)
+    return list(measured.values())
+
+
+def measure_groups(setup: FakeSetup, device: DeviceSpec, *, prune: bool = True,
+                   max_composites: int = 8) -> list[BlockGroup]:
+    """Measure every candidate of every kind of block in ``setup``'s model.
+
+    Args:
+        setup: the fake model, batch and blocks (see ``_sim.fake_setup``).
+        device: the cost device (roofline figures).
+        prune: drop candidates another candidate beats in every number. Default: True.
+        max_composites: at most this many attention+MLP pairs are measured per kind of
+            block (the most promising by their parts' numbers). Default: 8.
+
+    Returns:
+        One :class:`BlockGroup` per kind of block, in order of first appearance.
+    """
+    inputs = capture_inputs(setup.model, setup.batch, setup.blocks, mode=setup.mode)
+    groups: dict[Any, list[str]] = {}
+    for name, block in setup.blocks:
+        groups.setdefault(group_key(block, inputs[name]), []).append(name)
+    modules = dict(setup.blocks)
+    result: list[BlockGroup] = []
+    for names in groups.values():
+        rep = names[0]
+        candidates = _measure_kind(setup, rep, modules[rep], inputs[rep], device,
+                                   max_composites)
+        if prune:
+            candidates = prune_candidates(candidates)
+        result.append(BlockGroup(tuple(names), tuple(candidates)))
+    return result

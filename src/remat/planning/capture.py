@@ -1,0 +1,130 @@
+"""Capture the arguments each block is called with, and cut them loose for re-running.
+
+The planner measures one representative block per kind on its own (candidates.py);
+these helpers record the arguments blocks get in a real forward of the model and
+turn them into fresh leaves the block can run on again and again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from remat.errors import BlocksNotFound
+from remat.measure.step import call_model
+from remat.planning._sim import first_tensor
+
+__all__ = ["BlockInputs", "capture_inputs", "fresh_inputs", "group_key", "tensors_in"]
+
+BlockInputs = tuple[tuple[Any, ...], dict[str, Any]]
+"""``(args, kwargs)`` a block is called with."""
+
+
+class _Captured(Exception):
+    """Stops the capture forward once every wanted block has been reached."""
+
+
+def _shape_key(value: Any) -> Any:
+    if isinstance(value, Tensor):
+        return ("T", tuple(value.shape), str(value.dtype), value.requires_grad)
+    if isinstance(value, (tuple, list)):
+        return tuple(_shape_key(v) for v in value)
+    if isinstance(value, Mapping):
+        return tuple((k, _shape_key(v)) for k, v in sorted(value.items()))
+    return type(value).__name__
+
+
+def capture_inputs(model: nn.Module, batch: Any, blocks: Sequence[tuple[str, nn.Module]], *,
+                   mode: Any = None) -> dict[str, BlockInputs]:
+    """Arguments each of ``blocks`` is called with, from a forward stopped after the last one.
+
+    Args:
+        model: the model (fake or real).
+        batch: its batch.
+        blocks: the ``(name, module)`` pairs whose arguments are wanted, in forward order.
+        mode: a context entered around the forward (the fake mode). Default: none.
+    """
+    captured: dict[str, BlockInputs] = {}
+    last = blocks[-1][0]
+
+    def hook_for(name: str) -> Any:
+        def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            if name not in captured:
+                captured[name] = (tuple(args), dict(kwargs))
+            if name == last:
+                raise _Captured
+        return hook
+
+    handles = [m.register_forward_pre_hook(hook_for(n), with_kwargs=True) for n, m in blocks]
+    try:
+        with mode if mode is not None else contextlib.nullcontext(), torch.enable_grad():
+            try:
+                call_model(model, batch, api="remat.plan")
+            except _Captured:
+                pass
+    finally:
+        for h in handles:
+            h.remove()
+    missing = [n for n, _ in blocks if n not in captured]
+    if missing:
+        raise BlocksNotFound(
+            f"remat.plan: blocks {missing[:4]} were not called in the model's forward, so they "
+            "cannot be planned; pass blocks= selecting the modules the forward runs"
+        )
+    return captured
+
+
+def group_key(block: nn.Module, inputs: BlockInputs) -> Any:
+    params = tuple((n, tuple(p.shape), str(p.dtype), p.requires_grad)
+                   for n, p in block.named_parameters())
+    buffers = tuple((n, tuple(b.shape), str(b.dtype)) for n, b in block.named_buffers())
+    return (type(block), params, buffers, _shape_key(inputs[0]), _shape_key(inputs[1]))
+
+
+def tensors_in(value: Any) -> list[Tensor]:
+    if isinstance(value, Tensor):
+        return [value]
+    if isinstance(value, (tuple, list)):
+        return [t for v in value for t in tensors_in(v)]
+    if isinstance(value, Mapping):
+        return [t for v in value.values() for t in tensors_in(v)]
+    return []
+
+
+def fresh_inputs(name: str, inputs: BlockInputs,
+                 ) -> tuple[BlockInputs, Tensor]:
+    """A block's arguments cut from the graph that made them, and its hidden-state input.
+
+    Every tensor becomes a new leaf with the same ``requires_grad`` (the same tensor
+    twice stays one leaf), so a block can run forward and backward again and again
+    without reaching into the forward that captured its arguments: an encoder-decoder's
+    ``encoder_hidden_states`` or T5's shared ``position_bias`` come from other blocks.
+    The hidden state is the first tensor argument, the one activations hang from.
+
+    Raises:
+        ValueError: the block takes no tensor argument.
+    """
+    leaves: dict[int, Tensor] = {}
+
+    def cut(value: Any) -> Any:
+        if isinstance(value, Tensor):
+            if id(value) not in leaves:
+                grad = value.requires_grad and value.is_floating_point()
+                leaves[id(value)] = value.detach().requires_grad_(grad)
+            return leaves[id(value)]
+        if isinstance(value, (tuple, list)):
+            return type(value)(cut(v) for v in value)
+        if isinstance(value, dict):
+            return {k: cut(v) for k, v in value.items()}
+        return value
+
+    args, kwargs = inputs
+    new_args, new_kwargs = tuple(cut(a) for a in args), {k: cut(v) for k, v in kwargs.items()}
+    hidden = first_tensor(new_args) if new_args else first_tensor(new_kwargs)
+    if hidden is None:
+        raise ValueError(f"remat.plan: block {name!r} takes no tensor argument to plan around")
+    return (new_args, new_kwargs), hidden

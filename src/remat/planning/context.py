@@ -1,0 +1,172 @@
+"""Measure once, plan many budgets: candidates measured and the peak model calibrated.
+
+Steps 1-3 of NOTE [ How a plan is made ] (planner.py): fake copies of the step, every
+candidate of every kind of block measured, one whole step cut into memory windows,
+the peak model calibrated. The result, a :class:`PlanContext`, is reusable across budgets.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from remat.devices import DeviceSpec
+from remat.measure.step import Step, model_device
+from remat.planning._sim import fake_setup, run_windows
+from remat.planning.candidates import measure_groups
+from remat.planning.cost import cost_device
+from remat.planning.options import COSTS
+from remat.planning.peak import PeakModel
+from remat.planning.plans import COST_SOURCES
+from remat.planning.timed import time_groups
+from remat.strategies import BlockDecision
+from remat.strategies.pitfalls import check_model, warn_pitfalls
+
+__all__ = ["PlanContext", "batch_size_of", "check_plannable", "prepare", "prepare_step",
+           "resolve_cost"]
+
+
+@dataclass(frozen=True)
+class PlanContext:
+    """Everything measured to plan one model and batch (reusable across budgets).
+
+    Args:
+        peak_model: the calibrated peak model with every block's candidates.
+        device: the cost device.
+        no_checkpoint_peak_bytes: peak of the step without checkpointing (simulated;
+            on CPU equal to a real run's).
+        batch_size: the batch's leading dimension, when there is one.
+        cost_source: ``"roofline"`` or ``"measured"`` (candidates' costs timed on the
+            model's device; see NOTE [ Measured cost ] in timed.py).
+        timed_on: with ``"measured"``, the device the times come from.
+    """
+
+    peak_model: PeakModel
+    device: DeviceSpec
+    no_checkpoint_peak_bytes: int
+    batch_size: int | None
+    cost_source: str = "roofline"
+    timed_on: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.cost_source not in COST_SOURCES:
+            raise ValueError(f"PlanContext: cost_source must be one of {COST_SOURCES}, got "
+                             f"{self.cost_source!r}")
+
+    def recompute_ms(self, choice: Sequence[int]) -> float:
+        """The solver's cost of a choice: its candidates' recompute costs summed, ms."""
+        return sum(table[c].recompute_ms
+                   for table, c in zip(self.peak_model.tables, choice, strict=True))
+
+    @property
+    def block_names(self) -> tuple[str, ...]:
+        """The blocks' qualified names, in forward order."""
+        return self.peak_model.block_names
+
+    def decisions(self, choice: Sequence[int]) -> dict[str, BlockDecision]:
+        """Decisions of a choice (candidate index per block), ``"none"`` left out."""
+        out: dict[str, BlockDecision] = {}
+        for name, table, c in zip(self.block_names, self.peak_model.tables, choice, strict=True):
+            out.update(table[c].decisions_for(name))
+        return out
+
+
+def batch_size_of(batch: Any) -> int | None:
+    if isinstance(batch, Tensor):
+        return int(batch.shape[0]) if batch.dim() else None
+    values: Any = batch.values() if isinstance(batch, Mapping) else batch
+    if isinstance(values, (list, tuple)) or isinstance(batch, Mapping):
+        for v in values:
+            size = batch_size_of(v)
+            if size is not None:
+                return size
+    return None
+
+
+def resolve_cost(cost: str, model: nn.Module, *, simulate: bool = False) -> str:
+    """``"roofline"`` or ``"measured"`` for ``cost="auto"|"roofline"|"measured"``.
+
+    ``"auto"`` measures on CUDA (real runs) and uses the roofline elsewhere, where wall
+    time is too noisy to plan with or nothing runs for real.
+
+    Raises:
+        ValueError: an unknown ``cost``, or ``"measured"`` where nothing runs for real.
+    """
+    if cost not in COSTS:
+        raise ValueError(f"remat.plan: cost must be one of {COSTS}, got {cost!r}")
+    device = model_device(model)
+    if cost == "auto":
+        return "measured" if device.type == "cuda" and not simulate else "roofline"
+    if cost == "measured" and (simulate or device.type == "meta"):
+        why = "simulate=True runs on fake tensors" if simulate else \
+            "the model is on the meta device"
+        raise ValueError(
+            f"remat.plan: cost='measured' times real forward and backward runs of the "
+            f"model's blocks, but {why}. Use cost='roofline' (or 'auto')."
+        )
+    return cost
+
+
+def _device_label(device: torch.device) -> str:
+    if device.type == "cuda" and torch.cuda.is_available():
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        return f"cuda:{index} ({torch.cuda.get_device_name(index)})"
+    return str(device)
+
+
+def prepare(model: nn.Module, batch: Any, *, loss_fn: Any = None,
+            optimizer: torch.optim.Optimizer | None = None, blocks: Any = None,
+            device: str | DeviceSpec | None = None, cost: str = "auto") -> PlanContext:
+    """Measure candidates and calibrate the peak model (steps 1-3 of NOTE [ How a plan is made ]).
+
+    Bytes are measured on fake copies, so the model, its gradients and the optimizer are
+    untouched; with ``cost="measured"`` each candidate is also timed on the real model
+    (its state is restored). :func:`remat.plan` calls this; call it yourself to plan
+    several budgets for one model and batch without measuring twice
+    (``remat.plan(..., context=ctx)``).
+
+    Args:
+        model, batch, loss_fn, optimizer, blocks, cost: as for :func:`remat.plan`
+            (``"auto"`` here measures on CUDA).
+        device: the cost device (name or spec). Default: the model's GPU when remat
+            knows it, else ``"h100-80gb"``.
+    """
+    step = Step(model, batch, loss_fn=loss_fn, optimizer=optimizer, blocks=blocks)
+    return prepare_step(step, device=device, cost=cost)
+
+
+def prepare_step(step: Step, *, device: str | DeviceSpec | None = None,
+                 cost: str = "auto") -> PlanContext:
+    """:func:`prepare` for a resolved :class:`~remat.measure.step.Step`."""
+    model = step.model
+    check_plannable(model)
+    source = resolve_cost(cost, model)
+    spec = cost_device(model_device(model), device)
+    setup = fake_setup(model, step.batch, optimizer=step.optimizer, blocks=step.blocks)
+    groups = measure_groups(setup, spec, prune=source == "roofline")
+    timed_on = None
+    if source == "measured":
+        groups = time_groups(model, step.batch, groups, blocks=step.blocks)
+        timed_on = _device_label(model_device(model))
+    windows = run_windows(setup, loss_fn=step.loss_fn)
+    peak_model = PeakModel.calibrate(groups, [n for n, _ in setup.blocks], windows)
+    return PlanContext(peak_model, spec, windows.peak_bytes, batch_size_of(step.batch), source,
+                       timed_on)
+
+
+def check_plannable(model: nn.Module) -> None:
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"remat.plan: model must be an nn.Module, got {type(model).__name__}")
+    if not model.training:
+        raise ValueError(
+            f"remat.plan: {type(model).__name__} is in eval mode, so a training step keeps no "
+            "activations to plan for. Call model.train() first."
+        )
+    # A KV cache (HF use_cache=True) would be filled while measuring blocks: turn it off
+    # with the same warning remat.apply gives.
+    found = [p for p in check_model(model) if p.kind in ("use_cache", "hf_gradient_checkpointing")]
+    warn_pitfalls(found, api="remat.plan", model_name=type(model).__name__)

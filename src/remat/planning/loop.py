@@ -1,0 +1,195 @@
+"""The closed loop: solve, measure the choice on the model, tighten until it fits.
+
+Step 4 of NOTE [ How a plan is made ] (planner.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from remat.errors import BudgetTooSmall
+from remat.measure.profile import Profile, preserved_state, profile_step
+from remat.measure.step import Step
+from remat.measure.timing import time_step
+from remat.planning._sim import quiet
+from remat.planning.candidates import Candidate
+from remat.planning.context import PlanContext
+from remat.planning.cost import recompute_ms, step_ms
+from remat.planning.plans import Plan, apply_spec, decisions_label
+from remat.planning.solver import min_peak_choice, solve
+from remat.strategies import BlockDecision, apply_decisions, preserved_strategy
+from remat.units import format_bytes
+
+__all__ = ["close_loop", "measure_decisions", "timed_step_ms"]
+
+_MAX_ROUNDS = 6
+_KIND_NAMES = {
+    "params": "parameters", "grads": "gradients", "optimizer_state": "optimizer state",
+    "batch": "batch", "buffers": "buffers", "forward": "activations",
+    "recompute": "recomputed activations", "backward": "backward temporaries",
+    "optimizer": "optimizer temporaries", "other": "other tensors",
+}
+
+
+def measure_decisions(step: Step, decisions: Mapping[str, BlockDecision], *,
+                      simulate: bool = False, timing: bool = False) -> Profile:
+    """Profile one step with ``decisions`` applied, then restore the model.
+
+    Args:
+        step: the step (model, batch, loss, optimizer, blocks).
+        decisions: per block name, its decision (others: ``"none"``).
+        simulate: on fake tensors. Default: False.
+        timing: also time the step (real runs only). Default: False.
+    """
+    names = step.block_names(api="remat.plan")
+    with preserved_strategy(step.model), quiet():
+        apply_decisions(step.model, decisions, blocks=apply_spec(decisions, names, step.blocks))
+        return profile_step(step, simulate=simulate, timing=timing and not simulate, repeats=3)
+
+
+def timed_step_ms(step: Step, decisions: Mapping[str, BlockDecision], *,
+                  repeats: int = 3) -> float:
+    """Median time of a real training step with ``decisions`` applied, ms; model restored."""
+    names = step.block_names(api="remat.plan")
+    model = step.model
+    with preserved_strategy(model), quiet(), preserved_state(model, step.optimizer, step.device):
+        apply_decisions(model, decisions, blocks=apply_spec(decisions, names, step.blocks))
+        return time_step(model, step.batch, loss_fn=step.loss_fn, optimizer=step.optimizer,
+                         repeats=repeats).step_ms
+
+
+def _offload_ms(ctx: PlanContext, choice: Sequence[int]) -> float:
+    return sum(table[c].recompute_ms for table, c in zip(ctx.peak_model.tables, choice,
+                                                         strict=True)
+               if table[c].offloads)
+
+
+def _build(ctx: PlanContext, choice: Sequence[int], prof: Profile, budget_bytes: int,
+           blocks: Any, step_ms_measured: float | None = None) -> Plan:
+    decisions = ctx.decisions(choice)
+    if ctx.cost_source == "measured":
+        cost_ms, step_time = ctx.recompute_ms(choice), step_ms_measured
+    else:
+        extra_ms = _offload_ms(ctx, choice)
+        cost_ms = recompute_ms(prof.ops, ctx.device) + extra_ms
+        step_time = step_ms(prof.ops, ctx.device) + extra_ms
+    return Plan(
+        decisions=decisions,
+        block_names=ctx.block_names,
+        budget_bytes=budget_bytes,
+        predicted_peak_bytes=ctx.peak_model.predict(choice),
+        measured_peak_bytes=prof.peak_bytes,
+        recompute_flops=prof.recompute_flops,
+        recompute_ms=cost_ms,
+        predicted_step_ms=step_time,
+        no_checkpoint_peak_bytes=ctx.no_checkpoint_peak_bytes,
+        cost_device=ctx.device.name,
+        cost_source=ctx.cost_source,
+        timed_on=ctx.timed_on,
+        blocks=apply_spec(decisions, ctx.block_names, blocks),
+        batch_size=ctx.batch_size,
+    )
+
+
+def _dominant(breakdown: Mapping[str, int], peak: int) -> str:
+    parts = sorted(((v, _KIND_NAMES.get(k, k)) for k, v in breakdown.items() if v > 0),
+                   reverse=True)
+    chosen: list[str] = []
+    total = 0
+    for value, name in parts:
+        chosen.append(name)
+        total += value
+        if total * 2 >= peak:
+            break
+    share = 100.0 * total / peak if peak else 0.0
+    return f"{' + '.join(chosen)} ({share:.0f}% of it)"
+
+
+def _too_small(ctx: PlanContext, budget_bytes: int, choice: Sequence[int],
+               prof: Profile) -> BudgetTooSmall:
+    peak = prof.peak_bytes
+    breakdown = {_KIND_NAMES.get(k, k).replace(" ", "_"): v
+                 for k, v in prof.peak_breakdown.items() if v > 0}
+    parts = ", ".join(f"{_KIND_NAMES.get(k, k)} {format_bytes(v)}"
+                      for k, v in sorted(prof.peak_breakdown.items(), key=lambda kv: -kv[1])
+                      if v > 0)
+    label = decisions_label(ctx.peak_model.tables[i][c].label() for i, c in enumerate(choice))
+    return BudgetTooSmall(
+        f"remat.plan: no checkpointing plan fits a budget of {format_bytes(budget_bytes)} "
+        f"({budget_bytes} B). The smallest peak any plan reaches is {format_bytes(peak)} "
+        f"({peak} B, with {label}); it is dominated by {_dominant(prof.peak_breakdown, peak)}. "
+        f"At that peak: {parts}. Raise the budget to at least {format_bytes(peak)}, use a "
+        "smaller batch or sequence, or shrink what dominates (lower-precision parameters, "
+        "sharded optimizer state and gradients with FSDP).",
+        budget_bytes=budget_bytes, min_peak_bytes=peak, breakdown=breakdown,
+    )
+
+
+def _lowest_choices(ctx: PlanContext) -> list[list[int]]:
+    """Choices that keep the least: the smallest predicted peak, every block fully
+    checkpointed, and every block's candidate that keeps the fewest bytes."""
+    full = BlockDecision("full")
+    choices = [min_peak_choice(ctx.peak_model)]
+    tables = ctx.peak_model.tables
+    all_full = [next((i for i, c in enumerate(t) if c.parts == (("", full),)), None)
+                for t in tables]
+    if all(i is not None for i in all_full):
+        choices.append([i for i in all_full if i is not None])
+
+    def fewest_bytes(table: Sequence[Candidate]) -> int:
+        return min(range(len(table)),
+                   key=lambda i: (table[i].saved_bytes, table[i].recompute_ms))
+
+    choices.append([fewest_bytes(t) for t in tables])
+    unique: list[list[int]] = []
+    for choice in choices:
+        if choice not in unique:
+            unique.append(choice)
+    return unique
+
+
+def close_loop(step: Step, ctx: PlanContext, budget_bytes: int, *, simulate: bool) -> Plan:
+    """Step 4 of NOTE [ How a plan is made ]."""
+    measured: dict[tuple[int, ...], Profile] = {}
+
+    def measure(choice: Sequence[int]) -> Profile:
+        key = tuple(choice)
+        if key not in measured:
+            measured[key] = measure_decisions(step, ctx.decisions(choice), simulate=simulate)
+        return measured[key]
+
+    def build(choice: Sequence[int], prof: Profile) -> Plan:
+        if ctx.cost_source == "measured":
+            step_time = timed_step_ms(step, ctx.decisions(choice))
+            return _build(ctx, choice, prof, budget_bytes, step.blocks, step_time)
+        return _build(ctx, choice, prof, budget_bytes, step.blocks)
+
+    def cost(choice: Sequence[int], prof: Profile) -> float:
+        if ctx.cost_source == "measured":
+            return ctx.recompute_ms(choice)
+        return recompute_ms(prof.ops, ctx.device)
+
+    internal = budget_bytes
+    for _ in range(_MAX_ROUNDS):
+        choice = solve(ctx.peak_model, internal)
+        if choice is None:
+            break
+        prof = measure(choice)
+        if prof.peak_bytes <= budget_bytes:
+            return build(choice, prof)
+        # Over budget: the model under-predicted this choice; ask for that much less.
+        internal = min(internal, ctx.peak_model.predict(choice)) \
+            - (prof.peak_bytes - budget_bytes)
+    # Nothing predicted to fit fits: measure the lowest choices themselves, since the
+    # peak model may over-predict them (it is calibrated to be safe, not tight).
+    for lowest_choice in _lowest_choices(ctx):
+        prof = measure(lowest_choice)
+        if prof.peak_bytes <= budget_bytes:
+            break
+    fitted = [(k, p) for k, p in measured.items() if p.peak_bytes <= budget_bytes]
+    if fitted:  # a measured choice fits after all: the cheapest of them
+        cheapest = min(fitted, key=lambda kp: cost(kp[0], kp[1]))
+        return build(cheapest[0], cheapest[1])
+    lowest = min(measured.items(), key=lambda kp: kp[1].peak_bytes)
+    raise _too_small(ctx, budget_bytes, lowest[0], lowest[1])

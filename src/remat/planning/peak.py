@@ -1,0 +1,148 @@
+"""The peak model: a step's peak memory for any combination of per-block decisions.
+
+A sum of saved bytes is not a peak. The peak of a training step is the largest
+of its memory windows (NOTE [ Memory windows ] in ``_sim.py``), and each window
+holds different things: the forward of block i holds what blocks 0..i-1 saved
+plus block i's forward working set; the head window (last block's output to
+the loss and back) holds what every block saved plus the logits and the loss;
+the backward of block i holds what blocks 0..i-1 still keep, the gradients
+produced so far, and block i's backward working set (its recomputed
+activations included); the tail and the optimizer step hold gradients and
+optimizer state.
+
+NOTE [ Peak model ]
+    Every window ``w`` is written as::
+
+        peak_w(d) = constant_w + sum(saved[j][d_j] for j < prefix_w) + own_w[d_{block_w}]
+
+    where ``saved[j][c]`` is what block j keeps under candidate c,
+    ``own_w`` is the forward (``fwd:i``) or backward (``bwd:i``) working set
+    of the window's block (measured per candidate, see candidates.py), and
+    ``constant_w`` is everything the decisions do not change (parameters,
+    gradients, optimizer state, batch, embeddings, logits, loss). The
+    constants are calibrated from one tracked whole-model step without
+    checkpointing: ``constant_w = measured_w - sum(saved[j][none]) - own_w[none]``,
+    so the model reproduces that step's peak exactly and predicts the others
+    from the measured parts. The predicted peak is ``max_w peak_w(d)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from remat.planning._sim import StepWindows
+from remat.planning.candidates import BlockGroup, Candidate
+
+__all__ = ["PeakModel", "Window"]
+
+Term = Literal["forward", "backward"]
+
+
+@dataclass(frozen=True)
+class Window:
+    """One memory window of the step (see NOTE [ Peak model ]).
+
+    Args:
+        label: ``"pre"``, ``"fwd:i"``, ``"gap:i"``, ``"bwd:i"``, ``"after:i"``, ``"tail"``
+            or ``"optimizer"``.
+        constant_bytes: the part no decision changes.
+        prefix: blocks ``0 .. prefix-1`` contribute their saved bytes.
+        block: the block whose working set is in the window, or None.
+        term: which working set (``"forward"`` or ``"backward"``), or None.
+    """
+
+    label: str
+    constant_bytes: int
+    prefix: int
+    block: int | None = None
+    term: Term | None = None
+
+    def own_bytes(self, candidate: Candidate) -> int:
+        """The window's block's working set under ``candidate`` (0 without a block)."""
+        if self.term == "forward":
+            return candidate.forward_peak_bytes
+        if self.term == "backward":
+            return candidate.backward_peak_bytes
+        return 0
+
+
+def _structure(label: str) -> tuple[int, int | None, Term | None]:
+    """``(prefix, block, term)`` of a window label."""
+    kind, _, index = label.partition(":")
+    i = int(index) if index else 0
+    if kind == "fwd":
+        return i, i, "forward"
+    if kind == "gap":
+        return i + 1, None, None
+    if kind == "bwd":
+        return i, i, "backward"
+    if kind == "after":
+        return i, None, None
+    if kind in ("pre", "tail", "optimizer"):
+        return 0, None, None
+    raise ValueError(f"remat.plan: unknown memory window {label!r}")
+
+
+@dataclass(frozen=True)
+class PeakModel:
+    """Predicts the step's peak for per-block candidate choices (see NOTE [ Peak model ]).
+
+    Args:
+        windows: the step's windows with calibrated constants.
+        tables: per block (forward order), its candidates.
+        block_names: the blocks' qualified names.
+        reference_peak_bytes: the measured peak of the calibration step (no checkpointing).
+    """
+
+    windows: tuple[Window, ...]
+    tables: tuple[tuple[Candidate, ...], ...]
+    block_names: tuple[str, ...]
+    reference_peak_bytes: int
+
+    @classmethod
+    def calibrate(cls, groups: Sequence[BlockGroup], block_names: Sequence[str],
+                  step: StepWindows) -> PeakModel:
+        """Fit the window constants to a tracked step without checkpointing."""
+        by_name = {name: group.candidates for group in groups for name in group.names}
+        tables = tuple(by_name[name] for name in block_names)
+        none = [table[0] for table in tables]  # candidates start with "none"
+        windows = []
+        for label in step.order:
+            prefix, block, term = _structure(label)
+            window = Window(label, 0, prefix, block, term)
+            variable = sum(c.saved_bytes for c in none[:prefix])
+            if block is not None:
+                variable += window.own_bytes(none[block])
+            windows.append(Window(label, step.peaks[label] - variable, prefix, block, term))
+        return cls(tuple(windows), tables, tuple(block_names), step.peak_bytes)
+
+    @property
+    def num_blocks(self) -> int:
+        """Number of blocks."""
+        return len(self.tables)
+
+    def window_bytes(self, choice: Sequence[int]) -> dict[str, int]:
+        """Predicted peak of every window for ``choice`` (candidate index per block)."""
+        chosen = [self.tables[i][c] for i, c in enumerate(choice)]
+        prefix_sums = [0]
+        for cand in chosen:
+            prefix_sums.append(prefix_sums[-1] + cand.saved_bytes)
+        out: dict[str, int] = {}
+        for w in self.windows:
+            own = w.own_bytes(chosen[w.block]) if w.block is not None else 0
+            out[w.label] = w.constant_bytes + prefix_sums[w.prefix] + own
+        return out
+
+    def predict(self, choice: Sequence[int]) -> int:
+        """Predicted step peak, bytes, for ``choice`` (candidate index per block)."""
+        if len(choice) != self.num_blocks:
+            raise ValueError(f"PeakModel.predict: expected {self.num_blocks} choices, "
+                             f"got {len(choice)}")
+        return max(self.window_bytes(choice).values())
+
+    def peak_window(self, choice: Sequence[int]) -> str:
+        """Label of the window holding the predicted peak."""
+        values = self.window_bytes(choice)
+        return max(values, key=lambda k: values[k])

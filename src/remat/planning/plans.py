@@ -1,0 +1,336 @@
+"""The :class:`Plan`: one checkpointing decision per block, with its predicted and measured cost.
+
+A plan is what :func:`remat.plan` returns and what :func:`remat.apply`
+applies (``apply`` reads ``plan.decisions`` and ``plan.blocks``). It is a
+frozen value: measuring it again or searching batch sizes returns a new plan
+(``dataclasses.replace``). Plans round-trip through JSON (:meth:`Plan.to_json`,
+:meth:`Plan.from_json`) so a plan made once, on any machine, can be applied in a
+training script.
+
+NOTE [ Plan JSON format ]
+    ``{"format": "remat.plan", "version": 1, ...}``. The version changes whenever
+    a field changes meaning; :meth:`Plan.from_json` reads only versions it knows
+    and says which it read otherwise. Custom ``blocks=`` specs (classes or
+    predicates) are not serialisable, so the file stores the block names and
+    reads back a :class:`NamedBlocks` selecting exactly those modules. Fields
+    added later with a default that keeps the old meaning (``cost_source``,
+    ``timed_on``) do not change the version: an older file reads as before.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from types import MappingProxyType
+from typing import Any
+
+from remat.blocks import BlocksSpec
+from remat.planning.records import (
+    NamedBlocks,
+    ThroughputRow,
+    apply_spec,
+    check_float,
+    check_int,
+    decisions_label,
+    opt_float,
+    opt_int,
+    owner_block,
+)
+from remat.strategies import BlockDecision
+
+__all__ = ["COST_SOURCES", "PLAN_FORMAT_VERSION", "NamedBlocks", "Plan", "ThroughputRow",
+           "apply_spec", "decisions_label"]
+
+#: Version of the JSON written by :meth:`Plan.to_json` (see NOTE [ Plan JSON format ]).
+PLAN_FORMAT_VERSION = 1
+_FORMAT = "remat.plan"
+#: Where a plan's costs come from: op counts on a device spec, or timed runs.
+COST_SOURCES: tuple[str, ...] = ("roofline", "measured")
+
+
+def _decision_to_dict(decision: BlockDecision) -> dict[str, Any]:
+    save_ops = None if decision.save_ops is None else sorted(decision.save_ops)
+    return {"kind": decision.kind, "save_ops": save_ops}
+
+
+def _decision_from_dict(data: Any, where: str) -> BlockDecision:
+    if isinstance(data, str):
+        return BlockDecision(data)  # type: ignore[arg-type]
+    if not isinstance(data, Mapping) or "kind" not in data:
+        raise ValueError(f"Plan.from_json: decision for {where} must be an object with 'kind', "
+                         f"got {data!r}")
+    save_ops = data.get("save_ops")
+    return BlockDecision(data["kind"], None if save_ops is None else frozenset(save_ops))
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A checkpointing decision per block, and what it is predicted and measured to cost.
+
+    Made by :func:`remat.plan` (cheapest recompute whose peak fits a budget) and
+    applied with ``remat.apply(model, plan)``. Blocks not in ``decisions`` keep all
+    their activations (``"none"``); a plan with no decision is the *empty plan*.
+
+    Args:
+        decisions: per qualified module name, its :class:`~remat.strategies.BlockDecision`
+            (``"full"``, ``"attn"``, ``"mlp"``, ``"ops"`` with a save set, or ``"offload"``).
+            Keys are blocks, or sub-layers inside a block (``"blocks.3.mlp"``) when the
+            plan decides on a block's attention and MLP separately. ``"none"`` entries are
+            dropped.
+        block_names: every block of the model, in forward order.
+        budget_bytes: the peak-memory budget the plan was made for, bytes.
+        predicted_peak_bytes: the step's peak the peak model predicts, bytes.
+        measured_peak_bytes: the step's peak measured with the plan applied
+            (``remat.profile(...).peak_bytes``); ``None`` until measured.
+        recompute_flops: FLOPs recomputed per step.
+        recompute_ms: recompute cost per step, ms: with ``cost_source="roofline"`` the
+            roofline time of the recomputed ops on ``cost_device`` (plus exposed transfer
+            time for offload); with ``"measured"`` the sum of each block's measured extra
+            forward+backward time on ``timed_on``.
+        predicted_step_ms: time of the whole step, ms: the step-time model on
+            ``cost_device`` (``"roofline"``), or a timed step of the model with the plan
+            applied (``"measured"``).
+        no_checkpoint_peak_bytes: the un-checkpointed step's peak, bytes (what ``"60%"``
+            budgets are relative to). Default: ``None``.
+        cost_device: the device whose figures the costs use. Default: ``"h100-80gb"``.
+        cost_source: ``"roofline"`` (costs from op counts on ``cost_device``) or
+            ``"measured"`` (timed on the model's device). Default: ``"roofline"``.
+        timed_on: with ``"measured"``, the device the times come from, e.g.
+            ``"cuda:0 (NVIDIA H100 80GB HBM3)"``. Default: ``None``.
+        blocks: the ``blocks=`` spec ``remat.apply`` finds the decided modules with: the
+            spec the plan was made with (``None``: automatic), or a :class:`NamedBlocks`
+            of the decided modules when the plan decides on sub-layers.
+        batch_size: samples per step the plan is for, when known. Default: ``None``.
+        throughput: the throughput search's table (``maximize="throughput"``), else ``()``.
+
+    Example:
+        >>> plan = remat.plan(model, batch, budget="60%")
+        >>> remat.apply(model, plan)
+        >>> Plan.from_json(plan.to_json()) == plan
+        True
+    """
+
+    decisions: Mapping[str, BlockDecision]
+    block_names: tuple[str, ...]
+    budget_bytes: int
+    predicted_peak_bytes: int
+    measured_peak_bytes: int | None = None
+    recompute_flops: int = 0
+    recompute_ms: float = 0.0
+    predicted_step_ms: float | None = None
+    no_checkpoint_peak_bytes: int | None = None
+    cost_device: str = "h100-80gb"
+    cost_source: str = "roofline"
+    timed_on: str | None = None
+    blocks: BlocksSpec = field(default=None, compare=False)
+    batch_size: int | None = None
+    throughput: tuple[ThroughputRow, ...] = ()
+
+    def __post_init__(self) -> None:
+        names = tuple(self.block_names)
+        object.__setattr__(self, "block_names", names)
+        if len(set(names)) != len(names):
+            raise ValueError(f"Plan: block_names has duplicates: {sorted(names)}")
+        decisions: dict[str, BlockDecision] = {}
+        for name, decision in dict(self.decisions).items():
+            if not isinstance(decision, BlockDecision):
+                raise ValueError(f"Plan: decision for {name!r} must be a BlockDecision, got "
+                                 f"{type(decision).__name__}")
+            if owner_block(name, names) is None:
+                raise ValueError(
+                    f"Plan: decision for {name!r}, which is neither one of block_names "
+                    f"({', '.join(names[:4])}{' ...' if len(names) > 4 else ''}) nor inside one"
+                )
+            if decision.kind != "none":
+                decisions[name] = decision
+        order = {n: i for i, n in enumerate(names)}
+        ordered = dict(sorted(decisions.items(),
+                              key=lambda kv: (order[owner_block(kv[0], names) or ""], kv[0])))
+        object.__setattr__(self, "decisions", MappingProxyType(ordered))
+        object.__setattr__(self, "throughput", tuple(self.throughput))
+        check_int("Plan", "budget_bytes", self.budget_bytes)
+        check_int("Plan", "predicted_peak_bytes", self.predicted_peak_bytes)
+        check_int("Plan", "measured_peak_bytes", self.measured_peak_bytes, optional=True)
+        check_int("Plan", "recompute_flops", self.recompute_flops)
+        check_int("Plan", "no_checkpoint_peak_bytes", self.no_checkpoint_peak_bytes,
+                   optional=True)
+        check_int("Plan", "batch_size", self.batch_size, optional=True)
+        check_float("Plan", "recompute_ms", self.recompute_ms)
+        if self.cost_source not in COST_SOURCES:
+            raise ValueError(f"Plan: cost_source must be one of {COST_SOURCES}, got "
+                             f"{self.cost_source!r}")
+        if (self.timed_on is None) != (self.cost_source == "roofline"):
+            raise ValueError(f"Plan: timed_on names the device measured costs come from, so it "
+                             f"is set exactly when cost_source is 'measured'; got cost_source="
+                             f"{self.cost_source!r}, timed_on={self.timed_on!r}")
+        check_float("Plan", "predicted_step_ms", self.predicted_step_ms, optional=True)
+
+    # ---- reading -------------------------------------------------------------------------
+
+    def decision(self, name: str) -> BlockDecision:
+        """The decision for module ``name`` (``"none"`` when the plan leaves it alone).
+
+        ``name`` is a block, or a sub-layer the plan decides on (``"blocks.3.mlp"``);
+        a block whose sub-layers are decided on has decision ``"none"`` itself (see
+        :meth:`block_decisions`).
+
+        Raises:
+            KeyError: ``name`` is not a block of the plan nor inside one.
+        """
+        if owner_block(name, self.block_names) is None:
+            raise KeyError(f"Plan.decision: no block {name!r}; blocks: "
+                           f"{', '.join(self.block_names[:6])}")
+        return self.decisions.get(name, BlockDecision("none"))
+
+    def block_decisions(self, block: str) -> dict[str, BlockDecision]:
+        """The decisions on ``block`` and on modules inside it, by qualified name."""
+        if block not in self.block_names:
+            raise KeyError(f"Plan.block_decisions: no block {block!r}")
+        return {n: d for n, d in self.decisions.items() if owner_block(n, (block,)) == block}
+
+    def label_of(self, block: str) -> str:
+        """``"none"``, ``"full"``, ``"ops[aten.mm]"`` or ``"attn=...; mlp=..."`` for ``block``."""
+        parts = self.block_decisions(block)
+        if not parts:
+            return "none"
+        if list(parts) == [block]:
+            return parts[block].label()
+        return "; ".join(f"{n[len(block) + 1:] if n != block else 'block'}={d.label()}"
+                         for n, d in parts.items())
+
+    @property
+    def is_empty(self) -> bool:
+        """True when no block is checkpointed (the budget needs no checkpointing)."""
+        return not self.decisions
+
+    @property
+    def peak_bytes(self) -> int:
+        """The measured peak when known, else the predicted one."""
+        return self.measured_peak_bytes if self.measured_peak_bytes is not None \
+            else self.predicted_peak_bytes
+
+    def label(self) -> str:
+        """Decision counts in block order of first use, e.g. ``"4 none, 2 ops[aten.mm]"``."""
+        return decisions_label(self.label_of(name) for name in self.block_names)
+
+    # ---- JSON ----------------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-able dict (see NOTE [ Plan JSON format ])."""
+        return {
+            "format": _FORMAT,
+            "version": PLAN_FORMAT_VERSION,
+            "block_names": list(self.block_names),
+            "decisions": {n: _decision_to_dict(d) for n, d in self.decisions.items()},
+            "budget_bytes": self.budget_bytes,
+            "predicted_peak_bytes": self.predicted_peak_bytes,
+            "measured_peak_bytes": self.measured_peak_bytes,
+            "recompute_flops": self.recompute_flops,
+            "recompute_ms": self.recompute_ms,
+            "predicted_step_ms": self.predicted_step_ms,
+            "no_checkpoint_peak_bytes": self.no_checkpoint_peak_bytes,
+            "cost_device": self.cost_device,
+            "cost_source": self.cost_source,
+            "timed_on": self.timed_on,
+            "blocks": None if self.blocks is None else {"names": list(
+                self.blocks.names if isinstance(self.blocks, NamedBlocks) else self.block_names
+            )},
+            "batch_size": self.batch_size,
+            "throughput": [vars(row).copy() for row in self.throughput],
+        }
+
+    def to_json(self, *, indent: int | None = 2) -> str:
+        """The plan as JSON text; read it back with :meth:`Plan.from_json`."""
+        return json.dumps(self.to_dict(), indent=indent)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Plan:
+        """Rebuild a plan written by :meth:`to_dict`.
+
+        Raises:
+            ValueError: not a plan, or a format version this remat does not read.
+        """
+        if not isinstance(data, Mapping) or data.get("format") != _FORMAT:
+            found = data.get("format") if isinstance(data, Mapping) else type(data).__name__
+            raise ValueError(
+                f"Plan.from_json: not a remat plan (format {found!r}, expected {_FORMAT!r}); "
+                "write plans with plan.to_json()"
+            )
+        version = data.get("version")
+        if version != PLAN_FORMAT_VERSION:
+            raise ValueError(
+                f"Plan.from_json: plan format version {version!r} is not supported; this remat "
+                f"reads version {PLAN_FORMAT_VERSION}. Re-create the plan with remat.plan(...) "
+                "using this remat version, or install the remat version that wrote it."
+            )
+        try:
+            names = tuple(str(n) for n in data["block_names"])
+            decisions = {str(n): _decision_from_dict(d, repr(n))
+                         for n, d in dict(data.get("decisions") or {}).items()}
+            blocks = data.get("blocks")
+            return cls(
+                decisions=decisions,
+                block_names=names,
+                budget_bytes=int(data["budget_bytes"]),
+                predicted_peak_bytes=int(data["predicted_peak_bytes"]),
+                measured_peak_bytes=opt_int(data.get("measured_peak_bytes")),
+                recompute_flops=int(data.get("recompute_flops", 0)),
+                recompute_ms=float(data.get("recompute_ms", 0.0)),
+                predicted_step_ms=opt_float(data.get("predicted_step_ms")),
+                no_checkpoint_peak_bytes=opt_int(data.get("no_checkpoint_peak_bytes")),
+                cost_device=str(data.get("cost_device", "h100-80gb")),
+                cost_source=str(data.get("cost_source", "roofline")),
+                timed_on=None if data.get("timed_on") is None else str(data["timed_on"]),
+                blocks=NamedBlocks(tuple(blocks["names"])) if blocks else None,
+                batch_size=opt_int(data.get("batch_size")),
+                throughput=tuple(ThroughputRow(**row) for row in data.get("throughput") or ()),
+            )
+        except (KeyError, TypeError) as exc:
+            raise ValueError(f"Plan.from_json: malformed plan ({type(exc).__name__}: {exc})") \
+                from None
+
+    @classmethod
+    def from_json(cls, text: str) -> Plan:
+        """Read a plan written by :meth:`to_json`.
+
+        Raises:
+            ValueError: not JSON, not a plan, or an unsupported format version (the
+                message names the version found and the one this remat reads).
+
+        Example:
+            >>> Plan.from_json(plan.to_json()).decisions == plan.decisions
+            True
+        """
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"Plan.from_json: not valid JSON ({exc})") from None
+        return cls.from_dict(data)
+
+    # ---- display -------------------------------------------------------------------------
+
+    def summary(self) -> str:
+        """A plain-text summary: budget, peaks, costs and the decision per block."""
+        from remat.planning.display import plan_text
+
+        return plan_text(self)
+
+    def __rich__(self) -> Any:
+        from remat.planning.display import plan_renderable
+
+        return plan_renderable(self)
+
+    def __reduce__(self) -> tuple[Any, tuple[dict[str, Any]]]:
+        # The read-only decisions view cannot be pickled; rebuild from a plain dict.
+        state = {f.name: getattr(self, f.name) for f in fields(self)}
+        state["decisions"] = dict(self.decisions)
+        return _rebuild_plan, (state,)
+
+    def with_measurement(self, measured_peak_bytes: int) -> Plan:
+        """A copy with ``measured_peak_bytes`` set."""
+        return replace(self, measured_peak_bytes=int(measured_peak_bytes))
+
+
+def _rebuild_plan(state: dict[str, Any]) -> Plan:
+    return Plan(**state)

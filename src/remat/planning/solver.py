@@ -1,0 +1,185 @@
+"""Choose one candidate per block: least recompute cost whose predicted peak fits.
+
+The peak is a maximum over memory windows (see peak.py), so "fits" is one
+linear constraint per window; together with "one candidate per block" this is
+a multiple-choice knapsack with several knapsacks, solved exactly as a 0/1
+integer program with ``scipy.optimize.milp`` (HiGHS).
+
+NOTE [ Exact costs ]
+    Costs enter the program as integers (picoseconds of roofline time), and the
+    solver runs with a zero optimality gap, so the optimum is exact: a larger
+    budget only enlarges the feasible set and can never give a costlier plan
+    (the monotonicity the tests check). Byte constraints are checked again in
+    exact integer arithmetic after solving; a solution that HiGHS accepted
+    within its floating-point tolerance but that exceeds the budget by a few
+    bytes is re-solved with the budget tightened by the excess.
+
+NOTE [ Byte units ]
+    Byte counts of large models (1e10 and more) next to 0/1 variables make the
+    program badly scaled for HiGHS's floating-point tolerances. Constraints are
+    therefore written in units of a power of two chosen so that every coefficient is
+    at most 2**24 (exact in floating point, and 1 byte for test-sized models); the
+    exact integer check after solving catches any rounding.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import sys
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+from scipy.optimize import Bounds, LinearConstraint, milp
+
+from remat.errors import RematError
+from remat.planning.peak import PeakModel
+
+__all__ = ["choice_cost_ps", "min_peak_choice", "solve"]
+
+_PS_PER_MS = 10**9
+_MAX_RESOLVES = 4
+_MAX_COEFFICIENT = 2.0**24  # See NOTE [ Byte units ].
+_TIME_LIMIT_S = 10.0  # then the best plan found so far (it still must fit: closed loop)
+
+
+def _cost_ps(ms: float) -> int:
+    return int(round(ms * _PS_PER_MS))
+
+
+def choice_cost_ps(model: PeakModel, choice: Sequence[int]) -> int:
+    """The exact integer cost (picoseconds) of ``choice``, as the solver sees it."""
+    return sum(_cost_ps(model.tables[i][c].recompute_ms) for i, c in enumerate(choice))
+
+
+def _layout(model: PeakModel) -> list[int]:
+    offsets = [0]
+    for table in model.tables:
+        offsets.append(offsets[-1] + len(table))
+    return offsets
+
+
+def _window_rows(model: PeakModel, offsets: list[int]
+                 ) -> tuple[np.ndarray, np.ndarray, float]:
+    """Coefficients (one row per window), constants and the byte unit they are in.
+
+    See NOTE [ Byte units ].
+    """
+    rows = np.zeros((len(model.windows), offsets[-1]))
+    constants = np.zeros(len(model.windows))
+    for r, window in enumerate(model.windows):
+        constants[r] = window.constant_bytes
+        for j in range(window.prefix):
+            for c, cand in enumerate(model.tables[j]):
+                rows[r, offsets[j] + c] += cand.saved_bytes
+        if window.block is not None:
+            b = window.block
+            for c, cand in enumerate(model.tables[b]):
+                rows[r, offsets[b] + c] += window.own_bytes(cand)
+    largest = max(float(np.abs(rows).max(initial=0.0)), float(np.abs(constants).max()), 1.0)
+    unit = 2.0 ** max(0, math.ceil(math.log2(largest / _MAX_COEFFICIENT)))
+    return rows / unit, constants / unit, unit
+
+
+def _one_per_block(model: PeakModel, offsets: list[int], extra_columns: int = 0
+                   ) -> LinearConstraint:
+    eq = np.zeros((model.num_blocks, offsets[-1] + extra_columns))
+    for i in range(model.num_blocks):
+        eq[i, offsets[i]:offsets[i + 1]] = 1.0
+    return LinearConstraint(eq, 1.0, 1.0)
+
+
+def _decode(x: np.ndarray, offsets: list[int]) -> list[int]:
+    return [int(np.argmax(x[offsets[i]:offsets[i + 1]])) for i in range(len(offsets) - 1)]
+
+
+@contextlib.contextmanager
+def _native_stdout_silenced() -> Iterator[None]:
+    """Send file descriptor 1 to /dev/null: HiGHS prints debug lines from C++ on large
+    problems even with ``disp=False``. A no-op where stdout is not a real descriptor."""
+    try:
+        sys.stdout.flush()
+        fd = sys.__stdout__.fileno() if sys.__stdout__ is not None else 1
+        saved = os.dup(fd)
+    except (OSError, ValueError, AttributeError):
+        yield
+        return
+    try:
+        with open(os.devnull, "w") as devnull:
+            os.dup2(devnull.fileno(), fd)
+            try:
+                yield
+            finally:
+                os.dup2(saved, fd)
+    finally:
+        os.close(saved)
+
+
+def _run(c: np.ndarray, constraints: list[LinearConstraint], integrality: np.ndarray,
+         bounds: Bounds) -> np.ndarray | None:
+    with _native_stdout_silenced():
+        result = milp(c, constraints=constraints, integrality=integrality, bounds=bounds,
+                      options={"mip_rel_gap": 0.0, "disp": False, "time_limit": _TIME_LIMIT_S})
+    if result.status in (0, 1) and result.x is not None:  # 1: time limit, best found so far
+        return np.asarray(result.x)
+    if result.status == 2:  # infeasible
+        return None
+    raise RematError(f"remat.plan: the solver stopped without an answer ({result.message}); "
+                     "please report this with the model and budget")
+
+
+def solve(model: PeakModel, budget_bytes: int) -> list[int] | None:
+    """The cheapest choice (candidate index per block) whose predicted peak fits.
+
+    Args:
+        model: the calibrated peak model with every block's candidates.
+        budget_bytes: the peak the choice must not exceed.
+
+    Returns:
+        One candidate index per block, or ``None`` when no choice fits.
+
+    Example:
+        >>> solve(peak_model, 2 * 1024**3)
+        [0, 0, 3, 3, 5, 5]
+    """
+    offsets = _layout(model)
+    n = offsets[-1]
+    cost = np.array([float(_cost_ps(c.recompute_ms)) for t in model.tables for c in t])
+    rows, constants, unit = _window_rows(model, offsets)
+    target = budget_bytes
+    for _ in range(_MAX_RESOLVES):
+        limits = target / unit - constants
+        if np.any((limits < 0) & ~rows.any(axis=1)):
+            return None  # a window no decision changes is already over budget
+        constraints = [_one_per_block(model, offsets), LinearConstraint(rows, -np.inf, limits)]
+        x = _run(cost, constraints, np.ones(n), Bounds(0, 1))
+        if x is None:
+            return None
+        choice = _decode(x, offsets)
+        excess = model.predict(choice) - budget_bytes
+        if excess <= 0:
+            return choice
+        target -= excess  # See NOTE [ Exact costs ].
+    return None
+
+
+def min_peak_choice(model: PeakModel) -> list[int]:
+    """The choice with the smallest predicted peak (ties: the cheapest of them)."""
+    offsets = _layout(model)
+    n = offsets[-1]
+    rows, constants, _ = _window_rows(model, offsets)
+    # Variables: the candidates, then the peak z. Minimise z with rows·x - z <= -constant.
+    with_z = np.hstack([rows, -np.ones((rows.shape[0], 1))])
+    c = np.zeros(n + 1)
+    c[-1] = 1.0
+    constraints = [_one_per_block(model, offsets, extra_columns=1),
+                   LinearConstraint(with_z, -np.inf, -constants)]
+    integrality = np.concatenate([np.ones(n), [0.0]])
+    bounds = Bounds(np.zeros(n + 1), np.concatenate([np.ones(n), [np.inf]]))
+    x = _run(c, constraints, integrality, bounds)
+    if x is None:  # cannot happen: every choice has some peak
+        raise RematError("remat.plan: no candidate choice at all; please report this")
+    choice = _decode(x, offsets)
+    cheapest = solve(model, model.predict(choice))
+    return cheapest if cheapest is not None else choice

@@ -1,0 +1,94 @@
+"""The throughput search: the batch size with the most samples per second under a budget.
+
+See NOTE [ Throughput search ] in planner.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from remat.errors import BudgetTooSmall
+from remat.measure.step import Step
+from remat.planning.context import prepare_step
+from remat.planning.options import PlanOptions
+from remat.planning.plans import Plan, ThroughputRow
+
+__all__ = ["search_throughput"]
+
+_REFINE_STEPS = 4
+
+PlanOne = Callable[[Step, PlanOptions], Plan]
+"""Plans one batch size: ``(step, options) -> Plan`` (raises BudgetTooSmall)."""
+
+
+@dataclass
+class _Search:
+    """The sizes tried so far and what each gave."""
+
+    step: Step
+    make_batch: Callable[[int], Any]
+    options: PlanOptions
+    plan_one: PlanOne
+    plans: dict[int, Plan] = field(default_factory=dict)
+    rows: dict[int, ThroughputRow] = field(default_factory=dict)
+    first_error: BudgetTooSmall | None = None
+
+    def fits(self, n: int) -> bool:
+        if n in self.rows:
+            return self.rows[n].fits
+        try:
+            p = self.plan_one(self.step.with_batch(self.make_batch(n)), self.options)
+        except BudgetTooSmall as exc:
+            self.first_error = self.first_error or exc
+            self.rows[n] = ThroughputRow(n, False, "", exc.min_peak_bytes, 0.0, 0.0, 0.0)
+            return False
+        p = replace(p, batch_size=n)
+        step_ms = p.predicted_step_ms or 0.0
+        self.plans[n] = p
+        self.rows[n] = ThroughputRow(n, True, p.label(), p.peak_bytes, p.recompute_ms, step_ms,
+                                     n / step_ms * 1e3 if step_ms > 0 else 0.0)
+        return True
+
+
+def search_throughput(step: Step, make_batch: Callable[[int], Any], options: PlanOptions,
+                      plan_one: PlanOne) -> Plan:
+    """NOTE [ Throughput search ]: double the batch size until nothing fits, then bisect.
+
+    Args:
+        step: the step (its batch is replaced by ``make_batch(n)`` for each size n).
+        make_batch: ``n -> batch`` of n samples.
+        options: the planning options; a percentage budget refers to ``batch_size``.
+        plan_one: plans one batch size for a byte budget.
+    """
+    budget = options.budget
+    if budget.is_relative:
+        reference = prepare_step(step.with_batch(make_batch(options.batch_size)),
+                                 device=options.device, cost="roofline")
+        budget_bytes = budget.resolve(reference.no_checkpoint_peak_bytes)
+    else:
+        budget_bytes = budget.resolve(0)
+    search = _Search(step, make_batch, replace(options.with_budget(budget_bytes), maximize=None),
+                     plan_one)
+    n, low, high = 1, 0, None
+    while n <= options.max_batch_size:
+        if not search.fits(n):
+            high = n
+            break
+        low, n = n, n * 2
+    if low == 0 and search.first_error is not None:
+        raise search.first_error
+    if high is None and low < options.max_batch_size:
+        high = options.max_batch_size + 1
+    steps = 0
+    while high is not None and high - low > 1 and steps < _REFINE_STEPS:
+        steps += 1  # bisect toward the largest size that fits
+        mid = (low + high) // 2
+        if search.fits(mid):
+            low = mid
+        else:
+            high = mid
+    best = max(search.plans, key=lambda k: (search.rows[k].samples_per_s, -k))
+    table = tuple(search.rows[k] for k in sorted(search.rows))
+    return replace(search.plans[best], throughput=table)

@@ -1,0 +1,15 @@
+"""The strategies remat ships, one module each; the registry registers them in this order."""
+
+from remat.strategies.builtin.every import EveryN
+from remat.strategies.builtin.full import Full
+from remat.strategies.builtin.none import NoCheckpoint
+from remat.strategies.builtin.offload import Offload
+from remat.strategies.builtin.ops import SelectiveOps
+from remat.strategies.builtin.sqrt import SqrtSegments
+from remat.strategies.builtin.sublayer import Attention, Mlp
+
+#: Registration order: the order of every default strategy list.
+BUILTIN = (NoCheckpoint, Full, EveryN, SqrtSegments, Attention, Mlp, SelectiveOps, Offload)
+
+__all__ = ["BUILTIN", "Attention", "EveryN", "Full", "Mlp", "NoCheckpoint", "Offload",
+           "SelectiveOps", "SqrtSegments"]

@@ -1,0 +1,59 @@
+"""``every:N``: checkpoint blocks 0, N, 2N, ... (a memory/compute dial between none and full)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar
+
+from remat.errors import StrategyError
+from remat.strategies.base import Purpose, Strategy
+from remat.strategies.decision import BlockDecision
+
+__all__ = ["EveryN"]
+
+
+@dataclass(frozen=True)
+class EveryN(Strategy):
+    """Checkpoint every N-th block, starting with the first.
+
+    Args:
+        n: the stride, >= 1 (``every:1`` is ``full``).
+
+    Example:
+        >>> remat.apply(model, "every:2")  # blocks 0, 2, 4, ...
+    """
+
+    name: ClassVar[str] = "every"
+    summary: ClassVar[str] = "checkpoint blocks 0, N, 2N, ..."
+    argument: ClassVar[str | None] = "N"
+
+    n: int = 2
+
+    def __post_init__(self) -> None:
+        if isinstance(self.n, bool) or not isinstance(self.n, int) or self.n < 1:
+            raise ValueError(f"EveryN: n must be an int >= 1, got {self.n!r}")
+
+    @classmethod
+    def parse(cls, argument: str | None) -> Strategy:
+        text = (argument or "").strip()
+        if not text.isdigit() or int(text) < 1:
+            shown = cls.name if argument is None else f"{cls.name}:{argument}"
+            raise StrategyError(
+                f"remat.apply: cannot read {shown!r}; write every:N with an integer N >= 1, "
+                "e.g. every:2 checkpoints blocks 0, 2, 4, ..."
+            )
+        return cls(int(text))
+
+    @classmethod
+    def examples(cls, num_blocks: int, purpose: Purpose) -> list[Strategy]:
+        if purpose == "frontier":
+            return [cls(n) for n in range(2, num_blocks + 1)]
+        return [cls(2)]
+
+    def __str__(self) -> str:
+        return f"{self.name}:{self.n}"
+
+    def decisions(self, names: Sequence[str]) -> dict[str, BlockDecision]:
+        return {name: BlockDecision("full" if i % self.n == 0 else "none")
+                for i, name in enumerate(names)}

@@ -1,0 +1,33 @@
+"""``full``: checkpoint each block (keep its input, recompute the rest in backward)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from torch import nn
+
+from remat.strategies.base import BlockContext, BlockStrategy, Offer
+from remat.strategies.decision import BlockDecision
+from remat.strategies.regions import install_checkpoint
+
+__all__ = ["Full"]
+
+
+@dataclass(frozen=True)
+class Full(BlockStrategy):
+    """Checkpoint the whole block: about one extra forward of it in backward.
+
+    Example:
+        >>> remat.apply(model, "full")
+    """
+
+    name: ClassVar[str] = "full"
+    summary: ClassVar[str] = "checkpoint each block"
+
+    def install_block(self, block: nn.Module, decision: BlockDecision) -> list[nn.Module]:
+        install_checkpoint(block, label=decision.label())
+        return [block]
+
+    def offers(self, context: BlockContext) -> list[Offer]:
+        return [Offer((("", BlockDecision(self.name)),))]

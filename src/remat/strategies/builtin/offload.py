@@ -1,0 +1,40 @@
+"""``offload``: keep saved activations in pinned host memory (a no-op on CPU)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from torch import nn
+
+from remat.strategies.base import BlockContext, BlockStrategy, Offer
+from remat.strategies.decision import BlockDecision
+from remat.strategies.regions import install_offload
+
+__all__ = ["Offload"]
+
+
+@dataclass(frozen=True)
+class Offload(BlockStrategy):
+    """Move what each block saves for backward to host memory and back (no recompute).
+
+    Costs transfer time over the host link, hidden where it overlaps compute. Offered to
+    the planner only on CUDA; on CPU there is no separate host memory.
+
+    Example:
+        >>> remat.apply(model, "offload")
+    """
+
+    name: ClassVar[str] = "offload"
+    summary: ClassVar[str] = "saved activations in pinned host memory (GPU only)"
+    purposes: ClassVar[frozenset[str]] = frozenset({"compare"})
+    moves_to_host: ClassVar[bool] = True
+
+    def install_block(self, block: nn.Module, decision: BlockDecision) -> list[nn.Module]:
+        install_offload(block, label=decision.label())
+        return []
+
+    def offers(self, context: BlockContext) -> list[Offer]:
+        if context.runs_on != "cuda":
+            return []
+        return [Offer((("", BlockDecision(self.name)),), optional=True)]

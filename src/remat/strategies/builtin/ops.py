@@ -1,0 +1,154 @@
+"""``ops``: op-level selective checkpointing: keep chosen ops' outputs, recompute the rest.
+
+The strategy's decisions carry a save set (``BlockDecision("ops", {...})``); the bare
+``"ops"`` keeps every compute-heavy op's output (matmuls, attention, convolutions) and
+recomputes pointwise ops and norms (see :mod:`remat.strategies.sac`). For the planner it
+offers chains of save sets of increasing size, for the whole block and for each of its
+sub-layers (:func:`save_set_chain`).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar
+
+from torch import nn
+
+from remat.devices import DeviceSpec
+from remat.measure.roofline import op_roofline_ms
+from remat.measure.tracker import OpRecord
+from remat.strategies.base import BlockContext, BlockStrategy, Offer
+from remat.strategies.decision import BlockDecision
+from remat.strategies.regions import install_checkpoint
+from remat.strategies.sac import COMPUTE_HEAVY_OPS, call_entry, default_save_ops, parse_entry
+
+__all__ = ["SelectiveOps", "save_set_chain"]
+
+_MAX_LIGHT_OPS = 4  # pointwise op names added one by one to a sub-layer's save-set chain
+_MAX_LIGHT_OPS_BLOCK = 2  # ... to a whole block's (block-wide pointwise sets rarely pay off)
+_EXHAUSTIVE = 3  # sub-layers with at most this many op names try every save set
+
+
+@dataclass(frozen=True)
+class SelectiveOps(BlockStrategy):
+    """Keep the outputs of compute-heavy ops (or of ``save_ops``), recompute the rest.
+
+    Buys most of ``full``'s memory for a fraction of its recompute: matmul outputs are
+    a small share of a block's bytes and the costliest to redo.
+
+    Example:
+        >>> remat.apply(model, "ops")
+    """
+
+    name: ClassVar[str] = "ops"
+    summary: ClassVar[str] = "keep matmul/attention outputs, recompute the rest"
+    takes_save_ops: ClassVar[bool] = True
+
+    def install_block(self, block: nn.Module, decision: BlockDecision) -> list[nn.Module]:
+        save_ops = decision.save_ops if decision.save_ops is not None else default_save_ops()
+        install_checkpoint(block, label=decision.label(), save_ops=save_ops)
+        return [block]
+
+    def offers(self, context: BlockContext) -> list[Offer]:
+        """Block-wide save-set chains, then each sub-layer's (NOTE [ Candidate decisions ]
+        in remat.planning.candidates, items 3 and 5)."""
+        chain = save_set_chain(context.forward_ops, context.cost_device,
+                               max_light_ops=_MAX_LIGHT_OPS_BLOCK)
+        offers = [Offer((("", BlockDecision(self.name, s)),)) for s in chain]
+        for kind, (path, ops) in context.sublayers.items():
+            for s in save_set_chain(ops, context.cost_device, exhaustive_up_to=_EXHAUSTIVE):
+                offers.append(Offer(((path, BlockDecision(self.name, s)),), sublayer=kind))
+        return offers
+
+
+def _is_attention(op_name: str) -> bool:
+    return "attention" in op_name
+
+
+def save_set_chain(forward_ops: Sequence[OpRecord], device: DeviceSpec, *,
+                   max_light_ops: int = _MAX_LIGHT_OPS,
+                   exhaustive_up_to: int = 0) -> list[frozenset[str]]:
+    """Save sets of increasing size for op-level checkpointing (NOTE [ Candidate decisions ], 3).
+
+    Compute-heavy ops (matmuls, attention) called more than once in the region enter
+    the sets call by call (``"aten.mm#2"``, see ``remat.strategies.sac``), so the
+    cheapest matmuls per byte can be recomputed while the others are kept; pointwise
+    ops enter by name. A set holding every call of an op names the op instead.
+
+    Args:
+        forward_ops: the region's forward ops without checkpointing, in order.
+        device: the cost device (ranks entries by roofline time per output byte).
+        max_light_ops: at most this many pointwise op names are added. Default: 4.
+        exhaustive_up_to: with at most this many entries, every proper subset follows
+            the chain. Default: 0 (the chain only).
+
+    Returns:
+        Non-empty save sets: the chain, each a superset of the previous one, whose last one
+        leaves at least one entry to recompute; then the other subsets, if exhaustive.
+
+    Example:
+        >>> chain = save_set_chain(prof.ops_in("forward"), get_device("h100-80gb"))
+        >>> chain[0]  # attention kept first, dropped last
+        frozenset({'aten._scaled_dot_product_flash_attention_for_cpu'})
+    """
+    calls: dict[str, list[OpRecord]] = {}
+    excluded: set[str] = set()
+    for op in forward_ops:
+        calls.setdefault(op.name, []).append(op)
+        if op.name.endswith("_") or op.read_bytes == 0:
+            # In-place ops (aten's trailing underscore) cannot be saved: SAC refuses a cached
+            # output that is mutated later. Factories (no input) cost nothing to redo.
+            excluded.add(op.name)
+    out_bytes: dict[str, int] = {}
+    cost_ms: dict[str, float] = {}
+    entries_of: dict[str, list[str]] = {}
+    for name, ops in calls.items():
+        if name in excluded:
+            continue
+        per_call = len(ops) > 1 and (name in COMPUTE_HEAVY_OPS or _is_attention(name))
+        entries = [call_entry(name, i) for i in range(len(ops))] if per_call else [name]
+        groups = [[op] for op in ops] if per_call else [ops]
+        for entry, group in zip(entries, groups, strict=True):
+            written = sum(op.write_bytes for op in group)
+            cost = sum(op_roofline_ms(op, device) for op in group)
+            if written > 0 and cost > 0:
+                out_bytes[entry], cost_ms[entry] = written, cost
+                entries_of.setdefault(name, []).append(entry)
+    items = list(out_bytes)
+
+    def value(e: str) -> tuple[float, int]:
+        return (-cost_ms[e] / out_bytes[e], out_bytes[e])
+
+    def kind(e: str) -> str:
+        return parse_entry(e)[0]
+
+    attention = sorted((e for e in items if _is_attention(kind(e))), key=value)
+    heavy = sorted((e for e in items if kind(e) in COMPUTE_HEAVY_OPS
+                    and not _is_attention(kind(e))), key=value)
+    light = sorted((e for e in items if kind(e) not in COMPUTE_HEAVY_OPS
+                    and not _is_attention(kind(e))), key=value)[:max_light_ops]
+    order = attention + heavy + light
+    whole = {name: frozenset(es) for name, es in entries_of.items()
+             if len(es) == len(calls[name]) and len(es) > 1}
+
+    def named(entries: Sequence[str]) -> frozenset[str]:
+        chosen = set(entries)
+        for name, es in whole.items():  # every call of an op: name the op
+            if es <= chosen:
+                chosen = (chosen - es) | {name}
+        return frozenset(chosen)
+
+    total = len(items)
+    chain: list[frozenset[str]] = []
+    for k in range(1, len(order) + 1):
+        if k >= total:  # saving every op's output is "none" with extra steps
+            break
+        chain.append(named(order[:k]))
+    if 1 < total <= exhaustive_up_to:  # few entries: every proper subset, chain first
+        for k in range(1, total):
+            for subset in itertools.combinations(order, k):
+                if named(subset) not in chain:
+                    chain.append(named(subset))
+    return chain

@@ -1,0 +1,71 @@
+"""``sqrt``: consecutive blocks in ~sqrt(L) segments, one checkpointed region each."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar
+
+from torch import nn
+
+from remat.strategies.base import Strategy
+from remat.strategies.decision import BlockDecision
+from remat.strategies.regions import install_segment
+
+__all__ = ["SqrtSegments", "sqrt_segments"]
+
+
+def sqrt_segments(num_blocks: int) -> list[range]:
+    """Split ``num_blocks`` consecutive blocks into about sqrt(L) segments.
+
+    Segment length is ceil(sqrt(L)) (Chen et al. 2016, "Training Deep Nets with
+    Sublinear Memory Cost", Sec. 4.1); the last segment takes the remainder and is
+    checkpointed too.
+
+    Example:
+        >>> [list(r) for r in sqrt_segments(5)]
+        [[0, 1, 2], [3, 4]]
+    """
+    if num_blocks <= 0:
+        return []
+    size = max(1, math.ceil(math.sqrt(num_blocks)))
+    return [range(start, min(start + size, num_blocks)) for start in range(0, num_blocks, size)]
+
+
+def _stacks(named: Sequence[tuple[str, nn.Module]]) -> list[list[nn.Module]]:
+    """Group blocks by the container that holds them, keeping forward order."""
+    stacks: dict[str, list[nn.Module]] = {}
+    for name, block in named:
+        stacks.setdefault(name.rpartition(".")[0], []).append(block)
+    return list(stacks.values())
+
+
+@dataclass(frozen=True)
+class SqrtSegments(Strategy):
+    """Checkpoint ~sqrt(L) segments of consecutive blocks per stack (Chen et al. 2016).
+
+    Only each segment's input is kept; its blocks are recomputed together in
+    backward. Segments never cross stacks (encoder | decoder). The regions span
+    several blocks, so they cannot be compiled or sharded block by block
+    (``spans_blocks``).
+
+    Example:
+        >>> remat.apply(model, "sqrt")  # 9 blocks -> segments [0-2], [3-5], [6-8]
+    """
+
+    name: ClassVar[str] = "sqrt"
+    summary: ClassVar[str] = "~sqrt(L) segments of consecutive blocks"
+    spans_blocks: ClassVar[bool] = True
+
+    def decisions(self, names: Sequence[str]) -> dict[str, BlockDecision] | None:
+        return None
+
+    def install(self, blocks: Sequence[tuple[str, nn.Module]]) -> list[nn.Module]:
+        regions: list[nn.Module] = []
+        for stack in _stacks(blocks):
+            for segment in sqrt_segments(len(stack)):
+                members = [stack[i] for i in segment]
+                install_segment(members, label=self.name)
+                regions += members
+        return regions

@@ -1,0 +1,10 @@
+"""Validation: gradient parity against the un-checkpointed model.
+
+The pitfall checks that run when a strategy is applied live with the strategies
+(:mod:`remat.strategies.pitfalls`); :func:`remat.validate` compares the loss and every
+parameter gradient of a checkpointed step with the un-checkpointed one.
+"""
+
+from remat.validation.parity import ParityReport, relative_error, validate
+
+__all__ = ["ParityReport", "relative_error", "validate"]

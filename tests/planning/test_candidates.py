@@ -1,0 +1,139 @@
+"""Candidates per kind of block, and the peak model checked against measured steps."""
+
+from __future__ import annotations
+
+import random
+
+import torch
+from torch import nn
+
+from remat.devices import get_device
+from remat.measure import profile
+from remat.measure.step import Step
+from remat.measure.tracker import OpRecord
+from remat.planning import plan, prepare
+from remat.planning.loop import measure_decisions
+from remat.strategies import BlockDecision
+from remat.strategies.builtin.ops import save_set_chain
+
+from .conftest import Prepared
+
+H100 = get_device("h100-80gb")
+
+
+def op(name: str, flops: int, read: int, write: int) -> OpRecord:
+    return OpRecord(name, "forward", flops, read, write)
+
+
+def test_save_set_chain_keeps_attention_longest_then_matmuls_then_pointwise() -> None:
+    ops = [
+        op("aten.native_layer_norm", 0, 4096, 4096),
+        op("aten.mm", 2 * 64**3, 8192, 4096),
+        op("aten._scaled_dot_product_flash_attention", 10**9, 12288, 4096),
+        op("aten.gelu", 0, 16384, 16384),
+        op("aten.mul", 0, 8192, 4096),
+        op("aten.bernoulli_", 0, 4096, 4096),  # in place: never in a save set
+        op("aten.ones", 0, 0, 4096),  # a factory: free to redo
+        op("aten.view", 0, 0, 0),  # a view: moves nothing
+    ]
+    chain = save_set_chain(ops, H100)
+    assert chain[0] == {"aten._scaled_dot_product_flash_attention"}
+    assert chain[1] == chain[0] | {"aten.mm"}
+    for smaller, larger in zip(chain, chain[1:], strict=False):
+        assert smaller < larger
+    names = set().union(*chain)
+    assert not names & {"aten.bernoulli_", "aten.ones", "aten.view"}
+    assert len(chain[-1]) == 4  # of 5 savable names, at least one is always recomputed
+    assert chain[2] == chain[1] | {"aten.mul"}  # reads 2 bytes per byte written: dearest
+    assert save_set_chain(ops, H100, max_light_ops=1)[-1] == chain[2]
+
+
+def test_save_set_chain_adds_repeated_matmuls_call_by_call() -> None:
+    ops = [  # three matmuls writing the same bytes; inner dimensions 64, 1024, 256
+        op("aten.mm", 2 * 64 * 64 * 64, 8192, 16384),
+        op("aten.mm", 2 * 64 * 1024 * 64, 8192, 16384),
+        op("aten.mm", 2 * 64 * 256 * 64, 8192, 16384),
+        op("aten.gelu", 0, 16384, 16384),
+    ]
+    chain = save_set_chain(ops, H100)
+    # Dearest to recompute per byte first; every call kept is spelled by the op's name.
+    assert chain == [{"aten.mm#1"}, {"aten.mm#1", "aten.mm#2"}, {"aten.mm"}]
+
+
+def test_candidates_of_a_transformer_block(gpt_tiny: Prepared) -> None:
+    tables = gpt_tiny.context.peak_model.tables
+    assert len({id(t) for t in tables}) == 1  # identical blocks share one measurement
+    table = tables[0]
+    none, labels = table[0], [c.label() for c in table]
+    assert none.is_none and none.recompute_ms == 0.0 and none.recompute_flops == 0
+    assert "full" in labels
+    full = table[labels.index("full")]
+    assert full.saved_bytes < none.saved_bytes and full.recompute_flops > 0
+    assert full.recompute_ms > 0
+    # Some candidates decide on the attention and MLP sub-layers separately.
+    assert any("attn=" in label or "mlp=" in label for label in labels)
+    for c in table[1:]:  # every kept candidate is better than another in some number
+        assert not any(o.dominates(c) and o != c for o in table if not c.dominates(o))
+
+
+def test_peak_model_predicts_measured_peaks_exactly(tiny: Prepared) -> None:
+    ctx = tiny.context
+    pm = ctx.peak_model
+    assert pm.predict([0] * pm.num_blocks) == ctx.no_checkpoint_peak_bytes == tiny.none_peak
+    rng = random.Random(0)
+    for _ in range(3):
+        choice = [rng.randrange(len(t)) for t in pm.tables]
+        measured = measure_decisions(Step(tiny.model, tiny.batch), ctx.decisions(choice),
+                                     simulate=True)
+        assert measured.peak_bytes == pm.predict(choice), [
+            pm.tables[i][c].label() for i, c in enumerate(choice)]
+
+
+class Widen(nn.Module):
+    """Residual MLP block that may change the width: LayerNorm, Linear, GELU, Linear."""
+
+    def __init__(self, d_in: int, d_out: int) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(d_in)
+        self.up = nn.Linear(d_in, 4 * d_out)
+        self.act = nn.GELU()
+        self.down = nn.Linear(4 * d_out, d_out)
+        self.skip = nn.Linear(d_in, d_out, bias=False) if d_in != d_out else nn.Identity()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.skip(x) + self.down(self.act(self.up(self.norm(x))))
+        return out
+
+
+class Pyramid(nn.Module):
+    """Blocks of three different shapes: the planner measures one of each kind."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList([Widen(16, 16), Widen(16, 16), Widen(16, 32),
+                                     Widen(32, 32), Widen(32, 32)])
+        self.head = nn.Linear(32, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        loss: torch.Tensor = self.head(x).square().mean()
+        return loss
+
+
+def test_a_model_with_blocks_of_different_shapes() -> None:
+    torch.manual_seed(0)
+    model = Pyramid()
+    x = torch.randn(64, 16)
+    ctx = prepare(model, x)
+    tables = ctx.peak_model.tables
+    # layers.0 gets the raw input (no grad), unlike layers.1: they are measured apart.
+    assert tables[3] is tables[4] and len({id(t) for t in tables}) == 4
+    none_peak = profile(model, x, timing=False).peak_bytes
+    assert ctx.no_checkpoint_peak_bytes == none_peak
+    result = plan(model, x, budget="80%", context=ctx)
+    assert result.measured_peak_bytes is not None
+    assert result.measured_peak_bytes <= result.budget_bytes == int(0.8 * none_peak)
+    assert result.predicted_peak_bytes == result.measured_peak_bytes
+    assert all(d.kind in ("full", "ops") for d in result.decisions.values())
+    assert result.decision("layers.0") in (BlockDecision("none"), *result.decisions.values())

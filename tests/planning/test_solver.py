@@ -1,0 +1,117 @@
+"""The peak model and the solver on a hand-built table (no measurement involved)."""
+
+from __future__ import annotations
+
+import itertools
+import os
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from remat.planning.candidates import Candidate
+from remat.planning.peak import PeakModel, Window
+from remat.planning.solver import choice_cost_ps, min_peak_choice, solve
+from remat.strategies import BlockDecision
+
+# Per candidate: kept bytes, forward and backward working sets, recompute ms.
+NONE = Candidate((), 100, 110, 150, 0, 0.0)
+OPS = Candidate((("", BlockDecision("ops", frozenset({"aten.mm"}))),), 40, 110, 150, 5, 1.0)
+MLP = Candidate((("", BlockDecision("mlp")),), 60, 100, 140, 7, 0.6)
+FULL = Candidate((("", BlockDecision("full")),), 10, 90, 150, 9, 2.0)
+TABLE = (NONE, OPS, MLP, FULL)
+L = 3
+
+
+def model() -> PeakModel:
+    """Three blocks; 1000 B of parameters; logits 200 B at the head; grads grow in backward."""
+    windows = [Window("pre", 1000, 0)]
+    for i in range(L):
+        windows.append(Window(f"fwd:{i}", 1000, i, i, "forward"))
+    windows.append(Window(f"gap:{L - 1}", 1200, L))
+    for i in reversed(range(L)):
+        windows.append(Window(f"bwd:{i}", 1100 + 50 * (L - 1 - i), i, i, "backward"))
+    windows.append(Window("tail", 1250, 0))
+    return PeakModel(tuple(windows), (TABLE,) * L, tuple(f"b.{i}" for i in range(L)), 0)
+
+
+def brute_force(pm: PeakModel, budget: int) -> int | None:
+    costs = [choice_cost_ps(pm, c) for c in itertools.product(range(len(TABLE)), repeat=L)
+             if pm.predict(c) <= budget]
+    return min(costs) if costs else None
+
+
+def test_peak_is_the_largest_window_not_a_sum() -> None:
+    pm = model()
+    assert pm.predict([0, 0, 0]) == 1500  # head: 1200 + 3 x 100
+    assert pm.peak_window([0, 0, 0]) == "gap:2"
+    windows = pm.window_bytes([3, 3, 3])
+    assert windows["gap:2"] == 1230 and windows["bwd:2"] == 1100 + 20 + 150
+    assert windows["bwd:0"] == 1200 + 0 + 150  # the most gradients, nothing kept before it
+    assert pm.predict([3, 3, 3]) == 1350
+    assert pm.peak_window([3, 3, 3]) == "bwd:0"
+
+
+@pytest.mark.parametrize("budget", [1200, 1340, 1345, 1350, 1400, 1450, 1500, 10_000])
+def test_solver_finds_the_cheapest_choice_that_fits(budget: int) -> None:
+    pm = model()
+    choice = solve(pm, budget)
+    best = brute_force(pm, budget)
+    if best is None:
+        assert choice is None
+        return
+    assert choice is not None and pm.predict(choice) <= budget
+    assert choice_cost_ps(pm, choice) == best
+
+
+def test_three_regimes() -> None:
+    pm = model()
+    assert solve(pm, 10_000) == [0, 0, 0]  # not binding: the empty plan
+    lowest = pm.predict(min_peak_choice(pm))
+    assert solve(pm, lowest - 1) is None  # infeasible
+    assert solve(pm, lowest) is not None
+    binding = solve(pm, 1400)
+    assert binding is not None and binding != [0, 0, 0]
+
+
+def test_min_peak_choice_is_the_lowest_peak_then_the_cheapest() -> None:
+    pm = model()
+    choice = min_peak_choice(pm)
+    lowest = min(pm.predict(c) for c in itertools.product(range(len(TABLE)), repeat=L))
+    assert pm.predict(choice) == lowest
+    assert choice_cost_ps(pm, choice) == brute_force(pm, lowest)
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.integers(1200, 1600), st.integers(1200, 1600))
+def test_more_budget_never_costs_more(a: int, b: int) -> None:
+    pm = model()
+    low, high = sorted((a, b))
+    dear, cheap = solve(pm, low), solve(pm, high)
+    if dear is None:
+        return
+    assert cheap is not None
+    assert choice_cost_ps(pm, cheap) <= choice_cost_ps(pm, dear)
+
+
+def test_candidate_validation_and_labels() -> None:
+    assert NONE.is_none and NONE.label() == "none"
+    assert FULL.label() == "full" and FULL.decisions_for("b.0") == {"b.0": BlockDecision("full")}
+    pair = Candidate((("attn", BlockDecision("full")),
+                      ("mlp", BlockDecision("ops", frozenset({"aten.mm"})))), 1, 1, 1, 1, 0.1)
+    assert pair.label() == "attn=full; mlp=ops[aten.mm]"
+    assert set(pair.decisions_for("b.1")) == {"b.1.attn", "b.1.mlp"}
+    assert FULL.dominates(FULL) and not NONE.dominates(FULL)
+    with pytest.raises(ValueError, match="saved_bytes must be >= 0"):
+        Candidate((), -1, 0, 0, 0, 0.0)
+
+
+def test_the_solvers_native_output_never_reaches_stdout(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    from remat.planning.solver import _native_stdout_silenced
+
+    with _native_stdout_silenced():
+        os.write(1, b"HighsMipSolverData::printDisplayLine\n")  # what HiGHS prints from C++
+    print("after", flush=True)
+    assert capfd.readouterr().out == "after\n"

@@ -1,0 +1,74 @@
+"""remat.validate: reports, tolerance, and leaving the model as it was."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from remat.errors import ParityError
+from remat.models import build_model, make_batch
+from remat.strategies import applied, apply
+from remat.validation import ParityReport, relative_error, validate
+
+
+def test_relative_error() -> None:
+    ref = torch.tensor([1.0, -4.0, 2.0])
+    assert relative_error(ref, ref) == 0.0
+    assert relative_error(ref + torch.tensor([0.0, 0.4, 0.0]), ref) == pytest.approx(0.1)
+    assert relative_error(torch.zeros(2), torch.zeros(2)) == 0.0
+
+
+def test_report_fields_and_model_left_unchanged() -> None:
+    torch.manual_seed(0)
+    model = apply(build_model("gpt-tiny", dropout=0.1), "every:2")
+    before = applied(model)
+    params = {n: p.detach().clone() for n, p in model.named_parameters()}
+    rng = torch.get_rng_state()
+    report = validate(model, make_batch(model, 2), "ops")
+    assert report.passed and report.strategy == "ops"
+    assert set(report.per_param_rel_error) == {n for n, _ in model.named_parameters()}
+    assert report.loss == report.loss_ref
+    assert applied(model) == before
+    assert torch.equal(torch.get_rng_state(), rng)
+    assert all(p.grad is None for p in model.parameters())
+    for n, p in model.named_parameters():
+        assert torch.equal(p, params[n])
+
+
+class Drifting(nn.Module):
+    """A block whose forward depends on how often it ran: recompute differs from forward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        return self.lin(x) * (1.0 + 0.5 * (self.calls % 2))
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(Drifting() for _ in range(2))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x).tanh()
+        return x.square().sum()
+
+
+def test_failure_is_reported_and_raised() -> None:
+    torch.manual_seed(0)
+    report = validate(Net(), torch.randn(3, 4), "full")
+    assert not report.passed
+    assert report.worst_param.startswith("layers.")
+    with pytest.raises(ParityError, match="changes gradients"):
+        report.raise_if_failed()
+
+
+def test_report_validates_rtol() -> None:
+    with pytest.raises(ValueError, match="rtol must be > 0"):
+        ParityReport("full", 1.0, 1.0, 0.0, 0.0, "", {}, rtol=0.0)
