@@ -21,20 +21,21 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from remat.blocks import BlocksSpec, named_blocks
+from remat.blocks import BlocksSpec
 from remat.devices import DeviceSpec
 from remat.errors import BlocksNotFound, RematWarning, StrategyError
-from remat.measure.profile import Profile, profile
+from remat.measure.profile import Profile, profile, profile_step
 from remat.measure.roofline import roofline_ms
 from remat.measure.step import LossFn, Step
 from remat.planning._sim import quiet
+from remat.planning.context import resolve_cost
 from remat.planning.cost import cost_device, recompute_ms
 from remat.planning.loop import measure_decisions
 from remat.planning.plans import Plan
-from remat.strategies import apply, preserved_strategy
+from remat.strategies import apply, default_strategies, preserved_strategy
 
 if TYPE_CHECKING:
-    from remat.compare.runner import ComparisonResult
+    from remat.compare.rows import ComparisonResult
 
 __all__ = ["Frontier", "FrontierPoint", "add_plan_row", "frontier", "manual_strategies"]
 
@@ -120,9 +121,9 @@ class Frontier:
 
 
 def manual_strategies(num_blocks: int) -> list[str]:
-    """``none, full, every:2 .. every:L, sqrt, attn, mlp, ops`` for ``num_blocks`` blocks."""
-    return ["none", "full", *(f"every:{n}" for n in range(2, num_blocks + 1)),
-            "sqrt", "attn", "mlp", "ops"]
+    """The registry's frontier points for ``num_blocks`` blocks: ``none, full, every:2 ..
+    every:L, sqrt, attn, mlp, ops`` and any registered strategy that asks to be there."""
+    return default_strategies("frontier", num_blocks=num_blocks)
 
 
 def _point(name: str, prof: Profile, budget_bytes: int, step: float,
@@ -170,8 +171,6 @@ def frontier(
         >>> f.point("plan").recompute_ms <= f.best_manual().recompute_ms
         True
     """
-    from remat.planning.context import resolve_cost
-
     if budget_bytes is None:
         if plan is None:
             raise ValueError("remat.compare.frontier: pass a plan or budget_bytes")
@@ -181,49 +180,56 @@ def frontier(
     if cost is None:
         cost = plan.cost_source if plan is not None else "auto"
     timed = resolve_cost(cost, model, simulate=simulate) == "measured"
-    spec = cost_device(next((p.device for p in model.parameters()), None), device)
+    step = Step(model, batch, loss_fn=loss_fn, optimizer=optimizer, blocks=blocks)
     names = list(strategies) if strategies is not None else \
-        manual_strategies(len(named_blocks(model, blocks)))
+        manual_strategies(len(step.blocks_found(api="remat.compare.frontier")))
     if "none" not in names:
         names.insert(0, "none")
+    profiles = _manual_profiles(step, names, simulate=simulate, timed=timed)
+    if plan is not None and (timed or plan.measured_peak_bytes is None
+                             or plan.cost_source != "roofline"):
+        plan_step = step if blocks is not None or plan.blocks is None else \
+            Step(model, batch, loss_fn=loss_fn, optimizer=optimizer, blocks=plan.blocks)
+        profiles["plan"] = measure_decisions(plan_step, plan.decisions, simulate=simulate,
+                                             timing=timed)
+    if timed:
+        base_ms = profiles["none"].step_ms or 0.0
+        points = [_timed_point(name, prof, budget_bytes, base_ms)
+                  for name, prof in profiles.items()]
+        return Frontier(tuple(points), budget_bytes, base_ms, str(step.device), label,
+                        "measured")
+    spec = cost_device(step.device, device)
+    base_ms = roofline_ms(profiles["none"].ops, spec)
+    points = [_point(name, prof, budget_bytes, base_ms, spec) for name, prof in profiles.items()]
+    if plan is not None and "plan" not in profiles:
+        points.append(FrontierPoint(
+            "plan", plan.peak_bytes, plan.recompute_flops, plan.recompute_ms,
+            100.0 * plan.recompute_ms / base_ms if base_ms > 0 else 0.0,
+            plan.peak_bytes <= budget_bytes,
+        ))
+    return Frontier(tuple(points), budget_bytes, base_ms, spec.name, label)
+
+
+def _manual_profiles(step: Step, names: Sequence[str], *, simulate: bool,
+                     timed: bool) -> dict[str, Profile]:
+    """Each manual strategy's profile (strategies that do not apply to the model are left
+    out, e.g. no attention sub-layer to checkpoint)."""
     profiles: dict[str, Profile] = {}
     for name in names:
-        with preserved_strategy(model), quiet():
+        with preserved_strategy(step.model), quiet():
             try:
-                apply(model, name, blocks=blocks)
+                apply(step.model, name, blocks=step.blocks)
             except (BlocksNotFound, StrategyError):
-                continue  # e.g. no attention sub-layer to checkpoint
+                continue
             try:
-                profiles[name] = profile(model, batch, loss_fn=loss_fn, optimizer=optimizer,
-                                         simulate=simulate, blocks=blocks, timing=timed,
-                                         repeats=3)
+                profiles[name] = profile_step(step, simulate=simulate, timing=timed, repeats=3)
             except (RuntimeError, ValueError) as exc:
                 if name == "none":
                     raise
                 warnings.warn(f"remat.compare.frontier: could not measure strategy {name!r} "
                               f"({type(exc).__name__}: {exc}); it is left out of the frontier",
-                              RematWarning, stacklevel=2)
-    if plan is not None and (timed or plan.measured_peak_bytes is None
-                             or plan.cost_source != "roofline"):
-        step = Step(model, batch, loss_fn=loss_fn, optimizer=optimizer,
-                    blocks=blocks or plan.blocks)
-        profiles["plan"] = measure_decisions(step, plan.decisions, simulate=simulate,
-                                             timing=timed)
-    if timed:
-        step = profiles["none"].step_ms or 0.0
-        points = [_timed_point(name, prof, budget_bytes, step)
-                  for name, prof in profiles.items()]
-        where = str(next((p.device for p in model.parameters()), "cpu"))
-        return Frontier(tuple(points), budget_bytes, step, where, label, "measured")
-    step = roofline_ms(profiles["none"].ops, spec)
-    points = [_point(name, prof, budget_bytes, step, spec) for name, prof in profiles.items()]
-    if plan is not None and "plan" not in profiles:
-        points.append(FrontierPoint(
-            "plan", plan.peak_bytes, plan.recompute_flops, plan.recompute_ms,
-            100.0 * plan.recompute_ms / step if step > 0 else 0.0,
-            plan.peak_bytes <= budget_bytes,
-        ))
-    return Frontier(tuple(points), budget_bytes, step, spec.name, label)
+                              RematWarning, stacklevel=3)
+    return profiles
 
 
 def _timed_point(name: str, prof: Profile, budget_bytes: int, base_ms: float) -> FrontierPoint:
@@ -272,7 +278,7 @@ def add_plan_row(
         >>> result.row("plan").peak_bytes <= 0.7 * result.row("none").peak_bytes
         True
     """
-    from remat.compare.runner import ComparisonResult, StrategyRow
+    from remat.compare.rows import ComparisonResult, StrategyRow
     from remat.planning.planner import auto
 
     meta = dict(result.meta)

@@ -18,16 +18,15 @@ Step times are then taken side by side (see Note [ Interleaved timing ]).
 
 from __future__ import annotations
 
-import json
-import math
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
+
+from remat.compare.rows import BASELINE, ComparisonResult, StrategyRow
 
 __all__ = ["DEFAULT_STRATEGIES", "ComparisonResult", "StrategyRow", "compare", "compare_preset"]
 
@@ -36,192 +35,10 @@ DEFAULT_STRATEGIES: tuple[str, ...] = (
     "none", "full", "every:2", "sqrt", "attn", "mlp", "ops", "offload",
 )
 
-_BASELINE = "none"
-_JSON_VERSION = 1
+_BASELINE = BASELINE
 
 ProgressFn = Callable[[str, int, int], None]
 """``progress(description, completed, total)``, called before and after each unit of work."""
-
-
-@dataclass(frozen=True)
-class StrategyRow:
-    """One strategy's measurements and its comparison with the ``"none"`` baseline.
-
-    Args:
-        strategy: the strategy string, e.g. ``"every:2"``.
-        peak_bytes: peak memory of one training step (params, grads, batch and
-            activations included).
-        activation_bytes: bytes created in forward and still alive when backward starts.
-        param_bytes: parameter bytes.
-        grad_bytes: gradient bytes.
-        flops: forward + backward FLOPs, recomputation included.
-        recompute_flops: FLOPs of the recompute passes.
-        step_ms: median forward+backward wall time in ms; ``None`` when not timed.
-        peak_change_pct: ``100 * (peak / peak_none - 1)``; negative saves memory.
-        activation_change_pct: the same for ``activation_bytes``.
-        recompute_overhead_pct: ``100 * recompute_flops / flops_none``.
-        step_time_ratio: ``step_ms / step_ms_none``; ``None`` when not timed.
-        grad_max_rel_error: worst relative gradient (or loss) error against the
-            un-checkpointed model; ``None`` when validation was skipped.
-        grad_passed: whether that error is within tolerance; ``None`` when skipped.
-        worst_param: the parameter with the worst error; ``None`` when skipped.
-        cuda_peak_bytes: ``torch.cuda.max_memory_allocated`` cross-check on CUDA, else ``None``.
-    """
-
-    strategy: str
-    peak_bytes: int
-    activation_bytes: int
-    param_bytes: int
-    grad_bytes: int
-    flops: int
-    recompute_flops: int
-    step_ms: float | None
-    peak_change_pct: float
-    activation_change_pct: float
-    recompute_overhead_pct: float
-    step_time_ratio: float | None
-    grad_max_rel_error: float | None = None
-    grad_passed: bool | None = None
-    worst_param: str | None = None
-    cuda_peak_bytes: int | None = None
-
-    @classmethod
-    def from_profile(cls, strategy: str, prof: Any, base: Any, *, step_ms: float | None = None,
-                     base_ms: float | None = None, report: Any = None) -> StrategyRow:
-        """A row from a Profile, the ``none`` baseline's Profile and an optional ParityReport."""
-        return cls(
-            strategy=strategy,
-            peak_bytes=int(prof.peak_bytes),
-            activation_bytes=int(prof.activation_bytes),
-            param_bytes=int(prof.param_bytes),
-            grad_bytes=int(prof.grad_bytes),
-            flops=int(prof.flops),
-            recompute_flops=int(prof.recompute_flops),
-            step_ms=step_ms,
-            peak_change_pct=_change_pct(prof.peak_bytes, base.peak_bytes),
-            activation_change_pct=_change_pct(prof.activation_bytes, base.activation_bytes),
-            recompute_overhead_pct=100.0 * prof.recompute_flops / max(base.flops, 1),
-            step_time_ratio=(step_ms / base_ms) if step_ms is not None and base_ms else None,
-            grad_max_rel_error=_report_error(report),
-            grad_passed=None if report is None else bool(report.passed),
-            worst_param=None if report is None else str(report.worst_param),
-            cuda_peak_bytes=getattr(prof, "cuda_peak_bytes", None),
-        )
-
-    def __post_init__(self) -> None:
-        if not self.strategy:
-            raise ValueError("StrategyRow: strategy must be a non-empty string")
-        for name in ("peak_bytes", "activation_bytes", "param_bytes", "grad_bytes", "flops",
-                     "recompute_flops"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise ValueError(
-                    f"StrategyRow({self.strategy!r}): {name} must be an int >= 0, got {value!r}"
-                )
-        if self.recompute_flops > self.flops:
-            raise ValueError(
-                f"StrategyRow({self.strategy!r}): recompute_flops ({self.recompute_flops}) "
-                f"exceeds flops ({self.flops})"
-            )
-        for name in ("step_ms", "step_time_ratio", "grad_max_rel_error"):
-            value = getattr(self, name)
-            if value is not None and not (math.isfinite(value) and value >= 0):
-                raise ValueError(
-                    f"StrategyRow({self.strategy!r}): {name} must be a finite number >= 0 "
-                    f"or None, got {value!r}"
-                )
-        if (self.grad_passed is None) != (self.grad_max_rel_error is None):
-            raise ValueError(
-                f"StrategyRow({self.strategy!r}): grad_passed and grad_max_rel_error must both "
-                f"be set or both be None, got {self.grad_passed!r} and {self.grad_max_rel_error!r}"
-            )
-
-
-@dataclass(frozen=True)
-class ComparisonResult:
-    """Every strategy's :class:`StrategyRow`, baseline (``"none"``) first.
-
-    Args:
-        rows: one row per strategy, in the order they were requested.
-        device: the device the steps ran on, e.g. ``"cpu"`` or ``"cuda:0"``.
-        repeats: timed steps per strategy (0: timing skipped).
-        label: free text naming the setup, e.g. ``"gpt-small, batch 8, seq 256"``.
-        baseline: the strategy the changes are relative to. Default: ``"none"``.
-        meta: extra JSON-able facts about the run (model preset, batch size, ...).
-    """
-
-    rows: tuple[StrategyRow, ...]
-    device: str
-    repeats: int
-    label: str = ""
-    baseline: str = _BASELINE
-    meta: Mapping[str, Any] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        if not self.rows:
-            raise ValueError("ComparisonResult: rows must not be empty")
-        names = [row.strategy for row in self.rows]
-        if len(set(names)) != len(names):
-            raise ValueError(f"ComparisonResult: duplicate strategies in {names}")
-        if self.baseline not in names:
-            raise ValueError(
-                f"ComparisonResult: baseline {self.baseline!r} is not among the rows {names}"
-            )
-        if self.repeats < 0:
-            raise ValueError(f"ComparisonResult: repeats must be >= 0, got {self.repeats}")
-
-    @property
-    def strategies(self) -> tuple[str, ...]:
-        """The strategy names, in row order."""
-        return tuple(row.strategy for row in self.rows)
-
-    def row(self, strategy: str) -> StrategyRow:
-        """The row of ``strategy``; raises ``KeyError`` listing the known ones."""
-        for row in self.rows:
-            if row.strategy == strategy:
-                return row
-        raise KeyError(
-            f"ComparisonResult.row: no strategy {strategy!r}; have {list(self.strategies)}"
-        )
-
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-able dict with keys version, label, device, repeats, baseline, meta, rows."""
-        return {
-            "version": _JSON_VERSION,
-            "label": self.label,
-            "device": self.device,
-            "repeats": self.repeats,
-            "baseline": self.baseline,
-            "meta": dict(self.meta),
-            "rows": [asdict(row) for row in self.rows],
-        }
-
-    def to_json(self, *, indent: int | None = 2) -> str:
-        """:meth:`to_dict` as a JSON string."""
-        return json.dumps(self.to_dict(), indent=indent)
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> ComparisonResult:
-        """Rebuild a result written by :meth:`to_dict` (validates it again)."""
-        version = data.get("version")
-        if version != _JSON_VERSION:
-            raise ValueError(
-                f"ComparisonResult.from_dict: unsupported version {version!r} "
-                f"(this remat reads version {_JSON_VERSION})"
-            )
-        return cls(
-            rows=tuple(StrategyRow(**row) for row in data["rows"]),
-            device=str(data["device"]),
-            repeats=int(data["repeats"]),
-            label=str(data.get("label", "")),
-            baseline=str(data.get("baseline", _BASELINE)),
-            meta=dict(data.get("meta", {})),
-        )
-
-    @classmethod
-    def from_json(cls, text: str) -> ComparisonResult:
-        """Rebuild a result from :meth:`to_json` output."""
-        return cls.from_dict(json.loads(text))
 
 
 def compare(
@@ -428,17 +245,6 @@ def _check_grads(model_factory: Callable[[], nn.Module], seed: int, batch: Any, 
 
     model = _fresh_model(model_factory, seed)
     return validate(model, batch, strategy, blocks=blocks, loss_fn=loss_fn)
-
-
-def _report_error(report: Any) -> float | None:
-    if report is None:
-        return None
-    # The contract's "passed" covers the loss and every parameter gradient.
-    return float(max(report.max_rel_error, report.loss_rel_error))
-
-
-def _change_pct(value: int, base: int) -> float:
-    return 100.0 * (value / base - 1.0) if base else 0.0
 
 
 def _synchronize(device: str) -> None:

@@ -242,7 +242,10 @@ def collect_offers(context: BlockContext) -> list[Offer]:
     for rank, cls in enumerate(registered()):
         if not issubclass(cls, BlockStrategy):
             continue
-        for offer in cls.parse(None).offers(context):  # type: ignore[union-attr]
+        strategy = cls.parse(None)
+        if not isinstance(strategy, BlockStrategy):
+            continue
+        for offer in strategy.offers(context):
             group = (0, 0) if offer.sublayer is None else (1, kinds.index(offer.sublayer))
             offers.append(((*group, rank), len(offers), offer))
     return [offer for _, _, offer in sorted(offers, key=lambda item: (item[0], item[1]))]

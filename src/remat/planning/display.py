@@ -6,14 +6,16 @@ them); this module only lays plans out.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from remat.planning.plans import Plan
 from remat.units import format_bytes, format_flops, format_ms, markdown_table
+
+if TYPE_CHECKING:  # plans.py imports this module for Plan.summary(): no cycle
+    from remat.planning.plans import Plan
 
 __all__ = [
     "THROUGHPUT_COLUMNS",

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from remat.units import mib
 
 if TYPE_CHECKING:
-    from remat.compare.runner import ComparisonResult
+    from remat.compare.rows import ComparisonResult
 
 __all__ = ["plot_comparison"]
 

@@ -24,7 +24,7 @@ from remat.units import (
 )
 
 if TYPE_CHECKING:
-    from remat.compare.runner import ComparisonResult, StrategyRow
+    from remat.compare.rows import ComparisonResult, StrategyRow
 
 __all__ = [
     "COMPARISON_COLUMNS",

@@ -1,0 +1,147 @@
+"""The package graph is one-way: no import (lazy ones included) goes up a layer, no cycle.
+
+Layers, lowest first (docs/architecture.md draws them)::
+
+    core -> measure -> strategies -> validation -> planning -> simulate -> compare
+         -> report -> cli | integrations          (jax: a backend beside them)
+
+A module may import its own layer's modules and any lower layer's; the test parses
+every ``import`` under src/remat, function bodies included, so a lazy import cannot
+hide an upward edge.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "remat"
+
+CORE = ("errors", "units", "devices", "blocks", "recompute", "models")
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("remat",),  # the package's own __init__: lazy names only, imports nothing eagerly
+    CORE,
+    ("measure",),
+    ("strategies",),
+    ("validation",),
+    ("planning",),
+    ("simulate",),
+    ("compare",),
+    ("report",),
+    ("cli", "integrations", "jax"),
+)
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(SRC.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            if node.module.startswith("remat"):
+                found.add(node.module)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith("remat"))
+    return found
+
+
+def _in_type_checking_only(path: Path) -> set[str]:
+    """Imports under ``if TYPE_CHECKING:`` (never executed)."""
+    tree = ast.parse(path.read_text())
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING":
+            for sub in ast.walk(node):
+                if isinstance(sub, ast.ImportFrom) and sub.module:
+                    out.add(sub.module)
+    return out
+
+
+def _graph() -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {}
+    for path in sorted(SRC.rglob("*.py")):
+        graph[_module_name(path)] = _imports(path) - _in_type_checking_only(path)
+    return graph
+
+
+def _part(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "remat"
+
+
+def _layer(module: str) -> int:
+    part = _part(module)
+    for index, members in enumerate(LAYERS):
+        if part in members:
+            return index
+    raise AssertionError(f"{module}: package part {part!r} is in no layer; add it to LAYERS "
+                         "here and to docs/architecture.md")
+
+
+def test_every_module_is_in_a_layer() -> None:
+    for module in _graph():
+        _layer(module)
+
+
+def test_no_import_goes_up_a_layer() -> None:
+    upward = sorted(
+        f"{src} -> {dst} ({LAYERS[_layer(src)]} imports {LAYERS[_layer(dst)]})"
+        for src, targets in _graph().items() for dst in targets
+        if _layer(dst) > _layer(src)
+    )
+    assert upward == [], "upward imports:\n" + "\n".join(upward)
+
+
+def test_peers_in_the_top_layer_do_not_import_each_other() -> None:
+    top = LAYERS[-1]
+    crossing = sorted(f"{s} -> {d}" for s, ts in _graph().items() for d in ts
+                      if _part(s) in top and _part(d) in top and _part(s) != _part(d))
+    assert crossing == []
+
+
+def _resolve(name: str, graph: dict[str, set[str]]) -> str | None:
+    """The module an import names (``from remat.x import y`` names ``remat.x``)."""
+    while name and name not in graph:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def test_no_import_cycle() -> None:
+    graph = _graph()
+    edges = {m: {r for t in ts if (r := _resolve(t, graph)) and r != m} for m, ts in graph.items()}
+    # a package's __init__ importing its own submodules is how packages work: a submodule
+    # importing its own package's __init__ back is the cycle to catch.
+    state: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(edges.get(node, ())):
+            if state.get(nxt) == 1:
+                cycles.append(stack[stack.index(nxt):] + [nxt])
+            elif nxt not in state:
+                visit(nxt)
+        stack.pop()
+        state[node] = 2
+
+    for node in sorted(edges):
+        if node not in state:
+            visit(node)
+    assert cycles == [], "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)
+
+
+@pytest.mark.parametrize("limit", [400])
+def test_no_module_is_a_big_room(limit: int) -> None:
+    big = sorted(f"{p.relative_to(SRC)}: {n} lines" for p in SRC.rglob("*.py")
+                 if (n := len(p.read_text().splitlines())) > limit)
+    assert big == [], f"modules over {limit} lines:\n" + "\n".join(big)
