@@ -150,3 +150,24 @@ def test_a_plan_holding_a_registered_kind_round_trips_and_applies(halves: type) 
     assert dict(remat.strategies.applied(model).decisions)[names[0]] == "halves"
     batch = make_batch(model, 2)
     assert remat.validate(model, batch, again).passed
+
+
+def test_installed_packages_register_strategies_through_entry_points(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.metadata
+
+    from remat.strategies import registry
+
+    good = importlib.metadata.EntryPoint(
+        "halves", f"{__name__}:CheckpointFirstHalf", registry.ENTRY_POINT_GROUP)
+    broken = importlib.metadata.EntryPoint(
+        "broken", "no_such_module_for_remat:Nothing", registry.ENTRY_POINT_GROUP)
+    monkeypatch.setattr(importlib.metadata, "entry_points",
+                        lambda group: [good, broken] if group == registry.ENTRY_POINT_GROUP
+                        else [])
+    try:
+        with pytest.warns(remat.RematWarning, match="could not register strategy plug-in"):
+            assert registry.load_entry_points() == ["halves"]
+        assert "halves" in remat.STRATEGIES
+    finally:
+        unregister_strategy("halves")

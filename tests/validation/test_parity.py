@@ -72,3 +72,24 @@ def test_failure_is_reported_and_raised() -> None:
 def test_report_validates_rtol() -> None:
     with pytest.raises(ValueError, match="rtol must be > 0"):
         ParityReport("full", 1.0, 1.0, 0.0, 0.0, "", {}, rtol=0.0)
+
+
+def test_validate_leaves_hf_checkpointing_and_kv_cache_as_it_found_them() -> None:
+    """#13 item 6: validate used to turn HF checkpointing off for good (next run: OOM)."""
+    import warnings
+
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
+                                   num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=2)
+    model = transformers.LlamaForCausalLM(cfg).train()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model.gradient_checkpointing_enable()
+        model.config.use_cache = True
+        ids = torch.randint(0, 64, (2, 8))
+        report = validate(model, {"input_ids": ids, "labels": ids}, "full")
+        assert report.passed
+        assert model.is_activation_checkpointing is True
+    assert model.config.use_cache is True
+    assert all(layer.gradient_checkpointing for layer in model.model.layers)

@@ -14,7 +14,8 @@ NOTE [ Plan JSON format ]
     predicates) are not serialisable, so the file stores the block names and
     reads back a :class:`NamedBlocks` selecting exactly those modules. Fields
     added later with a default that keeps the old meaning (``cost_source``,
-    ``timed_on``) do not change the version: an older file reads as before.
+    ``timed_on``, ``framework``) do not change the version: an older file reads as before.
+    A file whose ``framework`` is not ``"torch"`` is refused with the loader to use.
 """
 
 from __future__ import annotations
@@ -103,6 +104,8 @@ class Plan:
             of the decided modules when the plan decides on sub-layers.
         batch_size: samples per step the plan is for, when known. Default: ``None``.
         throughput: the throughput search's table (``maximize="throughput"``), else ``()``.
+        framework: the framework the plan is for; ``"torch"`` here (JAX plans are
+            :class:`remat.jax` plans). Default: ``"torch"``.
 
     Example:
         >>> plan = remat.plan(model, batch, budget="60%")
@@ -126,6 +129,7 @@ class Plan:
     blocks: BlocksSpec = field(default=None, compare=False)
     batch_size: int | None = None
     throughput: tuple[ThroughputRow, ...] = ()
+    framework: str = "torch"
 
     def __post_init__(self) -> None:
         names = tuple(self.block_names)
@@ -157,6 +161,9 @@ class Plan:
                    optional=True)
         check_int("Plan", "batch_size", self.batch_size, optional=True)
         check_float("Plan", "recompute_ms", self.recompute_ms)
+        if self.framework != "torch":
+            raise ValueError(f"Plan: framework must be 'torch' (JAX plans are remat.jax plans), "
+                             f"got {self.framework!r}")
         if self.cost_source not in COST_SOURCES:
             raise ValueError(f"Plan: cost_source must be one of {COST_SOURCES}, got "
                              f"{self.cost_source!r}")
@@ -238,6 +245,7 @@ class Plan:
             )},
             "batch_size": self.batch_size,
             "throughput": [vars(row).copy() for row in self.throughput],
+            "framework": self.framework,
         }
 
     def to_json(self, *, indent: int | None = 2) -> str:
@@ -256,6 +264,12 @@ class Plan:
             raise ValueError(
                 f"Plan.from_json: not a remat plan (format {found!r}, expected {_FORMAT!r}); "
                 "write plans with plan.to_json()"
+            )
+        framework = data.get("framework", "torch")
+        if framework != "torch":
+            raise ValueError(
+                f"Plan.from_json: this is a {framework!r} plan; remat.Plan reads PyTorch plans. "
+                f"Load it with remat.{framework}.Plan.from_json(...)"
             )
         version = data.get("version")
         if version != PLAN_FORMAT_VERSION:

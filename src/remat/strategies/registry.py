@@ -17,19 +17,23 @@ Example::
 
 from __future__ import annotations
 
+import importlib.metadata
+import warnings
 from collections.abc import Iterator, Sequence
 from typing import TypeVar, cast, overload
 
-from remat.errors import StrategyError
+from remat.errors import RematWarning, StrategyError
 from remat.strategies.base import BlockStrategy, Purpose, Strategy
 from remat.strategies.builtin import BUILTIN
 from remat.strategies.decision import BlockDecision
 
 __all__ = [
+    "ENTRY_POINT_GROUP",
     "STRATEGIES",
     "block_strategy",
     "check_decision",
     "default_strategies",
+    "load_entry_points",
     "parse_strategy",
     "register_strategy",
     "registered",
@@ -37,6 +41,11 @@ __all__ = [
 ]
 
 S = TypeVar("S", bound=type[Strategy])
+
+#: Installed packages register strategies under this entry-point group, e.g. in their
+#: pyproject.toml: ``[project.entry-points."remat.strategies"] halves = "pkg.mod:Halves"``;
+#: the ``remat`` command line then knows them too.
+ENTRY_POINT_GROUP = "remat.strategies"
 
 _REGISTRY: dict[str, type[Strategy]] = {}
 
@@ -199,5 +208,26 @@ def default_strategies(purpose: Purpose, *, num_blocks: int = 2) -> list[str]:
     return [str(s) for cls in _REGISTRY.values() for s in cls.examples(num_blocks, purpose)]
 
 
+def load_entry_points() -> list[str]:
+    """Register the strategies installed packages declare (:data:`ENTRY_POINT_GROUP`).
+
+    A plug-in that fails to load is skipped with a :class:`~remat.errors.RematWarning`
+    naming it. Returns the names registered.
+    """
+    names: list[str] = []
+    for entry in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            cls = entry.load()
+            register_strategy(cls)
+        except Exception as exc:  # noqa: BLE001  (a broken plug-in must not break remat)
+            warnings.warn(f"remat: could not register strategy plug-in {entry.name!r} "
+                          f"({entry.value}): {type(exc).__name__}: {exc}", RematWarning,
+                          stacklevel=2)
+            continue
+        names.append(cls.name)
+    return names
+
+
 for _cls in BUILTIN:
     register_strategy(_cls)
+load_entry_points()

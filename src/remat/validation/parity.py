@@ -18,12 +18,16 @@ from torch import nn
 
 from remat.blocks import BlocksSpec
 from remat.errors import ParityError
-from remat.measure.step import call_model, default_loss
+from remat.measure.step import Step, call_model, default_loss
+from remat.strategies.apply import apply, remove
 
 __all__ = ["ParityReport", "relative_error", "validate"]
 
 _TINY = 1e-30
 _REMAT_KEYS = ("forward", "_remat_region", "_remat_prev_forward", "_remat_applied")
+#: Per-module state validation may change and puts back: remat's regions and Hugging Face's
+#: own checkpointing switches (``gradient_checkpointing_disable`` resets them).
+_HF_KEYS = ("gradient_checkpointing", "_gradient_checkpointing_func")
 
 
 @dataclass(frozen=True)
@@ -83,22 +87,25 @@ def relative_error(value: torch.Tensor, reference: torch.Tensor) -> float:
 @contextmanager
 def _preserved(model: nn.Module) -> Iterator[None]:
     """Restore remat regions, buffers, grads and the RNG state afterwards."""
+    keys = (*_REMAT_KEYS, *_HF_KEYS)
     installed = {
-        id(m): (m, {k: m.__dict__[k] for k in _REMAT_KEYS if k in m.__dict__})
+        id(m): (m, {k: m.__dict__[k] for k in keys if k in m.__dict__})
         for m in model.modules()
     }
+    configs = {id(c): (c, c.use_cache) for m in model.modules()
+               if (c := m.__dict__.get("config")) is not None and hasattr(c, "use_cache")}
     buffers = {name: b.detach().clone() for name, b in model.named_buffers()}
     grads = {name: p.grad for name, p in model.named_parameters()}
     cpu_rng = torch.get_rng_state()
     cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
-    from remat.strategies.apply import remove  # strategies imports validate.pitfalls
-
     try:
         yield
     finally:
         remove(model)
         for module, saved in installed.values():
             module.__dict__.update(saved)
+        for config, use_cache in configs.values():
+            config.use_cache = use_cache
         with torch.no_grad():
             for name, b in model.named_buffers():
                 if name in buffers:
@@ -110,13 +117,13 @@ def _preserved(model: nn.Module) -> Iterator[None]:
             torch.cuda.set_rng_state_all(cuda_rng)
 
 
-def _step(model: nn.Module, batch: Any, loss_fn: Callable[[Any, Any], torch.Tensor] | None,
-          seed: int) -> tuple[float, dict[str, torch.Tensor | None]]:
+def _step(step: Step, seed: int) -> tuple[float, dict[str, torch.Tensor | None]]:
+    model, batch = step.model, step.batch
     for p in model.parameters():
         p.grad = None
     torch.manual_seed(seed)
     output = call_model(model, batch, api="remat.validate")
-    loss = loss_fn(output, batch) if loss_fn is not None else default_loss(
+    loss = step.loss_fn(output, batch) if step.loss_fn is not None else default_loss(
         output, api="remat.validate")
     loss.backward()
     grads = {n: (p.grad.detach().clone() if p.grad is not None else None)
@@ -131,8 +138,9 @@ def validate(model: nn.Module, batch: Any, strategy: str | Any, *, blocks: Block
 
     Runs one step without checkpointing and one with ``strategy`` on the same weights,
     batch and RNG seed (dropout draws the same masks), and compares. The model is
-    left as it was: its applied strategy, buffers, gradients and the global RNG
-    state are restored. Costs two training steps of memory for gradients.
+    left as it was: its applied strategy, Hugging Face's own checkpointing and
+    ``use_cache`` settings, buffers, gradients and the global RNG state are restored.
+    Costs two training steps of memory for gradients.
 
     Args:
         model: the model (in train mode for dropout to matter).
@@ -153,14 +161,13 @@ def validate(model: nn.Module, batch: Any, strategy: str | Any, *, blocks: Block
         >>> report.passed, report.max_rel_error
         (True, 0.0)
     """
-    from remat.strategies.apply import apply, remove  # strategies imports validate.pitfalls
-
+    step = Step(model, batch, loss_fn=loss_fn, blocks=blocks)
     label = strategy if isinstance(strategy, str) else "plan"
     with _preserved(model):
         remove(model)
-        loss_ref, grads_ref = _step(model, batch, loss_fn, seed)
+        loss_ref, grads_ref = _step(step, seed)
         apply(model, strategy, blocks=blocks)
-        loss, grads = _step(model, batch, loss_fn, seed)
+        loss, grads = _step(step, seed)
     per_param: dict[str, float] = {}
     for name, ref in grads_ref.items():
         got = grads[name]
