@@ -30,6 +30,8 @@ import torch
 from torch import Tensor, nn
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
+from remat.measure.fake_kernels import install_fake_kernels
+
 __all__ = [
     "check_fake_device",
     "fake_batch",
@@ -95,6 +97,7 @@ def fake_copy_with_map(
 ) -> tuple[nn.Module, dict[int, Tensor]]:
     """:func:`fake_copy`, also returning ``{id(original_tensor): fake_tensor}``."""
     check_fake_device(device)
+    install_fake_kernels()  # NOTE [ Grouped matmul under fake tensors ] in fake_kernels.py
     replaced: dict[int, Tensor] = {}
     for module in model.modules():
         for p in module.parameters(recurse=False):
