@@ -13,7 +13,9 @@ NOTE [ Data-dependent branches under fake tensors ]
     allocated for real (issue #13, item 2).
 
     The values those branches read are small integer tensors derived from the
-    batch (ids, positions, masks) and from factory ops (``arange``). A fake
+    batch (ids, positions, masks), from factory ops (``arange``) and from
+    constants (``torch.tensor([-1, 0])``, whose value ``FakeTensor.constant``
+    keeps). A fake
     tensor made from a real one keeps a CPU copy of its value, its *shadow*,
     when it is an integer or bool tensor of at most :data:`MAX_SHADOW_NUMEL`
     elements (:func:`remember`, called by ``remat.measure.fake``). While a
@@ -67,7 +69,11 @@ def remember(fake: Tensor, real: Tensor) -> None:
 
 
 def _shadow(t: Tensor) -> Tensor | None:
+    if not isinstance(t, FakeTensor):  # a real input (``lift_fresh`` of a constant) is known
+        return t if t.device.type != "meta" and _wants_shadow(t) else None
     value = _shadows.get(t)
+    if value is None and t.constant is not None:
+        value = t.constant  # ``torch.tensor([...])`` under the fake mode keeps its value
     if value is None or id(t.untyped_storage()) in _stale:
         return None
     return value  # type: ignore[no-any-return]
