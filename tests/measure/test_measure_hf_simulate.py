@@ -7,6 +7,7 @@ Items 1 (mixture-of-experts models simulate: ``torch._grouped_mm`` in every floa
 from __future__ import annotations
 
 import importlib.util
+import sys
 import logging
 from pathlib import Path
 from types import ModuleType
@@ -28,6 +29,7 @@ def _load(name: str) -> ModuleType:
     spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault(name, module)  # dataclasses look their module up
     spec.loader.exec_module(module)
     return module
 
