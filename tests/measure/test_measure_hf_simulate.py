@@ -7,8 +7,8 @@ Items 1 (mixture-of-experts models simulate: ``torch._grouped_mm`` in every floa
 from __future__ import annotations
 
 import importlib.util
-import sys
 import logging
+import sys
 from pathlib import Path
 from types import ModuleType
 

@@ -13,7 +13,7 @@ NOTE [ Storage identity and frees ]
 from __future__ import annotations
 
 import weakref
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
@@ -155,3 +155,42 @@ class StorageLedger:
                 if rec.block is not None:
                     per_block[rec.block] = per_block.get(rec.block, 0) + rec.nbytes
         return total, per_block
+
+    def see_inputs(self, inputs: list[Tensor], counts: Callable[[Tensor], bool], *,
+                   fresh: bool) -> set[int]:
+        """Keys of the inputs' storages; untracked ones that ``counts`` are added as
+        preexisting, unless the op makes a fresh tensor from Python data (``fresh``)."""
+        keys: set[int] = set()
+        for t in inputs:
+            st = storage_of(t)
+            if st is None:
+                continue
+            key = id(st)
+            keys.add(key)
+            if key not in self.live and not fresh and counts(t):
+                self.add_preexisting(st)
+        return keys
+
+    def see_outputs(self, outputs: list[Tensor], input_keys: set[int],
+                    counts: Callable[[Tensor], bool], kind: str,
+                    block: str | None) -> tuple[int, bool]:
+        """Add the outputs' new storages as ``kind``; follow resizes of tracked ones.
+
+        Returns the bytes added and whether every output aliases an input.
+        """
+        alloc = 0
+        aliases_only = True
+        for t in outputs:
+            st = storage_of(t)
+            if st is None:
+                continue
+            key = id(st)
+            if key not in input_keys:
+                aliases_only = False
+            rec = self.live.get(key)
+            if rec is None:
+                if counts(t):
+                    alloc += self.add(st, kind, block)
+            elif rec.nbytes != st.nbytes():  # resized by an op (out=, resize_)
+                self.resized(rec, st.nbytes())
+        return alloc, aliases_only

@@ -7,7 +7,40 @@ device, the bytes of every storage alive: the ones registered up front
 A storage is counted once, however many views or aliases point at it, and is
 subtracted when PyTorch frees it.
 
-NOTE [ Storage identity and frees ] lives in ledger.py, NOTE [ First dispatch ]
+NOTE [ What the tracker cannot see ]
+    1. Scratch memory inside a kernel (cuBLAS/cuDNN workspaces, temporaries an
+       op frees before returning): only op outputs are visible.
+    2. Storages created outside the dispatcher and first seen as an op's input
+       (a tensor kept as a plain module attribute, ``torch.from_numpy``) are
+       assumed to predate the step: they are counted as ``"other"`` from the
+       start, i.e. added to the current *and* the peak bytes when discovered.
+       ``torch.tensor(...)`` is the exception: its ``aten.lift_fresh`` marks it
+       as created by the step.
+    3. ``UntypedStorage.resize_`` called directly (not through an aten op) is not
+       seen; a resize done by an op is.
+    4. Tensors C++ creates without an aten op: Python scalars autograd saves as
+       8-byte wrapped tensors (``x * 0.5``). The RNG states checkpoint saves are
+       the exception: NOTE [ RNG states saved by checkpoint ] in outside.py.
+    Sizes are exact ``nbytes``; the CUDA caching allocator rounds every block up
+    to 512 bytes, so ``torch.cuda.max_memory_allocated`` reads a little higher.
+    Against the CPU allocator's own events (tests/measure/test_measure_allocator.py)
+    1. and 4. leave the peak at most 448 B low on the tiny models tested; 1. grows
+    with the problem (CPU flash-attention backward: ~5% of the attention's bytes).
+    Storage identity: NOTE in ledger.py; block attribution: NOTE in attribution.py.
+
+NOTE [ Phases ]
+    The caller says which phase runs (:meth:`MemoryTracker.set_phase`):
+    ``"forward"`` (model and loss), ``"backward"``, ``"optimizer"``. Ops that run
+    while ``remat.strategies.context.is_recomputing()`` get phase
+    ``"recompute"``. A storage created in a phase is of that *kind*; registered
+    ones are ``"params"``, ``"buffers"``, ``"grads"``, ``"optimizer_state"``,
+    ``"batch"`` or ``"other"``. A parameter's gradient becomes kind ``"grads"``
+    once autograd accumulates it. When the phase first switches from forward
+    to backward, the bytes of the forward storages still alive are the
+    activation bytes; grouped by the innermost block that created them they
+    are each block's saved bytes.
+
+NOTE [ First dispatch ]
     ``TorchDispatchMode`` subclasses get their ``__torch_dispatch__`` wrapped by
     ``torch._disable_dynamo``, which imports and sets up dynamo on its first
     call. That first call leaves reference cycles through the Python frames
@@ -30,7 +63,14 @@ from torch.utils.hooks import RemovableHandle
 
 from remat.measure import shadow
 from remat.measure.attribution import BlockAttribution
-from remat.measure.flops import PHASES, UNINITIALISED_OPS, OpRecord, flop_formula
+from remat.measure.flops import (
+    FRESH_OPS,
+    METADATA_OPS,
+    PHASES,
+    OpRecord,
+    op_flops,
+    op_traffic,
+)
 from remat.measure.ledger import (
     CREATED_KINDS,
     REGISTERED_KINDS,
@@ -42,26 +82,6 @@ from remat.measure.outside import watch_rng_states
 from remat.strategies.context import is_recomputing
 
 __all__ = ["CREATED_KINDS", "PHASES", "REGISTERED_KINDS", "MemoryTracker", "OpRecord"]
-
-_aten = torch.ops.aten
-_FRESH_OPS = frozenset({_aten.lift_fresh, _aten.lift_fresh_copy, _aten.lift})
-# Metadata queries that reach modes for tensor subclasses with custom size/stride policies
-# (FakeTensor among them) but never for plain tensors: not ops of the step (the same list
-# as FlopCounterMode's).
-_METADATA_OPS = frozenset(
-    getattr(getattr(ns, name, None), overload, None)
-    for ns, name, overload in (
-        (_aten, "sym_is_contiguous", "default"), (_aten, "is_contiguous", "default"),
-        (_aten, "is_contiguous", "memory_format"), (_aten, "is_strides_like_format", "default"),
-        (_aten, "is_non_overlapping_and_dense", "default"), (_aten, "size", "default"),
-        (_aten, "sym_size", "default"), (_aten, "stride", "default"),
-        (_aten, "sym_stride", "default"), (_aten, "storage_offset", "default"),
-        (_aten, "sym_storage_offset", "default"), (_aten, "numel", "default"),
-        (_aten, "sym_numel", "default"), (_aten, "dim", "default"),
-        (torch.ops.prim, "layout", "default"), (torch.ops.prim, "device", "default"),
-    )
-) - {None}
-
 
 class MemoryTracker(TorchDispatchMode):
     """Count the bytes of every live tensor storage, op by op, and record each op.
@@ -268,34 +288,23 @@ class MemoryTracker(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
-        if func in _METADATA_OPS or func.namespace == "profiler":  # profiler: record_function
+        if func in METADATA_OPS or func.namespace == "profiler":  # profiler: record_function
             return func(*args, **kwargs)
         inputs = tensors_in(args, kwargs)
-        input_keys = self._see_inputs(inputs, fresh=func.overloadpacket in _FRESH_OPS)
+        # NOTE [ What the tracker cannot see ], 2.: unknown inputs predate the step.
+        input_keys = self._ledger.see_inputs(inputs, self._counts,
+                                             fresh=func.overloadpacket in FRESH_OPS)
         out = self._run(func, args, kwargs)
         phase = self._created_phase()
         outputs = [out] if isinstance(out, Tensor) else tensors_in(
             out if isinstance(out, (tuple, list)) else ()
         )
-        alloc, aliases_only = self._see_outputs(outputs, input_keys, phase)
+        alloc, aliases_only = self._ledger.see_outputs(outputs, input_keys, self._counts, phase,
+                                                       self._attribution.current)
         self._ledger.update_peak(phase)
         if self._record_ops:
             self._record(func, args, kwargs, out, inputs, outputs, phase, alloc, aliases_only)
         return out
-
-    def _see_inputs(self, inputs: list[Tensor], *, fresh: bool) -> set[int]:
-        live = self._ledger.live
-        keys: set[int] = set()
-        for t in inputs:
-            st = storage_of(t)
-            if st is None:
-                continue
-            key = id(st)
-            keys.add(key)
-            if key not in live and not fresh and self._counts(t):
-                # NOTE [ What the tracker cannot see ], 2.: it predates the step.
-                self._ledger.add_preexisting(st)
-        return keys
 
     @staticmethod
     def _run(func: Any, args: Any, kwargs: Any) -> Any:
@@ -309,45 +318,13 @@ class MemoryTracker(TorchDispatchMode):
         shadow.propagate(func, args, kwargs, out)
         return out
 
-    def _see_outputs(self, outputs: list[Tensor], input_keys: set[int],
-                     phase: str) -> tuple[int, bool]:
-        ledger = self._ledger
-        alloc = 0
-        aliases_only = True
-        for t in outputs:
-            st = storage_of(t)
-            if st is None:
-                continue
-            key = id(st)
-            if key not in input_keys:
-                aliases_only = False
-            rec = ledger.live.get(key)
-            if rec is None:
-                if self._counts(t):
-                    alloc += ledger.add(st, phase, self._attribution.current)
-            elif rec.nbytes != st.nbytes():  # resized by an op (out=, resize_)
-                ledger.resized(rec, st.nbytes())
-        return alloc, aliases_only
-
     def _record(self, func: Any, args: Any, kwargs: Any, out: Any, inputs: list[Tensor],
                 outputs: list[Tensor], phase: str, alloc: int, aliases_only: bool) -> None:
-        packet = func.overloadpacket
-        write = sum(t.nbytes for t in outputs if storage_of(t) is not None)
-        # NOTE [ Bytes moved ] in flops.py: views/aliases and empty allocations move none.
-        if packet in UNINITIALISED_OPS or (aliases_only and not func._schema.is_mutable):
-            read = write = 0
-        else:
-            read = sum(t.nbytes for t in inputs)
-        dtype_bytes = next((t.element_size() for t in outputs if t.is_floating_point()), 0)
-        if not dtype_bytes:
-            dtype_bytes = (outputs[0].element_size() if outputs
-                           else inputs[0].element_size() if inputs else 0)
-        formula = flop_formula(packet)
-        flops = int(formula(*args, **kwargs, out_val=out)) if formula is not None else 0
-        self._raw_ops.append(
-            (str(packet), phase, flops, read, write, self._attribution.current, dtype_bytes,
-             alloc)
-        )
+        stored = [t for t in outputs if storage_of(t) is not None]
+        read, write, dtype_bytes = op_traffic(func, inputs, stored, aliases_only=aliases_only)
+        flops = op_flops(func.overloadpacket, args, kwargs, out)
+        self._raw_ops.append((str(func.overloadpacket), phase, flops, read, write,
+                              self._attribution.current, dtype_bytes, alloc))
         self._ops_cache = None
 
     # ---- results -----------------------------------------------------------------------
