@@ -31,6 +31,19 @@ NOTE [ Data-dependent branches under fake tensors ]
     [ Grouped matmul under fake tensors ]); neither do outputs of random ops.
     A mutating op that cannot be replayed on shadows drops the shadows of its
     inputs' storages, so a stale value is never read.
+
+NOTE [ Data-dependent shapes ]
+    An op whose output *shape* depends on float values (``nonzero`` /
+    ``torch.where(mask)`` over a router's top-k, as in transformers'
+    ``experts_implementation="eager"`` loop over experts) cannot be simulated:
+    which experts get how many tokens is decided by the weights. remat does not
+    guess a routing; :func:`data_dependent_error` turns PyTorch's
+    ``DynamicOutputShapeException`` into an error that says so and names the
+    way out: the grouped expert implementations (``"grouped_mm"``, the default
+    of transformers >= 5, and ``"batched_mm"``) have routing-independent shapes
+    (NOTE [ Grouped matmul under fake tensors ]), so their simulated bytes hold
+    for any routing, balanced or not; or profile on real tensors, which measure
+    the routing of the given batch.
 """
 
 from __future__ import annotations
@@ -46,7 +59,10 @@ from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils._pytree import tree_flatten, tree_map
 from torch.utils.weak import WeakTensorKeyDictionary
 
-__all__ = ["MAX_SHADOW_NUMEL", "eager_branches", "local_scalar", "propagate", "remember"]
+__all__ = [
+    "MAX_SHADOW_NUMEL", "data_dependent_error", "eager_branches", "local_scalar", "propagate",
+    "remember",
+]
 
 #: Largest tensor (elements) whose value a simulated step keeps: a (64, 1024) batch of ids.
 MAX_SHADOW_NUMEL = 1 << 16
@@ -158,3 +174,21 @@ def eager_branches() -> Iterator[None]:
         yield
     finally:
         import_utils.is_fake_tensor = original
+
+
+def data_dependent_error(func: Any, error: Exception) -> RuntimeError:
+    """A RematError explaining a data-dependent output shape under fake tensors.
+
+    See NOTE [ Data-dependent shapes ].
+    """
+    from remat.errors import RematError
+
+    return RematError(
+        f"remat.profile(simulate=True): {func} has an output shape that depends on tensor "
+        "values, which fake tensors do not have (a mixture-of-experts layer looping over "
+        "experts with torch.where / nonzero?). Simulated bytes would depend on a guessed "
+        "routing. For Hugging Face MoE models call "
+        "model.set_experts_implementation('grouped_mm') (shapes, hence bytes, do not depend "
+        "on routing), or profile on real tensors (simulate=False), which measure the routing "
+        f"of this batch. ({type(error).__name__}: {error})"
+    )

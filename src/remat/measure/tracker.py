@@ -58,6 +58,7 @@ from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
+from torch._subclasses.fake_tensor import DynamicOutputShapeException
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.hooks import RemovableHandle
 
@@ -314,7 +315,10 @@ class MemoryTracker(TorchDispatchMode):
         known, value = shadow.local_scalar(func, args)
         if known:
             return value
-        out = func(*args, **kwargs)
+        try:
+            out = func(*args, **kwargs)
+        except DynamicOutputShapeException as error:  # NOTE [ Data-dependent shapes ]
+            raise shadow.data_dependent_error(func, error) from error
         shadow.propagate(func, args, kwargs, out)
         return out
 
