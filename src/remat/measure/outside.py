@@ -39,7 +39,7 @@ def cpu_rng_state_bytes() -> int:
 
     See NOTE [ RNG states saved by checkpoint ].
     """
-    return int(torch.random.default_generator.get_state().nbytes)
+    return int(torch.default_generator.get_state().nbytes)
 
 
 @contextmanager
