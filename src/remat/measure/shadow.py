@@ -82,6 +82,7 @@ def remember(fake: Tensor, real: Tensor) -> None:
     if real.device.type != "meta" and not isinstance(real, FakeTensor) and _wants_shadow(real):
         with _disable_current_modes():
             _shadows[fake] = real.detach().to("cpu", copy=True)
+        _stale.discard(id(fake.untyped_storage()))  # an id reused by a new storage
 
 
 def _shadow(t: Tensor) -> Tensor | None:
