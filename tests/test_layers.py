@@ -47,7 +47,8 @@ def _imports(path: Path) -> set[str]:
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             if node.module.startswith("remat"):
-                found.add(node.module)
+                # ``from pkg import submodule`` names the submodule; other names, the module
+                found.update(f"{node.module}.{a.name}" for a in node.names)
         elif isinstance(node, ast.Import):
             found.update(a.name for a in node.names if a.name.startswith("remat"))
     return found
@@ -61,7 +62,7 @@ def _in_type_checking_only(path: Path) -> set[str]:
         if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING":
             for sub in ast.walk(node):
                 if isinstance(sub, ast.ImportFrom) and sub.module:
-                    out.add(sub.module)
+                    out.update(f"{sub.module}.{a.name}" for a in sub.names)
     return out
 
 
@@ -108,7 +109,7 @@ def test_peers_in_the_top_layer_do_not_import_each_other() -> None:
 
 
 def _resolve(name: str, graph: dict[str, set[str]]) -> str | None:
-    """The module an import names (``from remat.x import y`` names ``remat.x``)."""
+    """The module an import names: ``remat.x.y`` when that is a module, else ``remat.x``."""
     while name and name not in graph:
         name = name.rpartition(".")[0]
     return name or None

@@ -30,6 +30,9 @@ import torch
 from torch import Tensor, nn
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
+from remat.measure import shadow
+from remat.measure.fake_kernels import install_fake_kernels
+
 __all__ = [
     "check_fake_device",
     "fake_batch",
@@ -63,8 +66,11 @@ def fake_tensor(
         # no device runtime needed (a fake "cuda" tensor works on a CPU-only build).
         meta = t.detach() if t.device.type == "meta" else t.detach().to("meta")
         target = torch.device(device) if device is not None else torch.device("cpu")
-        return converter.from_meta_and_device(fake_mode, meta, target)
-    return fake_mode.from_tensor(t.detach())
+        fake = converter.from_meta_and_device(fake_mode, meta, target)
+    else:
+        fake = fake_mode.from_tensor(t.detach())
+    shadow.remember(fake, t)  # NOTE [ Data-dependent branches under fake tensors ]
+    return fake
 
 
 def check_fake_device(device: torch.device | str | None) -> None:
@@ -95,6 +101,7 @@ def fake_copy_with_map(
 ) -> tuple[nn.Module, dict[int, Tensor]]:
     """:func:`fake_copy`, also returning ``{id(original_tensor): fake_tensor}``."""
     check_fake_device(device)
+    install_fake_kernels()  # NOTE [ Grouped matmul under fake tensors ] in fake_kernels.py
     replaced: dict[int, Tensor] = {}
     for module in model.modules():
         for p in module.parameters(recurse=False):

@@ -37,7 +37,10 @@ from typing import Any
 import torch
 from torch.utils.flop_counter import flop_registry
 
-__all__ = ["PHASES", "UNINITIALISED_OPS", "OpRecord", "flop_formula", "op_flops"]
+__all__ = [
+    "FRESH_OPS", "METADATA_OPS", "PHASES", "UNINITIALISED_OPS", "OpRecord", "flop_formula",
+    "op_flops", "op_traffic",
+]
 
 PHASES: tuple[str, ...] = ("forward", "backward", "recompute", "optimizer")
 
@@ -70,6 +73,48 @@ def flop_formula(packet: Any) -> Callable[..., int] | None:
     if formula is None:
         formula = _EXTRA_FORMULAS.get(packet)
     return formula  # type: ignore[no-any-return]
+
+#: Ops whose output is a tensor created from Python data (``torch.tensor(...)``).
+FRESH_OPS: frozenset[Any] = frozenset({_aten.lift_fresh, _aten.lift_fresh_copy, _aten.lift})
+#: Metadata queries that reach modes for tensor subclasses with custom size/stride policies
+#: (FakeTensor among them) but never for plain tensors: not ops of the step (the same list
+#: as FlopCounterMode's).
+METADATA_OPS: frozenset[Any] = frozenset(
+    getattr(getattr(ns, name, None), overload, None)
+    for ns, name, overload in (
+        (_aten, "sym_is_contiguous", "default"), (_aten, "is_contiguous", "default"),
+        (_aten, "is_contiguous", "memory_format"), (_aten, "is_strides_like_format", "default"),
+        (_aten, "is_non_overlapping_and_dense", "default"), (_aten, "size", "default"),
+        (_aten, "sym_size", "default"), (_aten, "stride", "default"),
+        (_aten, "sym_stride", "default"), (_aten, "storage_offset", "default"),
+        (_aten, "sym_storage_offset", "default"), (_aten, "numel", "default"),
+        (_aten, "sym_numel", "default"), (_aten, "dim", "default"),
+        (torch.ops.prim, "layout", "default"), (torch.ops.prim, "device", "default"),
+    )
+) - {None}
+
+
+def op_traffic(func: Any, inputs: list[torch.Tensor], outputs: list[torch.Tensor], *,
+               aliases_only: bool) -> tuple[int, int, int]:
+    """``(read_bytes, write_bytes, dtype_bytes)`` of one op call (see NOTE [ Bytes moved ]).
+
+    Args:
+        func: the op overload.
+        inputs: its tensor arguments.
+        outputs: its tensor outputs that have a storage.
+        aliases_only: every output aliases an input (a view).
+    """
+    write = sum(t.nbytes for t in outputs)
+    if func.overloadpacket in UNINITIALISED_OPS or (aliases_only
+                                                     and not func._schema.is_mutable):
+        read = write = 0
+    else:
+        read = sum(t.nbytes for t in inputs)
+    dtype_bytes = next((t.element_size() for t in outputs if t.is_floating_point()), 0)
+    if not dtype_bytes:
+        dtype_bytes = (outputs[0].element_size() if outputs
+                       else inputs[0].element_size() if inputs else 0)
+    return read, write, dtype_bytes
 
 
 def op_flops(packet: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> int:

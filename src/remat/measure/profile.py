@@ -28,8 +28,9 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch._subclasses.fake_tensor import FakeTensorMode
+from torch._subclasses.fake_tensor import DynamicOutputShapeException, FakeTensorMode
 
+from remat.measure import shadow
 from remat.measure.fake import (
     check_fake_device,
     fake_batch,
@@ -311,7 +312,10 @@ def _simulated(step: Step, *, device: torch.device | str | None) -> Profile:
     fstep = step.with_model(fmodel, fopt, fbatch)
     named = fstep.blocks_found(api=_API, required=False)
     with fake_mode:
-        fstep.run()  # warm-up, as for real
+        try:
+            fstep.run()  # warm-up, as for real
+        except DynamicOutputShapeException as error:  # NOTE [ Data-dependent shapes ]
+            raise shadow.data_dependent_error(error.func, error) from error
         clear_grads(fmodel)
         tracked = _tracked_step(fstep, named)
     return _build(tracked, named, simulated=True, device=fstep.device)

@@ -202,6 +202,7 @@ def estimate(
         -0.253...
     """
     from remat.measure import profile
+    from remat.measure.outside import cpu_rng_state_bytes
     from remat.simulate.run import _check_ints, default_batch
     from remat.strategies import apply, remove
 
@@ -242,6 +243,10 @@ def estimate(
                     if not prof.blocks:
                         raise ValueError(f"{_API}: no blocks found in {name}; pass blocks=")
                     simulated = int(prof.blocks[0].saved_bytes)
+                    if checkpointing == "full" and prof.device == "cpu":
+                        # NOTE [ RNG states saved by checkpoint ] (measure/outside.py): not an
+                        # activation, and on GPUs it lives in host memory.
+                        simulated -= cpu_rng_state_bytes()
                     estimates = tuple(
                         FormulaEstimate(f, b, (b - simulated) / simulated if simulated else 0.0)
                         for f, b in _formulas(seq, batch_size, hidden, heads, checkpointing, bpe)

@@ -28,6 +28,23 @@ NOTE [ Per-call save sets ]
     never leak between steps. Under ``torch.compile`` the policy sees the traced
     (possibly decomposed) ops, so per-call indices may select different calls
     than in eager; gradients are unaffected, only what is kept.
+
+NOTE [ Saved outputs mutated in place ]
+    SAC caches a saved op's output (a detached alias) and, in backward, hands
+    it back instead of recomputing the op; it refuses a cached tensor whose
+    version counter moved ("Tensor cached during selective activation
+    checkpoint has been mutated"), since recomputing from a value the forward
+    later changed in place would give wrong gradients. Models do mutate op
+    outputs: DeBERTa-v2's disentangled attention builds ``score = c2p / s``
+    and then runs ``score += p2c / s``, so a save set holding that ``add``
+    (which the planner may choose) crashed the planner (issue #13, item 3).
+    The policy sees every op of the region's forward right after it runs, in
+    place ones included, so when an op writes into a tensor whose storage a
+    cached entry shares, :class:`SavePolicy` turns that entry back into
+    "recompute" (``_RECOMPUTE`` in SAC's storage, the same marker the policy's
+    PREFER_RECOMPUTE leaves): the output is recomputed in backward from its
+    inputs, exactly as if the save set had not named it, and its memory is
+    released with the entry. Gradients equal the un-checkpointed model's.
 """
 
 from __future__ import annotations
@@ -35,6 +52,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
+import torch.utils.checkpoint as _checkpoint
+from torch import Tensor
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
 __all__ = [
@@ -128,8 +147,38 @@ class SavePolicy:
         self.calls = frozenset(calls)
         self._counted = frozenset(n for n, _ in calls)
         self._counts: dict[bool, dict[str, int]] = {False: {}, True: {}}
+        #: SAC's cache of saved outputs (set by :func:`sac_context_fn`); see NOTE [ Saved
+        #: outputs mutated in place ].
+        self.cache: Any = None
+
+    def _forget_mutated(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        # NOTE [ Saved outputs mutated in place ].
+        recompute = getattr(_checkpoint, "_RECOMPUTE", None)
+        if recompute is None or not isinstance(self.cache, dict):
+            return
+        written = []
+        for i, arg in enumerate(func._schema.arguments):
+            alias = arg.alias_info
+            if alias is None or not alias.is_write:
+                continue
+            value = kwargs.get(arg.name) if arg.kwarg_only or i >= len(args) else args[i]
+            if isinstance(value, Tensor):
+                written.append(value.untyped_storage())
+        if not written:
+            return
+        for entries in self.cache.values():
+            if not isinstance(entries, dict):
+                continue
+            for idx, entry in entries.items():
+                leaves = entry if isinstance(entry, (tuple, list)) else (entry,)
+                if any(isinstance(getattr(leaf, "val", None), Tensor)
+                       and any(leaf.val.untyped_storage() is st for st in written)
+                       for leaf in leaves):
+                    entries[idx] = recompute
 
     def __call__(self, ctx: Any, func: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+        if self.cache is not None and func._schema.is_mutable:
+            self._forget_mutated(func, args, kwargs)
         name = op_name(func)
         if name in self.names:
             return CheckpointPolicy.MUST_SAVE
@@ -159,7 +208,9 @@ def sac_context_fn(save_ops: Iterable[str]) -> Callable[[], tuple[Any, Any]]:
     entries = frozenset(save_ops)
 
     def context_fn() -> tuple[Any, Any]:
-        forward_ctx, recompute_ctx = create_selective_checkpoint_contexts(SavePolicy(entries))
+        policy = SavePolicy(entries)
+        forward_ctx, recompute_ctx = create_selective_checkpoint_contexts(policy)
+        policy.cache = getattr(forward_ctx, "storage", None)
         return forward_ctx, recompute_ctx
 
     return context_fn

@@ -1,0 +1,196 @@
+"""Per-kind byte accounting of live tensor storages: the bookkeeping behind MemoryTracker.
+
+NOTE [ Storage identity and frees ]
+    ``Tensor.untyped_storage()`` returns the *same* Python object for as long as
+    the storage lives (PyTorch preserves a storage's PyObject while the C++
+    ``StorageImpl`` is alive), so ``id(storage)`` identifies it and a
+    ``weakref`` on it dies exactly when the memory is released, whichever thread
+    releases it (the autograd engine runs CUDA backward on its own thread; modes
+    propagate there). ``torch.distributed._tools.mem_tracker`` relies on the
+    same behaviour. We never hold a strong reference to a tracked storage.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from remat.measure.flops import PHASES
+
+__all__ = [
+    "CREATED_KINDS", "KINDS", "REGISTERED_KINDS", "StorageLedger", "first_tensor", "storage_of",
+    "tensors_in",
+]
+
+REGISTERED_KINDS: tuple[str, ...] = (
+    "params", "buffers", "grads", "optimizer_state", "batch", "other",
+)
+CREATED_KINDS: tuple[str, ...] = PHASES
+KINDS = frozenset(REGISTERED_KINDS + CREATED_KINDS)
+
+
+class StorageRecord(weakref.ref):  # type: ignore[type-arg]
+    """A weak reference to a tracked storage that carries its accounting."""
+
+    __slots__ = ("block", "key", "kind", "nbytes")
+
+    key: int
+    nbytes: int
+    kind: str
+    block: str | None
+
+
+def storage_of(t: Tensor) -> torch.UntypedStorage | None:
+    """``t``'s untyped storage, or None for layouts without one (sparse, nested)."""
+    try:
+        return t.untyped_storage()
+    except (RuntimeError, NotImplementedError):
+        return None
+
+
+def tensors_in(args: Sequence[Any], kwargs: dict[str, Any] | None = None) -> list[Tensor]:
+    """Tensors among aten arguments (aten schemas nest at most one list deep)."""
+    found: list[Tensor] = []
+    values: Iterable[Any] = args if not kwargs else (*args, *kwargs.values())
+    for a in values:
+        if isinstance(a, Tensor):
+            found.append(a)
+        elif isinstance(a, (list, tuple)):
+            found.extend(x for x in a if isinstance(x, Tensor))
+    return found
+
+
+def first_tensor(value: Any) -> Tensor | None:
+    """The first tensor in a (nested) tuple / list / dict, depth first."""
+    if isinstance(value, Tensor):
+        return value
+    if isinstance(value, (list, tuple)):
+        for v in value:
+            t = first_tensor(v)
+            if t is not None:
+                return t
+    if isinstance(value, dict):
+        for v in value.values():
+            t = first_tensor(v)
+            if t is not None:
+                return t
+    return None
+
+
+class StorageLedger:
+    """Live storages, bytes per kind now and at the peak. See NOTE [ Storage identity ]."""
+
+    def __init__(self) -> None:
+        self.live: dict[int, StorageRecord] = {}
+        self.by_kind: dict[str, int] = dict.fromkeys(sorted(KINDS), 0)
+        self.current = 0
+        self.peak = 0
+        self.peak_by_kind: dict[str, int] = dict(self.by_kind)
+        self.peak_phase: str | None = None
+        self.peak_is_now = True
+
+    def add(self, st: torch.UntypedStorage, kind: str, block: str | None) -> int:
+        """Count ``st`` (not tracked yet) as ``kind``; return its bytes."""
+        nbytes = st.nbytes()
+        rec = StorageRecord(st, self._on_free)
+        rec.key = id(st)
+        rec.nbytes = nbytes
+        rec.kind = kind
+        rec.block = block
+        self.live[rec.key] = rec
+        if nbytes:
+            self.current += nbytes
+            self.by_kind[kind] += nbytes
+            self.peak_is_now = False
+        return nbytes
+
+    def add_preexisting(self, st: torch.UntypedStorage) -> None:
+        """Count ``st`` as ``"other"`` from the start: now *and* at the peak."""
+        nbytes = self.add(st, "other", None)
+        self.peak += nbytes
+        self.peak_by_kind["other"] += nbytes
+
+    def _on_free(self, rec: StorageRecord) -> None:  # weakref callback
+        if self.live.get(rec.key) is rec:
+            del self.live[rec.key]
+            if rec.nbytes:
+                self.current -= rec.nbytes
+                self.by_kind[rec.kind] -= rec.nbytes
+                self.peak_is_now = False
+
+    def resized(self, rec: StorageRecord, nbytes: int) -> None:
+        """An op resized a tracked storage to ``nbytes``."""
+        delta = nbytes - rec.nbytes
+        rec.nbytes = nbytes
+        self.current += delta
+        self.by_kind[rec.kind] += delta
+        self.peak_is_now = False
+
+    def retag(self, rec: StorageRecord, kind: str) -> None:
+        """Count ``rec`` as ``kind`` from now on (keeps the peak's breakdown right)."""
+        self.by_kind[rec.kind] -= rec.nbytes
+        self.by_kind[kind] += rec.nbytes
+        if self.peak_is_now:  # the peak is this very moment
+            self.peak_by_kind = dict(self.by_kind)
+        rec.kind = kind
+
+    def update_peak(self, phase: str) -> None:
+        if self.current > self.peak:
+            self.peak = self.current
+            self.peak_by_kind = dict(self.by_kind)
+            self.peak_phase = phase
+            self.peak_is_now = True
+
+    def bytes_of_kind(self, kind: str) -> tuple[int, dict[str, int]]:
+        """Bytes of live storages of ``kind``, in total and per block."""
+        total = 0
+        per_block: dict[str, int] = {}
+        for rec in self.live.values():
+            if rec.kind == kind and rec.nbytes:
+                total += rec.nbytes
+                if rec.block is not None:
+                    per_block[rec.block] = per_block.get(rec.block, 0) + rec.nbytes
+        return total, per_block
+
+    def see_inputs(self, inputs: list[Tensor], counts: Callable[[Tensor], bool], *,
+                   fresh: bool) -> set[int]:
+        """Keys of the inputs' storages; untracked ones that ``counts`` are added as
+        preexisting, unless the op makes a fresh tensor from Python data (``fresh``)."""
+        keys: set[int] = set()
+        for t in inputs:
+            st = storage_of(t)
+            if st is None:
+                continue
+            key = id(st)
+            keys.add(key)
+            if key not in self.live and not fresh and counts(t):
+                self.add_preexisting(st)
+        return keys
+
+    def see_outputs(self, outputs: list[Tensor], input_keys: set[int],
+                    counts: Callable[[Tensor], bool], kind: str,
+                    block: str | None) -> tuple[int, bool]:
+        """Add the outputs' new storages as ``kind``; follow resizes of tracked ones.
+
+        Returns the bytes added and whether every output aliases an input.
+        """
+        alloc = 0
+        aliases_only = True
+        for t in outputs:
+            st = storage_of(t)
+            if st is None:
+                continue
+            key = id(st)
+            if key not in input_keys:
+                aliases_only = False
+            rec = self.live.get(key)
+            if rec is None:
+                if counts(t):
+                    alloc += self.add(st, kind, block)
+            elif rec.nbytes != st.nbytes():  # resized by an op (out=, resize_)
+                self.resized(rec, st.nbytes())
+        return alloc, aliases_only

@@ -1,0 +1,195 @@
+"""Known values of small integer tensors in simulated steps, so fake runs branch like real ones.
+
+NOTE [ Data-dependent branches under fake tensors ]
+    Fake tensors carry no values, so code that looks at values cannot take the
+    branch the real step takes. Libraries know this and fall back to their
+    "tracing" path on fake tensors: transformers' ``is_tracing(t)`` is true for
+    any ``FakeTensor``, and its mask code then skips the eager shortcuts it
+    takes on real tensors (``find_packed_sequence_indices`` returns the packed
+    mask instead of ``None`` after ``(mask[:, -1] == 0).all()``; SDPA gets a
+    materialized mask instead of ``is_causal=True``, and GQA models then repeat
+    K/V into contiguous copies). On a rotary decoder that is 4-12 KB per step,
+    2.4-3.5% of a tiny model's peak, counted in the simulation and never
+    allocated for real (issue #13, item 2).
+
+    The values those branches read are small integer tensors derived from the
+    batch (ids, positions, masks), from factory ops (``arange``) and from
+    constants (``torch.tensor([-1, 0])``, whose value ``FakeTensor.constant``
+    keeps). A fake
+    tensor made from a real one keeps a CPU copy of its value, its *shadow*,
+    when it is an integer or bool tensor of at most :data:`MAX_SHADOW_NUMEL`
+    elements (:func:`remember`, called by ``remat.measure.fake``). While a
+    :class:`~remat.measure.tracker.MemoryTracker` runs, every op whose tensor
+    inputs all have shadows and whose outputs are small integer tensors is also
+    run on the shadows (:func:`propagate`), and ``.item()`` / ``bool()`` of a
+    shadowed tensor (``aten._local_scalar_dense``) returns the shadow's value
+    (:func:`local_scalar`). transformers' ``is_fake_tensor`` answers ``False``
+    for a shadowed tensor while the tracker is active (:func:`eager_branches`),
+    so it takes the branch the real step takes, with the real data. Float
+    tensors never get shadows (weights are too large to copy, and routing
+    decisions of mixture-of-experts layers stay data-independent; see NOTE
+    [ Grouped matmul under fake tensors ]); neither do outputs of random ops.
+    A mutating op that cannot be replayed on shadows drops the shadows of its
+    inputs' storages, so a stale value is never read.
+
+NOTE [ Data-dependent shapes ]
+    An op whose output *shape* depends on float values (``nonzero`` /
+    ``torch.where(mask)`` over a router's top-k, as in transformers'
+    ``experts_implementation="eager"`` loop over experts) cannot be simulated:
+    which experts get how many tokens is decided by the weights. remat does not
+    guess a routing; :func:`data_dependent_error` turns PyTorch's
+    ``DynamicOutputShapeException`` into an error that says so and names the
+    way out: the grouped expert implementations (``"grouped_mm"``, the default
+    of transformers >= 5, and ``"batched_mm"``) have routing-independent shapes
+    (NOTE [ Grouped matmul under fake tensors ]), so their simulated bytes hold
+    for any routing, balanced or not; or profile on real tensors, which measure
+    the routing of the given batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch._subclasses.fake_tensor import FakeTensor
+from torch.utils._python_dispatch import _disable_current_modes
+from torch.utils._pytree import tree_flatten, tree_map
+from torch.utils.weak import WeakTensorKeyDictionary
+
+__all__ = [
+    "MAX_SHADOW_NUMEL", "data_dependent_error", "eager_branches", "local_scalar", "propagate",
+    "remember",
+]
+
+#: Largest tensor (elements) whose value a simulated step keeps: a (64, 1024) batch of ids.
+MAX_SHADOW_NUMEL = 1 << 16
+
+_aten = torch.ops.aten
+_shadows = WeakTensorKeyDictionary()
+_stale: set[int] = set()  # ids of storages mutated without their shadow
+
+
+def _wants_shadow(t: Tensor) -> bool:
+    return (not t.is_floating_point() and not t.is_complex() and t.numel() <= MAX_SHADOW_NUMEL
+            and t.layout == torch.strided)
+
+
+def remember(fake: Tensor, real: Tensor) -> None:
+    """Keep ``real``'s value as ``fake``'s shadow when it is a small integer tensor."""
+    if real.device.type != "meta" and not isinstance(real, FakeTensor) and _wants_shadow(real):
+        with _disable_current_modes():
+            _shadows[fake] = real.detach().to("cpu", copy=True)
+        _stale.discard(id(fake.untyped_storage()))  # an id reused by a new storage
+
+
+def _shadow(t: Tensor) -> Tensor | None:
+    if not isinstance(t, FakeTensor):  # a real input (``lift_fresh`` of a constant) is known
+        return t if t.device.type != "meta" and _wants_shadow(t) else None
+    value = _shadows.get(t)
+    if value is None and t.constant is not None:
+        value = t.constant  # ``torch.tensor([...])`` under the fake mode keeps its value
+    if value is None or id(t.untyped_storage()) in _stale:
+        return None
+    return value  # type: ignore[no-any-return]
+
+
+def local_scalar(func: Any, args: Any) -> tuple[bool, Any]:
+    """``(True, value)`` when ``func`` reads a scalar out of a shadowed fake tensor."""
+    if func is _aten._local_scalar_dense.default and isinstance(args[0], FakeTensor):
+        value = _shadow(args[0])
+        if value is not None:
+            with _disable_current_modes():
+                return True, value.item()
+    return False, None
+
+
+def active() -> bool:
+    """Whether any shadow exists (a cheap test before the per-op work)."""
+    return len(_shadows) > 0
+
+
+def propagate(func: Any, args: Any, kwargs: Any, out: Any) -> None:
+    """Run ``func`` on the shadows of its inputs and give ``out`` the results' values."""
+    outs = [t for t in tree_flatten(out)[0] if isinstance(t, FakeTensor)]
+    if not outs:
+        return
+    inputs = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, Tensor)]
+    shadows = [_shadow(t) for t in inputs]
+    replayable = (
+        all(s is not None for s in shadows)
+        and all(_wants_shadow(t) for t in outs)
+        and torch.Tag.nondeterministic_seeded not in func.tags
+    )
+    if not replayable:
+        if func._schema.is_mutable:
+            _stale.update(id(t.untyped_storage()) for t in inputs)
+        return
+    by_id = {id(t): s for t, s in zip(inputs, shadows, strict=True)}
+
+    def real(x: Any) -> Any:
+        if isinstance(x, Tensor):
+            return by_id[id(x)]
+        if isinstance(x, torch.device):
+            return torch.device("cpu")
+        return x
+
+    real_args, real_kwargs = tree_map(real, (args, kwargs))
+    with _disable_current_modes():
+        try:
+            result = func(*real_args, **real_kwargs)
+        except Exception:  # a kernel the shadows cannot run: the outputs stay unknown
+            return
+    values = [t for t in tree_flatten(result)[0] if isinstance(t, Tensor)]
+    if len(values) == len(outs):
+        for fake, value in zip(outs, values, strict=True):
+            _shadows[fake] = value
+            _stale.discard(id(fake.untyped_storage()))
+
+
+@contextmanager
+def eager_branches() -> Iterator[None]:
+    """While active, transformers treats a shadowed fake tensor as a real one.
+
+    See NOTE [ Data-dependent branches under fake tensors ]. A no-op without transformers.
+    """
+    try:
+        from transformers.utils import import_utils
+    except ImportError:
+        yield
+        return
+    original = getattr(import_utils, "is_fake_tensor", None)
+    if original is None:
+        yield
+        return
+
+    def is_fake_tensor(x: Any) -> bool:
+        if isinstance(x, FakeTensor) and _shadow(x) is not None:
+            return False
+        return bool(original(x))
+
+    import_utils.is_fake_tensor = is_fake_tensor
+    try:
+        yield
+    finally:
+        import_utils.is_fake_tensor = original
+
+
+def data_dependent_error(func: Any, error: Exception) -> RuntimeError:
+    """A RematError explaining a data-dependent output shape under fake tensors.
+
+    See NOTE [ Data-dependent shapes ].
+    """
+    from remat.errors import RematError
+
+    return RematError(
+        f"remat.profile(simulate=True): {func} has an output shape that depends on tensor "
+        "values, which fake tensors do not have (a mixture-of-experts layer looping over "
+        "experts with torch.where / nonzero?). Simulated bytes would depend on a guessed "
+        "routing. For Hugging Face MoE models call "
+        "model.set_experts_implementation('grouped_mm') (shapes, hence bytes, do not depend "
+        "on routing), or profile on real tensors (simulate=False), which measure the routing "
+        f"of this batch. ({type(error).__name__}: {error})"
+    )
