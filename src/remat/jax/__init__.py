@@ -20,6 +20,7 @@ from __future__ import annotations
 
 try:
     import flax.nnx  # noqa: F401
+
     import jax  # noqa: F401
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ImportError(
@@ -28,10 +29,10 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     ) from exc
 
 from remat.jax.blocks import find_blocks
-
+from remat.jax.compare import DEFAULT_STRATEGIES, compare
 from remat.jax.measure import StepAnalysis, analyze_step, profile
 from remat.jax.models import PRESETS, GPTConfig, build_model, make_batch
-
+from remat.jax.planner import auto, plan
 from remat.jax.plans import Plan
 from remat.jax.strategies import (
     POLICIES,
@@ -42,7 +43,7 @@ from remat.jax.strategies import (
     decisions_of,
     remove,
 )
-
+from remat.jax.validate import validate
 
 __all__ = [
     "DEFAULT_STRATEGIES",

@@ -44,11 +44,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+import jax
 from remat.jax._core import BlockProfile, Profile
 from remat.jax.blocks import BlocksSpec, named_blocks
 from remat.jax.strategies import capture_block_inputs, remove
@@ -238,7 +237,8 @@ def residual_bytes(fn: Callable[..., Any], *args: Any, keep_args_after: int | No
         if "from the argument" in description and not _is_kept_arg(description,
                                                                    keep_args_after):
             continue
-        total += int(np.prod(aval.shape)) * np.dtype(aval.dtype).itemsize
+        shaped: Any = aval
+        total += int(np.prod(shaped.shape)) * np.dtype(shaped.dtype).itemsize
     return total
 
 

@@ -42,9 +42,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import jax
 from flax import nnx
 
+import jax
 from remat.jax._core import (
     BudgetLike,
     BudgetTooSmall,
@@ -60,8 +60,8 @@ from remat.jax.measure import (
     LossFn,
     StepAnalysis,
     analyze_step,
-    block_saved_bytes,
     block_inputs,
+    block_saved_bytes,
     default_loss,
     tagged_names,
 )

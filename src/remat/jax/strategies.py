@@ -32,15 +32,15 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
-import jax
 import numpy as np
 from flax import nnx
 
+import jax
 from remat.jax._core import StrategyError
 from remat.jax.blocks import BlocksSpec, named_blocks
 
 if TYPE_CHECKING:
-    from remat.jax.plans import Plan
+    pass
 
 __all__ = ["POLICIES", "STRATEGIES", "Policy", "apply", "block_policies", "checkpoint_layer",
            "decisions_of", "parse_policy", "remove", "strategy_policies"]
