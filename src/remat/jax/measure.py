@@ -44,6 +44,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
@@ -53,6 +54,7 @@ from remat.jax.blocks import BlocksSpec, named_blocks
 from remat.jax.strategies import capture_block_inputs, remove
 
 __all__ = ["LossFn", "StepAnalysis", "analyze_step", "block_forward_flops", "block_saved_bytes",
+           "block_step_flops",
            "compile_fn",
            "compiler_options", "default_loss", "profile", "residual_bytes", "step_fn"]
 
@@ -269,6 +271,26 @@ def block_forward_flops(block: nnx.Module, inputs: tuple[tuple[Any, ...], dict[s
            repr([a for a in args if not isinstance(a, jax.ShapeDtypeStruct)]))
     if key not in _BLOCK_CACHE:
         _BLOCK_CACHE[key] = StepAnalysis.of(compile_fn(f, state, *xs)).flops
+    return _BLOCK_CACHE[key]
+
+
+def block_step_flops(block: nnx.Module, inputs: tuple[tuple[Any, ...], dict[str, Any]]) -> int:
+    """XLA FLOPs of ``block``'s forward and backward alone (recompute included); cached.
+
+    The function returns the forward's output as well as the input gradients, so XLA
+    cannot drop the forward and count only the recomputation.
+    """
+    args, kwargs = inputs
+    f, state, xs = _block_fn(block, args, kwargs)
+    key = ("vjp", nnx.graphdef(block), _key(state), tuple((x.shape, str(x.dtype)) for x in xs),
+           repr(sorted(kwargs.items())),
+           repr([a for a in args if not isinstance(a, jax.ShapeDtypeStruct)]))
+    if key not in _BLOCK_CACHE:
+        def vjp(s: Any, *inputs: Any) -> Any:
+            out, pullback = jax.vjp(f, s, *inputs)
+            return out, pullback(jax.tree.map(jnp.ones_like, out))
+
+        _BLOCK_CACHE[key] = StepAnalysis.of(compile_fn(vjp, state, *xs)).flops
     return _BLOCK_CACHE[key]
 
 
