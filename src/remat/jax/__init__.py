@@ -30,9 +30,16 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 
 from remat.jax.blocks import find_blocks
 from remat.jax.compare import DEFAULT_STRATEGIES, compare
-from remat.jax.measure import StepAnalysis, analyze_step, profile
+from remat.jax.measure import (
+    JaxprStats,
+    StepAnalysis,
+    analyze_step,
+    compiler_options,
+    jaxpr_stats,
+    profile,
+)
 from remat.jax.models import PRESETS, GPTConfig, build_model, make_batch
-from remat.jax.planner import auto, plan
+from remat.jax.planner import auto, plan, plan_preset
 from remat.jax.plans import Plan
 from remat.jax.strategies import (
     POLICIES,
@@ -51,6 +58,7 @@ __all__ = [
     "PRESETS",
     "STRATEGIES",
     "GPTConfig",
+    "JaxprStats",
     "Plan",
     "Policy",
     "StepAnalysis",
@@ -60,10 +68,13 @@ __all__ = [
     "build_model",
     "checkpoint_layer",
     "compare",
+    "compiler_options",
     "decisions_of",
     "find_blocks",
+    "jaxpr_stats",
     "make_batch",
     "plan",
+    "plan_preset",
     "profile",
     "remove",
     "validate",

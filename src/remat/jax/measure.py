@@ -55,7 +55,7 @@ from remat.jax.strategies import capture_block_inputs, remove
 
 __all__ = ["LossFn", "StepAnalysis", "analyze_step", "block_forward_flops", "block_saved_bytes",
            "block_step_flops",
-           "compile_fn",
+           "compile_fn", "jaxpr_stats",
            "compiler_options", "default_loss", "profile", "residual_bytes", "step_fn"]
 
 LossFn = Callable[[Any, Any], Any]
@@ -424,3 +424,47 @@ def profile(model: nnx.Module, batch: Any, *, loss_fn: LossFn | None = None,
         peak_breakdown={"arguments": step.argument_bytes, "outputs": step.output_bytes,
                         "temporaries": step.temp_bytes, "aliased": -step.alias_bytes},
     )
+
+
+# ---- the seeds' make_jaxpr comparison ---------------------------------------------------------
+
+@dataclass(frozen=True)
+class JaxprStats:
+    """The step's jaxpr, counted: what ``jax.make_jaxpr`` shows with and without remat.
+
+    Args:
+        equations: equations of the step's top-level jaxpr.
+        total_equations: equations including those inside sub-jaxprs (checkpoint, pjit).
+        checkpoint_regions: ``checkpoint`` (remat) equations, at any depth.
+        residual_bytes: bytes the forward saves for backward (NOTE [ Residuals ]).
+    """
+
+    equations: int
+    total_equations: int
+    checkpoint_regions: int
+    residual_bytes: int
+
+
+def jaxpr_stats(model: nnx.Module, batch: Any, *, loss_fn: LossFn | None = None) -> JaxprStats:
+    """Count the equations of ``make_jaxpr`` of the step, and the residual bytes of its forward.
+
+    Example:
+        >>> jaxpr_stats(apply(model, "full"), batch).checkpoint_regions
+        6
+    """
+    fn = default_loss if loss_fn is None else loss_fn
+    graphdef, state = nnx.split(model)
+    closed = jax.make_jaxpr(step_fn(graphdef, fn))(state, batch)
+    counts = {"total": 0, "checkpoint": 0}
+
+    def walk(jaxpr: Any) -> None:
+        for eqn in jaxpr.eqns:
+            counts["total"] += 1
+            if eqn.primitive.name in ("checkpoint", "remat", "remat2"):
+                counts["checkpoint"] += 1
+            for sub in _subjaxprs(eqn.params):
+                walk(sub)
+
+    walk(closed.jaxpr)
+    residuals = residual_bytes(lambda s, b: fn(nnx.merge(graphdef, s), b), state, batch)
+    return JaxprStats(len(closed.jaxpr.eqns), counts["total"], counts["checkpoint"], residuals)

@@ -76,7 +76,7 @@ from remat.jax.strategies import (
     strategy_policies,
 )
 
-__all__ = ["JaxCandidate", "auto", "candidate_tables", "plan"]
+__all__ = ["JaxCandidate", "auto", "candidate_tables", "plan", "plan_preset"]
 
 _API = "remat.jax.plan"
 _MANUAL = ("every:2", "sqrt")
@@ -379,3 +379,16 @@ def auto(model: nnx.Module, batch: Any, *, budget: BudgetLike, loss_fn: LossFn |
     return result
 
 
+
+
+def plan_preset(preset: str = "gpt-small", *, budget: BudgetLike, batch_size: int = 8,
+                seq_len: int | None = None) -> Plan:
+    """:func:`plan` for a built-in NNX preset and its random batch (``remat plan --framework jax``).
+
+    Example:
+        >>> plan_preset("gpt-tiny", budget="60%", batch_size=2).framework
+        'jax'
+    """
+    from remat.jax.models import build_model, make_batch
+
+    return plan(build_model(preset), make_batch(preset, batch_size, seq_len), budget=budget)
