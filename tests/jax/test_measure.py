@@ -26,7 +26,7 @@ def _xla(model: nnx.Module, batch: dict[str, jax.Array]) -> tuple[int, float]:
     return peak, compiled.cost_analysis()["flops"]
 
 
-@pytest.mark.parametrize("strategy", ["none", "full", "dots_saveable"])
+@pytest.mark.parametrize("strategy", ["none", "dots_saveable"])
 def test_peak_and_flops_equal_xla_analysis(strategy: str) -> None:
     model = rj.apply(rj.build_model(TINY), strategy)
     batch = rj.make_batch(TINY, TINY_BATCH)
