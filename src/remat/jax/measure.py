@@ -40,6 +40,7 @@ NOTE [ Residuals ]
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -53,10 +54,22 @@ from remat.jax._core import BlockProfile, Profile
 from remat.jax.blocks import BlocksSpec, named_blocks
 from remat.jax.strategies import capture_block_inputs, remove
 
-__all__ = ["LossFn", "StepAnalysis", "analyze_step", "block_forward_flops", "block_saved_bytes",
-           "block_step_flops",
-           "compile_fn", "jaxpr_stats",
-           "compiler_options", "default_loss", "profile", "residual_bytes", "step_fn"]
+__all__ = [
+    "LossFn",
+    "StepAnalysis",
+    "analyze_step",
+    "analyze_steps",
+    "block_forward_flops",
+    "block_saved_bytes",
+    "block_step_flops",
+    "compile_fn",
+    "compiler_options",
+    "default_loss",
+    "jaxpr_stats",
+    "profile",
+    "residual_bytes",
+    "step_fn",
+]
 
 LossFn = Callable[[Any, Any], Any]
 _API = "remat.jax.profile"
@@ -166,6 +179,25 @@ def step_fn(graphdef: Any, loss_fn: LossFn) -> Callable[[Any, Any], Any]:
 _CACHE: dict[Any, StepAnalysis] = {}
 
 
+def _lower(model: nnx.Module, batch: Any, fn: LossFn, forward_only: bool
+           ) -> tuple[Any, Callable[[], Any]]:
+    """The cache key of the step, and a thunk that compiles it (tracing done already)."""
+    graphdef, state = nnx.split(model)
+    key = (graphdef, _key(state), _key(batch), fn, forward_only)
+    if key in _CACHE:
+        return key, lambda: None
+    if forward_only:
+        def forward(s: Any, b: Any) -> Any:
+            return fn(nnx.merge(graphdef, s), b)
+
+        target: Callable[[Any, Any], Any] = forward
+    else:
+        target = step_fn(graphdef, fn)
+    lowered = jax.jit(target).lower(state, batch)
+    options: dict[str, Any] = {**compiler_options(), "xla_backend_optimization_level": 0}
+    return key, lambda: lowered.compile(compiler_options=options)
+
+
 def analyze_step(model: nnx.Module, batch: Any, *, loss_fn: LossFn | None = None,
                  forward_only: bool = False) -> StepAnalysis:
     """Compile the training step (or its forward) and return XLA's analysis of it.
@@ -181,34 +213,39 @@ def analyze_step(model: nnx.Module, batch: Any, *, loss_fn: LossFn | None = None
         True
     """
     fn = default_loss if loss_fn is None else loss_fn
-    graphdef, state = nnx.split(model)
-    key = (graphdef, _key(state), _key(batch), fn, forward_only)
+    key, compile_ = _lower(model, batch, fn, forward_only)
     if key not in _CACHE:
-        if forward_only:
-            def forward(s: Any, b: Any) -> Any:
-                return fn(nnx.merge(graphdef, s), b)
-
-            target: Callable[[Any, Any], Any] = forward
-        else:
-            target = step_fn(graphdef, fn)
-        compiled = compile_fn(target, state, batch)
-        _CACHE[key] = StepAnalysis.of(compiled)
+        _CACHE[key] = StepAnalysis.of(compile_())
     return _CACHE[key]
 
 
-def clear_cache() -> None:
-    """Forget every cached analysis (NOTE [ CPU optimization barriers ]
-    ``jax.checkpoint`` keeps XLA from merging the recomputation back into the
-    forward (CSE) with optimization barriers. XLA's CPU pipeline expands those
-    barriers (pass ``cse_barrier_expander``) *before* CSE and scheduling, so on a
-    stock CPU ``jax.jit`` the recomputation is merged away or scheduled early and
-    remat saves no memory at all (XLA reports the same temp bytes for every
-    policy). On CPU every step remat.jax compiles therefore disables that pass
-    (:func:`compiler_options`); train with the same options (or
-    ``XLA_FLAGS=--xla_disable_hlo_passes=cse_barrier_expander``) to get the
-    memory the analysis reports. Other backends compile with no extra options.
+def analyze_steps(model: nnx.Module, batch: Any, configurations: Sequence[Callable[[], Any]],
+                  *, loss_fn: LossFn | None = None) -> list[StepAnalysis]:
+    """:func:`analyze_step` for several configurations of ``model``, compiled in parallel.
 
-NOTE [ Compilation cache ])."""
+    Each ``configure()`` sets the model up (e.g. applies policies); the step is traced
+    right after it, in this thread, and the XLA compilations then run in a thread pool
+    (XLA compiles without the GIL). See NOTE [ Compilation cache ].
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    fn = default_loss if loss_fn is None else loss_fn
+    pending: list[tuple[Any, Callable[[], Any]]] = []
+    for configure in configurations:
+        configure()
+        pending.append(_lower(model, batch, fn, False))
+    todo = {key: thunk for key, thunk in pending if key not in _CACHE}
+    if todo:
+        workers = max(1, min(len(todo), os.cpu_count() or 1))
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            results = dict(zip(todo, pool.map(lambda t: t(), todo.values()), strict=True))
+        for key, compiled in results.items():
+            _CACHE[key] = StepAnalysis.of(compiled)
+    return [_CACHE[key] for key, _ in pending]
+
+
+def clear_cache() -> None:
+    """Forget every cached analysis (NOTE [ Compilation cache ])."""
     _CACHE.clear()
     _BLOCK_CACHE.clear()
 

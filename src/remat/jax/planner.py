@@ -38,7 +38,7 @@ NOTE [ JAX closed loop ]
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,6 +60,7 @@ from remat.jax.measure import (
     LossFn,
     StepAnalysis,
     analyze_step,
+    analyze_steps,
     block_inputs,
     block_saved_bytes,
     default_loss,
@@ -177,14 +178,20 @@ def _measure_kind(model: nnx.Module, batch: Any, fn: LossFn, path: str, block: n
     none_saved = block_saved_bytes(block, inputs)
     table = [JaxCandidate(Policy("none"), none_saved, none_saved, 0)]
     seen_saved = {none_saved}
+    measured: list[Policy] = []
     for policy in dict.fromkeys(wanted):
         saved = block_saved_bytes(_with_policy(block, policy), inputs)
         if prune and saved in seen_saved:  # the same residuals: the same step
             continue
         seen_saved.add(saved)
-        apply(model, {path: policy})
-        step = analyze_step(model, batch, loss_fn=fn)
-        remove(model)
+        measured.append(policy)
+
+    def configure(policy: Policy) -> Callable[[], Any]:
+        return lambda: apply(model, {path: policy})
+
+    steps = analyze_steps(model, batch, [configure(p) for p in measured], loss_fn=fn)
+    remove(model)
+    for policy, step in zip(measured, steps, strict=True):
         # XLA's own saving for this block: what the peak dropped by (NOTE [ JAX peak model ]).
         measured_saved = max(0, none_saved - (base.peak_bytes - step.peak_bytes))
         table.append(JaxCandidate(policy, measured_saved, none_saved,
@@ -285,17 +292,24 @@ def plan(model: nnx.Module, batch: Any, *, budget: BudgetLike, loss_fn: LossFn |
             target -= t.analysis.peak_bytes - budget_bytes
         if base.peak_bytes > budget_bytes:
             lowest = min_peak_choice(pm)
-            trials.append(trial([tables[i][c].policy for i, c in enumerate(lowest)],
-                                pm.predict(lowest)))
+            extra: list[tuple[list[Policy], int | None]] = [
+                ([tables[i][c].policy for i, c in enumerate(lowest)], pm.predict(lowest))]
             menu = [[c.policy] * len(paths) for c in tables[0] if not c.policy.is_none] \
                 if all(t == tables[0] for t in tables) else []
             menu += [strategy_policies(s, len(paths)) for s in _MANUAL]
+            fits = [t.analysis.flops for t in trials if t.analysis.peak_bytes <= budget_bytes]
+            cheapest = min(fits, default=None)
             for choice_policies in menu:
-                fits = [t for t in trials if t.analysis.peak_bytes <= budget_bytes]
-                cheapest = min((t.analysis.flops for t in fits), default=None)
                 estimate = _estimate_flops(tables, choice_policies, base.flops)
                 if cheapest is None or estimate is None or estimate < cheapest:
-                    trials.append(trial(choice_policies, None))
+                    extra.append((choice_policies, None))
+
+            def configure(choice: Sequence[Policy]) -> Callable[[], Any]:
+                return lambda: apply(model, dict(zip(paths, choice, strict=True)))
+
+            steps = analyze_steps(model, batch, [configure(c) for c, _ in extra], loss_fn=fn)
+            trials += [_Trial(tuple(c), a, predicted)
+                       for (c, predicted), a in zip(extra, steps, strict=True)]
         fitting = [t for t in trials if t.analysis.peak_bytes <= budget_bytes]
         if not fitting:
             low = min(trials, key=lambda t: t.analysis.peak_bytes)

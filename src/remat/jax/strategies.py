@@ -15,7 +15,8 @@ NOTE [ Where the decision lives ]
 NOTE [ Strategies ]
     ``none``; ``full`` (every block ``nothing_saveable``); ``every:N`` (blocks 0, N,
     2N, ... ``nothing_saveable``); ``sqrt``: segments of ceil(sqrt(L)) blocks where
-    every block but a segment's last is ``nothing_saveable`` (a per-block wrapper
+    every block but a segment's last is ``nothing_saveable`` (with one block, that
+    block is ``nothing_saveable``; a per-block wrapper
     cannot fuse blocks into one checkpoint region without owning the model's loop,
     so this is the per-block reading of Chen et al. 2016); and any policy applied
     to every block: ``nothing_saveable``, ``dots_saveable``,
@@ -152,7 +153,7 @@ def strategy_policies(strategy: str, num_blocks: int) -> list[Policy]:
                             f"{type(strategy).__name__}")
     text = strategy.strip()
     full = Policy("nothing_saveable")
-    if text.startswith("every"):
+    if text == "every" or text.startswith("every:"):
         _, _, count = text.partition(":")
         if not count.strip().isdigit() or int(count) < 1:
             raise StrategyError(f"remat.jax.apply: cannot read {strategy!r}; write every:N "
@@ -161,7 +162,9 @@ def strategy_policies(strategy: str, num_blocks: int) -> list[Policy]:
         return [full if i % n == 0 else _NONE for i in range(num_blocks)]
     if text == "sqrt":
         size = max(1, math.ceil(math.sqrt(num_blocks)))
-        return [_NONE if (i + 1) % size == 0 or i == num_blocks - 1 and size > 1 else full
+        if size == 1:  # one-block segments: every block is its own checkpoint
+            return [full] * num_blocks
+        return [_NONE if (i + 1) % size == 0 or i == num_blocks - 1 else full
                 for i in range(num_blocks)]
     try:
         policy = parse_policy(text)
