@@ -48,8 +48,8 @@ def test_strategy_policies(strategy: str, expected: list[str]) -> None:
     assert [p.label() for p in strategy_policies(strategy, 4)] == expected
 
 
-@pytest.mark.parametrize("bad", ["fulll", "everything", "every:0", "every:x", "save_only_these_names",
-                                 "offload", "dots_saveable:qkv"])
+@pytest.mark.parametrize("bad", ["fulll", "everything", "every:0", "every:x",
+                                 "save_only_these_names", "offload", "dots_saveable:qkv"])
 def test_unknown_strategy_is_a_clear_error(model: nnx.Module, bad: str) -> None:
     with pytest.raises(StrategyError, match="remat.jax"):
         rj.apply(model, bad)
