@@ -54,13 +54,13 @@ from remat.jax.validate import validate
 
 __all__ = [
     "DEFAULT_STRATEGIES",
-    "POLICIES",
-    "PRESETS",
-    "STRATEGIES",
     "GPTConfig",
     "JaxprStats",
+    "POLICIES",
+    "PRESETS",
     "Plan",
     "Policy",
+    "STRATEGIES",
     "StepAnalysis",
     "analyze_step",
     "apply",
