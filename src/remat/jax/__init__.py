@@ -16,8 +16,6 @@ FLOP it reports is what XLA's compiled analysis says::
 ``import remat`` never imports this package (nor jax); it loads when used.
 """
 
-from __future__ import annotations
-
 try:
     import flax.nnx  # noqa: F401
 
