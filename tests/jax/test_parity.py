@@ -31,7 +31,7 @@ def test_any_per_block_policies_keep_gradients(per_block: list[str]) -> None:
 
 
 def test_named_strategies_keep_gradients() -> None:
-    for strategy in ["full", "every:2", "sqrt"]:
+    for strategy in ["full", "every:2", "sqrt", "offload:qkv,mlp_up"]:
         report = rj.validate(_MODEL, _BATCH, strategy)
         assert report.max_rel_error <= 1e-5, (strategy, report.max_rel_error)
         assert len(report.per_param_rel_error) > 10

@@ -76,6 +76,10 @@ def test_compare_rows_are_the_shared_row_type() -> None:
     assert result.meta["framework"] == "jax"
     assert rj.decisions_of(model) == {}
     ComparisonResult.from_json(result.to_json())
+    from remat.report.tables import comparison_markdown
+
+    table = comparison_markdown(result)  # the same table `remat compare` prints
+    assert "| full |" in table and "PASS" in table
 
 
 def test_compare_unknown_strategy_fails_fast() -> None:
