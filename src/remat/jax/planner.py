@@ -6,11 +6,14 @@ NOTE [ JAX candidates ]
     policies are ``none``, ``nothing_saveable``, ``dots_saveable``,
     ``dots_with_no_batch_dims_saveable``, ``save_only_these_names`` with each
     name tagged in the block (``checkpoint_name``) alone and with all of them,
-    plus any ``policies=`` given. Each is measured on the block alone: its saved
-    residuals (JAX's residual inspection, bytes) and its extra forward+backward
-    FLOPs against ``none`` (XLA ``cost_analysis`` of the block's compiled vjp).
-    Candidates with no fewer saved bytes and no fewer FLOPs than another are
-    dropped.
+    plus any ``policies=`` given. Policies whose residuals (JAX's residual
+    inspection of the block alone) have the same size as an earlier one are
+    skipped. Each remaining policy is measured by XLA: the whole step is compiled
+    with the representative block under it and every other block ``none``
+    (compilations in parallel); its recompute is the step's extra FLOPs
+    (``cost_analysis``), its saved bytes the block's un-checkpointed residuals
+    minus what XLA's peak dropped by. Candidates with no fewer saved bytes and no
+    fewer FLOPs than another are dropped.
 
 NOTE [ JAX peak model ]
     A linear model in the per-block saved bytes, calibrated on the compiled
@@ -69,9 +72,9 @@ from remat.jax.measure import (
 from remat.jax.plans import Plan
 from remat.jax.strategies import (
     Policy,
-    _policies_in,
     _set,
     apply,
+    current_policies,
     parse_policy,
     remove,
     strategy_policies,
@@ -147,7 +150,7 @@ def candidate_tables(model: nnx.Module, batch: Any, *, loss_fn: LossFn | None = 
     fn = default_loss if loss_fn is None else loss_fn
     named = named_blocks(model, blocks)
     paths = [p for p, _ in named]
-    before = _policies_in(model, paths)
+    before = current_policies(model, paths)
     try:
         remove(model)
         base = analyze_step(model, batch, loss_fn=fn)
@@ -263,7 +266,7 @@ def plan(model: nnx.Module, batch: Any, *, budget: BudgetLike, loss_fn: LossFn |
     parsed = parse_budget(budget)
     named = named_blocks(model, blocks)
     paths = [p for p, _ in named]
-    before = _policies_in(model, paths)
+    before = current_policies(model, paths)
     try:
         remove(model)
         base = analyze_step(model, batch, loss_fn=fn)

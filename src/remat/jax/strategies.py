@@ -44,7 +44,8 @@ if TYPE_CHECKING:
     pass
 
 __all__ = ["POLICIES", "STRATEGIES", "Policy", "apply", "block_policies", "checkpoint_layer",
-           "decisions_of", "parse_policy", "remove", "strategy_policies"]
+           "current_policies", "decisions_of", "parse_policy", "remove",
+           "strategy_policies"]
 
 PolicyKind = Literal["none", "nothing_saveable", "dots_saveable",
                      "dots_with_no_batch_dims_saveable", "save_only_these_names", "offload"]
@@ -340,7 +341,8 @@ def checkpoint_layer(fn: F, policy: str | Policy = "nothing_saveable") -> F:
     return functools.wraps(fn)(jax.checkpoint(fn, policy=p.jax_policy()))  # type: ignore[return-value]
 
 
-def _policies_in(model: nnx.Module, paths: Sequence[str]) -> list[Policy]:
+def current_policies(model: nnx.Module, paths: Sequence[str]) -> list[Policy]:
+    """The policy each block in ``paths`` runs with now (``none`` when not applied)."""
     by_path = dict(named_blocks(model, list(paths)))
     return [getattr(by_path[p], _ATTR, _NONE) for p in paths]
 

@@ -10,7 +10,7 @@ from flax import nnx
 from remat.jax._core import ParityReport
 from remat.jax.blocks import BlocksSpec, named_blocks
 from remat.jax.measure import LossFn, _key, compile_fn, default_loss, step_fn
-from remat.jax.strategies import _policies_in, apply, remove
+from remat.jax.strategies import apply, current_policies, remove
 
 __all__ = ["run_step", "validate"]
 
@@ -69,7 +69,7 @@ def validate(model: nnx.Module, batch: Any, strategy_or_plan: Any = None, *,
         True
     """
     paths = [p for p, _ in named_blocks(model, blocks)] if strategy_or_plan is not None else []
-    before = _policies_in(model, paths) if paths else []
+    before = current_policies(model, paths) if paths else []
     label = "applied" if strategy_or_plan is None else (
         strategy_or_plan if isinstance(strategy_or_plan, str) else type(strategy_or_plan).__name__
     )
