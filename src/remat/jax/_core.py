@@ -1,0 +1,58 @@
+"""The one door from ``remat.jax`` into remat's framework-neutral core.
+
+Every import of remat's shared internals (solver, peak model, budgets, errors,
+profiles, comparison rows, units) made by the JAX backend goes through this
+module, so moving those modules (issue #9: ``remat.plan`` -> ``remat.planning``)
+means fixing the paths here only.
+
+NOTE [ Duck-typed candidates ]
+    The solver and :class:`PeakModel` read a candidate's ``saved_bytes``,
+    ``forward_peak_bytes``, ``backward_peak_bytes`` and ``recompute_ms`` (and
+    ``label()``) only. :func:`make_peak_model` hands them JAX candidates under
+    the PyTorch candidate's static type until the core is typed against a
+    protocol.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, cast
+
+from remat.compare import ComparisonResult, StrategyRow
+from remat.errors import BlocksNotFound, BudgetTooSmall, ParityError, RematError, StrategyError
+from remat.measure.profile import BlockProfile, Profile
+from remat.plan.budget import Budget, BudgetLike, parse_budget
+from remat.plan.peak import PeakModel, Window
+from remat.plan.solver import min_peak_choice, solve
+from remat.units import format_bytes, parse_bytes
+from remat.validate.parity import ParityReport
+
+__all__ = [
+    "BlockProfile",
+    "BlocksNotFound",
+    "Budget",
+    "BudgetLike",
+    "BudgetTooSmall",
+    "ComparisonResult",
+    "ParityError",
+    "ParityReport",
+    "PeakModel",
+    "Profile",
+    "RematError",
+    "StrategyError",
+    "StrategyRow",
+    "Window",
+    "format_bytes",
+    "make_peak_model",
+    "min_peak_choice",
+    "parse_budget",
+    "parse_bytes",
+    "solve",
+]
+
+
+def make_peak_model(windows: Sequence[Window], tables: Sequence[Sequence[Any]],
+                    block_names: Sequence[str], reference_peak_bytes: int) -> PeakModel:
+    """A :class:`PeakModel` over duck-typed candidates (see NOTE [ Duck-typed candidates ])."""
+    return PeakModel(tuple(windows), cast(Any, tuple(tuple(t) for t in tables)),
+                     tuple(block_names), int(reference_peak_bytes))

@@ -1,0 +1,222 @@
+"""The JAX :class:`Plan`: a ``jax.checkpoint`` policy per block, with its XLA-measured cost.
+
+NOTE [ JAX plan JSON ]
+    ``{"format": "remat.plan", "version": 1, "framework": "jax", ...}``: the
+    PyTorch plan's envelope plus the framework. :meth:`Plan.from_json` refuses a
+    PyTorch plan (no ``framework``, or ``"torch"``) with a message naming
+    ``remat.Plan.from_json``, and versions it does not know.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from remat.jax._core import format_bytes
+from remat.jax.strategies import Policy, parse_policy
+
+__all__ = ["JAX_PLAN_VERSION", "Plan"]
+
+JAX_PLAN_VERSION = 1
+_FORMAT = "remat.plan"
+_FRAMEWORK = "jax"
+
+
+def _check_int(name: str, value: Any, *, optional: bool = False) -> None:
+    if optional and value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"remat.jax.Plan: {name} must be an int >= 0, got {value!r}")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A ``jax.checkpoint`` policy per block, and what XLA says it costs.
+
+    Made by :func:`remat.jax.plan`, applied with ``remat.jax.apply(model, plan)``.
+    Blocks not in ``decisions`` run without checkpoint.
+
+    Args:
+        decisions: per block path, its :class:`~remat.jax.Policy` (``"none"`` dropped).
+        block_names: every block path, in forward order.
+        budget_bytes: the peak budget the plan was made for, bytes.
+        predicted_peak_bytes: the peak model's prediction, bytes.
+        measured_peak_bytes: XLA's compiled peak of the step with the plan applied
+            (arguments + outputs + temporaries - aliased); None until measured.
+        recompute_flops: extra FLOPs of the step (XLA ``cost_analysis``) against the
+            un-checkpointed step.
+        no_checkpoint_peak_bytes: XLA's peak of the un-checkpointed step. Default: None.
+        batch_size: samples per step. Default: None.
+        backend: the XLA backend measured on, e.g. ``"cpu"``. Default: ``"cpu"``.
+        framework: always ``"jax"``.
+
+    Example:
+        >>> p = remat.jax.plan(model, batch, budget="50%")
+        >>> Plan.from_json(p.to_json()) == p
+        True
+    """
+
+    decisions: Mapping[str, Policy]
+    block_names: tuple[str, ...]
+    budget_bytes: int
+    predicted_peak_bytes: int
+    measured_peak_bytes: int | None = None
+    recompute_flops: int = 0
+    no_checkpoint_peak_bytes: int | None = None
+    batch_size: int | None = None
+    backend: str = "cpu"
+    framework: str = field(default=_FRAMEWORK)
+
+    def __post_init__(self) -> None:
+        names = tuple(self.block_names)
+        object.__setattr__(self, "block_names", names)
+        if len(set(names)) != len(names):
+            raise ValueError(f"remat.jax.Plan: block_names has duplicates: {sorted(names)}")
+        if self.framework != _FRAMEWORK:
+            raise ValueError(f"remat.jax.Plan: framework must be 'jax', got {self.framework!r}")
+        decisions: dict[str, Policy] = {}
+        for name, policy in dict(self.decisions).items():
+            if name not in names:
+                raise ValueError(f"remat.jax.Plan: decision for {name!r}, which is not one of "
+                                 f"block_names ({', '.join(names[:4])}"
+                                 f"{' ...' if len(names) > 4 else ''})")
+            p = parse_policy(policy)
+            if not p.is_none:
+                decisions[name] = p
+        ordered = {n: decisions[n] for n in names if n in decisions}
+        object.__setattr__(self, "decisions", MappingProxyType(ordered))
+        _check_int("budget_bytes", self.budget_bytes)
+        _check_int("predicted_peak_bytes", self.predicted_peak_bytes)
+        _check_int("measured_peak_bytes", self.measured_peak_bytes, optional=True)
+        _check_int("recompute_flops", self.recompute_flops)
+        _check_int("no_checkpoint_peak_bytes", self.no_checkpoint_peak_bytes, optional=True)
+        _check_int("batch_size", self.batch_size, optional=True)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Plan):
+            return NotImplemented
+        return self.to_dict() == other.to_dict()
+
+    def __hash__(self) -> int:
+        return hash(json.dumps(self.to_dict(), sort_keys=True))
+
+    def decision(self, name: str) -> Policy:
+        """The policy of block ``name`` (``none`` when the plan leaves it alone)."""
+        if name not in self.block_names:
+            raise KeyError(f"remat.jax.Plan.decision: no block {name!r}; blocks: "
+                           f"{', '.join(self.block_names[:6])}")
+        return self.decisions.get(name, Policy("none"))
+
+    @property
+    def is_empty(self) -> bool:
+        """True when no block is checkpointed."""
+        return not self.decisions
+
+    @property
+    def peak_bytes(self) -> int:
+        """The measured peak when known, else the predicted one."""
+        return self.measured_peak_bytes if self.measured_peak_bytes is not None \
+            else self.predicted_peak_bytes
+
+    def label(self) -> str:
+        """Policy counts in block order of first use, e.g. ``"4 none, 2 dots_saveable"``."""
+        counts: dict[str, int] = {}
+        for name in self.block_names:
+            key = self.decision(name).label()
+            counts[key] = counts.get(key, 0) + 1
+        return ", ".join(f"{n} {k}" for k, n in counts.items())
+
+    def summary(self) -> str:
+        """Plain text: budget, peaks, recompute FLOPs and the policy per block."""
+        def fmt(value: int | None) -> str:
+            return "-" if value is None else format_bytes(value)
+
+        lines = [
+            f"remat.jax plan ({self.backend}): {self.label()}",
+            f"  budget            {fmt(self.budget_bytes)}",
+            f"  peak (XLA)        {fmt(self.measured_peak_bytes)}",
+            f"  peak (predicted)  {fmt(self.predicted_peak_bytes)}",
+            f"  no-remat peak     {fmt(self.no_checkpoint_peak_bytes)}",
+            f"  recompute         {self.recompute_flops / 1e9:.3f} GFLOP/step (XLA)",
+        ]
+        lines += [f"  {n:<16}  {self.decision(n).label()}" for n in self.block_names]
+        return "\n".join(lines)
+
+    # ---- JSON (NOTE [ JAX plan JSON ]) -------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-able dict."""
+        return {
+            "format": _FORMAT,
+            "version": JAX_PLAN_VERSION,
+            "framework": _FRAMEWORK,
+            "block_names": list(self.block_names),
+            "decisions": {n: p.label() for n, p in self.decisions.items()},
+            "budget_bytes": self.budget_bytes,
+            "predicted_peak_bytes": self.predicted_peak_bytes,
+            "measured_peak_bytes": self.measured_peak_bytes,
+            "recompute_flops": self.recompute_flops,
+            "no_checkpoint_peak_bytes": self.no_checkpoint_peak_bytes,
+            "batch_size": self.batch_size,
+            "backend": self.backend,
+        }
+
+    def to_json(self, *, indent: int | None = 2) -> str:
+        """The plan as JSON text; read back with :meth:`from_json`."""
+        return json.dumps(self.to_dict(), indent=indent)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Plan:
+        """Rebuild a plan written by :meth:`to_dict`.
+
+        Raises:
+            ValueError: not a remat plan, a PyTorch plan, or an unknown version.
+        """
+        if not isinstance(data, Mapping) or data.get("format") != _FORMAT:
+            found = data.get("format") if isinstance(data, Mapping) else type(data).__name__
+            raise ValueError(f"remat.jax.Plan.from_json: not a remat plan (format {found!r}, "
+                             f"expected {_FORMAT!r}); write plans with plan.to_json()")
+        framework = data.get("framework", "torch")
+        if framework != _FRAMEWORK:
+            raise ValueError(
+                f"remat.jax.Plan.from_json: this is a {framework!r} plan (framework "
+                f"{data.get('framework')!r}), made for a PyTorch model; a JAX model needs a plan "
+                "from remat.jax.plan(...). Read PyTorch plans with remat.Plan.from_json."
+            )
+        version = data.get("version")
+        if version != JAX_PLAN_VERSION:
+            raise ValueError(f"remat.jax.Plan.from_json: plan format version {version!r} is not "
+                             f"supported; this remat reads version {JAX_PLAN_VERSION}. "
+                             "Re-create the plan with remat.jax.plan(...).")
+        try:
+            return cls(
+                decisions={str(n): parse_policy(str(p))
+                           for n, p in dict(data.get("decisions") or {}).items()},
+                block_names=tuple(str(n) for n in data["block_names"]),
+                budget_bytes=int(data["budget_bytes"]),
+                predicted_peak_bytes=int(data["predicted_peak_bytes"]),
+                measured_peak_bytes=_opt_int(data.get("measured_peak_bytes")),
+                recompute_flops=int(data.get("recompute_flops", 0)),
+                no_checkpoint_peak_bytes=_opt_int(data.get("no_checkpoint_peak_bytes")),
+                batch_size=_opt_int(data.get("batch_size")),
+                backend=str(data.get("backend", "cpu")),
+            )
+        except (KeyError, TypeError) as exc:
+            raise ValueError(f"remat.jax.Plan.from_json: malformed plan "
+                             f"({type(exc).__name__}: {exc})") from None
+
+    @classmethod
+    def from_json(cls, text: str) -> Plan:
+        """Read a plan written by :meth:`to_json` (see :meth:`from_dict` for errors)."""
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"remat.jax.Plan.from_json: not valid JSON ({exc})") from None
+        return cls.from_dict(data)
+
+
+def _opt_int(value: Any) -> int | None:
+    return None if value is None else int(value)

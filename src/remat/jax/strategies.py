@@ -1,0 +1,392 @@
+"""Per-block ``jax.checkpoint`` policies, stored in the NNX graph, and the strategies that set them.
+
+NOTE [ Where the decision lives ]
+    ``apply`` gives each block a static attribute ``remat_policy`` (a frozen,
+    hashable :class:`Policy`) and swaps the block's class for a cached subclass
+    whose ``__call__`` runs the original one under ``nnx.remat(policy=...)``.
+    Static attributes and node types are part of the NNX ``GraphDef``, so the
+    decision survives ``nnx.split`` / ``nnx.merge``, ``nnx.jit``, ``nnx.grad`` and
+    every transform built on them, and the parameter paths do not change: an
+    ``nnx.state`` checkpoint of an applied model loads into a plain one and back.
+    (A state checkpoint holds arrays only; a freshly built model restored from one
+    needs ``apply`` again, e.g. from the plan's JSON.) ``remove`` restores the
+    original class and deletes the attribute.
+
+NOTE [ Strategies ]
+    ``none``; ``full`` (every block ``nothing_saveable``); ``every:N`` (blocks 0, N,
+    2N, ... ``nothing_saveable``); ``sqrt``: segments of ceil(sqrt(L)) blocks where
+    every block but a segment's last is ``nothing_saveable`` (with one block, that
+    block is ``nothing_saveable``; a per-block wrapper
+    cannot fuse blocks into one checkpoint region without owning the model's loop,
+    so this is the per-block reading of Chen et al. 2016); and any policy applied
+    to every block: ``nothing_saveable``, ``dots_saveable``,
+    ``dots_with_no_batch_dims_saveable``, ``save_only_these_names:a,b`` (names
+    tagged with ``jax.ad_checkpoint.checkpoint_name``) and ``offload:a,b`` (save
+    those names in host memory, recompute the rest).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
+
+import numpy as np
+from flax import nnx
+
+import jax
+from remat.jax._core import StrategyError
+from remat.jax.blocks import BlocksSpec, named_blocks
+
+if TYPE_CHECKING:
+    pass
+
+__all__ = ["POLICIES", "STRATEGIES", "Policy", "apply", "block_policies", "checkpoint_layer",
+           "current_policies", "decisions_of", "parse_policy", "remove",
+           "strategy_policies"]
+
+PolicyKind = Literal["none", "nothing_saveable", "dots_saveable",
+                     "dots_with_no_batch_dims_saveable", "save_only_these_names", "offload"]
+
+#: Policy kinds; the last two take names (``save_only_these_names:qkv,mlp_up``).
+POLICIES: tuple[str, ...] = ("none", "nothing_saveable", "dots_saveable",
+                             "dots_with_no_batch_dims_saveable", "save_only_these_names",
+                             "offload")
+#: Strategy strings :func:`apply` accepts (see NOTE [ Strategies ]).
+STRATEGIES: tuple[str, ...] = ("none", "full", "every:N", "sqrt", "nothing_saveable",
+                               "dots_saveable", "dots_with_no_batch_dims_saveable",
+                               "save_only_these_names:NAMES", "offload:NAMES")
+_NAMED = ("save_only_these_names", "offload")
+_ATTR = "remat_policy"
+
+
+@dataclass(frozen=True)
+class Policy:
+    """One block's ``jax.checkpoint`` policy (hashable: it is static NNX graph data).
+
+    Args:
+        kind: one of :data:`POLICIES`; ``"none"`` runs the block without checkpoint.
+        names: for ``save_only_these_names`` / ``offload``, the ``checkpoint_name`` tags
+            to save (offload: to save in host memory). Default: ``()``.
+
+    Example:
+        >>> Policy("save_only_these_names", ("qkv",)).label()
+        'save_only_these_names:qkv'
+    """
+
+    kind: PolicyKind
+    names: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.kind not in POLICIES:
+            raise StrategyError(f"remat.jax: unknown policy {self.kind!r}; policies: "
+                                f"{', '.join(POLICIES)}")
+        object.__setattr__(self, "names", tuple(sorted(set(self.names))))
+        if self.kind in _NAMED and not self.names:
+            raise StrategyError(f"remat.jax: policy {self.kind!r} needs names, e.g. "
+                                f"'{self.kind}:qkv,mlp_up'")
+        if self.kind not in _NAMED and self.names:
+            raise StrategyError(f"remat.jax: policy {self.kind!r} takes no names, got "
+                                f"{list(self.names)}")
+
+    @property
+    def is_none(self) -> bool:
+        """True when the block runs without checkpoint."""
+        return self.kind == "none"
+
+    def label(self) -> str:
+        """``"none"``, ``"dots_saveable"``, ``"save_only_these_names:a,b"``, ..."""
+        return f"{self.kind}:{','.join(self.names)}" if self.names else self.kind
+
+    def jax_policy(self) -> Callable[..., Any] | None:
+        """The ``jax.checkpoint_policies`` function (None for ``"nothing_saveable"`` and none)."""
+        cp = jax.checkpoint_policies
+        if self.kind == "dots_saveable":
+            return cp.dots_saveable  # type: ignore[no-any-return]
+        if self.kind == "dots_with_no_batch_dims_saveable":
+            return cp.dots_with_no_batch_dims_saveable  # type: ignore[no-any-return]
+        if self.kind == "save_only_these_names":
+            return cp.save_only_these_names(*self.names)  # type: ignore[no-any-return]
+        if self.kind == "offload":
+            return cp.save_and_offload_only_these_names(  # type: ignore[no-any-return]
+                names_which_can_be_saved=[], names_which_can_be_offloaded=list(self.names),
+                offload_src="device", offload_dst="pinned_host")
+        return cp.nothing_saveable  # type: ignore[no-any-return]
+
+
+_NONE = Policy("none")
+
+
+def parse_policy(text: str | Policy) -> Policy:
+    """Read ``"dots_saveable"``, ``"save_only_these_names:qkv,mlp_up"``, ``"full"``, ...
+
+    Raises:
+        StrategyError: unknown kind or missing names; the message lists the valid ones.
+    """
+    if isinstance(text, Policy):
+        return text
+    if not isinstance(text, str):
+        raise StrategyError(f"remat.jax: a policy is a string or Policy, got "
+                            f"{type(text).__name__}")
+    kind, sep, rest = text.strip().partition(":")
+    kind = {"full": "nothing_saveable", "names": "save_only_these_names"}.get(kind, kind)
+    names = tuple(n.strip() for n in rest.split(",") if n.strip()) if sep else ()
+    if kind not in POLICIES:
+        raise StrategyError(f"remat.jax: unknown policy {text!r}; policies: "
+                            f"{', '.join(POLICIES)} (and 'full')")
+    return Policy(kind, names)  # type: ignore[arg-type]
+
+
+def strategy_policies(strategy: str, num_blocks: int) -> list[Policy]:
+    """Per-block policies of a whole-model strategy (see NOTE [ Strategies ]).
+
+    Raises:
+        StrategyError: unknown strategy or a bad ``every:N``.
+
+    Example:
+        >>> [p.label() for p in strategy_policies("every:2", 3)]
+        ['nothing_saveable', 'none', 'nothing_saveable']
+    """
+    if not isinstance(strategy, str):
+        raise StrategyError(f"remat.jax.apply: strategy must be a string, Plan or mapping, got "
+                            f"{type(strategy).__name__}")
+    text = strategy.strip()
+    full = Policy("nothing_saveable")
+    if text == "every" or text.startswith("every:"):
+        _, _, count = text.partition(":")
+        if not count.strip().isdigit() or int(count) < 1:
+            raise StrategyError(f"remat.jax.apply: cannot read {strategy!r}; write every:N "
+                                "with an integer N >= 1, e.g. every:2 checkpoints blocks 0, 2, ...")
+        n = int(count)
+        return [full if i % n == 0 else _NONE for i in range(num_blocks)]
+    if text == "sqrt":
+        size = max(1, math.ceil(math.sqrt(num_blocks)))
+        if size == 1:  # one-block segments: every block is its own checkpoint
+            return [full] * num_blocks
+        return [_NONE if (i + 1) % size == 0 or i == num_blocks - 1 else full
+                for i in range(num_blocks)]
+    try:
+        policy = parse_policy(text)
+    except StrategyError:
+        raise StrategyError(f"remat.jax.apply: unknown strategy {strategy!r}; strategies: "
+                            f"{', '.join(STRATEGIES)}") from None
+    return [policy] * num_blocks
+
+
+# ---- the block wrapper (NOTE [ Where the decision lives ]) ----------------------------------
+
+_WRAPPERS: dict[type, type] = {}
+
+
+def _is_array(value: Any) -> bool:
+    return isinstance(value, (jax.Array, np.ndarray))
+
+
+def _wrapped_call(original: Callable[..., Any]) -> Callable[..., Any]:
+    def __call__(self: nnx.Module, *args: Any, **kwargs: Any) -> Any:
+        _record(self, args, kwargs)
+        policy: Policy = getattr(self, _ATTR, _NONE)
+        if policy.is_none:
+            return original(self, *args, **kwargs)
+        # Arrays go through the checkpoint; anything else (flags, None) is closed over.
+        arrays = [i for i, a in enumerate(args) if _is_array(a)]
+
+        def run(module: nnx.Module, *xs: Any) -> Any:
+            full = list(args)
+            for i, x in zip(arrays, xs, strict=True):
+                full[i] = x
+            return original(module, *full, **kwargs)
+
+        fn = nnx.remat(run, policy=policy.jax_policy(), prevent_cse=True)
+        return fn(self, *(args[i] for i in arrays))
+
+    return __call__
+
+
+def _wrapper_class(cls: type) -> type:
+    if getattr(cls, "_remat_original", None) is not None:
+        return cls
+    if cls not in _WRAPPERS:
+        wrapper = type(cls.__name__, (cls,), {
+            "__call__": _wrapped_call(cls.__call__),  # type: ignore[operator]
+            "_remat_original": cls,
+            "__module__": cls.__module__,
+            "__qualname__": cls.__qualname__,
+        })
+        _WRAPPERS[cls] = wrapper
+    return _WRAPPERS[cls]
+
+
+def _set(block: nnx.Module, policy: Policy) -> None:
+    if policy.is_none:
+        _unset(block)
+        return
+    block.__class__ = _wrapper_class(type(block))
+    setattr(block, _ATTR, policy)
+
+
+def _unset(block: nnx.Module) -> None:
+    original = getattr(type(block), "_remat_original", None)
+    if original is not None:
+        block.__class__ = original
+    if _ATTR in vars(block):
+        delattr(block, _ATTR)
+
+
+# ---- public API ------------------------------------------------------------------------------
+
+StrategyLike = Any  # str | Plan | Mapping[str, str | Policy]
+M = TypeVar("M", bound=nnx.Module)
+
+
+def block_policies(model: nnx.Module, strategy: StrategyLike, *,
+                   blocks: BlocksSpec = None) -> dict[str, Policy]:
+    """The policy per block path that ``apply(model, strategy)`` sets."""
+    from remat.jax.plans import Plan
+
+    if isinstance(strategy, Plan):
+        names = [p for p, _ in named_blocks(model, list(strategy.block_names))]
+        return {n: strategy.decision(n) for n in names}
+    named = named_blocks(model, blocks)
+    paths = [p for p, _ in named]
+    if isinstance(strategy, Mapping):
+        unknown = sorted(set(strategy) - set(paths))
+        if unknown:
+            raise StrategyError(f"remat.jax.apply: {unknown} are not blocks; blocks: "
+                                f"{', '.join(paths[:6])}{' ...' if len(paths) > 6 else ''}")
+        return {p: parse_policy(strategy.get(p, _NONE)) for p in paths}
+    return dict(zip(paths, strategy_policies(strategy, len(paths)), strict=True))
+
+
+def _check_offload(policies: Mapping[str, Policy]) -> None:
+    if not any(p.kind == "offload" for p in policies.values()):
+        return
+    kinds = {m.kind for m in jax.devices()[0].addressable_memories()}
+    if "pinned_host" not in kinds:
+        raise StrategyError(
+            f"remat.jax.apply: offload needs a backend with pinned_host memory; "
+            f"{jax.devices()[0].platform} has {sorted(kinds)}. Use save_only_these_names instead."
+        )
+
+
+def apply(model: M, strategy: StrategyLike, *, blocks: BlocksSpec = None) -> M:
+    """Checkpoint ``model``'s blocks with ``jax.checkpoint`` policies, in place.
+
+    Trades compute for memory: a checkpointed block keeps only what its policy saves
+    and recomputes the rest of its forward in backward. The decision is stored in the
+    model's NNX graph (NOTE [ Where the decision lives ]) and replaces any earlier one.
+
+    Args:
+        model: a Flax NNX module with repeated blocks.
+        strategy: a strategy string (:data:`STRATEGIES`), a :class:`~remat.jax.Plan`,
+            or a mapping from block path to policy (string or :class:`Policy`).
+        blocks: which modules are blocks (:data:`~remat.jax.blocks.BlocksSpec`).
+            Default: automatic.
+
+    Returns:
+        ``model`` itself.
+
+    Raises:
+        StrategyError: unknown strategy/policy or unknown block paths.
+
+    Example:
+        >>> model = apply(build_model("gpt-tiny"), "dots_saveable")
+        >>> decisions_of(model)["blocks.0"]
+        'dots_saveable'
+    """
+    policies = block_policies(model, strategy, blocks=blocks)
+    _check_offload(policies)
+    remove(model)
+    by_path = dict(named_blocks(model, list(policies)))
+    for path, policy in policies.items():
+        _set(by_path[path], policy)
+    return model
+
+
+def remove(model: M) -> M:
+    """Undo :func:`apply`: every module runs without checkpoint again. Returns ``model``."""
+    for _, node in nnx.iter_graph(model):
+        if isinstance(node, nnx.Module):
+            _unset(node)
+    return model
+
+
+def decisions_of(model: nnx.Module) -> dict[str, str]:
+    """The policy label of every checkpointed module, by path (``{}`` when none)."""
+    out: dict[str, str] = {}
+    for path, node in nnx.iter_graph(model):
+        policy = getattr(node, _ATTR, None) if isinstance(node, nnx.Module) else None
+        if isinstance(policy, Policy) and not policy.is_none:
+            out[".".join(str(p) for p in path)] = policy.label()
+    return out
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def checkpoint_layer(fn: F, policy: str | Policy = "nothing_saveable") -> F:
+    """``jax.checkpoint`` a plain JAX layer function ``fn(params, x, ...)`` with a policy.
+
+    For models written as functions rather than NNX modules: wrap the layer function
+    once and call it in the stack's loop (or under ``jax.lax.scan``).
+
+    Example:
+        >>> layer = checkpoint_layer(lambda w, x: jnp.tanh(x @ w), "dots_saveable")
+    """
+    p = parse_policy(policy)
+    if p.is_none:
+        return fn
+    return functools.wraps(fn)(jax.checkpoint(fn, policy=p.jax_policy()))  # type: ignore[return-value]
+
+
+def current_policies(model: nnx.Module, paths: Sequence[str]) -> list[Policy]:
+    """The policy each block in ``paths`` runs with now (``none`` when not applied)."""
+    by_path = dict(named_blocks(model, list(paths)))
+    return [getattr(by_path[p], _ATTR, _NONE) for p in paths]
+
+
+# ---- capturing block inputs (used by measure.py) --------------------------------------------
+
+_CAPTURE_ATTR = "_remat_capture_path"
+_CAPTURED: list[dict[str, tuple[tuple[Any, ...], dict[str, Any]]]] = []
+
+
+def _aval(value: Any) -> Any:
+    if _is_array(value):
+        return jax.ShapeDtypeStruct(value.shape, value.dtype)
+    return value
+
+
+def _record(self: nnx.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    path = getattr(self, _CAPTURE_ATTR, None)
+    if _CAPTURED and path is not None and path not in _CAPTURED[-1]:
+        _CAPTURED[-1][path] = (tuple(_aval(a) for a in args),
+                               {k: _aval(v) for k, v in kwargs.items()})
+
+
+def capture_block_inputs(model: nnx.Module, paths: Sequence[str],
+                         run: Callable[[], Any]) -> dict[str, tuple[tuple[Any, ...],
+                                                                   dict[str, Any]]]:
+    """Shapes of each block's first call while ``run()`` traces the model (e.g. eval_shape).
+
+    Arrays come back as ``jax.ShapeDtypeStruct``; other arguments as they were.
+    """
+    by_path = dict(named_blocks(model, list(paths)))
+    swapped = []
+    for path, block in by_path.items():
+        if getattr(type(block), "_remat_original", None) is None:
+            swapped.append((block, type(block)))
+            block.__class__ = _wrapper_class(type(block))
+        setattr(block, _CAPTURE_ATTR, path)
+    _CAPTURED.append({})
+    try:
+        run()
+        return _CAPTURED[-1]
+    finally:
+        _CAPTURED.pop()
+        for block in by_path.values():
+            delattr(block, _CAPTURE_ATTR)
+        for block, cls in swapped:
+            block.__class__ = cls
