@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import jax
 import pytest
 from flax import nnx
 
-import jax
 import remat.jax as rj
 from remat.jax.measure import compiler_options, default_loss
 

@@ -101,7 +101,7 @@ def test_plan_json_roundtrip_and_framework() -> None:
 
 
 def test_torch_plan_is_refused() -> None:
-    from remat.plan import Plan as TorchPlan
+    from remat.planning import Plan as TorchPlan
 
     torch_plan = TorchPlan(decisions={}, block_names=("blocks.0",), budget_bytes=1,
                            predicted_peak_bytes=1)

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
 
-import jax
 import remat.jax as rj
 from remat.errors import BlocksNotFound, StrategyError
 from remat.jax.measure import default_loss

@@ -144,3 +144,15 @@ def test_throughput_row_validation() -> None:
         ThroughputRow(0, True, "", 1, 0.0, 1.0, 1.0)
     with pytest.raises(ValueError, match="step_ms must be a finite number"):
         ThroughputRow(1, True, "", 1, 0.0, -1.0, 1.0)
+
+
+def test_a_jax_plan_is_refused_with_the_loader_to_use() -> None:
+    import json
+
+    data = json.loads(Plan({}, ("blocks.0",), 1, 1).to_json())
+    assert data["framework"] == "torch"
+    data["framework"] = "jax"
+    with pytest.raises(ValueError, match=r"'jax' plan.*remat\.jax\.Plan\.from_json"):
+        Plan.from_json(json.dumps(data))
+    del data["framework"]  # files written before the field existed read as torch plans
+    assert Plan.from_json(json.dumps(data)) == Plan({}, ("blocks.0",), 1, 1)

@@ -18,7 +18,6 @@ FLOP it reports is what XLA's compiled analysis says::
 
 try:
     import flax.nnx  # noqa: F401
-
     import jax  # noqa: F401
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ImportError(

@@ -2,7 +2,7 @@
 
 Every import of remat's shared internals (solver, peak model, budgets, errors,
 profiles, comparison rows, units) made by the JAX backend goes through this
-module, so moving those modules (issue #9: ``remat.plan`` -> ``remat.planning``)
+module, so moving those modules (``remat.planning``, ``remat.validation``, ``remat.compare``)
 means fixing the paths here only.
 
 NOTE [ Duck-typed candidates ]
@@ -18,14 +18,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, cast
 
-from remat.compare import ComparisonResult, StrategyRow
+from remat.compare.rows import ComparisonResult, StrategyRow
 from remat.errors import BlocksNotFound, BudgetTooSmall, ParityError, RematError, StrategyError
-from remat.measure.profile import BlockProfile, Profile
-from remat.plan.budget import Budget, BudgetLike, parse_budget
-from remat.plan.peak import PeakModel, Window
-from remat.plan.solver import min_peak_choice, solve
+from remat.measure.results import BlockProfile, Profile
+from remat.planning.budget import Budget, BudgetLike, parse_budget
+from remat.planning.peak import PeakModel, Window
+from remat.planning.solver import min_peak_choice, solve
 from remat.units import format_bytes, parse_bytes
-from remat.validate.parity import ParityReport
+from remat.validation.parity import ParityReport
 
 __all__ = [
     "BlockProfile",

@@ -15,9 +15,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, TypeAlias
 
+import jax
 from flax import nnx
 
-import jax
 from remat.jax._core import BlocksNotFound
 
 __all__ = ["BlocksSpec", "find_blocks", "named_blocks"]

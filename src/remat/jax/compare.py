@@ -14,9 +14,9 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import jax
 from flax import nnx
 
-import jax
 from remat.jax._core import ComparisonResult, StrategyRow
 from remat.jax.blocks import BlocksSpec
 from remat.jax.measure import LossFn, compile_fn, default_loss, profile, step_fn

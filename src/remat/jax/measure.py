@@ -45,11 +45,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-import jax
 from remat.jax._core import BlockProfile, Profile
 from remat.jax.blocks import BlocksSpec, named_blocks
 from remat.jax.strategies import capture_block_inputs, remove

@@ -13,11 +13,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import jax
 import jax.numpy as jnp
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
-
-import jax
 
 __all__ = ["PRESETS", "TAGGED_NAMES", "GPT", "GPTBlock", "GPTConfig", "build_model",
            "make_batch"]

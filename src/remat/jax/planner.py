@@ -45,9 +45,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import jax
 from flax import nnx
 
-import jax
 from remat.jax._core import (
     BudgetLike,
     BudgetTooSmall,

@@ -33,10 +33,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
+import jax
 import numpy as np
 from flax import nnx
 
-import jax
 from remat.jax._core import StrategyError
 from remat.jax.blocks import BlocksSpec, named_blocks
 

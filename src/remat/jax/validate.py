@@ -62,7 +62,7 @@ def validate(model: nnx.Module, batch: Any, strategy_or_plan: Any = None, *,
         rtol: tolerance on ``max|g - g_ref| / max|g_ref|`` (and the loss). Default: 1e-5.
 
     Returns:
-        A :class:`remat.validate.ParityReport` (``.passed``, ``.raise_if_failed()``).
+        A :class:`remat.ParityReport` (``.passed``, ``.raise_if_failed()``).
 
     Example:
         >>> validate(model, batch, "dots_saveable").passed
