@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import itertools
+import random
+import time
 import os
 
 import pytest
@@ -115,3 +117,67 @@ def test_the_solvers_native_output_never_reaches_stdout(
         os.write(1, b"HighsMipSolverData::printDisplayLine\n")  # what HiGHS prints from C++
     print("after", flush=True)
     assert capfd.readouterr().out == "after\n"
+
+
+def _random_model(rng: random.Random, blocks: int, kinds: int) -> PeakModel:
+    """Blocks of ``kinds`` kinds with random candidates and random window constants."""
+    tables = []
+    for _ in range(kinds):
+        table = [Candidate((), rng.randint(50, 120), rng.randint(80, 130),
+                           rng.randint(120, 180), 0, 0.0)]
+        for k in range(rng.randint(1, 6)):
+            table.append(Candidate((("", BlockDecision("full" if k == 0 else "mlp")),),
+                                   rng.randint(0, 120), rng.randint(60, 130),
+                                   rng.randint(100, 200), 1, round(rng.uniform(0.01, 3), 3)))
+        tables.append(tuple(table))
+    per_block = tuple(tables[i % kinds] for i in range(blocks))
+    windows = [Window("pre", rng.randint(500, 1000), 0)]
+    for i in range(blocks):
+        windows.append(Window(f"fwd:{i}", rng.randint(900, 1000), i, i, "forward"))
+    windows.append(Window(f"gap:{blocks - 1}", rng.randint(1000, 1300), blocks))
+    for i in reversed(range(blocks)):
+        windows.append(Window(f"bwd:{i}", 1000 + rng.randint(0, 40) * (blocks - i), i, i,
+                              "backward"))
+    windows.append(Window("tail", rng.randint(1000, 1300), 0))
+    return PeakModel(tuple(windows), per_block, tuple(f"b.{i}" for i in range(blocks)), 0)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_dynamic_program_matches_the_integer_program(seed: int) -> None:
+    """The fast path (NOTE [ Prefix dynamic program ]) against HiGHS at many budgets."""
+    rng = random.Random(seed)
+    pm = _random_model(rng, blocks=rng.randint(2, 12), kinds=rng.randint(1, 3))
+    lowest = pm.predict(min_peak_choice(pm, exact=True))
+    assert pm.predict(min_peak_choice(pm)) == lowest
+    assert choice_cost_ps(pm, min_peak_choice(pm)) == \
+        choice_cost_ps(pm, min_peak_choice(pm, exact=True))
+    top = pm.predict([0] * pm.num_blocks)
+    for budget in sorted({lowest - 1, lowest, top, top + 1,
+                          *(rng.randint(lowest, top) for _ in range(6))}):
+        fast, exact = solve(pm, budget), solve(pm, budget, exact=True)
+        assert (fast is None) == (exact is None), budget
+        if fast is not None and exact is not None:
+            assert pm.predict(fast) <= budget
+            assert choice_cost_ps(pm, fast) == choice_cost_ps(pm, exact), budget
+
+
+def test_dynamic_program_matches_brute_force_on_the_hand_built_table() -> None:
+    pm = model()
+    for budget in range(1190, 1510, 5):
+        choice = solve(pm, budget)
+        best = brute_force(pm, budget)
+        assert (choice is None) == (best is None)
+        if choice is not None:
+            assert choice_cost_ps(pm, choice) == best
+
+
+def test_dynamic_program_is_fast_on_many_identical_blocks() -> None:
+    """32 identical blocks: symmetric for branch-and-bound, a short front for the DP."""
+    pm = _random_model(random.Random(0), blocks=32, kinds=1)
+    lowest = pm.predict(min_peak_choice(pm))
+    top = pm.predict([0] * 32)
+    started = time.process_time()
+    for budget in range(lowest, top + 1, max(1, (top - lowest) // 20)):
+        choice = solve(pm, budget)
+        assert choice is not None and pm.predict(choice) <= budget
+    assert time.process_time() - started < 5.0

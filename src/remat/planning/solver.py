@@ -2,8 +2,10 @@
 
 The peak is a maximum over memory windows (see peak.py), so "fits" is one
 linear constraint per window; together with "one candidate per block" this is
-a multiple-choice knapsack with several knapsacks, solved exactly as a 0/1
-integer program with ``scipy.optimize.milp`` (HiGHS).
+a multiple-choice knapsack with several knapsacks. It is solved exactly by a
+dynamic program over the blocks (NOTE [ Prefix dynamic program ]); the 0/1
+integer program with ``scipy.optimize.milp`` (HiGHS) is the fallback and the
+reference the tests compare it with.
 
 NOTE [ Exact costs ]
     Costs enter the program as integers (picoseconds of roofline time), and the
@@ -129,12 +131,130 @@ def _run(c: np.ndarray, constraints: list[LinearConstraint], integrality: np.nda
                      "please report this with the model and budget")
 
 
-def solve(model: PeakModel, budget_bytes: int) -> list[int] | None:
+# NOTE [ Prefix dynamic program ]
+#     Every window of the peak model reads ``S_p + own_p(d_p)``: the saved bytes of the
+#     first p blocks plus (optionally) block p's working set (peak.py). So the program is
+#     a shortest path over blocks whose state is ``S_p``, and a state is dominated by one
+#     with fewer saved bytes *and* no higher cost (every later constraint only grows with
+#     ``S``). Keeping the Pareto front of ``(S_p, cost)`` after each block solves the
+#     integer program exactly, in integers, in milliseconds where HiGHS needs seconds
+#     (identical blocks make branch-and-bound symmetric: 32 blocks hit its time limit).
+#     A front larger than ``_MAX_FRONT`` falls back to the MILP.
+
+_MAX_FRONT = 200_000
+_BIG = np.iinfo(np.int64).max // 4
+
+
+def _dp_tables(model: PeakModel, budget_bytes: int
+               ) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray], np.ndarray] | None:
+    """Per block: saved bytes, costs (ps), the largest ``S_p`` each candidate allows;
+    per prefix p (0..L): the largest ``S_p`` windows without a block allow.
+    ``None`` when a window does not have the prefix form (block == prefix)."""
+    n = model.num_blocks
+    caps = np.full(n + 1, _BIG, dtype=np.int64)
+    slack = [np.full(len(t), _BIG, dtype=np.int64) for t in model.tables]
+    for w in model.windows:
+        if w.block is None:
+            caps[w.prefix] = min(int(caps[w.prefix]), budget_bytes - w.constant_bytes)
+        elif w.block != w.prefix:
+            return None
+        else:
+            own = np.array([w.own_bytes(c) for c in model.tables[w.block]], dtype=np.int64)
+            slack[w.block] = np.minimum(slack[w.block], budget_bytes - w.constant_bytes - own)
+    saved = [np.array([c.saved_bytes for c in t], dtype=np.int64) for t in model.tables]
+    costs = [np.array([_cost_ps(c.recompute_ms) for c in t], dtype=np.int64)
+             for t in model.tables]
+    for p in range(n):  # S_p can be at most what any candidate of block p allows
+        caps[p] = min(int(caps[p]), int(slack[p].max()))
+    caps = np.minimum.accumulate(caps[::-1])[::-1]  # S never shrinks: later caps bind now
+    return saved, costs, slack, caps
+
+
+def _front(s: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """Indices of the Pareto front of (s, v), both minimised, sorted by s."""
+    order = np.lexsort((v, s))
+    best = np.minimum.accumulate(v[order])
+    keep = np.ones(len(order), dtype=bool)
+    keep[1:] = v[order][1:] < best[:-1]
+    return order[keep]
+
+
+def _solve_dp(model: PeakModel, budget_bytes: int) -> list[int] | None | bool:
+    """Exact solve by NOTE [ Prefix dynamic program ]; ``False`` when it does not apply."""
+    tables = _dp_tables(model, budget_bytes)
+    if tables is None:
+        return False
+    saved, costs, slack, caps = tables
+    s = np.zeros(1, dtype=np.int64)
+    v = np.zeros(1, dtype=np.int64)
+    if caps[0] < 0:
+        return None
+    parents: list[tuple[np.ndarray, np.ndarray]] = []
+    for p in range(model.num_blocks):
+        new_s, new_v, par, cand = [], [], [], []
+        for c in range(len(saved[p])):
+            ok = np.flatnonzero(s <= slack[p][c])
+            new_s.append(s[ok] + saved[p][c])
+            new_v.append(v[ok] + costs[p][c])
+            par.append(ok)
+            cand.append(np.full(len(ok), c, dtype=np.int64))
+        s, v = np.concatenate(new_s), np.concatenate(new_v)
+        par_all, cand_all = np.concatenate(par), np.concatenate(cand)
+        fits = s <= caps[p + 1]
+        s, v, par_all, cand_all = s[fits], v[fits], par_all[fits], cand_all[fits]
+        if len(s) == 0:
+            return None
+        keep = _front(s, v)
+        if len(keep) > _MAX_FRONT:
+            return False
+        s, v = s[keep], v[keep]
+        parents.append((par_all[keep], cand_all[keep]))
+    index = int(np.lexsort((s, v))[0])  # least cost, then fewest saved bytes
+    choice = []
+    for par, cand in reversed(parents):
+        choice.append(int(cand[index]))
+        index = int(par[index])
+    return choice[::-1]
+
+
+def _min_peak_dp(model: PeakModel) -> int | None:
+    """The smallest predicted peak of any choice, by the same front with the running
+    peak in place of the cost; ``None`` when a window lacks the prefix form."""
+    n = model.num_blocks
+    floor = np.full(n + 1, -_BIG, dtype=np.int64)  # no-block windows: constant per prefix
+    high = [np.full(len(t), -_BIG, dtype=np.int64) for t in model.tables]
+    for w in model.windows:
+        if w.block is None:
+            floor[w.prefix] = max(int(floor[w.prefix]), w.constant_bytes)
+        elif w.block != w.prefix:
+            return None
+        else:
+            own = np.array([w.own_bytes(c) for c in model.tables[w.block]], dtype=np.int64)
+            high[w.block] = np.maximum(high[w.block], w.constant_bytes + own)
+    s = np.zeros(1, dtype=np.int64)
+    peak = np.full(1, floor[0], dtype=np.int64)
+    for p, table in enumerate(model.tables):
+        new_s, new_peak = [], []
+        for c, cand in enumerate(table):
+            after = s + cand.saved_bytes
+            new_s.append(after)
+            new_peak.append(np.maximum(np.maximum(peak, s + high[p][c]), after + floor[p + 1]))
+        s, peak = np.concatenate(new_s), np.concatenate(new_peak)
+        keep = _front(s, peak)
+        if len(keep) > _MAX_FRONT:
+            return None
+        s, peak = s[keep], peak[keep]
+    return int(peak.min())
+
+
+def solve(model: PeakModel, budget_bytes: int, *, exact: bool = False) -> list[int] | None:
     """The cheapest choice (candidate index per block) whose predicted peak fits.
 
     Args:
         model: the calibrated peak model with every block's candidates.
         budget_bytes: the peak the choice must not exceed.
+        exact: solve the integer program with HiGHS instead of NOTE [ Prefix dynamic
+            program ] (the same optimum cost; for tests). Default: False.
 
     Returns:
         One candidate index per block, or ``None`` when no choice fits.
@@ -143,6 +263,16 @@ def solve(model: PeakModel, budget_bytes: int) -> list[int] | None:
         >>> solve(peak_model, 2 * 1024**3)
         [0, 0, 3, 3, 5, 5]
     """
+    if not exact:
+        found = _solve_dp(model, budget_bytes)
+        if found is not False:
+            assert found is None or model.predict(found) <= budget_bytes
+            return found  # type: ignore[return-value]
+    return _solve_milp(model, budget_bytes)
+
+
+def _solve_milp(model: PeakModel, budget_bytes: int) -> list[int] | None:
+    """:func:`solve` as a 0/1 integer program (HiGHS); see NOTE [ Exact costs ]."""
     offsets = _layout(model)
     n = offsets[-1]
     cost = np.array([float(_cost_ps(c.recompute_ms)) for t in model.tables for c in t])
@@ -164,8 +294,13 @@ def solve(model: PeakModel, budget_bytes: int) -> list[int] | None:
     return None
 
 
-def min_peak_choice(model: PeakModel) -> list[int]:
+def min_peak_choice(model: PeakModel, *, exact: bool = False) -> list[int]:
     """The choice with the smallest predicted peak (ties: the cheapest of them)."""
+    lowest = None if exact else _min_peak_dp(model)
+    if lowest is not None:
+        found = solve(model, lowest)
+        if found is not None:
+            return found
     offsets = _layout(model)
     n = offsets[-1]
     rows, constants, _ = _window_rows(model, offsets)
@@ -181,5 +316,5 @@ def min_peak_choice(model: PeakModel) -> list[int]:
     if x is None:  # cannot happen: every choice has some peak
         raise RematError("remat.plan: no candidate choice at all; please report this")
     choice = _decode(x, offsets)
-    cheapest = solve(model, model.predict(choice))
+    cheapest = solve(model, model.predict(choice), exact=exact)
     return cheapest if cheapest is not None else choice
