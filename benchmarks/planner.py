@@ -9,7 +9,21 @@ For gpt-small and llama-small (batch 8, full sequence length, CPU, float32):
    no-checkpoint peak, run :func:`remat.plan` (closed loop measured for real) and
    compare its recompute cost with the cheapest manual strategy whose peak fits;
 3. check the gradients of every plan against the un-checkpointed model;
-4. time planning a 12-layer model end to end.
+4. time planning a 12-layer model end to end;
+5. compute a fractional-knapsack lower bound on the recompute any plan needs
+   (NOTE [ Lower bound ]) and print plan / best manual and plan / lower bound per case.
+
+Besides the built-in presets it plans held-out Hugging Face decoders built in-process
+from tiny configs (Llama, Qwen2, GPT-NeoX, Phi; 6 layers), which the planner's tests
+never tune on.
+
+NOTE [ Lower bound ]
+    To fit budget B the step must free ``none_peak - B`` bytes. The cheapest way to
+    free bytes of saved activations, ignoring that recomputing a tensor may need
+    others recomputed first (chains) and that the peak may move, is to drop saved
+    tensors in order of their producer's roofline cost per byte, the last one
+    fractionally. Every real plan recomputes at least that much, so
+    ``plan / lower bound >= 1`` and the gap bounds how much better any plan could be.
 
 Then it replaces the section between ``<!-- planner:start -->`` and
 ``<!-- planner:end -->`` in ``benchmarks/RESULTS.md`` (created when missing) and draws
@@ -19,6 +33,7 @@ Usage::
 
     .venv/bin/python benchmarks/planner.py               # real measurements
     .venv/bin/python benchmarks/planner.py --simulate    # FakeTensorMode (same bytes on CPU)
+    .venv/bin/python benchmarks/planner.py --models hf --results benchmarks/RESULTS_planner_new.md
 """
 
 from __future__ import annotations
@@ -35,8 +50,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 from remat.compare.frontier import Frontier, FrontierPoint, frontier
+from remat.devices import get_device
+from remat.measure.flops import OpRecord, op_flops, op_traffic
+from remat.measure.roofline import op_roofline_ms
+from remat.measure.step import call_model, default_loss
 from remat.models import build_model, make_batch
 from remat.planning import Plan, plan, prepare
 from remat.report.frontier import frontier_markdown, plot_frontier
@@ -53,6 +74,9 @@ RESULTS = HERE / "RESULTS.md"
 PLOT = HERE / "planner.png"
 SECTION = "planner"
 RUNS: tuple[tuple[str, int], ...] = (("gpt-small", 8), ("llama-small", 8))
+HF_RUNS: tuple[tuple[str, int], ...] = (("hf-llama", 4), ("hf-qwen2", 4), ("hf-gpt-neox", 4),
+                                        ("hf-phi", 4))
+HF_SEQ = 128
 FRACTIONS = (0.25, 0.5, 0.75)
 
 
@@ -66,11 +90,111 @@ class Row:
     best: FrontierPoint
     grad_error: float
     plan_s: float
+    lower_bound_ms: float
 
     @property
     def reduction(self) -> float:
         """1 - plan recompute / best manual recompute."""
         return float(1.0 - self.plan.recompute_ms / self.best.recompute_ms)
+
+    @property
+    def vs_best(self) -> float:
+        """plan recompute / best manual recompute (0 when both are 0)."""
+        if self.best.recompute_ms == 0:
+            return 0.0 if self.plan.recompute_ms == 0 else float("inf")
+        return float(self.plan.recompute_ms / self.best.recompute_ms)
+
+    @property
+    def vs_bound(self) -> float:
+        """plan recompute / lower bound (1 when both are 0)."""
+        if self.lower_bound_ms == 0:
+            return 1.0 if self.plan.recompute_ms == 0 else float("inf")
+        return float(self.plan.recompute_ms / self.lower_bound_ms)
+
+
+def hf_model(name: str) -> torch.nn.Module:
+    """A 6-layer Hugging Face decoder from a tiny config (held out: no test tunes on it)."""
+    import transformers as tf
+
+    common: dict[str, object] = dict(vocab_size=1024, hidden_size=128, num_hidden_layers=6,
+                                     num_attention_heads=4, intermediate_size=344,
+                                     max_position_embeddings=HF_SEQ)
+    torch.manual_seed(0)
+    if name == "hf-llama":
+        config: object = tf.LlamaConfig(num_key_value_heads=2, **common)
+        model = tf.LlamaForCausalLM(config)  # type: ignore[arg-type]
+    elif name == "hf-qwen2":
+        model = tf.Qwen2ForCausalLM(tf.Qwen2Config(num_key_value_heads=2, **common))
+    elif name == "hf-gpt-neox":
+        model = tf.GPTNeoXForCausalLM(tf.GPTNeoXConfig(**common))
+    elif name == "hf-phi":
+        model = tf.PhiForCausalLM(tf.PhiConfig(**common))
+    else:
+        raise ValueError(name)
+    model.config.use_cache = False
+    model.train()
+    return model
+
+
+def hf_batch(batch_size: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 1024, (batch_size, HF_SEQ), generator=g)
+    return {"input_ids": ids, "labels": ids.clone()}
+
+
+class _Producers(TorchDispatchMode):
+    """Roofline cost of the op that produced each storage (NOTE [ Lower bound ])."""
+
+    def __init__(self, device: str) -> None:
+        super().__init__()
+        self.spec = get_device(device)
+        self.cost_ms: dict[int, float] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        ins = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        outs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+        in_keys = {t.untyped_storage().data_ptr() for t in ins}
+        aliases = bool(outs) and all(t.untyped_storage().data_ptr() in in_keys for t in outs)
+        read, write, dtype_bytes = op_traffic(func, ins, outs, aliases_only=aliases)
+        flops = op_flops(func.overloadpacket, args, kwargs, out)
+        ms = op_roofline_ms(OpRecord(str(func.overloadpacket), "forward", flops, read, write,
+                                     None, dtype_bytes), self.spec)
+        for t in outs:
+            self.cost_ms.setdefault(t.untyped_storage().data_ptr(), ms)
+        return out
+
+
+def saved_costs(model: torch.nn.Module, batch: object, device: str = "h100-80gb"
+                ) -> list[tuple[int, float]]:
+    """``(bytes, producer ms)`` of every storage the forward saves for backward."""
+    producers = _Producers(device)
+    saved: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        saved[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), producers:
+        loss = default_loss(call_model(model, batch))
+    loss.backward()
+    model.zero_grad(set_to_none=True)
+    return [(n, producers.cost_ms[key]) for key, n in saved.items()
+            if key in producers.cost_ms and n > 0]
+
+
+def lower_bound_ms(costs: list[tuple[int, float]], need_bytes: int) -> float:
+    """Fractional knapsack: the least producer cost that frees ``need_bytes``."""
+    total = 0.0
+    for nbytes, ms in sorted(costs, key=lambda c: c[1] / c[0]):
+        if need_bytes <= 0:
+            break
+        take = min(nbytes, need_bytes)
+        total += ms * take / nbytes
+        need_bytes -= take
+    return total
 
 
 
@@ -92,15 +216,19 @@ def run_model(preset: str, batch_size: int, *, simulate: bool,
               log: list[str]) -> tuple[list[Row], Frontier]:
     """Measure the manual strategies and plan three budgets for one preset."""
     torch.manual_seed(0)
-    model = build_model(preset)
-    model.train()
-    batch = make_batch(model, batch_size)
+    if preset.startswith("hf-"):
+        model, batch = hf_model(preset), hf_batch(batch_size)
+    else:
+        model = build_model(preset)
+        model.train()
+        batch = make_batch(model, batch_size)
     label = f"{preset}, batch {batch_size}, seq {int(batch['input_ids'].shape[1])}"
     started = time.perf_counter()
     context = prepare(model, batch)
     prepare_s = time.perf_counter() - started
     manual = frontier(model, batch, budget_bytes=1, simulate=simulate, label=label)
     full, none = manual.point("full").peak_bytes, manual.point("none").peak_bytes
+    costs = saved_costs(model, batch, manual.cost_device)
     rows: list[Row] = []
     mid: Frontier | None = None
     for fraction in FRACTIONS:
@@ -112,9 +240,11 @@ def run_model(preset: str, batch_size: int, *, simulate: bool,
         best = min(fitting, key=lambda p: (p.recompute_ms, p.peak_bytes))
         report = validate(model, batch, result)
         rows.append(Row(preset, fraction, result, best,
-                        max(report.max_rel_error, report.loss_rel_error), plan_s))
+                        max(report.max_rel_error, report.loss_rel_error), plan_s,
+                        lower_bound_ms(costs, none - budget)))
         log.append(f"{preset} {fraction:.0%}: plan {_us(result.recompute_ms)} vs "
-                   f"{best.name} {_us(best.recompute_ms)} ({rows[-1].reduction:+.1%})")
+                   f"{best.name} {_us(best.recompute_ms)} ({rows[-1].vs_best:.2f}x), "
+                   f"lower bound {_us(rows[-1].lower_bound_ms)} ({rows[-1].vs_bound:.2f}x)")
         print(log[-1], flush=True)
         if fraction == 0.5:
             points = tuple(FrontierPoint(p.name, p.peak_bytes, p.recompute_flops,

@@ -262,3 +262,20 @@ def test_bad_arguments_raise_clear_errors(gpt_tiny: Prepared) -> None:
     model = build_model("gpt-tiny").eval()
     with pytest.raises(ValueError, match="eval mode"):
         plan(model, gpt_tiny.batch, budget="50%")
+
+
+@pytest.mark.parametrize("fraction", FRACTIONS)
+def test_closed_loop_on_the_fake_copy_matches_the_measured_one(tiny: Prepared,
+                                                               fraction: float) -> None:
+    """NOTE [ Closed loop on the fake copy ]: the fast path against real measured steps."""
+    from remat.measure.step import Step
+    from remat.planning.loop import close_loop
+
+    budget = tiny.budget_at(fraction)
+    step = Step(tiny.model, tiny.batch)
+    fast = close_loop(step, tiny.context, budget, simulate=False)
+    exact = close_loop(step, tiny.context, budget, simulate=False, fake_loop=False)
+    assert fast.decisions == exact.decisions
+    assert fast.measured_peak_bytes == exact.measured_peak_bytes
+    assert fast.recompute_flops == exact.recompute_flops
+    assert fast.recompute_ms == pytest.approx(exact.recompute_ms)

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import itertools
+import os
 import random
 import time
-import os
 
 import pytest
 from hypothesis import given, settings
@@ -181,3 +181,13 @@ def test_dynamic_program_is_fast_on_many_identical_blocks() -> None:
         choice = solve(pm, budget)
         assert choice is not None and pm.predict(choice) <= budget
     assert time.process_time() - started < 5.0
+
+
+def test_a_window_without_the_prefix_form_falls_back_to_the_integer_program() -> None:
+    pm = model()
+    odd = PeakModel(pm.windows + (Window("odd", 1000, 1, 2, "backward"),), pm.tables,
+                    pm.block_names, 0)
+    for budget in (1300, 1400, 1500):
+        choice, exact = solve(odd, budget), solve(odd, budget, exact=True)
+        assert choice is not None and exact is not None
+        assert choice_cost_ps(odd, choice) == choice_cost_ps(odd, exact)

@@ -8,7 +8,7 @@ the peak model calibrated. The result, a :class:`PlanContext`, is reusable acros
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -16,7 +16,7 @@ from torch import Tensor, nn
 
 from remat.devices import DeviceSpec
 from remat.measure.step import Step, model_device
-from remat.planning._sim import fake_setup, run_windows
+from remat.planning._sim import FakeSetup, fake_setup, run_windows
 from remat.planning.candidates import measure_groups
 from remat.planning.cost import cost_device
 from remat.planning.options import COSTS
@@ -43,6 +43,9 @@ class PlanContext:
         cost_source: ``"roofline"`` or ``"measured"`` (candidates' costs timed on the
             model's device; see NOTE [ Measured cost ] in timed.py).
         timed_on: with ``"measured"``, the device the times come from.
+        setup: the fake copy the candidates and windows were measured on, warm (optimizer
+            state created); the closed loop measures on it where fake bytes are real bytes
+            (NOTE [ Closed loop on the fake copy ] in loop.py). Default: None.
     """
 
     peak_model: PeakModel
@@ -51,6 +54,7 @@ class PlanContext:
     batch_size: int | None
     cost_source: str = "roofline"
     timed_on: str | None = None
+    setup: FakeSetup | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.cost_source not in COST_SOURCES:
@@ -155,7 +159,7 @@ def prepare_step(step: Step, *, device: str | DeviceSpec | None = None,
     windows = run_windows(setup, loss_fn=step.loss_fn)
     peak_model = PeakModel.calibrate(groups, [n for n, _ in setup.blocks], windows)
     return PlanContext(peak_model, spec, windows.peak_bytes, batch_size_of(step.batch), source,
-                       timed_on)
+                       timed_on, setup)
 
 
 def check_plannable(model: nn.Module) -> None:

@@ -179,11 +179,19 @@ def _front(s: np.ndarray, v: np.ndarray) -> np.ndarray:
     return order[keep]
 
 
-def _solve_dp(model: PeakModel, budget_bytes: int) -> list[int] | None | bool:
-    """Exact solve by NOTE [ Prefix dynamic program ]; ``False`` when it does not apply."""
+class _NotApplicable(Exception):
+    """NOTE [ Prefix dynamic program ] does not apply (or its front grew too large)."""
+
+
+def _solve_dp(model: PeakModel, budget_bytes: int) -> list[int] | None:
+    """Exact solve by NOTE [ Prefix dynamic program ].
+
+    Raises:
+        _NotApplicable: a window without the prefix form, or a front over ``_MAX_FRONT``.
+    """
     tables = _dp_tables(model, budget_bytes)
     if tables is None:
-        return False
+        raise _NotApplicable
     saved, costs, slack, caps = tables
     s = np.zeros(1, dtype=np.int64)
     v = np.zeros(1, dtype=np.int64)
@@ -206,7 +214,7 @@ def _solve_dp(model: PeakModel, budget_bytes: int) -> list[int] | None | bool:
             return None
         keep = _front(s, v)
         if len(keep) > _MAX_FRONT:
-            return False
+            raise _NotApplicable
         s, v = s[keep], v[keep]
         parents.append((par_all[keep], cand_all[keep]))
     index = int(np.lexsort((s, v))[0])  # least cost, then fewest saved bytes
@@ -264,10 +272,10 @@ def solve(model: PeakModel, budget_bytes: int, *, exact: bool = False) -> list[i
         [0, 0, 3, 3, 5, 5]
     """
     if not exact:
-        found = _solve_dp(model, budget_bytes)
-        if found is not False:
+        with contextlib.suppress(_NotApplicable):
+            found = _solve_dp(model, budget_bytes)
             assert found is None or model.predict(found) <= budget_bytes
-            return found  # type: ignore[return-value]
+            return found
     return _solve_milp(model, budget_bytes)
 
 

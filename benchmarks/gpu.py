@@ -1,0 +1,172 @@
+"""GPU check of the planner's predictions: peaks, step times, tokens/s, offload overlap.
+
+One command on a CUDA machine records, for a ~1B model (``llama-1b``, bfloat16, AdamW):
+
+1. predicted vs ``torch.cuda.max_memory_allocated`` peaks of ``none``, ``full`` and the
+   plan (predictions: a simulated profile for the manual strategies, the peak model's
+   for the plan);
+2. predicted (roofline, cost.py NOTE [ Step-time model ]) vs measured step times;
+3. tokens/s of ``none`` / ``full`` / plan at a fixed memory cap (``--cap-gib``; a
+   strategy whose measured peak is over the cap is reported as not fitting);
+4. the ``offload`` strategy's overlap: the share of its host copies
+   (``2 x saved bytes / host link``) hidden behind compute,
+   ``1 - (offload_ms - none_ms) / copy_ms``, clipped to [0, 1].
+
+``--dry-run`` runs the same path on CPU with ``llama-tiny`` (float32, batch 2, bytes
+from the tracker, offload skipped); the tests run it so the script cannot rot.
+
+Usage::
+
+    .venv/bin/python benchmarks/gpu.py                           # CUDA, llama-1b
+    .venv/bin/python benchmarks/gpu.py --cap-gib 40 --batch 4 --seq 2048 --json out.json
+    .venv/bin/python benchmarks/gpu.py --dry-run                 # CPU, tiny model
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+import remat
+from remat.devices import get_device
+from remat.measure.timing import time_step
+from remat.models import build_model, make_batch
+from remat.strategies import preserved_strategy
+from remat.units import format_bytes
+
+
+@dataclass
+class Row:
+    """One strategy on the device."""
+
+    strategy: str
+    predicted_peak_bytes: int
+    measured_peak_bytes: int
+    predicted_step_ms: float | None
+    measured_step_ms: float
+    tokens_per_s: float
+    fits: bool
+
+
+def _peak_and_ms(model: torch.nn.Module, batch: Any, optimizer: torch.optim.Optimizer,
+                 device: torch.device, repeats: int) -> tuple[int, float]:
+    """Measured peak (CUDA allocator, else the tracker) and the median step time."""
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        times = time_step(model, batch, optimizer=optimizer, repeats=repeats)
+        peak = int(torch.cuda.max_memory_allocated())
+    else:
+        times = time_step(model, batch, optimizer=optimizer, repeats=repeats)
+        peak = remat.profile(model, batch, optimizer=optimizer, timing=False).peak_bytes
+    return peak, times.step_ms
+
+
+def run(*, preset: str, batch_size: int, seq: int | None, cap_bytes: int | None,
+        dry_run: bool, repeats: int) -> dict[str, Any]:
+    """Every measurement of the module docstring; returns them as a JSON-able dict."""
+    cuda = torch.cuda.is_available() and not dry_run
+    if not cuda and not dry_run:
+        raise SystemExit("benchmarks/gpu.py: no CUDA device; pass --dry-run for the CPU path")
+    device = torch.device("cuda" if cuda else "cpu")
+    dtype = torch.bfloat16 if cuda else torch.float32
+    torch.manual_seed(0)
+    with device:
+        model = build_model(preset).to(dtype)
+    batch = make_batch(model, batch_size, seq) if seq else make_batch(model, batch_size)
+    batch = {k: v.to(device) for k, v in batch.items()} if isinstance(batch, dict) else batch
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    tokens = batch_size * int(next(iter(batch.values())).shape[-1]) \
+        if isinstance(batch, dict) else batch_size
+
+    started = time.perf_counter()
+    none_sim = remat.profile(model, batch, optimizer=optimizer, simulate=True).peak_bytes
+    if cap_bytes is None:  # half-way between full and none
+        with preserved_strategy(model):
+            remat.apply(model, "full")
+            full_sim = remat.profile(model, batch, optimizer=optimizer, simulate=True)
+        cap_bytes = (full_sim.peak_bytes + none_sim) // 2
+    plan = remat.plan(model, batch, optimizer=optimizer, budget=cap_bytes)
+    plan_s = time.perf_counter() - started
+
+    rows: list[Row] = []
+    for name in ("none", "full", "plan"):
+        strategy: Any = plan if name == "plan" else name
+        with preserved_strategy(model):
+            remat.apply(model, strategy)
+            predicted = plan.predicted_peak_bytes if name == "plan" else remat.profile(
+                model, batch, optimizer=optimizer, simulate=True).peak_bytes
+            peak, ms = _peak_and_ms(model, batch, optimizer, device, repeats)
+        rows.append(Row(name, predicted, peak,
+                        plan.predicted_step_ms if name == "plan" else None, ms,
+                        tokens / (ms / 1e3), peak <= cap_bytes))
+
+    offload: dict[str, Any] = {"skipped": "no CUDA (dry run)"}
+    if cuda:
+        spec = get_device(plan.cost_device)
+        with preserved_strategy(model):
+            remat.apply(model, "offload")
+            _, offload_ms = _peak_and_ms(model, batch, optimizer, device, repeats)
+        saved = remat.profile(model, batch, optimizer=optimizer, timing=False).activation_bytes
+        copy_ms = 2 * saved / spec.host_link_bytes_per_s * 1e3
+        none_ms = rows[0].measured_step_ms
+        overlap = 1.0 - (offload_ms - none_ms) / copy_ms if copy_ms else 1.0
+        offload = {"offload_step_ms": offload_ms, "none_step_ms": none_ms,
+                   "copy_ms": copy_ms, "overlap": min(1.0, max(0.0, overlap))}
+    return {
+        "device": torch.cuda.get_device_name() if cuda else "cpu (dry run)",
+        "preset": preset, "batch_size": batch_size, "tokens_per_step": tokens,
+        "cap_bytes": cap_bytes, "plan_s": plan_s, "plan": plan.summary(),
+        "rows": [asdict(r) for r in rows], "offload": offload,
+    }
+
+
+def render(result: dict[str, Any]) -> str:
+    """A markdown table of ``run``'s result."""
+    lines = [f"{result['preset']} on {result['device']}, batch {result['batch_size']}, "
+             f"cap {format_bytes(result['cap_bytes'])}, planned in {result['plan_s']:.1f} s",
+             "", "| Strategy | Predicted peak | Measured peak | Predicted step | Measured step "
+             "| Tokens/s | Fits |", "|---|---|---|---|---|---|---|"]
+    for r in result["rows"]:
+        pred_ms = "-" if r["predicted_step_ms"] is None else f"{r['predicted_step_ms']:.1f} ms"
+        lines.append(f"| {r['strategy']} | {format_bytes(r['predicted_peak_bytes'])} | "
+                     f"{format_bytes(r['measured_peak_bytes'])} | {pred_ms} | "
+                     f"{r['measured_step_ms']:.1f} ms | {r['tokens_per_s']:.0f} | "
+                     f"{'yes' if r['fits'] else 'no'} |")
+    lines.append("")
+    lines.append(f"offload: {json.dumps(result['offload'])}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dry-run", action="store_true", help="CPU, llama-tiny, no offload")
+    parser.add_argument("--preset", default=None, help="default: llama-1b (dry run: llama-tiny)")
+    parser.add_argument("--batch", type=int, default=None, help="default: 4 (dry run: 2)")
+    parser.add_argument("--seq", type=int, default=None, help="default: the preset's")
+    parser.add_argument("--cap-gib", type=float, default=None,
+                        help="memory cap; default: half-way between full and none")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--json", default=None, help="also write the result here")
+    args = parser.parse_args(argv)
+    preset = args.preset or ("llama-tiny" if args.dry_run else "llama-1b")
+    batch = args.batch or (2 if args.dry_run else 4)
+    cap = None if args.cap_gib is None else int(args.cap_gib * 2**30)
+    result = run(preset=preset, batch_size=batch, seq=args.seq, cap_bytes=cap,
+                 dry_run=args.dry_run, repeats=args.repeats)
+    print(render(result))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=2)
+    return result
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,26 @@
+"""benchmarks/gpu.py's CPU dry path runs end to end (the CUDA path is the same code)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+_SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu.py"
+
+
+def test_gpu_benchmark_dry_run(tmp_path: Path) -> None:
+    spec = importlib.util.spec_from_file_location("remat_gpu_benchmark", _SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    out = tmp_path / "gpu.json"
+    result = module.main(["--dry-run", "--repeats", "1", "--json", str(out)])
+    assert json.loads(out.read_text())["rows"] == result["rows"]
+    rows = {r["strategy"]: r for r in result["rows"]}
+    assert set(rows) == {"none", "full", "plan"}
+    for row in rows.values():  # on CPU the prediction is the tracker's bytes, exactly
+        assert row["predicted_peak_bytes"] == row["measured_peak_bytes"]
+        assert row["tokens_per_s"] > 0
+    assert rows["plan"]["fits"] and rows["plan"]["measured_peak_bytes"] <= result["cap_bytes"]
+    assert result["offload"] == {"skipped": "no CUDA (dry run)"}
