@@ -187,7 +187,11 @@ def test_a_window_without_the_prefix_form_falls_back_to_the_integer_program() ->
     pm = model()
     odd = PeakModel(pm.windows + (Window("odd", 1000, 1, 2, "backward"),), pm.tables,
                     pm.block_names, 0)
-    for budget in (1300, 1400, 1500):
+    found = 0
+    for budget in range(1300, 1800, 25):
         choice, exact = solve(odd, budget), solve(odd, budget, exact=True)
-        assert choice is not None and exact is not None
-        assert choice_cost_ps(odd, choice) == choice_cost_ps(odd, exact)
+        assert (choice is None) == (exact is None)
+        if choice is not None and exact is not None:
+            found += 1
+            assert choice_cost_ps(odd, choice) == choice_cost_ps(odd, exact)
+    assert found
