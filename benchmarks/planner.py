@@ -273,8 +273,20 @@ def plan_seconds(n_layer: int, simulate: bool) -> tuple[float, float]:
     return time.perf_counter() - started, time.process_time() - cpu
 
 
+def throughput_seconds(simulate: bool) -> tuple[float, float, int]:
+    """Wall and CPU time of ``plan(maximize="throughput")`` for ``gpt-small`` at 60% of the
+    batch-8 peak, and the batch size it picks."""
+    torch.manual_seed(0)
+    model = build_model("gpt-small")
+    started, cpu = time.perf_counter(), time.process_time()
+    result = plan(model, lambda n: make_batch(model, n), budget="60%", maximize="throughput",
+                  simulate=simulate)
+    return time.perf_counter() - started, time.process_time() - cpu, int(result.batch_size or 0)
+
+
 def render(rows: list[Row], fronts: list[Frontier], *, timings: dict[int, tuple[float, float]],
-           elapsed_s: float, simulate: bool) -> str:
+           elapsed_s: float, simulate: bool,
+           throughput: tuple[float, float, int] | None = None) -> str:
     """The markdown body of the planner section."""
     now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     headers = ("Model", "Budget", "Plan peak (measured)", "Predicted", "Plan recompute",
@@ -290,7 +302,7 @@ def render(rows: list[Row], fronts: list[Frontier], *, timings: dict[int, tuple[
             f"{r.vs_bound:.2f}x", f"{r.grad_error:.1e}",
             f"{r.plan_s:.1f} s", r.plan.label(),
         ])
-    average = sum(r.reduction for r in rows) / len(rows)
+    average = sum(r.reduction for r in rows) / max(1, len(rows))
     binding = [r for r in rows if r.best.recompute_ms > 0]
     vs_best = sum(r.vs_best for r in binding) / max(1, len(binding))
     bounded = [r for r in rows if r.lower_bound_ms > 0]
@@ -336,6 +348,11 @@ def render(rows: list[Row], fronts: list[Frontier], *, timings: dict[int, tuple[
         lines += [f"Planning a {n_layer}-layer model (`gpt-tiny` with `n_layer={n_layer}, "
                   f"d_model=128, max_seq_len=128`, batch 4, budget 50%) end to end: "
                   f"{wall:.1f} s wall, {cpu:.1f} s CPU.", ""]
+    if throughput is not None:
+        wall, cpu, size = throughput
+        lines += [f"Throughput search (`gpt-small`, `maximize=\"throughput\"`, budget 60% of "
+                  f"the batch-8 peak; picks batch {size}): {wall:.1f} s wall, {cpu:.1f} s CPU.",
+                  ""]
     for front in fronts:
         lines += [f"### Frontier: {front.label} ({format_bytes(front.budget_bytes)})", "",
                   frontier_markdown(front), ""]
@@ -347,12 +364,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--simulate", action="store_true",
                         help="measure under FakeTensorMode (same bytes on CPU, faster)")
-    parser.add_argument("--models", choices=("builtin", "hf", "all"), default="all",
+    parser.add_argument("--models", choices=("builtin", "hf", "all", "none"), default="all",
                         help="built-in presets, held-out HF decoders, or both")
     parser.add_argument("--results", type=Path, default=RESULTS,
                         help="the markdown file whose planner section is replaced")
     parser.add_argument("--timings", default="16,32",
                         help="layer counts to time planning for ('' for none)")
+    parser.add_argument("--no-throughput", action="store_true",
+                        help="skip timing the throughput search on gpt-small")
     args = parser.parse_args()
     torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
     warnings.simplefilter("ignore")
@@ -360,7 +379,7 @@ def main() -> None:
     rows: list[Row] = []
     fronts: list[Frontier] = []
     log: list[str] = []
-    runs = {"builtin": RUNS, "hf": HF_RUNS, "all": RUNS + HF_RUNS}[args.models]
+    runs = {"builtin": RUNS, "hf": HF_RUNS, "all": RUNS + HF_RUNS, "none": ()}[args.models]
     for preset, batch_size in runs:
         model_rows, front = run_model(preset, batch_size, simulate=args.simulate, log=log)
         rows += model_rows
@@ -369,14 +388,19 @@ def main() -> None:
                for n in args.timings.split(",") if n.strip()}
     for n, (wall, cpu) in timings.items():
         print(f"plan, {n} layers: {wall:.1f} s wall, {cpu:.1f} s CPU", flush=True)
+    throughput = None if args.no_throughput else throughput_seconds(args.simulate)
+    if throughput is not None:
+        print(f"throughput search, gpt-small: {throughput[0]:.1f} s wall, "
+              f"{throughput[1]:.1f} s CPU, batch {throughput[2]}", flush=True)
     elapsed_s = time.perf_counter() - started
-    body = render(rows, fronts, timings=timings, elapsed_s=elapsed_s, simulate=args.simulate)
+    body = render(rows, fronts, timings=timings, elapsed_s=elapsed_s, simulate=args.simulate,
+                  throughput=throughput)
     results: Path = args.results
     text = results.read_text() if results.exists() else ""
     results.write_text(replace_section(text, SECTION, body))
-    if results == RESULTS:
+    if results == RESULTS and fronts:
         plot_frontier(fronts, PLOT)
-    average = sum(r.reduction for r in rows) / len(rows)
+    average = sum(r.reduction for r in rows) / max(1, len(rows))
     print(f"average reduction {average:.1%}; wrote {results} and {PLOT}")
 
 
