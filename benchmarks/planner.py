@@ -165,6 +165,8 @@ class _Producers(TorchDispatchMode):
             key = t.untyped_storage().data_ptr()
             if key not in in_keys:
                 self.cost_ms.setdefault(key, ms)
+            elif func._schema.is_mutable and key in self.cost_ms:
+                self.cost_ms[key] += ms  # filled in place (a dropout mask's bernoulli_)
         return out
 
 

@@ -19,10 +19,8 @@ NOTE [ Candidate decisions ]
        compute-heavy ops (matmuls, cheapest per byte last), then pointwise ops
        and norms. Save set k keeps the outputs of the first k entries and
        recomputes everything else, so the first sets recompute pointwise ops and
-       norms, the last recompute almost nothing. The region's last matmul enters
-       after the pointwise ops (NOTE [ The region's last matmul ] in
-       strategies/builtin/ops.py: it is never recomputed, so keeping it only holds
-       bytes).
+       norms, the last recompute almost nothing. The set holding all heavy ops
+       is the ``"ops"`` strategy's.
     4. ``offload`` when the model is on a device with separate host memory
        (CUDA); never on CPU, where it is a no-op.
     5. Decisions on the attention and MLP sub-layers together (e.g. attention

@@ -67,35 +67,6 @@ def _is_attention(op_name: str) -> bool:
     return "attention" in op_name
 
 
-# NOTE [ The region's last matmul ]
-#     The last matmul of a region (an MLP's down projection, attention's output
-#     projection) feeds nothing inside the region that backward needs: a linear's
-#     backward needs its input, not its output, and the residual add after it
-#     saves nothing. Non-reentrant checkpointing stops recomputing once the last
-#     needed tensor is back (early stop), so that matmul is never recomputed, and
-#     keeping its output only holds bytes. Ranked by cost per byte it would enter
-#     the save sets first; it enters last instead, after the pointwise ops, so the
-#     chain reaches e.g. "keep gate and up projections and their product,
-#     recompute the activation" (hf Llama MLP: 0.60 us of H100 roofline per MB
-#     freed, against 0.96 with the down projection kept).
-
-
-def _final_heavy_entry(forward_ops: Sequence[OpRecord],
-                       calls: dict[str, list[OpRecord]]) -> str | None:
-    """The save-set entry of the region's last non-attention compute-heavy call."""
-    seen: dict[str, int] = {}
-    last: tuple[str, int] | None = None
-    for op in forward_ops:
-        index = seen.get(op.name, 0)
-        seen[op.name] = index + 1
-        if op.name in COMPUTE_HEAVY_OPS and not _is_attention(op.name):
-            last = (op.name, index)
-    if last is None:
-        return None
-    name, index = last
-    return call_entry(name, index) if len(calls[name]) > 1 else name
-
-
 def save_set_chain(forward_ops: Sequence[OpRecord], device: DeviceSpec, *,
                    max_light_ops: int = _MAX_LIGHT_OPS,
                    exhaustive_up_to: int = 0) -> list[frozenset[str]]:
@@ -158,12 +129,7 @@ def save_set_chain(forward_ops: Sequence[OpRecord], device: DeviceSpec, *,
                     and not _is_attention(kind(e))), key=value)
     light = sorted((e for e in items if kind(e) not in COMPUTE_HEAVY_OPS
                     and not _is_attention(kind(e))), key=value)[:max_light_ops]
-    final = _final_heavy_entry(forward_ops, calls)
-    if final in heavy and len(heavy) > 1:  # See NOTE [ The region's last matmul ].
-        heavy.remove(final)
-        order = attention + heavy + light + [final]
-    else:
-        order = attention + heavy + light
+    order = attention + heavy + light
     whole = {name: frozenset(es) for name, es in entries_of.items()
              if len(es) == len(calls[name]) and len(es) > 1}
 
