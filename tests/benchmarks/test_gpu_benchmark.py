@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import sys
 from pathlib import Path
 
 _SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu.py"
@@ -13,6 +14,7 @@ def test_gpu_benchmark_dry_run(tmp_path: Path) -> None:
     spec = importlib.util.spec_from_file_location("remat_gpu_benchmark", _SCRIPT)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
     out = tmp_path / "gpu.json"
     result = module.main(["--dry-run", "--repeats", "1", "--json", str(out)])
