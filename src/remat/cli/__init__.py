@@ -1,7 +1,7 @@
 """The ``remat`` command line: a typer ``app`` and one module per command group.
 
 Each command module registers its commands on :data:`app` when imported:
-``compare`` and ``profile`` always exist; ``simulate`` and ``plan`` are loaded
+``compare`` and ``profile`` always exist; ``simulate``, ``estimate`` and ``plan`` are loaded
 when their modules are installed (see Note [ Optional command modules ]).
 
 # NOTE [ Optional command modules ]
@@ -32,6 +32,7 @@ _COMMAND_MODULES: tuple[tuple[str, bool], ...] = (
     ("compare", True),
     ("profile", True),
     ("simulate", False),
+    ("estimate", False),
     ("plan", False),
 )
 
