@@ -49,6 +49,16 @@ def test_cli_modules_are_small() -> None:
         assert lines < 400, f"{path.name} has {lines} lines"
 
 
+def test_top_level_help_does_not_import_torch() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys; from typer.testing import CliRunner; from remat.cli import app; "
+            "assert CliRunner().invoke(app, ['--help']).exit_code == 0; "
+            "assert 'torch' not in sys.modules, 'remat --help imported torch'")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
 def test_help_lists_the_registry_including_strategies_registered_later() -> None:
     compare = runner.invoke(app, ["compare", "--help"], env=WIDE)
     assert compare.exit_code == 0
