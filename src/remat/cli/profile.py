@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -11,20 +10,28 @@ import typer
 
 from remat.cli import app
 from remat.cli._common import (
+    check_fits,
+    err_console,
+    make_optimizer,
+    notices,
+    progress_bar,
+    resolve_device,
+    stdout_console,
+    user_errors,
+    write_json,
+)
+from remat.cli.options import (
     DEFAULT_MODEL,
     BatchOpt,
     DeviceOpt,
     JsonOpt,
     ModelOpt,
+    OptimizerChoice,
+    OptimizerOpt,
+    RegistryHelpCommand,
+    SeedOpt,
     SeqOpt,
     StrategyOpt,
-    check_fits,
-    err_console,
-    notices,
-    resolve_device,
-    stdout_console,
-    user_errors,
-    write_json,
 )
 
 __all__ = ["OptimizerChoice", "export_trace", "profile_command", "profile_to_dict"]
@@ -42,39 +49,18 @@ Examples:
 """
 
 
-class OptimizerChoice(str, Enum):
-    """Optimizers ``remat profile`` can include in the step."""
-
-    none = "none"
-    sgd = "sgd"
-    adamw = "adamw"
-
-
-def _make_optimizer(choice: OptimizerChoice, model: Any) -> Any:
-    import torch
-
-    if choice is OptimizerChoice.sgd:
-        return torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
-    if choice is OptimizerChoice.adamw:
-        return torch.optim.AdamW(model.parameters(), lr=1e-3)
-    return None
-
-
-@app.command("profile", epilog=_EPILOG)
+@app.command("profile", epilog=_EPILOG, cls=RegistryHelpCommand)
 def profile_command(
     model: ModelOpt = DEFAULT_MODEL,
     batch: BatchOpt = 8,
     seq: SeqOpt = None,
     strategy: StrategyOpt = "none",
     device: DeviceOpt = "auto",
-    optimizer: Annotated[OptimizerChoice, typer.Option(
-        "--optimizer", case_sensitive=False,
-        help="Include an optimizer step (its state counts towards the peak).",
-    )] = OptimizerChoice.none,
+    optimizer: OptimizerOpt = OptimizerChoice.none,
     repeats: Annotated[int, typer.Option(
         "--repeats", min=1, help="Timed steps (median) for forward and backward times.",
     )] = 5,
-    seed: Annotated[int, typer.Option("--seed", help="Seed for weights and batch.")] = 0,
+    seed: SeedOpt = 0,
     json_out: JsonOpt = None,
     trace: Annotated[Path | None, typer.Option(
         "--trace", metavar="FILE.json", dir_okay=False,
@@ -103,8 +89,6 @@ def profile_command(
                                  param_hint="'--seq'") from None
     seq_len = int(sample["input_ids"].shape[1])
 
-    from remat.cli.compare import progress_bar
-
     with user_errors(), notices(), progress_bar(f"profile {model} ({strategy})") as update:
         update("build model", 0, 3)
         torch.manual_seed(seed)
@@ -112,7 +96,7 @@ def profile_command(
             net = build_model(model)
         net.train()
         apply(net, strategy)
-        opt = _make_optimizer(optimizer, net)
+        opt = make_optimizer(optimizer.value, net)
         update("measure step", 1, 3)
         result = measure_profile(net, sample, optimizer=opt, repeats=repeats)
         update("trace" if trace else "done", 2, 3)
