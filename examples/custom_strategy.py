@@ -45,20 +45,31 @@ def main() -> None:
     from rich.console import Console
 
     from remat.compare.runner import compare_preset
+    from remat.devices import get_device
     from remat.models import build_model, make_batch
     from remat.planning import prepare
+    from remat.planning._sim import fake_setup
+    from remat.planning.candidates import measure_groups
     from remat.report import comparison_table
 
     warnings.simplefilter("ignore", remat.RematWarning)  # offload on CPU is a no-op
     print("registered:", ", ".join(remat.STRATEGIES))
-    result = compare_preset("gpt-tiny", batch_size=4, repeats=3)
+    result = compare_preset("gpt-tiny", batch_size=4, repeats=0)  # bytes and FLOPs: exact
     Console(width=110).print(comparison_table(result))
 
     model = build_model("gpt-tiny")
     batch = make_batch(model, 4)
+    setup = fake_setup(model, batch, optimizer=None, blocks=None)
+    groups = measure_groups(setup, get_device("h100-80gb"), prune=False)
+    print("candidates measured for one block (before dominated ones are dropped):")
+    for cand in groups[0].candidates:
+        if cand.label() in ("none", "full", "attn", "halves"):
+            print(f"  {cand.label():7s} saves {cand.saved_bytes:7d} B, recomputes "
+                  f"{cand.recompute_flops:8d} FLOP ({cand.recompute_ms * 1e3:.2f} us on H100)")
     context = prepare(model, batch)
-    labels = [c.label() for c in context.peak_model.tables[0]]
-    print("planner candidates for blocks.0:", ", ".join(labels))
+    kept = [c.label() for c in context.peak_model.tables[0]]
+    print("kept for the solver:", "halves" in kept and "yes" or "no (another candidate is as "
+          "good in every number)")
     plan = remat.plan(model, batch, budget="75%", context=context)
     print("plan at 75%:", plan.label())
     remat.apply(model, "halves")
