@@ -222,8 +222,35 @@ OptimizerOpt = Annotated[OptimizerChoice, typer.Option(
     "--optimizer", case_sensitive=False,
     help="Include an optimizer step (its state counts towards the peak).",
 )]
+def check_output(value: Any) -> Any:
+    """Typer callback: fail before any work when an output file cannot be written.
+
+    Creates missing parent directories and opens the file for appending (removing it again
+    if it did not exist), so a path the command could not write later (a directory, a
+    read-only or virtual file system such as /proc, no permission) is refused at once
+    instead of after minutes of planning. ``-`` (stdout) and ``None`` pass.
+    """
+    if value is None or str(value) == "-":
+        return value
+    path = Path(value)
+    existed = path.exists()
+    try:
+        if path.is_dir():
+            raise IsADirectoryError(f"{path} is a directory")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a"):
+            pass
+        if not existed:
+            path.unlink()
+    except OSError as exc:
+        raise typer.BadParameter(
+            f"cannot write {str(path)!r} ({exc.strerror or exc}); choose a writable path"
+        ) from None
+    return value
+
+
 JsonOpt = Annotated[str | None, typer.Option(
-    "--json", metavar="FILE",
+    "--json", metavar="FILE", callback=check_output,
     help="Also write the results as JSON to FILE (dirs created); --json - prints only the "
          "JSON, on stdout.",
 )]
@@ -232,7 +259,8 @@ JsonOpt = Annotated[str | None, typer.Option(
 def plot_option(help: str) -> Any:
     """``--plot FILE.png`` with ``help`` saying what is drawn:
     ``plot: Annotated[Path | None, plot_option("Draw ...")] = None``."""
-    return typer.Option("--plot", metavar="FILE.png", dir_okay=False, help=help)
+    return typer.Option("--plot", metavar="FILE.png", dir_okay=False, help=help,
+                        callback=check_output)
 
 
 # ---- options of simulate and estimate (models you don't have) ----------------------------

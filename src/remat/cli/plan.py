@@ -31,6 +31,7 @@ from remat.cli.options import (
     RegistryHelpCommand,
     SeedOpt,
     SeqOpt,
+    check_output,
     plot_option,
 )
 
@@ -118,7 +119,7 @@ def plan_command(
     )] = True,
     seed: SeedOpt = 0,
     out: Annotated[Path | None, typer.Option(
-        "--out", metavar="FILE.json", dir_okay=False,
+        "--out", metavar="FILE.json", dir_okay=False, callback=check_output,
         help="Write the plan as JSON (read it back with remat.Plan.from_json).",
     )] = None,
     json_out: JsonOpt = None,

@@ -32,6 +32,7 @@ from remat.cli.options import (
     SeedOpt,
     SeqOpt,
     StrategyOpt,
+    check_output,
 )
 
 __all__ = ["OptimizerChoice", "export_trace", "profile_command", "profile_to_dict"]
@@ -63,7 +64,7 @@ def profile_command(
     seed: SeedOpt = 0,
     json_out: JsonOpt = None,
     trace: Annotated[Path | None, typer.Option(
-        "--trace", metavar="FILE.json", dir_okay=False,
+        "--trace", metavar="FILE.json", dir_okay=False, callback=check_output,
         help="Export a torch.profiler Chrome trace of one step (open in Perfetto).",
     )] = None,
 ) -> None:
@@ -184,6 +185,7 @@ def export_trace(model: Any, batch: Any, path: str | Path, *, optimizer: Any = N
     from torch.profiler import ProfilerActivity, record_function
 
     from remat.measure import run_step
+    from remat.native import silenced
 
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -202,14 +204,23 @@ def export_trace(model: Any, batch: Any, path: str | Path, *, optimizer: Any = N
             ranges[-1].__enter__()
 
     model.zero_grad(set_to_none=True)
-    with torch.profiler.profile(activities=activities, record_shapes=True,
-                                profile_memory=True) as prof:
+    prof = torch.profiler.profile(activities=activities, record_shapes=True,
+                                  profile_memory=True)
+    with silenced(2):  # kineto prints "USDT ... profiler_start" lines on stderr
+        prof.__enter__()
+    try:
         try:
             run_step(model, batch, loss_fn=loss_fn, optimizer=optimizer, on_phase=on_phase)
         finally:
             on_phase("end")
         if on_cuda:
             torch.cuda.synchronize()
+    finally:
+        with silenced(2):
+            prof.__exit__(None, None, None)
     prof.export_chrome_trace(str(out))
     model.zero_grad(set_to_none=True)
+    if not out.is_file() or out.stat().st_size == 0:  # the exporter does not raise on failure
+        raise OSError(f"remat profile: the trace was not written to {str(out)!r}; choose a "
+                      "writable path for --trace")
     return out
