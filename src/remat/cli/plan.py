@@ -34,6 +34,7 @@ from remat.cli.options import (
     check_output,
     plot_option,
 )
+from remat.progress import reporting
 
 __all__ = ["Maximize", "plan_command"]
 
@@ -228,14 +229,16 @@ def _run(request: _Request) -> _Outcome:
         net.train()
         opt = make_optimizer(request.optimizer.value, net)
         update("measure candidates and plan", 1, 3)
-        result, chosen_batch, sample = _make_plan(request, net, sample, opt)
+        with reporting(lambda step, done, total: update(f"plan: {step}", done, total)):
+            result, chosen_batch, sample = _make_plan(request, net, sample, opt)
         front = None
         if request.frontier:
             update("measure manual strategies", 2, 3)
-            front = measure_frontier(net, sample, result, optimizer=opt,
-                                     simulate=request.simulate,
-                                     label=f"{request.model}, batch {chosen_batch}, "
-                                           f"seq {seq_len}")
+            with reporting(lambda step, done, total: update(f"frontier: {step}", done, total)):
+                front = measure_frontier(net, sample, result, optimizer=opt,
+                                         simulate=request.simulate,
+                                         label=f"{request.model}, batch {chosen_batch}, "
+                                               f"seq {seq_len}")
         update("done", 3, 3)
     return _Outcome(result, chosen_batch, seq_len, front, time.perf_counter() - started)
 
