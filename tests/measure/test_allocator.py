@@ -108,3 +108,23 @@ def test_cuda_pattern() -> None:
         del b, c
 
     assert allocator_peak(step, device="cuda").peak_bytes == MiB
+
+
+def test_marks_split_phases() -> None:
+    from remat.measure.allocator import mark
+
+    def step() -> None:
+        a = torch.empty(MiB // 4)  # 1 MiB
+        mark("backward")
+        b = torch.empty(MiB // 2)  # 2 MiB
+        del a, b
+        mark("optimizer")
+        c = torch.empty(MiB // 8)
+        del c
+
+    peak = allocator_peak(step)
+    assert peak.mark_bytes == {"backward": MiB, "optimizer": 0}
+    assert peak.phase_peak_bytes == {"start": MiB, "backward": 3 * MiB, "optimizer": MiB // 2}
+    assert peak.peak_phase == "backward"
+    assert peak.peak_bytes == 3 * MiB
+    mark("outside")  # no window: nothing happens

@@ -29,6 +29,17 @@ NOTE [ What the allocator peak includes ]
       CPU allocator does not round).
     The step's return value is dropped inside the window, so whatever it returns
     is freed before the window closes and does not linger in ``end_bytes``.
+
+NOTE [ Phase marks ]
+    ``step`` may call :func:`mark` (``mark("backward")``) to split the window into
+    phases; ``mark_bytes[name]`` is then the live bytes (above the baseline) at the
+    mark, and ``phase_peak_bytes[name]`` the peak from that mark to the next. On
+    CPU a mark is a zero-length ``record_function`` range, an event in the same
+    profiler timeline as the allocations; on CUDA it reads ``memory_allocated`` and
+    ``max_memory_allocated`` and resets the peak. Neither is a dispatch mode or a
+    module hook, so marks placed *between* calls of a compiled model (as
+    :func:`~remat.measure.step.run_step`'s ``on_phase`` does) leave what dynamo
+    compiles unchanged. Events before the first mark belong to phase ``"start"``.
 """
 
 from __future__ import annotations
@@ -38,16 +49,20 @@ import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-__all__ = ["AllocatorPeak", "allocator_peak", "quiet_profiler"]
+__all__ = ["AllocatorPeak", "allocator_peak", "mark", "quiet_profiler"]
 
 _API = "remat.measure.allocator_peak"
 
 # Lines the profiler and the CPU allocator print to stderr while profiling; see quiet_profiler.
+_MARK = "remat.mark::"
+_active: list[Callable[[str], None]] = []  # the running window's mark handler, if any
+
 _NOISE = ("USDT:", "Memory block of unknown size", "SyncActivityProfilerHandler",
           "ActivityProfilerController", "CuptiActivityProfiler")
 
@@ -65,6 +80,10 @@ class AllocatorPeak:
             e.g. gradients.
         device: the device measured, e.g. ``"cpu"``.
         events: allocation and free events seen (CPU) or 0 (CUDA).
+        mark_bytes: live bytes above the baseline at each :func:`mark`, by name (the
+            last mark of a name wins); see NOTE [ Phase marks ].
+        phase_peak_bytes: peak from each mark to the next, by mark name (plus
+            ``"start"`` for the part before the first mark).
     """
 
     peak_bytes: int
@@ -72,6 +91,15 @@ class AllocatorPeak:
     end_bytes: int
     device: str
     events: int = 0
+    mark_bytes: Mapping[str, int] = field(default_factory=dict, hash=False)
+    phase_peak_bytes: Mapping[str, int] = field(default_factory=dict, hash=False)
+
+    @property
+    def peak_phase(self) -> str | None:
+        """The phase (mark name) in which the peak was reached; None without marks."""
+        if not self.phase_peak_bytes:
+            return None
+        return max(self.phase_peak_bytes.items(), key=lambda kv: kv[1])[0]
 
     def __post_init__(self) -> None:
         for key in ("peak_bytes", "baseline_bytes", "events"):
@@ -112,48 +140,110 @@ def quiet_profiler() -> Iterator[None]:
                 sys.stderr.write("".join(kept))
 
 
-def _cpu_events(prof: Any, device: torch.device) -> list[tuple[int, int]]:
-    """``(time_ns, signed bytes)`` of every allocation (+) and free (-) on ``device``."""
+def mark(name: str) -> None:
+    """Mark a phase boundary inside :func:`allocator_peak`'s window (no-op outside one).
+
+    See NOTE [ Phase marks ].
+
+    Example:
+        >>> def step():
+        ...     a = torch.empty(1 << 18)
+        ...     mark("backward")
+        ...     del a
+        >>> allocator_peak(step).mark_bytes["backward"]
+        1048576
+    """
+    if _active:
+        _active[-1](name)
+
+
+def _cpu_events(prof: Any, device: torch.device) -> list[tuple[int, int, str | None]]:
+    """``(time_ns, signed bytes, None)`` of every allocation (+) and free (-) on ``device``,
+    and ``(time_ns, 0, name)`` of every :func:`mark`, in time order."""
     from torch._C._profiler import _EventType
 
-    events: list[tuple[int, int]] = []
+    events: list[tuple[int, int, str | None]] = []
     stack = list(prof.profiler.kineto_results.experimental_event_tree())
     while stack:
         node = stack.pop()
         stack.extend(node.children)
         kind, fields = node.typed
         if kind == _EventType.Allocation and fields.device.type == device.type:
-            events.append((int(node.start_time_ns), int(fields.alloc_size)))
+            events.append((int(node.start_time_ns), int(fields.alloc_size), None))
+        elif kind == _EventType.TorchOp and node.name.startswith(_MARK):
+            events.append((int(node.start_time_ns), 0, node.name[len(_MARK):]))
     events.sort(key=lambda e: e[0])  # stable: equal times keep tree order
     return events
+
+
+def _cpu_mark(name: str) -> None:
+    with torch.autograd.profiler.record_function(_MARK + name):
+        pass
 
 
 def _peak_cpu(step: Callable[[], object], device: torch.device) -> AllocatorPeak:
     from torch.profiler import ProfilerActivity, profile
 
     with quiet_profiler():
-        with profile(activities=[ProfilerActivity.CPU], profile_memory=True,
-                     record_shapes=False, with_stack=False) as prof:
-            step()
+        _active.append(_cpu_mark)
+        try:
+            with profile(activities=[ProfilerActivity.CPU], profile_memory=True,
+                         record_shapes=False, with_stack=False) as prof:
+                step()
+        finally:
+            _active.pop()
         events = _cpu_events(prof, device)
-    live = peak = 0
-    for _, delta in events:
+    live = peak = count = 0
+    phase = "start"
+    marks: dict[str, int] = {}
+    phases: dict[str, int] = {phase: 0}
+    for _, delta, name in events:
+        if name is not None:
+            phase = name
+            marks[name] = live
+            phases[name] = max(phases.get(name, 0), live)
+            continue
+        count += 1
         live += delta
         peak = max(peak, live)
+        phases[phase] = max(phases[phase], live)
+    if not marks:
+        phases = {}
     return AllocatorPeak(peak_bytes=peak, baseline_bytes=0, end_bytes=max(live, 0),
-                         device=str(device), events=len(events))
+                         device=str(device), events=count, mark_bytes=marks,
+                         phase_peak_bytes=phases)
 
 
 def _peak_cuda(step: Callable[[], object], device: torch.device) -> AllocatorPeak:
     torch.cuda.synchronize(device)
     before = torch.cuda.memory_allocated(device)
+    marks: dict[str, int] = {}
+    phases: dict[str, int] = {}
+    current = ["start"]
+
+    def close_phase() -> None:
+        torch.cuda.synchronize(device)
+        peak = torch.cuda.max_memory_allocated(device) - before
+        phases[current[0]] = max(phases.get(current[0], 0), peak)
+
+    def on_mark(name: str) -> None:
+        close_phase()
+        marks[name] = torch.cuda.memory_allocated(device) - before
+        current[0] = name
+        torch.cuda.reset_peak_memory_stats(device)
+
     torch.cuda.reset_peak_memory_stats(device)
-    step()
-    torch.cuda.synchronize(device)
-    peak = torch.cuda.max_memory_allocated(device) - before
+    _active.append(on_mark)
+    try:
+        step()
+    finally:
+        _active.pop()
+    close_phase()
     end = torch.cuda.memory_allocated(device) - before
-    return AllocatorPeak(peak_bytes=max(peak, 0), baseline_bytes=before,
-                         end_bytes=min(end, max(peak, 0)), device=str(device))
+    peak = max(max(phases.values()), 0)
+    return AllocatorPeak(peak_bytes=peak, baseline_bytes=before,
+                         end_bytes=min(end, peak), device=str(device),
+                         mark_bytes=marks, phase_peak_bytes=phases if marks else {})
 
 
 def allocator_peak(step: Callable[[], object], *,
