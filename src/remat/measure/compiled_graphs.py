@@ -41,23 +41,33 @@ NOTE [ One backend per compile ]
     the default backend silently reuses the first graph. Each
     :class:`CountingBackend` is a distinct object (dynamo guards on the backend),
     and it patches the budget itself while it compiles, so every budget gets its
-    own graphs and no global setting leaks between them.
+    own graphs and no global setting leaks between them. AOTAutograd's cache is
+    off while it compiles (a cache hit skips the partitioner, so nothing would be
+    counted); inductor's FX graph cache, below the counting, stays on.
 """
 
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch import fx
+from torch import fx, nn
 from torch.utils._pytree import tree_map
 
 from remat.measure.flops import op_flops
 
-__all__ = ["CompiledGraph", "CountingBackend", "GraphLog", "count_graph"]
+__all__ = [
+    "CompiledGraph",
+    "CountingBackend",
+    "GraphLog",
+    "backend_of",
+    "count_graph",
+    "register_backend",
+]
 
 KINDS = ("forward", "backward", "inference")
 
@@ -248,5 +258,27 @@ class CountingBackend:
 
         budget = (self.budget if self.budget is not None
                   else float(functorch_config.activation_memory_budget))
-        with functorch_config.patch(activation_memory_budget=budget):
+        # AOTAutograd's cache would hand back a previous compile's graphs without
+        # partitioning, so the counting inner_compile would never see them.
+        with functorch_config.patch(activation_memory_budget=budget,
+                                    enable_autograd_cache=False):
             return compile_fx(gm, example_inputs, inner_compile=self._inner_compile(budget))
+
+
+# Which CountingBackend compiled which module (weak keys: the registry never keeps a
+# module alive, and nothing is stored on the module itself, which dynamo might guard on).
+_BACKENDS: weakref.WeakKeyDictionary[nn.Module, CountingBackend] = weakref.WeakKeyDictionary()
+
+
+def register_backend(module: nn.Module, backend: CountingBackend) -> None:
+    """Record that ``module`` was compiled with ``backend`` (see :func:`backend_of`)."""
+    _BACKENDS[module] = backend
+
+
+def backend_of(module: nn.Module) -> CountingBackend | None:
+    """The :class:`CountingBackend` ``module`` was compiled with through remat, or None.
+
+    Modules compiled with ``torch.compile(module)`` directly (any other backend) have
+    none: their graphs were not counted.
+    """
+    return _BACKENDS.get(module)
