@@ -6,7 +6,6 @@ and the model is tiny: two residual MLP blocks between an input and an output la
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 from torch import nn

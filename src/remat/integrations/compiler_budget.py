@@ -80,6 +80,7 @@ def compile_with_budget(model: M, budget: float | None = None, *, in_place: bool
     import torch
 
     compiled = torch.compile(model, backend=backend, **compile_kwargs)
+    assert isinstance(compiled, nn.Module)  # torch.compile of a module wraps it
     register_backend(compiled, backend)
     register_backend(model, backend)
     return compiled  # type: ignore[return-value]

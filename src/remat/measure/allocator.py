@@ -47,9 +47,8 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
