@@ -6,6 +6,10 @@ and the model is tiny: two residual MLP blocks between an input and an output la
 
 from __future__ import annotations
 
+import importlib.util
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 from torch import nn
@@ -207,3 +211,18 @@ def test_partial_block_budgets_compile_only_named(eager: remat.Profile) -> None:
     assert [b.name for b in p.blocks] == ["blocks.1"]
 
 
+
+
+def test_benchmark_quick(tmp_path: Path) -> None:
+    """benchmarks/compile.py --quick runs end to end and writes its table."""
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "compile.py"
+    spec = importlib.util.spec_from_file_location("bench_compile", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses resolve annotations through it
+    spec.loader.exec_module(module)
+    out = tmp_path / "compile.md"
+    assert module.main(["--quick", "--out", str(out)]) == 0
+    text = out.read_text()
+    assert "compile, budget 0" in text and "remat plan" in text
+    assert "new graphs while measuring" not in text
