@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch._dynamo
 from torch import nn
 
 import remat
@@ -134,6 +135,20 @@ def _grad_error(model: nn.Module, batch: Any, ref: list[torch.Tensor]) -> float:
     return max(float((a - b).abs().max()) for a, b in zip(got, ref, strict=True)) / scale
 
 
+def _note(m: Any, extra: str = "") -> str:
+    parts = [extra] if extra else []
+    if m.eager_regions:
+        parts.append(f"ran eagerly: {', '.join(m.eager_regions)}")
+    elif not m.counted:
+        parts.append("FLOPs not counted")
+    return "; ".join(parts)
+
+
+def _decisions(plan: Any) -> str:
+    kinds = [d.kind for d in plan.decisions.values()]
+    return " ".join(f"{k}x{kinds.count(k)}" for k in dict.fromkeys(kinds))
+
+
 def _eager_peak(model: nn.Module, batch: Any, static_bytes: int) -> int:
     clear_grads(model)
     run_step(model, batch)  # warm-up
@@ -179,7 +194,7 @@ def bench_model(name: str, build: Callable[[], tuple[nn.Module, Any]], *,
             base_flops = m.profile.flops
         row = Row(name, f"compile, budget {budget:g}", m.peak_bytes, m.profile.flops,
                   _grad_error(compiled, batch, ref), new_graphs=m.new_graphs,
-                  note="" if m.counted else "FLOPs not counted")
+                  note=_note(m))
         compiled_peaks[budget] = m.peak_bytes
         variants.append(Variant(row, compiled))
         log(f"{name}: compile {budget:g}: {m.peak_bytes / MiB:.1f} MiB, "
@@ -205,8 +220,8 @@ def bench_model(name: str, build: Callable[[], tuple[nn.Module, Any]], *,
         row = Row(name, label, m.peak_bytes, m.profile.flops,
                   _grad_error(planned, batch, ref), budget_bytes=target,
                   new_graphs=m.new_graphs,
-                  note=f"eager plan peak {plan.measured_peak_bytes / MiB:.1f} MiB"
-                  if plan.measured_peak_bytes is not None else "")
+                  note=_note(m, f"eager plan peak {plan.measured_peak_bytes / MiB:.1f} MiB; "
+                            f"{_decisions(plan)}"))
         variants.append(Variant(row, planned))
         log(f"{name}: {label}: {m.peak_bytes / MiB:.1f} MiB, {time.time() - t0:.0f} s")
     timed = [v for v in variants if v.row.peak_bytes > 0]
@@ -256,6 +271,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
+    # Every variant below is a separate compile of the same classes' code, and dynamo
+    # keeps at most recompile_limit (8) entries per code object before running the rest
+    # eagerly: a silent eager fallback. Raise it for this many variants, and reset dynamo
+    # between models; measure_compiled flags any region that still ran eagerly.
+    torch._dynamo.config.recompile_limit = 64
     budgets = (1.0, 0.0) if args.quick else BUDGETS
     remat_budgets = () if args.no_remat else ((0.0,) if args.quick else (0.75, 0.5, 0.25))
     start = time.time()
@@ -267,6 +287,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, build in _models(args.quick):
         rows.extend(bench_model(name, build, budgets=budgets, remat_budgets=remat_budgets,
                                 repeats=1 if args.quick else args.repeats, log=log))
+        torch._dynamo.reset()
     table = markdown(rows)
     print(table)
     command = "PYTHONPATH=src .venv/bin/python benchmarks/compile.py " + shlex.join(

@@ -12,6 +12,16 @@ only while inductor compiles and logs the partitioned graphs' FLOPs, so
 :func:`remat.measure.compiled.profile_compiled` can report compiled FLOPs and
 recompute exactly.
 
+NOTE [ One backend per kind of block ]
+    Dynamo keeps at most ``torch._dynamo.config.recompile_limit`` (8) compiled
+    entries per code object, and every backend is a separate entry: one backend
+    per block would make the 9th block of a 12-layer model silently run eagerly.
+    Blocks that compile to the same graph (same class, same parameter shapes, same
+    remat regions and budget) therefore share one backend, and dynamo reuses one
+    compiled graph for all of them (it inlines ``nn.Module`` calls, so parameters
+    are graph inputs); each kind of block costs one entry. ``profile_compiled``
+    attributes that graph to every block that shares it (each runs it once).
+
 Example::
 
     >>> compiled = compile_with_budget(model, 0.5)             # whole model
@@ -29,6 +39,7 @@ from torch import nn
 from remat.blocks import BlocksSpec, named_blocks
 from remat.integrations.compile import check_compilable
 from remat.measure.compiled_graphs import CountingBackend, GraphLog, register_backend
+from remat.strategies.regions import region_of
 
 __all__ = ["compile_blocks_with_budget", "compile_with_budget"]
 
@@ -92,11 +103,11 @@ def compile_blocks_with_budget(model: M, budget: float | None | Mapping[str, flo
     """Compile each block of ``model`` in place, each with its own budget and backend.
 
     A block-level counterpart of :func:`remat.integrations.compile.compile_blocks` (same
-    in-place ``Module.compile``, same refusal of ``sqrt`` segments), where every block
-    gets its own :class:`CountingBackend`: its graphs are logged under its qualified
-    name (per-block FLOPs, recompute and saved bytes in ``profile_compiled``) and it
-    can take its own budget. One compile per block (identical blocks hit inductor's
-    FX graph cache after the first).
+    in-place ``Module.compile``, same refusal of ``sqrt`` segments) where the blocks'
+    graphs are logged (per-block FLOPs, recompute and saved bytes in
+    ``profile_compiled``) and each block can take its own budget. Identical blocks
+    at the same budget share one backend and one compiled graph (NOTE [ One backend
+    per kind of block ]).
 
     Args:
         model: the model, with any remat strategy already applied.
@@ -130,10 +141,27 @@ def compile_blocks_with_budget(model: M, budget: float | None | Mapping[str, flo
         chosen = {name: budget for name, _ in named}
     for name, value in chosen.items():
         _check_budget(value, api, f" for {name!r}")
+    shared: dict[tuple[Any, ...], CountingBackend] = {}
     for name, block in named:
         if name not in chosen:
             continue
-        backend = CountingBackend(chosen[name], label=name, log=log)
+        key = (chosen[name], _fingerprint(block))
+        backend = shared.get(key)
+        if backend is None:  # See NOTE [ One backend per kind of block ]
+            backend = shared[key] = CountingBackend(chosen[name], label=name, log=log)
         block.compile(backend=backend, **compile_kwargs)
         register_backend(block, backend)
     return model
+
+
+def _fingerprint(block: nn.Module) -> tuple[Any, ...]:
+    """What decides a block's compiled graph besides its shapes: its class and the remat
+    regions installed on it and its submodules (kind, decision, saved ops)."""
+    regions = []
+    for sub_name, sub in block.named_modules():
+        info = region_of(sub)
+        if info is not None:
+            regions.append((sub_name, info.kind, info.label,
+                            tuple(sorted(info.save_ops)) if info.save_ops else None))
+    shapes = tuple((n, tuple(p.shape), p.dtype) for n, p in block.named_parameters())
+    return (type(block), tuple(regions), shapes)

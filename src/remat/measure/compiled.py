@@ -141,6 +141,10 @@ class CompiledMeasurement:
             compiled code ]).
         new_graphs: graphs dynamo captured while remat measured (after the warm-up);
             0 unless measuring disturbed the compiled model.
+        eager_regions: regions compiled through remat whose backend never compiled a
+            forward graph: dynamo ran them eagerly (most often its recompile limit,
+            ``torch._dynamo.config.recompile_limit``, was reached). Their FLOPs are
+            eager and ``counted`` is False. Empty when all is well.
     """
 
     profile: Profile
@@ -149,6 +153,7 @@ class CompiledMeasurement:
     graphs: tuple[CompiledGraph, ...]
     counted: bool
     new_graphs: int
+    eager_regions: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.new_graphs < 0:
@@ -240,10 +245,14 @@ def _build(tracked: Any, alloc: AllocatorPeak, regions: Sequence[tuple[str, nn.M
             rec += op.flops if column == 2 else 0
     per_region = _region_graphs(regions, model)
     counted = True
+    eager: list[str] = []
     blocks: list[BlockProfile] = []
     all_graphs: list[CompiledGraph] = []
     for name, _ in regions:
         backend, graphs = per_region[name]
+        if backend is not None and not any(g.kind == "forward" for g in graphs):
+            eager.append(name)  # compiled, yet never compiled a graph: dynamo ran it eagerly
+            backend = None
         if backend is None:
             counted = False
             f, b, r = eager_region[name or _ROOT]
@@ -288,7 +297,7 @@ def _build(tracked: Any, alloc: AllocatorPeak, regions: Sequence[tuple[str, nn.M
     return CompiledMeasurement(profile=profile, allocator=alloc,
                                regions=tuple(name for name, _ in regions),
                                graphs=tuple(all_graphs), counted=counted,
-                               new_graphs=new_graphs)
+                               new_graphs=new_graphs, eager_regions=tuple(eager))
 
 
 def profile_compiled(
