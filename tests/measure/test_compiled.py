@@ -226,3 +226,22 @@ def test_benchmark_quick(tmp_path: Path) -> None:
     text = out.read_text()
     assert "compile, budget 0" in text and "remat plan" in text
     assert "new graphs while measuring" not in text
+
+
+def test_region_that_never_compiled_is_flagged_eager(eager: remat.Profile) -> None:
+    from remat.measure.compiled_graphs import register_backend
+
+    net = _net()
+    net.blocks[0].compile(backend="eager")  # a backend that is not the registered one
+    register_backend(net.blocks[0], CountingBackend(1.0, label="blocks.0"))
+    m = measure_compiled(net, BATCH, timing=False)
+    assert m.eager_regions == ("blocks.0",)
+    assert not m.counted
+    assert m.profile.flops == eager.flops
+
+
+def test_identical_blocks_share_one_backend() -> None:
+    net = compile_blocks_with_budget(_net(), 0.5)
+    assert backend_of(net.blocks[0]) is backend_of(net.blocks[1])
+    mixed = compile_blocks_with_budget(_net(), {"blocks.0": 0.5, "blocks.1": 1.0})
+    assert backend_of(mixed.blocks[0]) is not backend_of(mixed.blocks[1])
