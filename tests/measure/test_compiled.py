@@ -245,3 +245,15 @@ def test_identical_blocks_share_one_backend() -> None:
     assert backend_of(net.blocks[0]) is backend_of(net.blocks[1])
     mixed = compile_blocks_with_budget(_net(), {"blocks.0": 0.5, "blocks.1": 1.0})
     assert backend_of(mixed.blocks[0]) is not backend_of(mixed.blocks[1])
+
+
+def test_remat_profile_measures_a_compiled_model_as_it_runs(whole: nn.Module) -> None:
+    """#10 item 1: remat.profile on a compiled model = the compiled step, model left compiled."""
+    before_peak = _peak(whole)
+    graphs = dynamo_graph_count()
+    prof = remat.profile(whole, BATCH, timing=False)
+    assert prof.peak_bytes == measure_compiled(whole, BATCH, timing=False).profile.peak_bytes
+    assert dynamo_graph_count() == graphs  # no recompiles, no eager fallback
+    assert _peak(whole) == before_peak
+    with pytest.raises(ValueError, match="simulate=True cannot run a compiled model"):
+        remat.profile(whole, BATCH, simulate=True)

@@ -56,15 +56,11 @@ from torch import nn
 
 from remat.measure.allocator import AllocatorPeak, allocator_peak, mark
 from remat.measure.compiled_graphs import CompiledGraph, CountingBackend, backend_of
-from remat.measure.profile import (
-    BlockProfile,
-    Profile,
-    _check_trainable,
-    _tracked_step,
-    preserved_state,
-)
-from remat.measure.step import LossFn, clear_grads, model_device, run_step
+from remat.measure.results import BlockProfile, Profile
+from remat.measure.state import preserved_state
+from remat.measure.step import LossFn, Step, clear_grads, model_device, run_step
 from remat.measure.timing import time_step
+from remat.measure.tracked import check_trainable, tracked_step
 
 __all__ = [
     "CompiledMeasurement",
@@ -191,7 +187,7 @@ def measure_compiled(
 
     Args and Raises: as for :func:`profile_compiled`.
     """
-    _check_trainable(model)
+    check_trainable(model)
     if repeats < 1:
         raise ValueError(f"{_API}: repeats must be >= 1, got {repeats}")
     regions = compiled_regions(model)
@@ -212,10 +208,8 @@ def measure_compiled(
         )
         clear_grads(model)
         with torch.compiler.set_stance("force_eager"):
-            tracked = _tracked_step(model, batch, loss_fn=loss_fn, optimizer=optimizer,
-                                    blocks=[(name or _ROOT, module)
-                                            for name, module in regions],
-                                    device=device)
+            tracked = tracked_step(Step(model, batch, loss_fn=loss_fn, optimizer=optimizer),
+                                   [(name or _ROOT, module) for name, module in regions])
         clear_grads(model)
         times = None
         if timing:
