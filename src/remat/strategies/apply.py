@@ -79,6 +79,19 @@ def _offload_notice(model: nn.Module, decisions: Mapping[str, BlockDecision]) ->
         )
 
 
+def _no_region_notice(model: nn.Module, label: str, blocks: list[str]) -> None:
+    """A strategy that checkpoints something but installed no region is a silent no-op."""
+    shown = ", ".join(blocks[:4]) + (f" and {len(blocks) - 4} more" if len(blocks) > 4 else "")
+    warnings.warn(
+        f"remat.apply: strategy {label!r} installed no checkpointed region on "
+        f"{type(model).__name__} (blocks: {shown or 'none'}), so it changes nothing: no "
+        "activation is dropped or recomputed. Check blocks= (it should select the modules "
+        "the forward calls, e.g. the layers rather than their ModuleList) and the strategy.",
+        RematWarning,
+        stacklevel=4,
+    )
+
+
 def apply_decisions(model: M, decisions: Mapping[str, BlockDecision], *,
                     blocks: BlocksSpec = None, label: str = "plan") -> M:
     """Apply one decision per block, by qualified block name (how a Plan is applied).
@@ -108,6 +121,8 @@ def apply_decisions(model: M, decisions: Mapping[str, BlockDecision], *,
     pitfalls += check_regions(model, regions)
     warn_pitfalls(pitfalls, model_name=type(model).__name__)
     _offload_notice(model, decisions)
+    if not regions and any(d.kind != "none" for d in decisions.values()):
+        _no_region_notice(model, label, [name for name, _ in named])
     model.__dict__[_APPLIED] = AppliedStrategy(
         label, tuple((name, decisions.get(name, _NONE).label()) for name, _ in named)
     )
@@ -124,6 +139,8 @@ def _apply_strategy(model: M, strategy: Strategy, blocks: BlocksSpec) -> M:
     regions = strategy.install(named) or []
     pitfalls += check_regions(model, regions)
     warn_pitfalls(pitfalls, model_name=type(model).__name__)
+    if not regions:
+        _no_region_notice(model, str(strategy), [name for name, _ in named])
     model.__dict__[_APPLIED] = AppliedStrategy(
         str(strategy), tuple((name, str(strategy)) for name, _ in named)
     )
