@@ -22,8 +22,8 @@ from remat.measure import profile
 from remat.models import build_model, make_batch
 from remat.strategies import BlockDecision
 from remat.strategies.base import BlockStrategy
-from remat.strategies.registry import unregister_strategy
 from remat.strategies.regions import region_of
+from remat.strategies.registry import unregister_strategy
 
 
 def _regions(model: nn.Module) -> list[str]:
