@@ -39,7 +39,7 @@ from remat.measure.fake import (
 )
 from remat.measure.results import BlockProfile, Profile
 from remat.measure.state import preserved_state
-from remat.measure.step import LossFn, Step, batch_tensors, clear_grads
+from remat.measure.step import LossFn, Step, batch_tensors, check_runnable, clear_grads
 from remat.measure.timing import time_blocks, time_step
 from remat.measure.tracker import PHASES, MemoryTracker
 
@@ -242,6 +242,7 @@ def profile_step(step: Step, *, simulate: bool = False, timing: bool = True,
         True
     """
     _check_trainable(step.model)
+    check_runnable(step.model, api=_API, simulate=simulate)
     if repeats < 1:
         raise ValueError(f"{_API}: repeats must be >= 1, got {repeats}")
     if simulate:

@@ -18,7 +18,7 @@ from torch import nn
 
 from remat.blocks import BlocksSpec
 from remat.errors import ParityError
-from remat.measure.step import Step, call_model, default_loss
+from remat.measure.step import Step, call_model, check_runnable, default_loss
 from remat.strategies.apply import apply, remove
 
 __all__ = ["ParityReport", "relative_error", "validate"]
@@ -162,6 +162,7 @@ def validate(model: nn.Module, batch: Any, strategy: str | Any, *, blocks: Block
         (True, 0.0)
     """
     step = Step(model, batch, loss_fn=loss_fn, blocks=blocks)
+    check_runnable(model, api="remat.validate")
     label = strategy if isinstance(strategy, str) else "plan"
     with _preserved(model):
         remove(model)
