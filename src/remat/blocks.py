@@ -84,8 +84,16 @@ def named_blocks(
         return _detect_blocks(model, api)
     predicate = _as_predicate(blocks, api)
     found: list[tuple[str, nn.Module]] = []
+    matched: list[str] = []
     for name, module in _walk_outermost(model, predicate):
+        matched.append(name)
         found.extend(_expand_container(name, module, predicate))
+    if not found and matched:
+        raise BlocksNotFound(
+            f"{api}: blocks={_describe_spec(blocks)} matched only empty containers "
+            f"({', '.join(matched[:4])}), which are never called, so there is nothing to "
+            f"checkpoint. {_BLOCKS_HINT}"
+        )
     if not found:
         raise BlocksNotFound(
             f"{api}: blocks={_describe_spec(blocks)} matched no submodule of "

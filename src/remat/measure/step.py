@@ -236,6 +236,12 @@ class Step:
     def __post_init__(self) -> None:
         if not isinstance(self.model, nn.Module):
             raise TypeError(f"remat: model must be an nn.Module, got {type(self.model).__name__}")
+        if not callable(self.batch) and not isinstance(self.batch, (Tensor, Mapping, tuple, list)):
+            raise TypeError(
+                f"remat: batch must be a Tensor (model(batch)), a tuple/list of arguments "
+                f"(model(*batch)) or a dict of keyword arguments (model(**batch)), got "
+                f"{type(self.batch).__name__}; pass the inputs your model's forward takes"
+            )
         if self.loss_fn is not None and not callable(self.loss_fn):
             raise TypeError(f"remat: loss_fn must be callable (output, batch) -> scalar, got "
                             f"{type(self.loss_fn).__name__}")

@@ -107,7 +107,7 @@ def apply_decisions(model: M, decisions: Mapping[str, BlockDecision], *,
             decision's kind is not a registered per-block strategy.
     """
     remove(model)
-    named = named_blocks(model, blocks)
+    named = named_blocks(model, blocks, api="remat.apply")
     known = {name for name, _ in named}
     unknown = sorted(set(decisions) - known)
     if unknown:
@@ -134,7 +134,7 @@ def apply_decisions(model: M, decisions: Mapping[str, BlockDecision], *,
 
 
 def _apply_strategy(model: M, strategy: Strategy, blocks: BlocksSpec) -> M:
-    named = named_blocks(model, blocks)
+    named = named_blocks(model, blocks, api="remat.apply")
     decisions = strategy.decisions([n for n, _ in named])
     if decisions is not None:
         return apply_decisions(model, decisions, blocks=blocks, label=str(strategy))
