@@ -116,3 +116,19 @@ def test_a_meta_model_asks_for_simulate() -> None:
     with pytest.raises(ValueError, match="remat.validate: .*meta device.*materialize"):
         remat.validate(model, batch, "full")
     assert remat.profile(model, batch, simulate=True).peak_bytes > 0
+
+
+def test_a_save_set_naming_ops_the_region_never_runs_warns_with_the_ops_it_runs() -> None:
+    from remat.strategies import BlockDecision, apply_decisions
+
+    model = build_model("gpt-tiny")
+    batch = make_batch(model, 2)
+    decision = BlockDecision("ops", frozenset({"aten.convolution", "aten.addmm", "aten.addmm#999"}))
+    apply_decisions(model, {"blocks.0": decision, "blocks.1": BlockDecision("full")})
+    with pytest.warns(remat.RematWarning,
+                      match=r"names \['aten.addmm#999', 'aten.convolution'\], which its "
+                            r"forward never runs \(it runs: .*aten.addmm x4"):
+        model(**batch).loss.backward()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model(**batch).loss.backward()  # checked once

@@ -53,6 +53,7 @@ from remat.strategies.runtime import (
     BoundForward,
     HookWatch,
     check_inputs_unchanged,
+    check_save_ops_once,
     input_versions,
     restore_running_stats,
     stateful_modules,
@@ -89,6 +90,7 @@ class RegionInfo:
             pickled: made again when loaded.
         hooks: finds forward hooks registered inside the region after it was installed
             (NOTE [ Hooks registered after apply ]); set by the installer.
+        save_ops_checked: whether a forward checked ``save_ops`` against the ops it ran.
     """
 
     kind: str
@@ -98,6 +100,7 @@ class RegionInfo:
     segment: _Segment | None = None
     sac_contexts: Callable[[], tuple[Any, Any]] | None = None
     hooks: HookWatch | None = None
+    save_ops_checked: bool = False
 
     def __post_init__(self) -> None:
         if self.save_ops is not None and self.sac_contexts is None:
@@ -219,6 +222,7 @@ def _checkpointed_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
         **kwargs,
     )
     check_inputs_unchanged(self, versions)
+    check_save_ops_once(self, info)
     return output
 
 

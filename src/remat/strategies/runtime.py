@@ -1,5 +1,6 @@
 """What a region checks and carries at run time: a picklable bound forward, late hooks,
-inputs changed in place, BatchNorm statistics restored after recompute.
+inputs changed in place, save sets naming ops the region never runs, BatchNorm
+statistics restored after recompute.
 
 NOTE [ Picklable regions ]
     A region is an instance ``forward`` (regions.py NOTE [ Instance forward ]). A
@@ -25,6 +26,7 @@ NOTE [ Hooks registered after apply ]
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -32,11 +34,12 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from remat.errors import RematError
+from remat.errors import RematError, RematWarning
 from remat.strategies.pitfalls import Pitfall, warn_pitfalls
+from remat.strategies.sac import parse_entry
 
-__all__ = ["BoundForward", "HookWatch", "check_inputs_unchanged", "input_versions",
-           "restore_running_stats", "stateful_modules"]
+__all__ = ["BoundForward", "HookWatch", "check_inputs_unchanged", "check_save_ops",
+           "check_save_ops_once", "input_versions", "restore_running_stats", "stateful_modules"]
 
 
 class BoundForward:
@@ -98,6 +101,40 @@ class HookWatch:
             self.warned = True
             warn_pitfalls([Pitfall("hooks", n) for n in late],
                           api="remat (hooks registered after remat.apply)")
+
+
+def check_save_ops(module: nn.Module, save_ops: frozenset[str], seen: dict[str, int]) -> None:
+    """Warn when a save set names ops (or op calls) the region never runs.
+
+    Such an entry saves nothing, so the region recomputes what the plan meant to keep.
+    ``seen`` counts the ops of one forward of the region (``SavePolicy.seen``).
+    """
+    missing = sorted(e for e in save_ops
+                     if (n := parse_entry(e))[0] not in seen
+                     or (n[1] is not None and n[1] >= seen[n[0]]))
+    if not missing:
+        return
+    ran = ", ".join(f"{name} x{count}" if count > 1 else name for name, count in seen.items())
+    warnings.warn(
+        f"remat: the save set of {type(module).__name__}'s region names {missing}, which its "
+        f"forward never runs (it runs: {ran or 'no op'}), so those entries save nothing and "
+        "the region recomputes them. Was the plan made for another model, dtype or device? "
+        "Re-plan, or name ops from that list.",
+        RematWarning,
+        stacklevel=3,
+    )
+
+
+def check_save_ops_once(module: nn.Module, info: Any) -> None:
+    """:func:`check_save_ops` after a region's first forward under its SAC policy.
+
+    ``info`` is the region's ``RegionInfo`` (regions.py); it records that the check ran.
+    """
+    policy = getattr(info.sac_contexts, "last_policy", None)
+    if policy is None or info.save_ops is None or info.save_ops_checked:
+        return
+    info.save_ops_checked = True
+    check_save_ops(module, info.save_ops, policy.seen)
 
 
 def input_versions(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[tuple[torch.Tensor, int]]:
