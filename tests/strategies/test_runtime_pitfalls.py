@@ -132,3 +132,8 @@ def test_a_save_set_naming_ops_the_region_never_runs_warns_with_the_ops_it_runs(
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         model(**batch).loss.backward()  # checked once
+        remat.apply(model, "ops")  # the default set names kernels this region never runs:
+        model(**batch).loss.backward()  # fine, some of them run
+    apply_decisions(model, {"blocks.0": BlockDecision("ops", frozenset({"aten.convolution"}))})
+    with pytest.warns(remat.RematWarning, match=r"names \['aten.convolution'\]"):
+        model(**batch).loss.backward()  # saves nothing at all
