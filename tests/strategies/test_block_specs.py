@@ -116,3 +116,30 @@ def test_a_strategy_that_installs_no_region_warns() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         remat.apply(model, "none")  # "none" installs nothing on purpose
+
+
+class _WithSpare(nn.Module):
+    """Blocks it runs, and a spare stack it never calls."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(8, 8) for _ in range(2))
+        self.spare = nn.ModuleList(nn.Linear(8, 8) for _ in range(2))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = torch.tanh(layer(x))
+        return x.sum()
+
+
+def test_validate_warns_when_no_checkpointed_region_ran() -> None:
+    model, x = _WithSpare(), torch.randn(4, 8)
+    spare = lambda name, module: name.startswith("spare")  # noqa: E731
+    with pytest.warns(remat.RematWarning, match=r"installed 2 checkpointed region\(s\) "
+                                                r"\(spare.0, spare.1\), but none ran"):
+        report = remat.validate(model, x, "full", blocks=spare)
+    assert report.passed  # gradients do match: the warning is what tells the truth
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert remat.validate(model, x, "full",
+                              blocks=lambda name, module: name.startswith("layers")).passed
