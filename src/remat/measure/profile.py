@@ -44,7 +44,7 @@ from remat.measure.fake import (
 )
 from remat.measure.results import BlockProfile, Profile
 from remat.measure.state import preserved_state
-from remat.measure.step import LossFn, Step, clear_grads
+from remat.measure.step import LossFn, Step, check_runnable, clear_grads
 from remat.measure.timing import time_blocks, time_step
 from remat.measure.tracked import Tracked, check_trainable, tracked_step
 from remat.measure.tracker import PHASES
@@ -209,6 +209,7 @@ def profile_step(step: Step, *, simulate: bool = False, timing: bool = True,
         True
     """
     check_trainable(step.model)
+    check_runnable(step.model, api=_API, simulate=simulate)
     if repeats < 1:
         raise ValueError(f"{_API}: repeats must be >= 1, got {repeats}")
     if simulate:

@@ -12,6 +12,9 @@ one :class:`~remat.errors.RematWarning` per kind that names the modules and the 
 - Forward hooks on modules inside a region: they fire again on recompute.
 - Model in eval mode, under ``torch.no_grad()``, or with no trainable parameter:
   nothing is saved for backward, so checkpointing does nothing.
+
+While the model runs (runtime.py): hooks registered inside a region after ``apply``
+warn once, and a checkpointed module that changes its input in place raises.
 """
 
 from __future__ import annotations
