@@ -19,7 +19,8 @@ import pytest
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "remat"
 
-CORE = ("errors", "units", "devices", "blocks", "recompute", "models")
+CORE = ("errors", "units", "devices", "blocks", "recompute", "models", "native",
+        "progress")
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("remat",),  # the package's own __init__: lazy names only, imports nothing eagerly
     CORE,

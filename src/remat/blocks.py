@@ -59,7 +59,10 @@ def named_blocks(
         blocks: None to detect the blocks (see NOTE [ Default block detection ] in this
             module); a class or a sequence of classes (``isinstance``); or a predicate
             ``(qualified_name, module) -> bool``. Explicit specs return only outermost matches:
-            a match nested in another match is skipped. The root module is never a block.
+            a match nested in another match is skipped. A matched ``ModuleList`` or
+            ``ModuleDict`` (never called itself) stands for its members, and so does a
+            matched ``nn.Sequential`` whose members the spec matches too (NOTE
+            [ Containers in a blocks spec ]). The root module is never a block.
             Default: None.
         api: name of the public API to prefix errors with. Default: "remat.find_blocks".
 
@@ -81,8 +84,16 @@ def named_blocks(
         return _detect_blocks(model, api)
     predicate = _as_predicate(blocks, api)
     found: list[tuple[str, nn.Module]] = []
+    matched: list[str] = []
     for name, module in _walk_outermost(model, predicate):
-        found.append((name, module))
+        matched.append(name)
+        found.extend(_expand_container(name, module, predicate))
+    if not found and matched:
+        raise BlocksNotFound(
+            f"{api}: blocks={_describe_spec(blocks)} matched only empty containers "
+            f"({', '.join(matched[:4])}), which are never called, so there is nothing to "
+            f"checkpoint. {_BLOCKS_HINT}"
+        )
     if not found:
         raise BlocksNotFound(
             f"{api}: blocks={_describe_spec(blocks)} matched no submodule of "
@@ -143,6 +154,28 @@ def _walk_outermost(
                 yield from visit(name, child)
 
     yield from visit("", model)
+
+
+# NOTE [ Containers in a blocks spec ]
+# A spec such as ``lambda n, m: n.startswith("model.layers")`` matches the ModuleList
+# ``model.layers`` itself before its layers. A ModuleList or ModuleDict is never called
+# (it has no forward), so checkpointing it would install a region that never runs: a
+# silent no-op. Such a match is expanded to its members (recursively). An nn.Sequential
+# is called, so it stays one block unless the spec also matches its members, which then
+# are the blocks the spec meant.
+
+
+def _expand_container(name: str, module: nn.Module, predicate: Callable[[str, nn.Module], bool],
+                      *, nested: bool = False) -> list[tuple[str, nn.Module]]:
+    """A matched container stands for its members (NOTE [ Containers in a blocks spec ])."""
+    members = [(f"{name}.{n}", m) for n, m in module.named_children()]
+    if isinstance(module, nn.Sequential) and nested:
+        return [(name, module)]
+    if isinstance(module, nn.Sequential) and not any(predicate(n, m) for n, m in members):
+        return [(name, module)]
+    if not isinstance(module, (nn.Sequential, nn.ModuleList, nn.ModuleDict)):
+        return [(name, module)]
+    return [leaf for n, m in members for leaf in _expand_container(n, m, predicate, nested=True)]
 
 
 def _describe_spec(blocks: BlocksSpec) -> str:

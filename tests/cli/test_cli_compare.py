@@ -9,7 +9,8 @@ import pytest
 from typer.testing import CliRunner
 
 from remat.cli import app
-from remat.compare.runner import DEFAULT_STRATEGIES, ComparisonResult
+from remat.compare.runner import ComparisonResult
+from remat.strategies.registry import default_strategies
 
 runner = CliRunner()
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -25,14 +26,14 @@ def test_compare_json_and_plot(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     # The table goes to stdout, with every strategy in it.
     assert "remat compare: gpt-tiny, batch 2, seq 32 on cpu" in result.stdout
-    for name in DEFAULT_STRATEGIES:
+    for name in default_strategies("compare"):
         assert name in result.stdout
     assert "FAIL" not in result.stdout
 
     data = json.loads(json_path.read_text())
     assert data["meta"]["model"] == "gpt-tiny" and data["meta"]["batch_size"] == 2
     rows = {row["strategy"]: row for row in data["rows"]}
-    assert list(rows) == list(DEFAULT_STRATEGIES)
+    assert list(rows) == default_strategies("compare")
     assert rows["none"]["recompute_flops"] == 0
     assert rows["none"]["recompute_overhead_pct"] == 0.0
     assert rows["full"]["activation_bytes"] < rows["none"]["activation_bytes"]

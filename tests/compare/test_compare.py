@@ -9,7 +9,6 @@ import pytest
 import torch
 
 from remat.compare.runner import (
-    DEFAULT_STRATEGIES,
     ComparisonResult,
     StrategyRow,
     _normalize_strategies,
@@ -18,6 +17,7 @@ from remat.compare.runner import (
 )
 from remat.errors import StrategyError
 from remat.models import build_model, get_config, make_batch
+from remat.strategies.registry import default_strategies
 
 
 def _row(name: str = "none", **overrides: object) -> StrategyRow:
@@ -70,15 +70,37 @@ def test_normalize_strategies() -> None:
         _normalize_strategies([])
 
 
+def test_default_strategies_are_read_from_the_registry_at_call_time() -> None:
+    from dataclasses import dataclass
+    from typing import ClassVar
+
+    from remat.strategies import register_strategy, unregister_strategy
+    from remat.strategies.builtin.full import Full
+
+    assert _normalize_strategies(None) == default_strategies("compare")
+
+    @dataclass(frozen=True)
+    class Twice(Full):
+        name: ClassVar[str] = "twice"
+
+    register_strategy(Twice)
+    try:
+        assert _normalize_strategies(None)[-1] == "twice"
+    finally:
+        unregister_strategy("twice")
+    assert "twice" not in _normalize_strategies(None)
+
+
 def test_compare_every_default_strategy() -> None:
     # gpt-tiny runs every default strategy in tests/cli/test_cli_compare.py.
     preset = "llama-tiny"
     seen: list[tuple[int, int]] = []
     result = compare_preset(preset, 2, device="cpu", repeats=1,
                             progress=lambda _step, done, total: seen.append((done, total)))
-    assert result.strategies == DEFAULT_STRATEGIES
+    defaults = default_strategies("compare")
+    assert list(result.strategies) == defaults
     assert result.meta["seq_len"] == get_config(preset).max_seq_len
-    assert seen[-1][0] == seen[-1][1] == len(DEFAULT_STRATEGIES) * 2 + 1
+    assert seen[-1][0] == seen[-1][1] == len(defaults) * 2 + 1
     none, full = result.row("none"), result.row("full")
     assert none.recompute_flops == 0 and none.recompute_overhead_pct == 0.0
     assert none.step_time_ratio == 1.0 and none.peak_change_pct == 0.0

@@ -27,9 +27,9 @@ def _real_profile(strategy: str, batch_size: int, dtype: torch.dtype,
     batch = make_batch(model, batch_size, SEQ)
     run = model
     if autocast:
-        from remat.simulate.run import _Autocast
+        from remat.simulate._setup import Autocast
 
-        run = _Autocast(model, torch.bfloat16)
+        run = Autocast(model, torch.bfloat16)
     return profile(run, batch, optimizer=optimizer, timing=False)
 
 
@@ -110,6 +110,35 @@ def test_sharding_rows() -> None:
     assert fsdp.activation_bytes == single.activation_bytes
     # Throughput counts all ranks.
     assert ddp.samples_per_s == pytest.approx(4 * 2 / (ddp.step_ms / 1e3))
+
+
+def test_default_strategies_are_read_from_the_registry_at_call_time() -> None:
+    from dataclasses import dataclass
+    from typing import ClassVar
+
+    import remat.simulate
+    from remat.simulate.run import _check_arguments
+    from remat.strategies import register_strategy, unregister_strategy
+    from remat.strategies.builtin.full import Full
+    from remat.strategies.registry import default_strategies
+
+    def defaults() -> list[str]:
+        return _check_arguments(SEQ, [1], 1, "none", None, False)[1]
+
+    assert defaults() == default_strategies("simulate")
+    assert "offload" not in defaults()  # no separate host memory in a simulation
+
+    @dataclass(frozen=True)
+    class Twice(Full):
+        name: ClassVar[str] = "twice"
+
+    register_strategy(Twice)
+    try:
+        assert defaults()[-1] == "twice"
+        assert remat.simulate.DEFAULT_STRATEGIES[-1] == "twice"  # kept, read live
+    finally:
+        unregister_strategy("twice")
+    assert "twice" not in defaults()
 
 
 def test_bad_arguments() -> None:

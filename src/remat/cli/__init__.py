@@ -1,8 +1,10 @@
 """The ``remat`` command line: a typer ``app`` and one module per command group.
 
 Each command module registers its commands on :data:`app` when imported:
-``compare`` and ``profile`` always exist; ``simulate`` and ``plan`` are loaded
-when their modules are installed (see Note [ Optional command modules ]).
+``compare`` and ``profile`` always exist; ``simulate``, ``estimate`` and ``plan`` are
+loaded when their modules are installed (see Note [ Optional command modules ]).
+Command modules never import each other: what they share lives in ``options.py``
+(every shared option) and ``_common.py`` (consoles, errors, progress, optimizers).
 
 # NOTE [ Optional command modules ]
 # A command module that does not exist is skipped; one that exists but fails to
@@ -32,6 +34,7 @@ _COMMAND_MODULES: tuple[tuple[str, bool], ...] = (
     ("compare", True),
     ("profile", True),
     ("simulate", False),
+    ("estimate", False),
     ("plan", False),
 )
 

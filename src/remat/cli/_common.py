@@ -1,48 +1,38 @@
-"""Options and helpers shared by the ``remat`` commands.
+"""Helpers shared by the ``remat`` commands: consoles, errors, progress, devices, JSON.
 
-Every option is an ``Annotated`` alias so commands declare them in one line and
-behave the same: ``--model`` takes any :data:`remat.models.PRESETS` key,
-``--strategies`` a comma-separated list checked against
-:func:`remat.strategies.parse_strategy`, ``--device`` ``auto`` (CUDA when
-available), ``cpu``, ``cuda`` or ``cuda:N``. Bad values exit with code 2 and a
-message that lists the valid ones, never a traceback.
-
-torch and the model zoo are imported inside the callbacks, so ``remat --help``
-stays fast.
+Options live in :mod:`remat.cli.options`; command modules import from these two
+modules and never from each other. torch and the model zoo are imported inside the
+helpers, so ``remat --help`` stays fast.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import Any, NoReturn
 
 import typer
 from rich.console import Console
 
 __all__ = [
-    "DEFAULT_MODEL",
-    "BatchOpt",
-    "DeviceOpt",
-    "JsonOpt",
-    "ModelOpt",
-    "SeqOpt",
-    "StrategiesOpt",
-    "StrategyOpt",
+    "ProgressFn",
     "check_fits",
     "err_console",
     "fail",
+    "make_optimizer",
     "notices",
     "parse_strategies",
+    "progress_bar",
     "resolve_device",
     "stdout_console",
     "user_errors",
     "write_json",
 ]
 
-DEFAULT_MODEL = "gpt-small"
+ProgressFn = Callable[[str, int, int], None]
+"""``update(step, done, total)``: what :func:`progress_bar` yields."""
 
 #: Progress, notices and errors go to stderr so stdout stays clean for ``--json -``.
 err_console = Console(stderr=True)
@@ -100,16 +90,6 @@ def notices() -> Iterator[None]:
                                       soft_wrap=True)
 
 
-def _check_model(value: str) -> str:
-    from remat.models import PRESETS
-
-    if value not in PRESETS:
-        raise typer.BadParameter(
-            f"unknown preset {value!r}. Valid presets: {', '.join(PRESETS)}"
-        )
-    return value
-
-
 def parse_strategies(value: str) -> list[str]:
     """Split ``"none,full,every:2"`` and check each name.
 
@@ -137,47 +117,6 @@ def parse_strategies(value: str) -> list[str]:
             raise typer.BadParameter(f"strategy {canonical!r} is listed twice")
         out.append(canonical)
     return out
-
-
-def _check_strategies(value: str | None) -> str | None:
-    if value is None:
-        return None
-    return ",".join(parse_strategies(value))
-
-
-def _check_strategy(value: str) -> str:
-    names = parse_strategies(value)
-    if len(names) != 1:
-        raise typer.BadParameter(f"expected one strategy, got {len(names)}: {', '.join(names)}")
-    return names[0]
-
-
-def _check_device(value: str) -> str:
-    if value == "auto":
-        return value
-    import torch
-
-    try:
-        device = torch.device(value)
-    except (RuntimeError, ValueError):
-        raise typer.BadParameter(
-            f"cannot read {value!r} as a device. Use auto, cpu, cuda or cuda:N"
-        ) from None
-    if device.type not in ("cpu", "cuda"):
-        raise typer.BadParameter(
-            f"device type {device.type!r} is not supported. Use auto, cpu, cuda or cuda:N"
-        )
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            raise typer.BadParameter(
-                f"{value!r} requested but CUDA is not available "
-                f"(torch {torch.__version__}). Use --device cpu"
-            )
-        if device.index is not None and device.index >= torch.cuda.device_count():
-            raise typer.BadParameter(
-                f"{value!r} requested but only {torch.cuda.device_count()} CUDA device(s) exist"
-            )
-    return value
 
 
 def resolve_device(value: str) -> Any:
@@ -268,32 +207,50 @@ def write_json(data: Any, target: str) -> None:
     err_console.print(f"Wrote {path}", highlight=False)
 
 
-ModelOpt = Annotated[str, typer.Option(
-    "--model", "-m", callback=_check_model, metavar="PRESET",
-    help="Built-in model preset (gpt-tiny, gpt-small, gpt2-124m, llama-tiny, llama-small, ...).",
-)]
-BatchOpt = Annotated[int, typer.Option(
-    "--batch", "-b", min=1, metavar="N", help="Sequences per batch.",
-)]
-SeqOpt = Annotated[int | None, typer.Option(
-    "--seq", "-s", min=2, metavar="S",
-    help="Tokens per sequence. Default: the preset's max_seq_len.",
-)]
-StrategiesOpt = Annotated[str | None, typer.Option(
-    "--strategies", callback=_check_strategies, metavar="A,B,C",
-    help="Comma-separated strategies; none (the baseline) is always run. "
-         "Default: none,full,every:2,sqrt,attn,mlp,ops,offload.",
-)]
-StrategyOpt = Annotated[str, typer.Option(
-    "--strategy", callback=_check_strategy, metavar="NAME",
-    help="Strategy to apply: none, full, every:N, sqrt, attn, mlp, ops or offload.",
-)]
-DeviceOpt = Annotated[str, typer.Option(
-    "--device", callback=_check_device, metavar="DEVICE",
-    help="auto (CUDA when available, else CPU), cpu, cuda or cuda:N.",
-)]
-JsonOpt = Annotated[str | None, typer.Option(
-    "--json", metavar="FILE",
-    help="Also write the results as JSON to FILE (dirs created); --json - prints only the "
-         "JSON, on stdout.",
-)]
+@contextlib.contextmanager
+def progress_bar(description: str, *, log_when_piped: bool = False) -> Iterator[ProgressFn]:
+    """A rich progress bar on stderr; yields an ``update(step, done, total)`` callback.
+
+    On a terminal the bar is live (``step`` shown next to the description, ``done`` of
+    ``total`` units, elapsed time) and disappears when the block ends. When stderr is
+    not a terminal (a log file, CI) rich draws nothing; with ``log_when_piped`` each
+    update is printed there as one plain line instead. Nothing goes to stdout, so
+    ``--json -`` output stays clean.
+    """
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+    )
+
+    if log_when_piped and not err_console.is_terminal:
+        def log(step: str, done: int, total: int) -> None:
+            err_console.print(f"{description}: {step} ({done}/{total})", highlight=False,
+                              soft_wrap=True)
+
+        yield log
+        return
+    with Progress(TextColumn("[progress.description]{task.description}"), BarColumn(),
+                  MofNCompleteColumn(), TimeElapsedColumn(), console=err_console,
+                  transient=True) as bar:
+        task = bar.add_task(description, total=None)
+
+        def update(step: str, done: int, total: int) -> None:
+            bar.update(task, description=f"{description}: {step}", completed=done, total=total)
+
+        yield update
+
+
+def make_optimizer(choice: str, model: Any) -> Any:
+    """The optimizer ``--optimizer`` names for ``model``'s parameters; ``None`` for ``none``.
+
+    One factory for every command: :func:`remat.simulate.precision.make_optimizer`
+    (``adamw``, ``adam``, ``sgd`` with momentum 0.9, ``none``), here with ``lr=1e-3`` and
+    torch's own choice of implementation for the model's device, as a training script
+    gets it.
+    """
+    from remat.simulate.precision import make_optimizer as build
+
+    return build(choice, model.parameters(), lr=1e-3, foreach=None)

@@ -3,29 +3,34 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
 from remat.cli import app
 from remat.cli._common import (
+    check_fits,
+    err_console,
+    notices,
+    parse_strategies,
+    progress_bar,
+    resolve_device,
+    stdout_console,
+    user_errors,
+    write_json,
+)
+from remat.cli.options import (
     DEFAULT_MODEL,
     BatchOpt,
     DeviceOpt,
     JsonOpt,
     ModelOpt,
+    RegistryHelpCommand,
+    SeedOpt,
     SeqOpt,
     StrategiesOpt,
-    check_fits,
-    err_console,
-    notices,
-    resolve_device,
-    stdout_console,
-    user_errors,
-    write_json,
+    plot_option,
 )
 
 __all__ = ["compare_command", "progress_bar"]
@@ -45,29 +50,7 @@ Examples:
 """
 
 
-@contextmanager
-def progress_bar(description: str) -> Iterator[Any]:
-    """A rich progress bar on stderr; yields a ``progress(description, done, total)`` callback."""
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-    )
-
-    with Progress(TextColumn("[progress.description]{task.description}"), BarColumn(),
-                  MofNCompleteColumn(), TimeElapsedColumn(), console=err_console,
-                  transient=True) as bar:
-        task = bar.add_task(description, total=None)
-
-        def update(step: str, done: int, total: int) -> None:
-            bar.update(task, description=f"{description}: {step}", completed=done, total=total)
-
-        yield update
-
-
-@app.command("compare", epilog=_EPILOG)
+@app.command("compare", epilog=_EPILOG, cls=RegistryHelpCommand)
 def compare_command(
     model: ModelOpt = DEFAULT_MODEL,
     batch: BatchOpt = 8,
@@ -77,16 +60,14 @@ def compare_command(
     repeats: Annotated[int, typer.Option(
         "--repeats", min=0, help="Timed steps per strategy (median); 0 skips timing.",
     )] = 5,
-    seed: Annotated[int, typer.Option("--seed", help="Seed for weights and batch.")] = 0,
+    seed: SeedOpt = 0,
     check_grads: Annotated[bool, typer.Option(
         "--check-grads/--no-check-grads",
         help="Check each strategy's gradients against the un-checkpointed model.",
     )] = True,
     json_out: JsonOpt = None,
-    plot: Annotated[Path | None, typer.Option(
-        "--plot", metavar="FILE.png", dir_okay=False,
-        help="Draw peak memory against recompute overhead to FILE.png (dirs created).",
-    )] = None,
+    plot: Annotated[Path | None, plot_option(
+        "Draw peak memory against recompute overhead to FILE.png (dirs created).")] = None,
     plan_budget: Annotated[str, typer.Option(
         "--plan-budget", metavar="BUDGET",
         help="Add a 'plan' row: remat.plan's cheapest plan for this budget (bytes, 12GiB, "
@@ -101,13 +82,13 @@ def compare_command(
     measured side by side with the other strategies. Exits with code 1 when a
     gradient check fails.
     """
-    from remat.cli._common import parse_strategies
-    from remat.compare.runner import DEFAULT_STRATEGIES, compare_preset
+    from remat.compare.runner import compare_preset
     from remat.models import make_batch
     from remat.report.plots import plot_comparison
     from remat.report.tables import comparison_table
+    from remat.strategies.registry import default_strategies
 
-    names = parse_strategies(strategies) if strategies else list(DEFAULT_STRATEGIES)
+    names = parse_strategies(strategies) if strategies else default_strategies("compare")
     try:  # reject a bad --seq before anything is built
         make_batch(model, batch, seq, device="meta")
     except ValueError as exc:

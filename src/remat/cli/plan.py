@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any
@@ -11,19 +12,29 @@ import typer
 
 from remat.cli import app
 from remat.cli._common import (
-    DEFAULT_MODEL,
-    DeviceOpt,
-    JsonOpt,
-    ModelOpt,
-    SeqOpt,
     err_console,
+    make_optimizer,
     notices,
+    progress_bar,
     resolve_device,
     stdout_console,
     user_errors,
     write_json,
 )
-from remat.cli.profile import OptimizerChoice
+from remat.cli.options import (
+    DEFAULT_MODEL,
+    DeviceOpt,
+    JsonOpt,
+    ModelOpt,
+    OptimizerChoice,
+    OptimizerOpt,
+    RegistryHelpCommand,
+    SeedOpt,
+    SeqOpt,
+    check_output,
+    plot_option,
+)
+from remat.progress import reporting
 
 __all__ = ["Maximize", "plan_command"]
 
@@ -68,7 +79,7 @@ def _check_budget(value: str) -> str:
     return value
 
 
-@app.command("plan", epilog=_EPILOG)
+@app.command("plan", epilog=_EPILOG, cls=RegistryHelpCommand)
 def plan_command(
     model: ModelOpt = DEFAULT_MODEL,
     budget: Annotated[str, typer.Option(
@@ -88,10 +99,7 @@ def plan_command(
     max_batch: Annotated[int, typer.Option(
         "--max-batch", min=1, metavar="N", help="Largest batch size --maximize tries.",
     )] = 256,
-    optimizer: Annotated[OptimizerChoice, typer.Option(
-        "--optimizer", case_sensitive=False,
-        help="Include an optimizer step (its state counts towards the peak).",
-    )] = OptimizerChoice.none,
+    optimizer: OptimizerOpt = OptimizerChoice.none,
     device: DeviceOpt = "auto",
     cost_device: Annotated[str | None, typer.Option(
         "--cost-device", metavar="NAME",
@@ -110,111 +118,168 @@ def plan_command(
         "--frontier/--no-frontier",
         help="Also measure every manual strategy and print the frontier.",
     )] = True,
-    seed: Annotated[int, typer.Option("--seed", help="Seed for weights and batch.")] = 0,
+    seed: SeedOpt = 0,
     out: Annotated[Path | None, typer.Option(
-        "--out", metavar="FILE.json", dir_okay=False,
+        "--out", metavar="FILE.json", dir_okay=False, callback=check_output,
         help="Write the plan as JSON (read it back with remat.Plan.from_json).",
     )] = None,
     json_out: JsonOpt = None,
-    plot: Annotated[Path | None, typer.Option(
-        "--plot", metavar="FILE.png", dir_okay=False,
-        help="Draw the frontier: peak memory vs recompute overhead, the budget as a line.",
-    )] = None,
+    plot: Annotated[Path | None, plot_option(
+        "Draw the frontier: peak memory vs recompute overhead, the budget as a line.")] = None,
 ) -> None:
     """Plan checkpointing for a built-in model under a peak-memory budget.
 
     Finds, block by block, the decisions (keep, checkpoint the block, its attention or
     MLP, or keep only chosen ops' outputs) with the least recompute whose measured peak
-    fits the budget, and prints the plan and the frontier: every manual strategy (none,
-    full, every:N, sqrt, attn, mlp, ops) and the plan as points (peak memory, recompute
-    overhead). Recompute cost is measured time on a GPU and roofline time on the cost
-    device elsewhere (--cost).
+    fits the budget, and prints the plan and the frontier: every manual strategy
+    (<frontier-strategies>) and the plan as points (peak memory,
+    recompute overhead). Recompute cost is measured time on a GPU and roofline time on
+    the cost device elsewhere (--cost).
     """
-    import torch
-
-    from remat.cli.compare import progress_bar
-    from remat.compare.frontier import frontier as measure_frontier
-    from remat.models import build_model, make_batch
-    from remat.planning import plan as make_plan
-    from remat.report.frontier import frontier_table, plot_frontier
-
     if cost is CostChoice.measured and simulate:
         raise typer.BadParameter(
             "measured costs time real runs, but --simulate runs on fake tensors; drop one",
             param_hint="'--cost'",
         )
     target = resolve_device(device)
+    request = _Request(model=model, budget=budget, batch=batch, seq=seq, maximize=maximize,
+                       max_batch=max_batch, optimizer=optimizer, target=target,
+                       cost_device=cost_device, simulate=simulate, cost=cost,
+                       frontier=frontier or plot is not None, seed=seed)
+    outcome = _run(request)
+    if json_out != "-":
+        _print_outcome(request, outcome)
+    _write_outputs(request, outcome, out=out, json_out=json_out, plot=plot)
+
+
+@dataclass(frozen=True)
+class _Request:
+    """What ``remat plan`` was asked for (its options, the device resolved)."""
+
+    model: str
+    budget: str
+    batch: int
+    seq: int | None
+    maximize: Maximize | None
+    max_batch: int
+    optimizer: OptimizerChoice
+    target: Any
+    cost_device: str | None
+    simulate: bool
+    cost: CostChoice
+    frontier: bool
+    seed: int
+
+    def make_batch(self, n: int) -> Any:
+        from remat.models import make_batch
+
+        return make_batch(self.model, n, self.seq, seed=self.seed, device=self.target)
+
+
+@dataclass(frozen=True)
+class _Outcome:
+    """The plan, the batch it was made for, its frontier (or ``None``) and the time taken."""
+
+    plan: Any
+    batch_size: int
+    seq_len: int
+    frontier: Any
+    elapsed_s: float
+
+
+def _budget_value(budget: str) -> int | str:
+    return int(budget) if budget.strip().isdigit() else budget
+
+
+def _make_plan(request: _Request, net: Any, sample: Any, opt: Any) -> tuple[Any, int, Any]:
+    """The plan, the batch size it is for, and that batch."""
+    from remat.planning import plan as make_plan
+
+    common = {"budget": _budget_value(request.budget), "optimizer": opt,
+              "simulate": request.simulate, "device": request.cost_device,
+              "cost": request.cost.value}
+    if request.maximize is Maximize.throughput:
+        result = make_plan(net, request.make_batch, maximize="throughput",
+                           batch_size=request.batch, max_batch_size=request.max_batch,
+                           **common)
+        chosen_batch = result.batch_size or request.batch
+        return result, chosen_batch, request.make_batch(chosen_batch)
+    return make_plan(net, sample, **common), request.batch, sample
+
+
+def _run(request: _Request) -> _Outcome:
+    """Build the model, plan it, and measure the frontier (with a progress bar)."""
+    import torch
+
+    from remat.compare.frontier import frontier as measure_frontier
+    from remat.models import build_model
+
     try:
-        sample = make_batch(model, batch, seq, seed=seed, device=target)
+        sample = request.make_batch(request.batch)
     except ValueError as exc:
         raise typer.BadParameter(str(exc).removeprefix("remat.models.make_batch: "),
                                  param_hint="'--seq'") from None
     seq_len = int(sample["input_ids"].shape[1])
-    budget_value: int | str = int(budget) if budget.strip().isdigit() else budget
-
     started = time.perf_counter()
-    with user_errors(), notices(), progress_bar(f"plan {model}") as update:
+    with user_errors(), notices(), progress_bar(f"plan {request.model}") as update:
         update("build model", 0, 3)
-        torch.manual_seed(seed)
-        with torch.device(target):
-            net = build_model(model)
+        torch.manual_seed(request.seed)
+        with torch.device(request.target):
+            net = build_model(request.model)
         net.train()
-        opt = _make_optimizer(optimizer, net)
+        opt = make_optimizer(request.optimizer.value, net)
         update("measure candidates and plan", 1, 3)
-        if maximize is Maximize.throughput:
-            def batch_of(n: int) -> Any:
-                return make_batch(model, n, seq, seed=seed, device=target)
-
-            result = make_plan(net, batch_of, budget=budget_value, optimizer=opt,
-                               simulate=simulate, maximize="throughput", device=cost_device,
-                               batch_size=batch, max_batch_size=max_batch, cost=cost.value)
-            chosen_batch = result.batch_size or batch
-            sample = batch_of(chosen_batch)
-        else:
-            result = make_plan(net, sample, budget=budget_value, optimizer=opt,
-                               simulate=simulate, device=cost_device, cost=cost.value)
-            chosen_batch = batch
+        with reporting(lambda step, done, total: update(f"plan: {step}", done, total)):
+            result, chosen_batch, sample = _make_plan(request, net, sample, opt)
         front = None
-        if frontier or plot is not None:
+        if request.frontier:
             update("measure manual strategies", 2, 3)
-            front = measure_frontier(net, sample, result, optimizer=opt, simulate=simulate,
-                                     label=f"{model}, batch {chosen_batch}, seq {seq_len}")
+            with reporting(lambda step, done, total: update(f"frontier: {step}", done, total)):
+                front = measure_frontier(net, sample, result, optimizer=opt,
+                                         simulate=request.simulate,
+                                         label=f"{request.model}, batch {chosen_batch}, "
+                                               f"seq {seq_len}")
         update("done", 3, 3)
-    elapsed_s = time.perf_counter() - started
+    return _Outcome(result, chosen_batch, seq_len, front, time.perf_counter() - started)
 
-    if json_out != "-":
-        console = stdout_console()
-        console.print(f"remat plan: {model}, batch {chosen_batch}, seq {seq_len}, budget "
-                      f"{budget} on {target}", highlight=False)
-        console.print(result)
-        if front is not None:
-            console.print(frontier_table(front))
-            best = front.best_manual()
-            if best is not None and best.recompute_ms > 0:
-                saved = 100.0 * (1.0 - front.point("plan").recompute_ms / best.recompute_ms)
-                console.print(f"The plan recomputes {saved:.0f}% less than the best manual "
-                              f"strategy that fits ({best.name}).", highlight=False)
-        err_console.print(f"Planned in {elapsed_s:.1f} s.", highlight=False)
+
+def _print_outcome(request: _Request, outcome: _Outcome) -> None:
+    from remat.report.frontier import frontier_table
+
+    console = stdout_console()
+    console.print(f"remat plan: {request.model}, batch {outcome.batch_size}, seq "
+                  f"{outcome.seq_len}, budget {request.budget} on {request.target}",
+                  highlight=False)
+    console.print(outcome.plan)
+    front = outcome.frontier
+    if front is not None:
+        console.print(frontier_table(front))
+        best = front.best_manual()
+        if best is not None and best.recompute_ms > 0:
+            saved = 100.0 * (1.0 - front.point("plan").recompute_ms / best.recompute_ms)
+            console.print(f"The plan recomputes {saved:.0f}% less than the best manual "
+                          f"strategy that fits ({best.name}).", highlight=False)
+    err_console.print(f"Planned in {outcome.elapsed_s:.1f} s.", highlight=False)
+
+
+def _write_outputs(request: _Request, outcome: _Outcome, *, out: Path | None,
+                   json_out: str | None, plot: Path | None) -> None:
+    import torch
+
+    from remat.report.frontier import plot_frontier
+
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(result.to_json() + "\n")
+        out.write_text(outcome.plan.to_json() + "\n")
         err_console.print(f"Wrote {out}", highlight=False)
+    front = outcome.frontier
     if json_out is not None:
-        meta = {"model": model, "batch_size": chosen_batch, "seq_len": seq_len,
-                "budget": budget, "optimizer": optimizer.value, "seed": seed,
-                "simulate": simulate, "torch": torch.__version__}
-        write_json({"meta": meta, "plan": result.to_dict(),
+        meta = {"model": request.model, "batch_size": outcome.batch_size,
+                "seq_len": outcome.seq_len, "budget": request.budget,
+                "optimizer": request.optimizer.value, "seed": request.seed,
+                "simulate": request.simulate, "torch": torch.__version__}
+        write_json({"meta": meta, "plan": outcome.plan.to_dict(),
                     "frontier": front.to_dict() if front is not None else None}, json_out)
     if plot is not None and front is not None:
         written = plot_frontier(front, plot)
         err_console.print(f"Wrote {written}", highlight=False)
-
-
-def _make_optimizer(choice: OptimizerChoice, model: Any) -> Any:
-    import torch
-
-    if choice is OptimizerChoice.sgd:
-        return torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
-    if choice is OptimizerChoice.adamw:
-        return torch.optim.AdamW(model.parameters(), lr=1e-3)
-    return None

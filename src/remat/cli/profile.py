@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -11,20 +10,29 @@ import typer
 
 from remat.cli import app
 from remat.cli._common import (
+    check_fits,
+    err_console,
+    make_optimizer,
+    notices,
+    progress_bar,
+    resolve_device,
+    stdout_console,
+    user_errors,
+    write_json,
+)
+from remat.cli.options import (
     DEFAULT_MODEL,
     BatchOpt,
     DeviceOpt,
     JsonOpt,
     ModelOpt,
+    OptimizerChoice,
+    OptimizerOpt,
+    RegistryHelpCommand,
+    SeedOpt,
     SeqOpt,
     StrategyOpt,
-    check_fits,
-    err_console,
-    notices,
-    resolve_device,
-    stdout_console,
-    user_errors,
-    write_json,
+    check_output,
 )
 
 __all__ = ["OptimizerChoice", "export_trace", "profile_command", "profile_to_dict"]
@@ -42,42 +50,21 @@ Examples:
 """
 
 
-class OptimizerChoice(str, Enum):
-    """Optimizers ``remat profile`` can include in the step."""
-
-    none = "none"
-    sgd = "sgd"
-    adamw = "adamw"
-
-
-def _make_optimizer(choice: OptimizerChoice, model: Any) -> Any:
-    import torch
-
-    if choice is OptimizerChoice.sgd:
-        return torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
-    if choice is OptimizerChoice.adamw:
-        return torch.optim.AdamW(model.parameters(), lr=1e-3)
-    return None
-
-
-@app.command("profile", epilog=_EPILOG)
+@app.command("profile", epilog=_EPILOG, cls=RegistryHelpCommand)
 def profile_command(
     model: ModelOpt = DEFAULT_MODEL,
     batch: BatchOpt = 8,
     seq: SeqOpt = None,
     strategy: StrategyOpt = "none",
     device: DeviceOpt = "auto",
-    optimizer: Annotated[OptimizerChoice, typer.Option(
-        "--optimizer", case_sensitive=False,
-        help="Include an optimizer step (its state counts towards the peak).",
-    )] = OptimizerChoice.none,
+    optimizer: OptimizerOpt = OptimizerChoice.none,
     repeats: Annotated[int, typer.Option(
         "--repeats", min=1, help="Timed steps (median) for forward and backward times.",
     )] = 5,
-    seed: Annotated[int, typer.Option("--seed", help="Seed for weights and batch.")] = 0,
+    seed: SeedOpt = 0,
     json_out: JsonOpt = None,
     trace: Annotated[Path | None, typer.Option(
-        "--trace", metavar="FILE.json", dir_okay=False,
+        "--trace", metavar="FILE.json", dir_okay=False, callback=check_output,
         help="Export a torch.profiler Chrome trace of one step (open in Perfetto).",
     )] = None,
 ) -> None:
@@ -103,8 +90,6 @@ def profile_command(
                                  param_hint="'--seq'") from None
     seq_len = int(sample["input_ids"].shape[1])
 
-    from remat.cli.compare import progress_bar
-
     with user_errors(), notices(), progress_bar(f"profile {model} ({strategy})") as update:
         update("build model", 0, 3)
         torch.manual_seed(seed)
@@ -112,7 +97,7 @@ def profile_command(
             net = build_model(model)
         net.train()
         apply(net, strategy)
-        opt = _make_optimizer(optimizer, net)
+        opt = make_optimizer(optimizer.value, net)
         update("measure step", 1, 3)
         result = measure_profile(net, sample, optimizer=opt, repeats=repeats)
         update("trace" if trace else "done", 2, 3)
@@ -200,6 +185,7 @@ def export_trace(model: Any, batch: Any, path: str | Path, *, optimizer: Any = N
     from torch.profiler import ProfilerActivity, record_function
 
     from remat.measure import run_step
+    from remat.native import silenced
 
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -218,14 +204,23 @@ def export_trace(model: Any, batch: Any, path: str | Path, *, optimizer: Any = N
             ranges[-1].__enter__()
 
     model.zero_grad(set_to_none=True)
-    with torch.profiler.profile(activities=activities, record_shapes=True,
-                                profile_memory=True) as prof:
+    prof = torch.profiler.profile(activities=activities, record_shapes=True,
+                                  profile_memory=True)
+    with silenced(2):  # kineto prints "USDT ... profiler_start" lines on stderr
+        prof.__enter__()
+    try:
         try:
             run_step(model, batch, loss_fn=loss_fn, optimizer=optimizer, on_phase=on_phase)
         finally:
             on_phase("end")
         if on_cuda:
             torch.cuda.synchronize()
+    finally:
+        with silenced(2):
+            prof.__exit__(None, None, None)
     prof.export_chrome_trace(str(out))
     model.zero_grad(set_to_none=True)
+    if not out.is_file() or out.stat().st_size == 0:  # the exporter does not raise on failure
+        raise OSError(f"remat profile: the trace was not written to {str(out)!r}; choose a "
+                      "writable path for --trace")
     return out

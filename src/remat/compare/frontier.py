@@ -32,6 +32,7 @@ from remat.planning.context import resolve_cost
 from remat.planning.cost import cost_device, recompute_ms
 from remat.planning.loop import measure_decisions
 from remat.planning.plans import Plan
+from remat.progress import report
 from remat.strategies import apply, default_strategies, preserved_strategy
 
 if TYPE_CHECKING:
@@ -215,7 +216,8 @@ def _manual_profiles(step: Step, names: Sequence[str], *, simulate: bool,
     """Each manual strategy's profile (strategies that do not apply to the model are left
     out, e.g. no attention sub-layer to checkpoint)."""
     profiles: dict[str, Profile] = {}
-    for name in names:
+    for done, name in enumerate(names):
+        report(name, done, len(names))
         with preserved_strategy(step.model), quiet():
             try:
                 apply(step.model, name, blocks=step.blocks)

@@ -28,12 +28,7 @@ from torch import nn
 
 from remat.compare.rows import BASELINE, ComparisonResult, StrategyRow
 
-__all__ = ["DEFAULT_STRATEGIES", "ComparisonResult", "StrategyRow", "compare", "compare_preset"]
-
-#: The strategies ``remat compare`` runs by default, baseline first.
-DEFAULT_STRATEGIES: tuple[str, ...] = (
-    "none", "full", "every:2", "sqrt", "attn", "mlp", "ops", "offload",
-)
+__all__ = ["ComparisonResult", "StrategyRow", "compare", "compare_preset"]
 
 _BASELINE = BASELINE
 
@@ -44,7 +39,7 @@ ProgressFn = Callable[[str, int, int], None]
 def compare(
     model_factory: Callable[[], nn.Module],
     batch: Any,
-    strategies: Sequence[str] = DEFAULT_STRATEGIES,
+    strategies: Sequence[str] | None = None,
     *,
     blocks: Any = None,
     loss_fn: Callable[[Any, Any], torch.Tensor] | None = None,
@@ -73,7 +68,8 @@ def compare(
             ``torch.manual_seed(seed)``, so it must be deterministic given the seed.
         batch: the model input: a tensor, tuple, or dict (passed as ``model(**batch)``).
         strategies: strategy strings (see :data:`remat.strategies.STRATEGIES`). The
-            baseline ``"none"`` is added first when missing. Default: :data:`DEFAULT_STRATEGIES`.
+            baseline ``"none"`` is added first when missing. Default:
+            ``default_strategies("compare")`` from the strategy registry, read at call time.
         blocks: which modules are blocks (class, classes, or predicate). Default: found.
         loss_fn: ``loss_fn(output, batch) -> Tensor``. Default: ``output.loss`` if
             present, else the first element of a tuple output, else the mean output.
@@ -159,7 +155,7 @@ def compare_preset(
     preset: str,
     batch_size: int = 8,
     seq_len: int | None = None,
-    strategies: Sequence[str] = DEFAULT_STRATEGIES,
+    strategies: Sequence[str] | None = None,
     *,
     device: torch.device | str | None = None,
     seed: int = 0,
@@ -173,7 +169,7 @@ def compare_preset(
         preset: a key of :data:`remat.models.PRESETS`, e.g. ``"gpt-small"``.
         batch_size: sequences per batch. Default: ``8``.
         seq_len: tokens per sequence. Default: the preset's ``max_seq_len``.
-        strategies: as in :func:`compare`. Default: :data:`DEFAULT_STRATEGIES`.
+        strategies: as in :func:`compare`. Default: ``default_strategies("compare")``.
         device: where to build the models and batch. Default: CUDA when available, else CPU.
         seed: seed for the weights and the batch. Default: ``0``.
         repeats: timed steps per strategy. Default: ``5``.
@@ -210,13 +206,17 @@ def compare_preset(
                    meta=meta, progress=progress)
 
 
-def _normalize_strategies(strategies: Sequence[str]) -> list[str]:
+def _normalize_strategies(strategies: Sequence[str] | None) -> list[str]:
+    from remat.strategies.registry import default_strategies
+
+    if strategies is None:
+        strategies = default_strategies("compare")
     if isinstance(strategies, str):
         strategies = [s.strip() for s in strategies.split(",") if s.strip()]
     names = [s.strip() for s in strategies]
     if not names:
         raise ValueError(
-            f"remat.compare: strategies must not be empty; e.g. {list(DEFAULT_STRATEGIES)}"
+            f"remat.compare: strategies must not be empty; e.g. {default_strategies('compare')}"
         )
     duplicates = sorted({s for s in names if names.count(s) > 1})
     if duplicates:

@@ -11,9 +11,9 @@ NOTE [ Fake copies ]
     parameter, buffer and plain tensor attribute maps to its fake replacement:
     no tensor data is ever copied, tied weights stay tied (one memo entry), and
     everything else is copied the usual way. Instance-level state survives, as
-    deepcopy rebinds it to the copy: a ``types.MethodType`` forward (what
-    ``remat.apply`` installs, see strategies/regions.py NOTE [ Instance forward ])
-    is re-bound to the copied module and a ``functools.partial`` gets its
+    deepcopy rebinds it to the copy: a bound-method forward (``types.MethodType``,
+    or the picklable one ``remat.apply`` installs, see strategies/regions.py
+    NOTE [ Instance forward ]) is re-bound to the copied module and a ``functools.partial`` gets its
     arguments deep-copied through the same memo. A plain closure over the
     original module would still call the original; remat never installs one.
     Meta tensors become fake tensors on ``device`` (CPU by default) that keep

@@ -1,5 +1,12 @@
 """``profile``: one training step measured exactly (bytes, FLOPs) and timed.
 
+NOTE [ Compiled models ]
+    A TorchDispatchMode or a module hook around a compiled model makes dynamo fall back
+    to eager code (and can exhaust its recompile limit, leaving the user's model eager
+    for good). So :func:`profile` hands compiled models to
+    :func:`remat.measure.compiled.profile_compiled`, which reads the allocator instead of
+    tracking ops (see that module).
+
 NOTE [ What a profile runs ]
     1. A warm-up step (untracked): creates the optimizer state when an optimizer
        is given, and any lazily built caches, so the measured step is a steady
@@ -21,9 +28,7 @@ NOTE [ What a profile runs ]
 
 from __future__ import annotations
 
-import gc
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -39,9 +44,10 @@ from remat.measure.fake import (
 )
 from remat.measure.results import BlockProfile, Profile
 from remat.measure.state import preserved_state
-from remat.measure.step import LossFn, Step, batch_tensors, clear_grads
+from remat.measure.step import LossFn, Step, check_runnable, clear_grads
 from remat.measure.timing import time_blocks, time_step
-from remat.measure.tracker import PHASES, MemoryTracker
+from remat.measure.tracked import Tracked, check_trainable, tracked_step
+from remat.measure.tracker import PHASES
 
 __all__ = ["BlockProfile", "Profile", "preserved_state", "profile", "profile_simulated",
            "profile_step"]
@@ -49,64 +55,7 @@ __all__ = ["BlockProfile", "Profile", "preserved_state", "profile", "profile_sim
 _API = "remat.profile"
 
 
-# ---- checks and block lookup -------------------------------------------------------------
-
-def _check_trainable(model: nn.Module) -> None:
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"{_API}: model must be an nn.Module, got {type(model).__name__}")
-    if not model.training:
-        raise ValueError(
-            f"{_API}: {type(model).__name__} is in eval mode, so there is no training step "
-            "to measure (dropout off, nothing to checkpoint). Call model.train() first."
-        )
-    if not any(p.requires_grad for p in model.parameters()):
-        raise ValueError(
-            f"{_API}: no parameter of {type(model).__name__} requires grad "
-            f"({sum(1 for _ in model.parameters())} parameters), so there is nothing to train. "
-            "Unfreeze some with p.requires_grad_(True)."
-        )
-
-
-# ---- the tracked step --------------------------------------------------------------------
-
-@dataclass
-class _Tracked:
-    tracker: MemoryTracker
-    static: dict[str, int]
-    grad_bytes: int
-
-
-def _tracked_step(step: Step, blocks: Sequence[tuple[str, nn.Module]]) -> _Tracked:
-    model, optimizer = step.model, step.optimizer
-    tracker = MemoryTracker(device=step.device, blocks=blocks)
-    tracker.register_model(model)
-    if optimizer is not None:
-        tracker.register_optimizer(optimizer)
-    tracker.register(batch_tensors(step.batch), "batch")
-    static = tracker.current_breakdown
-    grad_bytes = 0
-
-    def on_phase(phase: str) -> None:
-        nonlocal grad_bytes
-        if phase in ("optimizer", "end") and tracker.phase == "backward":
-            grad_bytes = tracker.bytes_of(p.grad for p in model.parameters())
-        if phase != "end":
-            tracker.set_phase(phase)
-
-    # Automatic garbage collection would free cyclic garbage at arbitrary moments, and
-    # differently in real and fake runs (they allocate different Python objects): hold it.
-    gc_was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        with tracker:
-            step.run(on_phase)
-    finally:
-        if gc_was_enabled:
-            gc.enable()
-    return _Tracked(tracker, static, grad_bytes)
-
-
-def _build(tracked: _Tracked, blocks: Sequence[tuple[str, nn.Module]], *, simulated: bool,
+def _build(tracked: Tracked, blocks: Sequence[tuple[str, nn.Module]], *, simulated: bool,
            device: torch.device, times: Any = None, block_ms: Mapping[str, float] | None = None,
            cuda_peak_bytes: int | None = None) -> Profile:
     tracker = tracked.tracker
@@ -193,6 +142,13 @@ def profile(
     See NOTE [ What a profile runs ] for the exact sequence of steps.
 
     Note:
+        A compiled model (``torch.compile(model)``, ``model.compile()`` or compiled blocks)
+        is measured as it runs compiled (NOTE [ Compiled models ]): the peak from the
+        allocator's own events (CPU) or statistics (CUDA), FLOPs from the partitioned
+        graphs; remat installs no dispatch mode or hook on it, so it keeps running the
+        same compiled graphs afterwards. ``blocks=`` is then not used.
+
+    Note:
         The model, its gradients, its buffers, the optimizer state and the RNG state are
         left as they were: parameters, buffers and optimizer state are snapshotted
         (to host memory) and copied back, gradients are put back as the same tensors.
@@ -229,6 +185,17 @@ def profile(
         >>> prof.activation_bytes > 0 and prof.peak_bytes > prof.param_bytes
         True
     """
+    from remat.measure.compiled import is_compiled, profile_compiled  # compiled imports us
+
+    check_trainable(model)
+    if is_compiled(model):  # NOTE [ Compiled models ]
+        if simulate:
+            raise ValueError(
+                f"{_API}: simulate=True cannot run a compiled model on fake tensors; profile "
+                "the uncompiled module (model._orig_mod, or the model before .compile())."
+            )
+        return profile_compiled(model, batch, loss_fn=loss_fn, optimizer=optimizer,
+                                timing=timing, repeats=repeats)
     step = Step(model, batch, loss_fn=loss_fn, optimizer=optimizer, blocks=blocks)
     return profile_step(step, simulate=simulate, timing=timing, repeats=repeats)
 
@@ -241,7 +208,8 @@ def profile_step(step: Step, *, simulate: bool = False, timing: bool = True,
         >>> profile_step(Step(model, batch), timing=False).peak_bytes > 0
         True
     """
-    _check_trainable(step.model)
+    check_trainable(step.model)
+    check_runnable(step.model, api=_API, simulate=simulate)
     if repeats < 1:
         raise ValueError(f"{_API}: repeats must be >= 1, got {repeats}")
     if simulate:
@@ -252,7 +220,7 @@ def profile_step(step: Step, *, simulate: bool = False, timing: bool = True,
         clear_grads(model)
         step.run()  # warm-up
         clear_grads(model)
-        tracked = _tracked_step(step, named)
+        tracked = tracked_step(step, named)
         clear_grads(model)
         times = block_ms = None
         if timing:
@@ -298,7 +266,7 @@ def profile_simulated(
         True
     """
     step = Step(model, batch, loss_fn=loss_fn, optimizer=optimizer, blocks=blocks)
-    _check_trainable(model)
+    check_trainable(model)
     return _simulated(step, device=device)
 
 
@@ -317,5 +285,5 @@ def _simulated(step: Step, *, device: torch.device | str | None) -> Profile:
         except DynamicOutputShapeException as error:  # NOTE [ Data-dependent shapes ]
             raise shadow.data_dependent_error(error.func, error) from error
         clear_grads(fmodel)
-        tracked = _tracked_step(fstep, named)
+        tracked = tracked_step(fstep, named)
     return _build(tracked, named, simulated=True, device=fstep.device)

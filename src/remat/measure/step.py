@@ -10,9 +10,10 @@ import torch
 from torch import Tensor, nn
 
 from remat.blocks import BlocksSpec, named_blocks
-from remat.errors import BlocksNotFound
+from remat.errors import BlocksNotFound, RematError
 
 __all__ = [
+    "check_runnable",
     "Batch",
     "LossFn",
     "PhaseCallback",
@@ -176,6 +177,34 @@ def model_device(model: nn.Module) -> torch.device:
     return torch.device("cpu")
 
 
+def check_runnable(model: nn.Module, *, api: str, simulate: bool = False) -> None:
+    """Refuse a training step that cannot run here: gradients off, or a meta-device model.
+
+    Args:
+        model: the model.
+        api: the public API, for the message.
+        simulate: the step runs on fake tensors (a meta model is fine). Default: False.
+
+    Raises:
+        RematError: gradients are disabled (``torch.no_grad()``, ``torch.inference_mode()``).
+        ValueError: the model is on the meta device and ``simulate`` is False.
+    """
+    if not torch.is_grad_enabled() or torch.is_inference_mode_enabled():
+        context = "torch.inference_mode()" if torch.is_inference_mode_enabled() \
+            else "torch.no_grad()"
+        raise RematError(
+            f"{api}: gradients are disabled here ({context} is active), but {api} runs a "
+            f"training step with a backward pass. Call {api} outside {context}."
+        )
+    if not simulate and any(p.device.type == "meta" for p in model.parameters()):
+        hint = ("pass simulate=True to run it on fake tensors" if api != "remat.validate" else
+                "validation compares real gradients, so materialize it first "
+                "(model.to_empty(device=...) and load its weights); to measure a meta model "
+                "use remat.profile(..., simulate=True)")
+        raise ValueError(f"{api}: {type(model).__name__} is on the meta device, so its tensors "
+                         f"hold no data and a step cannot run for real; {hint}")
+
+
 @dataclass(frozen=True, eq=False)
 class Step:
     """What one training step is: the model, its batch, loss and optimizer, and its blocks.
@@ -207,6 +236,12 @@ class Step:
     def __post_init__(self) -> None:
         if not isinstance(self.model, nn.Module):
             raise TypeError(f"remat: model must be an nn.Module, got {type(self.model).__name__}")
+        if not callable(self.batch) and not isinstance(self.batch, (Tensor, Mapping, tuple, list)):
+            raise TypeError(
+                f"remat: batch must be a Tensor (model(batch)), a tuple/list of arguments "
+                f"(model(*batch)) or a dict of keyword arguments (model(**batch)), got "
+                f"{type(self.batch).__name__}; pass the inputs your model's forward takes"
+            )
         if self.loss_fn is not None and not callable(self.loss_fn):
             raise TypeError(f"remat: loss_fn must be callable (output, batch) -> scalar, got "
                             f"{type(self.loss_fn).__name__}")

@@ -49,7 +49,7 @@ from remat.measure.roofline import op_roofline_ms
 from remat.measure.tracker import OpRecord
 from remat.planning._sim import FakeSetup
 from remat.planning.block_run import BlockRun, run_block
-from remat.planning.capture import BlockInputs, capture_inputs, group_key
+from remat.planning.capture import BlockInputs, capture_inputs, group_key, in_call_order
 from remat.strategies import (
     BlockContext,
     BlockDecision,
@@ -318,6 +318,7 @@ def measure_groups(setup: FakeSetup, device: DeviceSpec, *, prune: bool = True,
         One :class:`BlockGroup` per kind of block, in order of first appearance.
     """
     inputs = capture_inputs(setup.model, setup.batch, setup.blocks, mode=setup.mode)
+    setup.blocks[:] = in_call_order(setup.blocks, inputs)  # the peak model counts in this order
     groups: dict[Any, list[str]] = {}
     for name, block in setup.blocks:
         groups.setdefault(group_key(block, inputs[name]), []).append(name)

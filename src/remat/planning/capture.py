@@ -18,7 +18,8 @@ from remat.errors import BlocksNotFound
 from remat.measure.step import call_model
 from remat.planning._sim import first_tensor
 
-__all__ = ["BlockInputs", "capture_inputs", "fresh_inputs", "group_key", "tensors_in"]
+__all__ = ["BlockInputs", "capture_inputs", "fresh_inputs", "group_key", "in_call_order",
+           "tensors_in"]
 
 BlockInputs = tuple[tuple[Any, ...], dict[str, Any]]
 """``(args, kwargs)`` a block is called with."""
@@ -40,22 +41,34 @@ def _shape_key(value: Any) -> Any:
 
 def capture_inputs(model: nn.Module, batch: Any, blocks: Sequence[tuple[str, nn.Module]], *,
                    mode: Any = None) -> dict[str, BlockInputs]:
-    """Arguments each of ``blocks`` is called with, from a forward stopped after the last one.
+    """Arguments each of ``blocks`` is called with, from a forward stopped once all ran.
+
+    The forward stops as soon as every wanted block has been called once, in whatever
+    order the model runs them: registration order is only a proxy for forward order,
+    and a two-tower model (CLIP runs its vision tower before its text tower, which is
+    registered first) calls its stacks in another order.
 
     Args:
         model: the model (fake or real).
         batch: its batch.
-        blocks: the ``(name, module)`` pairs whose arguments are wanted, in forward order.
+        blocks: the ``(name, module)`` pairs whose arguments are wanted.
         mode: a context entered around the forward (the fake mode). Default: none.
+
+    Returns:
+        Per block name, its arguments; the dict is in the order the blocks were first
+        called (see :func:`in_call_order`).
+
+    Raises:
+        BlocksNotFound: some blocks were not called by the forward.
     """
     captured: dict[str, BlockInputs] = {}
-    last = blocks[-1][0]
+    wanted = {name for name, _ in blocks}
 
     def hook_for(name: str) -> Any:
         def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
             if name not in captured:
                 captured[name] = (tuple(args), dict(kwargs))
-            if name == last:
+            if len(captured) == len(wanted):
                 raise _Captured
         return hook
 
@@ -76,6 +89,18 @@ def capture_inputs(model: nn.Module, batch: Any, blocks: Sequence[tuple[str, nn.
             "cannot be planned; pass blocks= selecting the modules the forward runs"
         )
     return captured
+
+
+def in_call_order(blocks: Sequence[tuple[str, nn.Module]], inputs: Mapping[str, BlockInputs],
+                  ) -> list[tuple[str, nn.Module]]:
+    """``blocks`` sorted by the order the forward first called them (``inputs``' order).
+
+    The peak model's windows count what the blocks *before* a block saved, so the planner
+    must number blocks in forward order, not registration order: the two towers of a
+    CLIP model run vision first, though text is registered first.
+    """
+    order = {name: i for i, name in enumerate(inputs)}
+    return sorted(blocks, key=lambda nm: order.get(nm[0], len(order)))
 
 
 def group_key(block: nn.Module, inputs: BlockInputs) -> Any:

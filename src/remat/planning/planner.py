@@ -28,6 +28,7 @@ NOTE [ Throughput search ]
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -38,6 +39,7 @@ from remat.devices import DeviceSpec
 from remat.measure.step import LossFn, Step, model_device
 from remat.planning.budget import Budget, BudgetLike
 from remat.planning.context import PlanContext, check_plannable, prepare_step, resolve_cost
+from remat.planning.fingerprint import fingerprint_of
 from remat.planning.loop import close_loop
 from remat.planning.options import PlanOptions
 from remat.planning.plans import Plan
@@ -158,7 +160,9 @@ def plan_step(step: Step, options: PlanOptions, *, context: PlanContext | None =
     else:
         check_plannable(step.model)
     budget_bytes = options.budget.resolve(context.no_checkpoint_peak_bytes)
-    return close_loop(step, context, budget_bytes, simulate=options.simulate)
+    plan = close_loop(step, context, budget_bytes, simulate=options.simulate)
+    # What the plan is for, so remat.apply refuses another model (NOTE [ Plan fingerprint ]).
+    return replace(plan, fingerprint=fingerprint_of(step.model, plan.block_names))
 
 
 def _plan_one(step: Step, options: PlanOptions) -> Plan:

@@ -14,7 +14,8 @@ NOTE [ Plan JSON format ]
     predicates) are not serialisable, so the file stores the block names and
     reads back a :class:`NamedBlocks` selecting exactly those modules. Fields
     added later with a default that keeps the old meaning (``cost_source``,
-    ``timed_on``, ``framework``) do not change the version: an older file reads as before.
+    ``timed_on``, ``framework``, ``fingerprint``) do not change the version: an older file
+    reads as before (a plan without a fingerprint is applied unchecked).
     A file whose ``framework`` is not ``"torch"`` is refused with the loader to use.
 """
 
@@ -26,17 +27,23 @@ from dataclasses import dataclass, field, fields, replace
 from types import MappingProxyType
 from typing import Any
 
+from torch import nn
+
 from remat.blocks import BlocksSpec
+from remat.planning.fingerprint import BlockPrint, check_fingerprint
 from remat.planning.records import (
     NamedBlocks,
     ThroughputRow,
     apply_spec,
     check_float,
     check_int,
+    decision_from_dict,
+    decision_to_dict,
     decisions_label,
     opt_float,
     opt_int,
     owner_block,
+    print_from_dict,
 )
 from remat.strategies import BlockDecision
 
@@ -48,21 +55,6 @@ PLAN_FORMAT_VERSION = 1
 _FORMAT = "remat.plan"
 #: Where a plan's costs come from: op counts on a device spec, or timed runs.
 COST_SOURCES: tuple[str, ...] = ("roofline", "measured")
-
-
-def _decision_to_dict(decision: BlockDecision) -> dict[str, Any]:
-    save_ops = None if decision.save_ops is None else sorted(decision.save_ops)
-    return {"kind": decision.kind, "save_ops": save_ops}
-
-
-def _decision_from_dict(data: Any, where: str) -> BlockDecision:
-    if isinstance(data, str):
-        return BlockDecision(data)  # type: ignore[arg-type]
-    if not isinstance(data, Mapping) or "kind" not in data:
-        raise ValueError(f"Plan.from_json: decision for {where} must be an object with 'kind', "
-                         f"got {data!r}")
-    save_ops = data.get("save_ops")
-    return BlockDecision(data["kind"], None if save_ops is None else frozenset(save_ops))
 
 
 @dataclass(frozen=True)
@@ -106,6 +98,9 @@ class Plan:
         throughput: the throughput search's table (``maximize="throughput"``), else ``()``.
         framework: the framework the plan is for; ``"torch"`` here (JAX plans are
             :class:`remat.jax` plans). Default: ``"torch"``.
+        fingerprint: what the plan was made for, one :class:`BlockPrint` per block (class,
+            parameter digest); ``remat.apply`` refuses a model that differs (NOTE
+            [ Plan fingerprint ]). ``None``: not checked. Default: ``None``.
 
     Example:
         >>> plan = remat.plan(model, batch, budget="60%")
@@ -130,6 +125,7 @@ class Plan:
     batch_size: int | None = None
     throughput: tuple[ThroughputRow, ...] = ()
     framework: str = "torch"
+    fingerprint: tuple[BlockPrint, ...] | None = None
 
     def __post_init__(self) -> None:
         names = tuple(self.block_names)
@@ -172,6 +168,28 @@ class Plan:
                              f"is set exactly when cost_source is 'measured'; got cost_source="
                              f"{self.cost_source!r}, timed_on={self.timed_on!r}")
         check_float("Plan", "predicted_step_ms", self.predicted_step_ms, optional=True)
+        if self.fingerprint is not None:
+            prints = tuple(self.fingerprint)
+            object.__setattr__(self, "fingerprint", prints)
+            if not all(isinstance(p, BlockPrint) for p in prints) or \
+                    [p.name for p in prints] != list(names):
+                raise ValueError(
+                    f"Plan: fingerprint must hold one BlockPrint per block of block_names, in "
+                    f"order; got {[getattr(p, 'name', p) for p in prints][:4]} for "
+                    f"{list(names)[:4]}. Let remat.plan fill it, or pass None"
+                )
+
+    def check_model(self, model: nn.Module, *, api: str = "remat.apply") -> None:
+        """Refuse a model the plan was not made for (NOTE [ Plan fingerprint ]).
+
+        ``remat.apply(model, plan)`` calls it. A plan without a fingerprint passes.
+
+        Raises:
+            StrategyError: a block is missing or has another class or other parameters,
+                or a block's container holds more or fewer blocks; the message says which.
+        """
+        if self.fingerprint is not None:
+            check_fingerprint(self.fingerprint, model, api=api)
 
     # ---- reading -------------------------------------------------------------------------
 
@@ -229,7 +247,7 @@ class Plan:
             "format": _FORMAT,
             "version": PLAN_FORMAT_VERSION,
             "block_names": list(self.block_names),
-            "decisions": {n: _decision_to_dict(d) for n, d in self.decisions.items()},
+            "decisions": {n: decision_to_dict(d) for n, d in self.decisions.items()},
             "budget_bytes": self.budget_bytes,
             "predicted_peak_bytes": self.predicted_peak_bytes,
             "measured_peak_bytes": self.measured_peak_bytes,
@@ -246,6 +264,10 @@ class Plan:
             "batch_size": self.batch_size,
             "throughput": [vars(row).copy() for row in self.throughput],
             "framework": self.framework,
+            "fingerprint": None if self.fingerprint is None else [
+                {"name": p.name, "class": p.cls, "params": p.params, "siblings": p.siblings}
+                for p in self.fingerprint
+            ],
         }
 
     def to_json(self, *, indent: int | None = 2) -> str:
@@ -262,25 +284,26 @@ class Plan:
         if not isinstance(data, Mapping) or data.get("format") != _FORMAT:
             found = data.get("format") if isinstance(data, Mapping) else type(data).__name__
             raise ValueError(
-                f"Plan.from_json: not a remat plan (format {found!r}, expected {_FORMAT!r}); "
-                "write plans with plan.to_json()"
+                f"remat.Plan.from_json: not a remat plan (format {found!r}, expected "
+                f"{_FORMAT!r}); write plans with plan.to_json()"
             )
         framework = data.get("framework", "torch")
         if framework != "torch":
             raise ValueError(
-                f"Plan.from_json: this is a {framework!r} plan; remat.Plan reads PyTorch plans. "
-                f"Load it with remat.{framework}.Plan.from_json(...)"
+                f"remat.Plan.from_json: this is a {framework!r} plan; remat.Plan reads PyTorch "
+                f"plans. Load it with remat.{framework}.Plan.from_json(...)"
             )
         version = data.get("version")
         if version != PLAN_FORMAT_VERSION:
             raise ValueError(
-                f"Plan.from_json: plan format version {version!r} is not supported; this remat "
-                f"reads version {PLAN_FORMAT_VERSION}. Re-create the plan with remat.plan(...) "
-                "using this remat version, or install the remat version that wrote it."
+                f"remat.Plan.from_json: plan format version {version!r} is not supported; this "
+                f"remat reads version {PLAN_FORMAT_VERSION}. Re-create the plan with "
+                "remat.plan(...) using this remat version, or install the remat version that "
+                "wrote it."
             )
         try:
             names = tuple(str(n) for n in data["block_names"])
-            decisions = {str(n): _decision_from_dict(d, repr(n))
+            decisions = {str(n): decision_from_dict(d, repr(n))
                          for n, d in dict(data.get("decisions") or {}).items()}
             blocks = data.get("blocks")
             return cls(
@@ -299,10 +322,12 @@ class Plan:
                 blocks=NamedBlocks(tuple(blocks["names"])) if blocks else None,
                 batch_size=opt_int(data.get("batch_size")),
                 throughput=tuple(ThroughputRow(**row) for row in data.get("throughput") or ()),
+                fingerprint=None if data.get("fingerprint") is None else tuple(
+                    print_from_dict(p) for p in data["fingerprint"]),
             )
         except (KeyError, TypeError) as exc:
-            raise ValueError(f"Plan.from_json: malformed plan ({type(exc).__name__}: {exc})") \
-                from None
+            raise ValueError(f"remat.Plan.from_json: malformed plan ({type(exc).__name__}: "
+                             f"{exc})") from None
 
     @classmethod
     def from_json(cls, text: str) -> Plan:
@@ -319,7 +344,7 @@ class Plan:
         try:
             data = json.loads(text)
         except json.JSONDecodeError as exc:
-            raise ValueError(f"Plan.from_json: not valid JSON ({exc})") from None
+            raise ValueError(f"remat.Plan.from_json: not valid JSON ({exc})") from None
         return cls.from_dict(data)
 
     # ---- display -------------------------------------------------------------------------

@@ -7,7 +7,8 @@ Example::
     ...                   strategies=["none", "full"], device="h100-80gb")  # doctest: +SKIP
     >>> result.largest_batch("full")  # doctest: +SKIP
 
-Modules: :mod:`~remat.simulate.run` (``simulate``), :mod:`~remat.simulate.estimate`
+Modules: :mod:`~remat.simulate.run` (``simulate``) and
+:mod:`~remat.simulate.result` (its rows), :mod:`~remat.simulate.estimate`
 and :mod:`~remat.simulate.formulas` (closed-form activation memory),
 :mod:`~remat.simulate.precision` (bf16 / AMP / fp32 and optimizers),
 :mod:`~remat.simulate.sharding` (FSDP / DDP per-rank arithmetic),
@@ -16,6 +17,8 @@ and :mod:`~remat.simulate.formulas` (closed-form activation memory),
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from remat.devices import DEVICES, DeviceSpec, get_device, register_device
 from remat.simulate.estimate import EstimateRow, EstimateTable, FormulaEstimate, estimate
@@ -34,7 +37,8 @@ from remat.simulate.hf import (
 )
 from remat.simulate.plot import plot_simulation
 from remat.simulate.precision import PRECISIONS, Precision, get_precision, make_optimizer
-from remat.simulate.run import DEFAULT_STRATEGIES, SimulationResult, SimulationRow, simulate
+from remat.simulate.result import SimulationResult, SimulationRow
+from remat.simulate.run import simulate
 from remat.simulate.sharding import ShardedPeak, shard_peak
 
 __all__ = [
@@ -67,3 +71,13 @@ __all__ = [
     "shard_peak",
     "simulate",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # DEFAULT_STRATEGIES: kept for compatibility, read live from the strategy registry
+    # (see remat.simulate.run); prefer remat.strategies.default_strategies("simulate").
+    if name == "DEFAULT_STRATEGIES":
+        from remat.simulate import run
+
+        return run.DEFAULT_STRATEGIES
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -203,11 +203,11 @@ def estimate(
     """
     from remat.measure import profile
     from remat.measure.outside import cpu_rng_state_bytes
-    from remat.simulate.run import _check_ints, default_batch
+    from remat.simulate._setup import check_ints, default_batch
     from remat.strategies import apply, remove
 
-    seqs = _check_ints(_API, "seq_lens", seq_lens)
-    sizes = _check_ints(_API, "batch_sizes", batch_sizes)
+    seqs = check_ints(_API, "seq_lens", seq_lens)
+    sizes = check_ints(_API, "batch_sizes", batch_sizes)
     precision = get_precision(dtype)
     if isinstance(model, str):
         factory, full_layers = _preset_builder(model, layers, max(seqs))
@@ -226,9 +226,9 @@ def estimate(
     bpe = precision.activation_bytes_per_element
     run: nn.Module = net
     if precision.autocast_dtype is not None:
-        from remat.simulate.run import _Autocast
+        from remat.simulate._setup import Autocast
 
-        run = _Autocast(net, precision.autocast_dtype)
+        run = Autocast(net, precision.autocast_dtype)
     rows: list[EstimateRow] = []
     with ExitStack() as stack:
         if is_hf_model(net):

@@ -136,6 +136,11 @@ def hf_model_from_config(config: Any, *, dtype: torch.dtype | None = None,
         kwargs["dtype"] = dtype
     with torch.device(device):
         model = transformers.AutoModelForCausalLM.from_config(config, **kwargs)
+    if getattr(model, "loss_type", "") is None:
+        # transformers falls back to ForCausalLM's loss for causal LMs whose class name it
+        # does not map (GPT2LMHeadModel), with a warning the user cannot act on; say so
+        # explicitly: the same loss, no warning.
+        model.loss_type = "ForCausalLM"
     model.train()
     return model  # type: ignore[no-any-return]
 

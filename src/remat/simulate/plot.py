@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from remat.simulate.run import SimulationResult
+    from remat.simulate.result import SimulationResult
 
 __all__ = ["plot_simulation"]
 

@@ -131,16 +131,23 @@ def get_precision(name: str | Precision) -> Precision:
 OPTIMIZERS: dict[str, int] = {"adamw": 2, "adam": 2, "sgd": 1, "none": 0}
 
 
-def make_optimizer(name: str, params: Iterable[nn.Parameter]) -> torch.optim.Optimizer | None:
+def make_optimizer(name: str, params: Iterable[nn.Parameter], *, lr: float | None = None,
+                   foreach: bool | None = True) -> torch.optim.Optimizer | None:
     """Build a ``torch.optim`` optimizer the way a training script does.
 
     ``"adamw"`` / ``"adam"`` keep two moments per parameter, ``"sgd"`` is SGD with
     momentum 0.9 (one buffer), ``"none"`` returns ``None`` (forward and backward only).
-    All use ``foreach=True``; see NOTE [ Optimizers ].
+    This is remat's one optimizer factory: simulations and the CLI's ``--optimizer``
+    use it.
 
     Args:
-        name: ``"adamw"``, ``"adam"``, ``"sgd"`` or ``"none"``.
+        name: ``"adamw"``, ``"adam"``, ``"sgd"`` or ``"none"`` (any case).
         params: the parameters to optimise.
+        lr: learning rate (it changes no byte and no FLOP). Default: ``1e-4`` for Adam
+            and AdamW, ``1e-2`` for SGD.
+        foreach: ``True`` allocates what the CUDA default allocates even on CPU and
+            fake tensors (see NOTE [ Optimizers ]); ``None`` leaves the choice to torch
+            (foreach on CUDA, a per-parameter loop on CPU). Default: ``True``.
 
     Raises:
         ValueError: unknown name.
@@ -150,7 +157,7 @@ def make_optimizer(name: str, params: Iterable[nn.Parameter]) -> torch.optim.Opt
         0.9
     """
     key = _check_optimizer(name)
-    return None if key == "none" else _build(key, params)
+    return None if key == "none" else _build(key, params, lr=lr, foreach=foreach)
 
 
 def _check_optimizer(name: str) -> str:
@@ -162,12 +169,14 @@ def _check_optimizer(name: str) -> str:
     return key
 
 
-def _build(key: str, params: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
+def _build(key: str, params: Iterable[nn.Parameter], *, lr: float | None = None,
+           foreach: bool | None = True) -> torch.optim.Optimizer:
     if key == "adamw":
-        return torch.optim.AdamW(params, lr=1e-4, foreach=True)
+        return torch.optim.AdamW(params, lr=1e-4 if lr is None else lr, foreach=foreach)
     if key == "adam":
-        return torch.optim.Adam(params, lr=1e-4, foreach=True)
-    return torch.optim.SGD(params, lr=1e-2, momentum=0.9, foreach=True)
+        return torch.optim.Adam(params, lr=1e-4 if lr is None else lr, foreach=foreach)
+    return torch.optim.SGD(params, lr=1e-2 if lr is None else lr, momentum=0.9,
+                           foreach=foreach)
 
 
 def optimizer_factory(

@@ -15,7 +15,7 @@ from remat.errors import RematWarning, StrategyError
 from remat.strategies.base import Strategy
 from remat.strategies.decision import BlockDecision
 from remat.strategies.pitfalls import check_model, check_regions, warn_pitfalls
-from remat.strategies.regions import uninstall
+from remat.strategies.regions import region_of, uninstall
 from remat.strategies.registry import check_decision, parse_strategy
 
 __all__ = [
@@ -79,6 +79,23 @@ def _offload_notice(model: nn.Module, decisions: Mapping[str, BlockDecision]) ->
         )
 
 
+def _installed(model: nn.Module) -> bool:
+    return any(region_of(m) is not None for m in model.modules())
+
+
+def _no_region_notice(model: nn.Module, label: str, blocks: list[str]) -> None:
+    """A strategy that checkpoints something but installed no region is a silent no-op."""
+    shown = ", ".join(blocks[:4]) + (f" and {len(blocks) - 4} more" if len(blocks) > 4 else "")
+    warnings.warn(
+        f"remat.apply: strategy {label!r} installed no checkpointed region on "
+        f"{type(model).__name__} (blocks: {shown or 'none'}), so it changes nothing: no "
+        "activation is dropped or recomputed. Check blocks= (it should select the modules "
+        "the forward calls, e.g. the layers rather than their ModuleList) and the strategy.",
+        RematWarning,
+        stacklevel=4,
+    )
+
+
 def apply_decisions(model: M, decisions: Mapping[str, BlockDecision], *,
                     blocks: BlocksSpec = None, label: str = "plan") -> M:
     """Apply one decision per block, by qualified block name (how a Plan is applied).
@@ -90,7 +107,7 @@ def apply_decisions(model: M, decisions: Mapping[str, BlockDecision], *,
             decision's kind is not a registered per-block strategy.
     """
     remove(model)
-    named = named_blocks(model, blocks)
+    named = named_blocks(model, blocks, api="remat.apply")
     known = {name for name, _ in named}
     unknown = sorted(set(decisions) - known)
     if unknown:
@@ -108,6 +125,8 @@ def apply_decisions(model: M, decisions: Mapping[str, BlockDecision], *,
     pitfalls += check_regions(model, regions)
     warn_pitfalls(pitfalls, model_name=type(model).__name__)
     _offload_notice(model, decisions)
+    if not _installed(model) and any(d.kind != "none" for d in decisions.values()):
+        _no_region_notice(model, label, [name for name, _ in named])
     model.__dict__[_APPLIED] = AppliedStrategy(
         label, tuple((name, decisions.get(name, _NONE).label()) for name, _ in named)
     )
@@ -115,7 +134,7 @@ def apply_decisions(model: M, decisions: Mapping[str, BlockDecision], *,
 
 
 def _apply_strategy(model: M, strategy: Strategy, blocks: BlocksSpec) -> M:
-    named = named_blocks(model, blocks)
+    named = named_blocks(model, blocks, api="remat.apply")
     decisions = strategy.decisions([n for n, _ in named])
     if decisions is not None:
         return apply_decisions(model, decisions, blocks=blocks, label=str(strategy))
@@ -124,6 +143,8 @@ def _apply_strategy(model: M, strategy: Strategy, blocks: BlocksSpec) -> M:
     regions = strategy.install(named) or []
     pitfalls += check_regions(model, regions)
     warn_pitfalls(pitfalls, model_name=type(model).__name__)
+    if not _installed(model):
+        _no_region_notice(model, str(strategy), [name for name, _ in named])
     model.__dict__[_APPLIED] = AppliedStrategy(
         str(strategy), tuple((name, str(strategy)) for name, _ in named)
     )
@@ -157,7 +178,8 @@ def apply(model: M, strategy: str | Strategy | Any, *, blocks: BlocksSpec = None
         ``model``, modified in place.
 
     Raises:
-        StrategyError: unknown strategy (the message lists the valid ones).
+        StrategyError: unknown strategy (the message lists the valid ones), or a plan
+            made for another model (the message says what differs).
         BlocksNotFound: no repeated blocks found (the message says how to pass ``blocks=``).
 
     Example:
@@ -166,6 +188,10 @@ def apply(model: M, strategy: str | Strategy | Any, *, blocks: BlocksSpec = None
     """
     plan_decisions = getattr(strategy, "decisions", None)
     if plan_decisions is not None and not isinstance(strategy, (str, Strategy)):
+        # A Plan (planning is a layer above): it refuses a model it was not made for.
+        check = getattr(strategy, "check_model", None)
+        if callable(check):
+            check(model)
         plan_blocks = getattr(strategy, "blocks", None)
         # A plan's own blocks win: its decisions are keyed by the names they produce.
         chosen = plan_blocks if plan_blocks is not None else blocks

@@ -9,11 +9,47 @@ to decisions.
 
 from __future__ import annotations
 
+import difflib
+import re
 from dataclasses import dataclass
+
+import torch
 
 from remat.strategies.sac import parse_entry
 
-__all__ = ["BlockDecision"]
+__all__ = ["BlockDecision", "check_op_name"]
+
+_OP_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\.[A-Za-z_][A-Za-z0-9_]*")
+
+
+def check_op_name(name: str) -> None:
+    """Refuse a save-set op name that is not ``<namespace>.<op>``, or an unknown aten op.
+
+    A name that matches no op saves nothing: the region silently recomputes
+    everything. Only ``aten`` names are looked up (other namespaces may be registered
+    later, by importing their library).
+
+    Raises:
+        ValueError: the name is malformed or names no aten op; the message suggests
+            the closest aten op names.
+    """
+    if not _OP_NAME.fullmatch(name):
+        raise ValueError(f"{name!r} is not an op name: write an aten overload packet such as "
+                         "'aten.mm' (or 'aten.mm#2' for its third call in the region)")
+    namespace, op = name.split(".")
+    if namespace == "aten" and not hasattr(torch.ops.aten, op):
+        _unknown_aten(name)
+    return None
+
+
+def _unknown_aten(name: str) -> None:
+    known = {n.split("::", 1)[1].split(".", 1)[0] for n in torch._C._dispatch_get_all_op_names()
+             if n.startswith("aten::")}
+    close = difflib.get_close_matches(name.split(".", 1)[1], sorted(known), n=3)
+    hint = f"; did you mean {', '.join('aten.' + c for c in close)}?" if close else ""
+    raise ValueError(f"unknown aten op {name!r}: no region runs it, so saving it would save "
+                     f"nothing and recompute everything{hint}")
+
 
 
 @dataclass(frozen=True)
@@ -43,21 +79,21 @@ class BlockDecision:
     def __post_init__(self) -> None:
         if not isinstance(self.kind, str) or not self.kind or ":" in self.kind:
             raise ValueError(
-                f"BlockDecision: kind must be a block-level strategy name such as 'full', "
+                f"remat.BlockDecision: kind must be a block-level strategy name such as 'full', "
                 f"got {self.kind!r}"
             )
         if self.save_ops is not None:
             if isinstance(self.save_ops, str):
                 raise ValueError(
-                    f"BlockDecision: save_ops must be a set of op names, got the string "
+                    f"remat.BlockDecision: save_ops must be a set of op names, got the string "
                     f"{self.save_ops!r}; write frozenset({{{self.save_ops!r}}})"
                 )
             object.__setattr__(self, "save_ops", frozenset(self.save_ops))
             for entry in self.save_ops:
                 try:
-                    parse_entry(entry)
+                    check_op_name(parse_entry(entry)[0])
                 except ValueError as exc:
-                    raise ValueError(f"BlockDecision: {exc}") from None
+                    raise ValueError(f"remat.BlockDecision: {exc}") from None
 
     def label(self) -> str:
         """Short human-readable form, e.g. ``ops[aten.mm,aten.addmm]``."""

@@ -12,6 +12,9 @@ one :class:`~remat.errors.RematWarning` per kind that names the modules and the 
 - Forward hooks on modules inside a region: they fire again on recompute.
 - Model in eval mode, under ``torch.no_grad()``, or with no trainable parameter:
   nothing is saved for backward, so checkpointing does nothing.
+
+While the model runs (runtime.py): hooks registered inside a region after ``apply``
+warn once, and a checkpointed module that changes its input in place raises.
 """
 
 from __future__ import annotations
@@ -122,8 +125,21 @@ def check_model(model: nn.Module, *, fix: bool = True) -> list[Pitfall]:
     return found
 
 
+#: Modules whose forward hooks are known to do nothing on recompute (NOTE [ Hooks that
+#: stay quiet on recompute ]).
+_QUIET_HOOK_MODULES = ("transformers.utils.output_capturing",)
+
+# NOTE [ Hooks that stay quiet on recompute ]
+#   transformers (>= 5) installs forward hooks on attention and router modules to collect
+#   outputs (``output_attentions``, router logits) while the model's forward runs. They read
+#   a context variable that is set only inside that forward and return at once otherwise,
+#   so the recompute in backward (after the forward returned) does nothing with them. A
+#   warning about them is noise the user cannot act on; every other hook still warns.
+
+
 def _has_forward_hooks(module: nn.Module) -> bool:
-    return bool(module._forward_hooks or module._forward_pre_hooks)
+    hooks = [*module._forward_hooks.values(), *module._forward_pre_hooks.values()]
+    return any(getattr(h, "__module__", None) not in _QUIET_HOOK_MODULES for h in hooks)
 
 
 def check_regions(model: nn.Module, regions: Sequence[nn.Module]) -> list[Pitfall]:

@@ -8,12 +8,15 @@ per-module hooks see exactly the modules they saw before.
 
 NOTE [ Instance forward ]
     ``nn.Module.__call__`` looks ``self.forward`` up on the instance first. The
-    override is a ``types.MethodType`` bound to the module, so ``copy.deepcopy``
-    (and fake-tensor copies) rebind it to the copy; the original forward is
+    override is a :class:`~remat.strategies.runtime.BoundForward` bound to the module
+    (a picklable bound method, NOTE [ Picklable regions ]), so ``copy.deepcopy``, the
+    fake-tensor copies and ``torch.save``/``torch.load`` rebind it to the copy; the
+    original forward is
     found again at call time (``type(module).forward``, or a forward the instance
     already had, kept in ``_remat_prev_forward``). Hooks on the module itself stay
     outside the region and fire once; hooks on its descendants run again on
-    recompute (validate/pitfalls.py warns about them).
+    recompute (pitfalls.py warns about them at apply time, runtime.py about hooks
+    registered later).
 
 NOTE [ Segments ]
     ``sqrt`` makes several consecutive blocks one region. The parent module's loop
@@ -30,7 +33,6 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import types
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
@@ -47,6 +49,15 @@ from torch.utils.checkpoint import (
 
 from remat.errors import RematError
 from remat.recompute import recomputing
+from remat.strategies.runtime import (
+    BoundForward,
+    HookWatch,
+    check_inputs_unchanged,
+    check_save_ops_once,
+    input_versions,
+    restore_running_stats,
+    stateful_modules,
+)
 from remat.strategies.sac import sac_context_fn
 
 __all__ = [
@@ -75,7 +86,11 @@ class RegionInfo:
         segment: the shared segment state when ``kind == "segment"``.
         sac_contexts: SAC's ``context_fn`` for ``save_ops`` (a fresh policy per call),
             made once here: under ``torch.compile`` Dynamo accepts a ``context_fn`` that
-            exists before tracing, not a policy object built while tracing.
+            exists before tracing, not a policy object built while tracing. Not
+            pickled: made again when loaded.
+        hooks: finds forward hooks registered inside the region after it was installed
+            (NOTE [ Hooks registered after apply ]); set by the installer.
+        save_ops_checked: whether a forward checked ``save_ops`` against the ops it ran.
     """
 
     kind: str
@@ -84,10 +99,21 @@ class RegionInfo:
     stateful: tuple[nn.Module, ...] = ()
     segment: _Segment | None = None
     sac_contexts: Callable[[], tuple[Any, Any]] | None = None
+    hooks: HookWatch | None = None
+    save_ops_checked: bool = False
 
     def __post_init__(self) -> None:
         if self.save_ops is not None and self.sac_contexts is None:
             self.sac_contexts = sac_context_fn(self.save_ops)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["sac_contexts"] = None  # a closure; see NOTE [ Picklable regions ]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.__post_init__()
 
 
 @dataclass(eq=False)
@@ -129,8 +155,10 @@ def _set_forward(module: nn.Module, fn: Callable[..., Any], info: RegionInfo) ->
         uninstall(module)
     if "forward" in module.__dict__:
         module.__dict__[_PREV_FORWARD] = module.__dict__.pop("forward")
+    if info.hooks is None:
+        info.hooks = HookWatch(module)
     module.__dict__[_STATE] = info
-    module.__dict__["forward"] = types.MethodType(fn, module)
+    module.__dict__["forward"] = BoundForward(module, fn)
 
 
 def uninstall(module: nn.Module) -> None:
@@ -144,35 +172,12 @@ def uninstall(module: nn.Module) -> None:
         module.__dict__["forward"] = previous
 
 
-def stateful_modules(module: nn.Module) -> tuple[nn.Module, ...]:
-    """Descendants whose forward updates buffers in training (BatchNorm running stats)."""
-    return tuple(
-        m for m in module.modules()
-        if isinstance(m, nn.modules.batchnorm._NormBase) and m.track_running_stats
-    )
-
-
-@contextlib.contextmanager
-def _restore_running_stats(modules: tuple[nn.Module, ...]) -> Iterator[None]:
-    saved = [
-        {name: buf.clone() for name, buf in m.named_buffers(recurse=False) if buf is not None}
-        for m in modules
-    ]
-    try:
-        yield
-    finally:
-        with torch.no_grad():
-            for m, buffers in zip(modules, saved, strict=True):
-                for name, value in buffers.items():
-                    getattr(m, name).copy_(value)
-
-
 @contextlib.contextmanager
 def _recompute_context(inner: Any, stateful: tuple[nn.Module, ...]) -> Iterator[None]:
     with contextlib.ExitStack() as stack:
         stack.enter_context(recomputing())
         if stateful:
-            stack.enter_context(_restore_running_stats(stateful))
+            stack.enter_context(restore_running_stats(stateful))
         if inner is not None:
             stack.enter_context(inner)
         yield
@@ -205,7 +210,10 @@ def _checkpointed_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
     if info.save_ops is None and torch.compiler.is_compiling():
         # Dynamo traces a checkpoint with no context_fn, or SAC's own (see _context_fn).
         return checkpoint(inner, *args, use_reentrant=False, preserve_rng_state=True, **kwargs)
-    return checkpoint(
+    if info.hooks is not None:
+        info.hooks.check(self)
+    versions = input_versions(args, kwargs)
+    output = checkpoint(
         inner,
         *args,
         use_reentrant=False,
@@ -213,6 +221,9 @@ def _checkpointed_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
         context_fn=_context_fn(info, info.stateful),
         **kwargs,
     )
+    check_inputs_unchanged(self, versions)
+    check_save_ops_once(self, info)
+    return output
 
 
 def install_checkpoint(module: nn.Module, *, label: str = "full",
@@ -320,6 +331,8 @@ def _segment_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
     inner = _inner_forward(self)
     if not torch.is_grad_enabled():
         return inner(*args, **kwargs)
+    if info.hooks is not None and not torch.compiler.is_compiling():
+        info.hooks.check(self)
     index = next(i for i, m in enumerate(segment.members) if m is self)
     if index == 0:
         if segment.generator is not None:

@@ -150,6 +150,9 @@ class SavePolicy:
         #: SAC's cache of saved outputs (set by :func:`sac_context_fn`); see NOTE [ Saved
         #: outputs mutated in place ].
         self.cache: Any = None
+        #: How many times each op ran in the forward (not the recompute): what a save
+        #: set can name in this region (regions.py checks it once).
+        self.seen: dict[str, int] = {}
 
     def _forget_mutated(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         # NOTE [ Saved outputs mutated in place ].
@@ -180,6 +183,8 @@ class SavePolicy:
         if self.cache is not None and func._schema.is_mutable:
             self._forget_mutated(func, args, kwargs)
         name = op_name(func)
+        if not getattr(ctx, "is_recompute", False):
+            self.seen[name] = self.seen.get(name, 0) + 1
         if name in self.names:
             return CheckpointPolicy.MUST_SAVE
         if name in self._counted:  # NOTE [ Per-call save sets ]
@@ -199,7 +204,8 @@ def make_policy(save_ops: Iterable[str]) -> Callable[..., CheckpointPolicy]:
 def sac_context_fn(save_ops: Iterable[str]) -> Callable[[], tuple[Any, Any]]:
     """A ``context_fn`` for ``torch.utils.checkpoint`` implementing the policy.
 
-    Each call makes a fresh :class:`SavePolicy` (per-call counts start at zero).
+    Each call makes a fresh :class:`SavePolicy` (per-call counts start at zero); the
+    last one is ``context_fn.last_policy`` (its ``seen`` ops are checked by the region).
 
     Example:
         >>> fn = sac_context_fn({"aten.mm"})
@@ -211,6 +217,8 @@ def sac_context_fn(save_ops: Iterable[str]) -> Callable[[], tuple[Any, Any]]:
         policy = SavePolicy(entries)
         forward_ctx, recompute_ctx = create_selective_checkpoint_contexts(policy)
         policy.cache = getattr(forward_ctx, "storage", None)
+        context_fn.last_policy = policy  # type: ignore[attr-defined]
         return forward_ctx, recompute_ctx
 
+    context_fn.last_policy = None  # type: ignore[attr-defined]
     return context_fn

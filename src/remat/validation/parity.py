@@ -8,6 +8,7 @@ every parameter gradient.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -17,9 +18,10 @@ import torch
 from torch import nn
 
 from remat.blocks import BlocksSpec
-from remat.errors import ParityError
-from remat.measure.step import Step, call_model, default_loss
+from remat.errors import ParityError, RematWarning
+from remat.measure.step import Step, call_model, check_runnable, default_loss
 from remat.strategies.apply import apply, remove
+from remat.strategies.regions import region_of
 
 __all__ = ["ParityReport", "relative_error", "validate"]
 
@@ -117,6 +119,30 @@ def _preserved(model: nn.Module) -> Iterator[None]:
             torch.cuda.set_rng_state_all(cuda_rng)
 
 
+@dataclass
+class _Calls:
+    names: list[str]
+    regions: int = 0
+    ran: int = 0
+
+
+@contextmanager
+def _region_calls(model: nn.Module) -> Iterator[_Calls]:
+    """Count the calls of ``model``'s checkpointed regions while the block runs."""
+    regions = [(n, m) for n, m in model.named_modules() if region_of(m) is not None]
+    calls = _Calls([n for n, _ in regions], len(regions))
+
+    def hook(module: nn.Module, args: Any) -> None:
+        calls.ran += 1
+
+    handles = [m.register_forward_pre_hook(hook) for _, m in regions]
+    try:
+        yield calls
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
 def _step(step: Step, seed: int) -> tuple[float, dict[str, torch.Tensor | None]]:
     model, batch = step.model, step.batch
     for p in model.parameters():
@@ -162,12 +188,23 @@ def validate(model: nn.Module, batch: Any, strategy: str | Any, *, blocks: Block
         (True, 0.0)
     """
     step = Step(model, batch, loss_fn=loss_fn, blocks=blocks)
+    check_runnable(model, api="remat.validate")
     label = strategy if isinstance(strategy, str) else "plan"
     with _preserved(model):
         remove(model)
         loss_ref, grads_ref = _step(step, seed)
         apply(model, strategy, blocks=blocks)
-        loss, grads = _step(step, seed)
+        with _region_calls(model) as calls:
+            loss, grads = _step(step, seed)
+    if calls.regions and not calls.ran:
+        warnings.warn(
+            f"remat.validate: strategy {label!r} installed {calls.regions} checkpointed "
+            f"region(s) ({', '.join(calls.names[:4])}), but none ran in the step, so nothing "
+            "was checkpointed and the report says nothing about checkpointing. blocks= "
+            "selects modules the model's forward never calls; select the ones it runs.",
+            RematWarning,
+            stacklevel=2,
+        )
     per_param: dict[str, float] = {}
     for name, ref in grads_ref.items():
         got = grads[name]

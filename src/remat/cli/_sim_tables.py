@@ -1,0 +1,95 @@
+"""The rich tables of ``remat simulate`` and ``remat estimate``."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rich.table import Table
+
+    from remat.simulate.estimate import EstimateTable
+    from remat.simulate.result import SimulationResult
+
+__all__ = ["estimate_table", "rate", "simulation_tables"]
+
+
+def rate(value: float) -> str:
+    if value >= 1e6:
+        return f"{value / 1e6:.2f} M"
+    if value >= 1e3:
+        return f"{value / 1e3:.1f} k"
+    return f"{value:.1f}"
+
+
+def _ms(value: float) -> str:
+    return f"{value:.3f}" if value < 1 else f"{value:.1f}"
+
+
+def simulation_tables(result: SimulationResult) -> tuple[Table, Table]:
+    """The per-strategy-and-batch table and the largest-batch summary, as rich tables."""
+    from rich.table import Table
+
+    from remat.units import format_bytes
+
+    ranks = f", {result.sharding} x{result.world_size}" if result.sharding != "none" else ""
+    main = Table(title=f"{result.model}: seq {result.seq_len}, {result.precision} + "
+                       f"{result.optimizer} on {result.device} "
+                       f"({format_bytes(result.device_memory_bytes)}{ranks}), simulated",
+                 title_justify="left")
+    for header in ("Strategy", "Batch", "Peak / rank", "Fits", "Activations", "Step (ms)",
+                   "Samples/s", "Tokens/s", "Recompute time"):
+        main.add_column(header, justify="left" if header == "Strategy" else "right")
+    for strategy in result.strategies:
+        rows = result.rows_for(strategy)
+        for i, r in enumerate(rows):
+            recompute = f"{100 * r.recompute_ms / r.step_ms:.0f}%" if r.step_ms else "-"
+            main.add_row(
+                strategy if i == 0 else "", str(r.batch_size), format_bytes(r.peak_bytes),
+                "[green]yes[/]" if r.fits else "[red]no[/]",
+                format_bytes(r.activation_bytes) if not r.note else "-",
+                _ms(r.step_ms) if not r.note else "-",
+                rate(r.samples_per_s) if not r.note else r.note,
+                rate(r.tokens_per_s) if not r.note else "-",
+                recompute if not r.note else "-",
+                end_section=i == len(rows) - 1,
+            )
+    best = result.best()
+    summary = Table(title="Largest micro-batch that fits, per strategy", title_justify="left")
+    for header in ("Strategy", "Largest batch", "Peak / rank", "Tokens/s"):
+        summary.add_column(header, justify="left" if header == "Strategy" else "right")
+    for strategy in result.strategies:
+        largest = result.largest_batch(strategy)
+        if largest is None:
+            summary.add_row(strategy, "[red]none fits[/]", "-", "-")
+            continue
+        r = result.row(strategy, largest)
+        mark = " (best)" if best is not None and r == best else ""
+        summary.add_row(strategy + mark, str(largest), format_bytes(r.peak_bytes),
+                        rate(r.tokens_per_s))
+    return main, summary
+
+
+def estimate_table(table: EstimateTable) -> Table:
+    """The formula-vs-simulation table, as a rich table."""
+    from rich.table import Table
+
+    from remat.simulate.estimate import FORMULAS
+    from remat.units import format_bytes
+
+    out = Table(title=f"{table.model}: activation bytes per layer (h={table.hidden_size}, "
+                      f"a={table.n_heads}, {table.precision}), formulas vs simulation",
+                title_justify="left", caption="error = (formula - simulated) / simulated",
+                caption_justify="left")
+    for header in ("Seq", "Batch", "Checkpointing", "Simulated", "12·s·b·h",
+                   "Korthikanti Eq.1", "34·s·b·h (flash)", "2·s·b·h (full ckpt)"):
+        out.add_column(header, justify="right")
+    for i, row in enumerate(table.rows):
+        cells = []
+        for name in FORMULAS:
+            est = row.estimate(name)
+            cells.append("" if est is None else
+                         f"{format_bytes(est.bytes)} ({100 * est.rel_error:+.0f}%)")
+        out.add_row(str(row.seq_len), str(row.batch_size), row.checkpointing,
+                    format_bytes(row.simulated_bytes), *cells,
+                    end_section=row.checkpointing == "full" and i < len(table.rows) - 1)
+    return out

@@ -1,0 +1,300 @@
+"""Every option the ``remat`` commands share, declared once as an ``Annotated`` alias.
+
+Commands declare an option in one line and behave the same: ``--model`` takes any
+:data:`remat.models.PRESETS` key, ``--strategies`` a comma-separated list checked
+against :func:`remat.strategies.parse_strategy`, ``--device`` ``auto`` (CUDA when
+available), ``cpu``, ``cuda`` or ``cuda:N``. Bad values exit with code 2 and a
+message that lists the valid ones, never a traceback.
+
+NOTE [ Help from the registry ]
+Strategy lists in help texts (``--strategies``' default, ``--strategy``'s names, the
+frontier's strategies in ``remat plan --help``) come from the strategy registry when
+the help is shown, so a strategy registered later appears in them. Importing the
+registry imports torch, which ``remat --help`` should not wait for, so help texts
+hold placeholders (:data:`COMPARE_DEFAULTS`, ...) that :class:`RegistryHelpCommand`
+fills in just before a command's help is printed. Commands whose help names
+strategies pass ``cls=RegistryHelpCommand`` to ``app.command``.
+
+torch and the model zoo are imported inside the callbacks, so ``remat --help``
+stays fast.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+import typer.core
+
+from remat.cli._common import parse_strategies
+
+__all__ = [
+    "COMPARE_DEFAULTS",
+    "DEFAULT_MODEL",
+    "FRONTIER_STRATEGIES",
+    "SIMULATE_DEFAULTS",
+    "STRATEGY_NAMES",
+    "BatchOpt",
+    "DeviceOpt",
+    "DtypeOpt",
+    "GpuOpt",
+    "HfConfigOpt",
+    "HfOpt",
+    "JsonOpt",
+    "ModelOpt",
+    "OptimizerChoice",
+    "OptimizerOpt",
+    "RegistryHelpCommand",
+    "SeedOpt",
+    "SeqOpt",
+    "SetOpt",
+    "SimModelOpt",
+    "SimStrategiesOpt",
+    "StrategiesOpt",
+    "StrategyOpt",
+    "fill_registry_help",
+    "plot_option",
+]
+
+DEFAULT_MODEL = "gpt-small"
+
+# ---- help texts from the strategy registry (NOTE [ Help from the registry ]) ---------------
+
+#: Placeholder for ``remat compare``'s default strategies: ``none,full,every:2,...``.
+COMPARE_DEFAULTS = "<compare-defaults>"
+#: Placeholder for ``remat simulate``'s default strategies.
+SIMULATE_DEFAULTS = "<simulate-defaults>"
+#: Placeholder for every strategy name: ``none, full, every:N, ... or offload``.
+STRATEGY_NAMES = "<strategy-names>"
+#: Placeholder for the frontier's manual strategies: ``none, full, every:N, ...``.
+FRONTIER_STRATEGIES = "<frontier-strategies>"
+
+
+def _registry_texts() -> dict[str, str]:
+    from remat.strategies.registry import STRATEGIES, default_strategies, registered
+
+    names = list(STRATEGIES)
+    frontier = [cls.spelling() for cls in registered() if "frontier" in cls.purposes]
+    return {
+        COMPARE_DEFAULTS: ",".join(default_strategies("compare")),
+        SIMULATE_DEFAULTS: ",".join(default_strategies("simulate")),
+        STRATEGY_NAMES: ", ".join(names[:-1]) + f" or {names[-1]}" if len(names) > 1
+        else ", ".join(names),
+        FRONTIER_STRATEGIES: ", ".join(frontier),
+    }
+
+
+def fill_registry_help(text: str | None) -> str | None:
+    """``text`` with the registry placeholders replaced by the registry's current lists."""
+    if text is None or "<" not in text:
+        return text
+    for placeholder, value in _registry_texts().items():
+        text = text.replace(placeholder, value)
+    return text
+
+
+class RegistryHelpCommand(typer.core.TyperCommand):
+    """A command whose help (and its options' help) is filled from the strategy registry."""
+
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        template = getattr(self, "_help_template", None)
+        if template is None:
+            template = self._help_template = (
+                self.help, {id(p): getattr(p, "help", None) for p in self.params})
+        help_text, option_help = template
+        self.help = fill_registry_help(help_text)
+        for param in self.params:
+            if option_help.get(id(param)) is not None:
+                param.help = fill_registry_help(option_help[id(param)])  # type: ignore[attr-defined]
+        super().format_help(ctx, formatter)
+
+
+# ---- callbacks ----------------------------------------------------------------------------
+
+def _check_model(value: str) -> str:
+    from remat.models import PRESETS
+
+    if value not in PRESETS:
+        raise typer.BadParameter(
+            f"unknown preset {value!r}. Valid presets: {', '.join(PRESETS)}"
+        )
+    return value
+
+
+def _check_strategies(value: str | None) -> str | None:
+    if value is None:
+        return None
+    return ",".join(parse_strategies(value))
+
+
+def _check_strategy(value: str) -> str:
+    names = parse_strategies(value)
+    if len(names) != 1:
+        raise typer.BadParameter(f"expected one strategy, got {len(names)}: {', '.join(names)}")
+    return names[0]
+
+
+def _check_device(value: str) -> str:
+    if value == "auto":
+        return value
+    import torch
+
+    try:
+        device = torch.device(value)
+    except (RuntimeError, ValueError):
+        raise typer.BadParameter(
+            f"cannot read {value!r} as a device. Use auto, cpu, cuda or cuda:N"
+        ) from None
+    if device.type not in ("cpu", "cuda"):
+        raise typer.BadParameter(
+            f"device type {device.type!r} is not supported. Use auto, cpu, cuda or cuda:N"
+        )
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise typer.BadParameter(
+                f"{value!r} requested but CUDA is not available "
+                f"(torch {torch.__version__}). Use --device cpu"
+            )
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise typer.BadParameter(
+                f"{value!r} requested but only {torch.cuda.device_count()} CUDA device(s) exist"
+            )
+    return value
+
+
+def _check_device_name(value: str) -> str:
+    from remat.devices import DEVICES
+
+    key = value.lower().replace("_", "-")
+    if key not in DEVICES:
+        raise typer.BadParameter(f"unknown device {value!r}; known: {', '.join(DEVICES)}")
+    return key
+
+
+def _check_precision(value: str) -> str:
+    from remat.simulate.precision import PRECISIONS, get_precision
+
+    try:
+        return get_precision(value).name
+    except ValueError:
+        raise typer.BadParameter(f"unknown precision {value!r}; known: "
+                                 f"{', '.join(PRECISIONS)}") from None
+
+
+# ---- options of the commands that build a preset and run it ------------------------------
+
+class OptimizerChoice(str, Enum):
+    """Optimizers ``remat profile`` and ``remat plan`` can include in the step."""
+
+    none = "none"
+    sgd = "sgd"
+    adamw = "adamw"
+
+
+ModelOpt = Annotated[str, typer.Option(
+    "--model", "-m", callback=_check_model, metavar="PRESET",
+    help="Built-in model preset (gpt-tiny, gpt-small, gpt2-124m, llama-tiny, llama-small, ...).",
+)]
+BatchOpt = Annotated[int, typer.Option(
+    "--batch", "-b", min=1, metavar="N", help="Sequences per batch.",
+)]
+SeqOpt = Annotated[int | None, typer.Option(
+    "--seq", "-s", min=2, metavar="S",
+    help="Tokens per sequence. Default: the preset's max_seq_len.",
+)]
+StrategiesOpt = Annotated[str | None, typer.Option(
+    "--strategies", callback=_check_strategies, metavar="A,B,C",
+    help="Comma-separated strategies; none (the baseline) is always run. "
+         f"Default: {COMPARE_DEFAULTS}.",
+)]
+StrategyOpt = Annotated[str, typer.Option(
+    "--strategy", callback=_check_strategy, metavar="NAME",
+    help=f"Strategy to apply: {STRATEGY_NAMES}.",
+)]
+DeviceOpt = Annotated[str, typer.Option(
+    "--device", callback=_check_device, metavar="DEVICE",
+    help="auto (CUDA when available, else CPU), cpu, cuda or cuda:N.",
+)]
+SeedOpt = Annotated[int, typer.Option("--seed", help="Seed for weights and batch.")]
+OptimizerOpt = Annotated[OptimizerChoice, typer.Option(
+    "--optimizer", case_sensitive=False,
+    help="Include an optimizer step (its state counts towards the peak).",
+)]
+def check_output(value: Any) -> Any:
+    """Typer callback: fail before any work when an output file cannot be written.
+
+    Creates missing parent directories and opens the file for appending (removing it again
+    if it did not exist), so a path the command could not write later (a directory, a
+    read-only or virtual file system such as /proc, no permission) is refused at once
+    instead of after minutes of planning. ``-`` (stdout) and ``None`` pass.
+    """
+    if value is None or str(value) == "-":
+        return value
+    path = Path(value)
+    existed = path.exists()
+    try:
+        if path.is_dir():
+            raise IsADirectoryError(f"{path} is a directory")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a"):
+            pass
+        if not existed:
+            path.unlink()
+    except OSError as exc:
+        raise typer.BadParameter(
+            f"cannot write {str(path)!r} ({exc.strerror or exc}); choose a writable path"
+        ) from None
+    return value
+
+
+JsonOpt = Annotated[str | None, typer.Option(
+    "--json", metavar="FILE", callback=check_output,
+    help="Also write the results as JSON to FILE (dirs created); --json - prints only the "
+         "JSON, on stdout.",
+)]
+
+
+def plot_option(help: str) -> Any:
+    """``--plot FILE.png`` with ``help`` saying what is drawn:
+    ``plot: Annotated[Path | None, plot_option("Draw ...")] = None``."""
+    return typer.Option("--plot", metavar="FILE.png", dir_okay=False, help=help,
+                        callback=check_output)
+
+
+# ---- options of simulate and estimate (models you don't have) ----------------------------
+
+SimModelOpt = Annotated[str | None, typer.Option(
+    "--model", "-m", metavar="PRESET",
+    help="Built-in preset (llama-7b, llama-1b, gpt2-124m, ...). Default: llama-7b unless "
+         "--hf or --hf-config is given.",
+)]
+HfOpt = Annotated[str | None, typer.Option(
+    "--hf", metavar="NAME",
+    help="Hugging Face model family built from its config class with default sizes "
+         "(llama, mistral, gpt2, qwen2, gemma, phi3, ... or any model_type). No weights are "
+         "downloaded. Needs pip install 'remat\\[hf]'.",
+)]
+HfConfigOpt = Annotated[Path | None, typer.Option(
+    "--hf-config", metavar="PATH", help="A Hugging Face config.json (or its directory).",
+)]
+SetOpt = Annotated[list[str] | None, typer.Option(
+    "--set", metavar="KEY=VALUE",
+    help="Override a config field of the preset or HF config; repeatable "
+         "(e.g. --set num_hidden_layers=16).",
+)]
+SimStrategiesOpt = Annotated[str | None, typer.Option(
+    "--strategies", callback=_check_strategies, metavar="A,B,C",
+    help=f"Comma-separated strategies. Default: {SIMULATE_DEFAULTS} (offload "
+         "needs a separate host memory, which a simulation does not have).",
+)]
+DtypeOpt = Annotated[str, typer.Option(
+    "--dtype", callback=_check_precision, metavar="PRECISION",
+    help="bf16 (params, grads, AdamW state all bf16), amp-bf16 (fp32 master weights, bf16 "
+         "autocast), amp-fp16 or fp32.",
+)]
+GpuOpt = Annotated[str, typer.Option(
+    "--device", callback=_check_device_name, metavar="GPU",
+    help="Target device: a100-40gb, a100-80gb, h100-80gb, h200, b200, l4, rtx-4090.",
+)]

@@ -1,0 +1,76 @@
+"""The tracked step: one training step under the storage-level tracker, and the checks
+that a model has a training step to measure."""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from torch import nn
+
+from remat.measure.step import Step, batch_tensors
+from remat.measure.tracker import MemoryTracker
+
+__all__ = ["Tracked", "check_trainable", "tracked_step"]
+
+_API = "remat.profile"
+
+
+# ---- checks and block lookup -------------------------------------------------------------
+
+def check_trainable(model: nn.Module) -> None:
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"{_API}: model must be an nn.Module, got {type(model).__name__}")
+    if not model.training:
+        raise ValueError(
+            f"{_API}: {type(model).__name__} is in eval mode, so there is no training step "
+            "to measure (dropout off, nothing to checkpoint). Call model.train() first."
+        )
+    if not any(p.requires_grad for p in model.parameters()):
+        raise ValueError(
+            f"{_API}: no parameter of {type(model).__name__} requires grad "
+            f"({sum(1 for _ in model.parameters())} parameters), so there is nothing to train. "
+            "Unfreeze some with p.requires_grad_(True)."
+        )
+
+
+# ---- the tracked step --------------------------------------------------------------------
+
+@dataclass
+class Tracked:
+    """A finished tracked step: the tracker, the registered bytes, the gradient bytes."""
+
+    tracker: MemoryTracker
+    static: dict[str, int]
+    grad_bytes: int
+
+
+def tracked_step(step: Step, blocks: Sequence[tuple[str, nn.Module]]) -> Tracked:
+    model, optimizer = step.model, step.optimizer
+    tracker = MemoryTracker(device=step.device, blocks=blocks)
+    tracker.register_model(model)
+    if optimizer is not None:
+        tracker.register_optimizer(optimizer)
+    tracker.register(batch_tensors(step.batch), "batch")
+    static = tracker.current_breakdown
+    grad_bytes = 0
+
+    def on_phase(phase: str) -> None:
+        nonlocal grad_bytes
+        if phase in ("optimizer", "end") and tracker.phase == "backward":
+            grad_bytes = tracker.bytes_of(p.grad for p in model.parameters())
+        if phase != "end":
+            tracker.set_phase(phase)
+
+    # Automatic garbage collection would free cyclic garbage at arbitrary moments, and
+    # differently in real and fake runs (they allocate different Python objects): hold it.
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        with tracker:
+            step.run(on_phase)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+    return Tracked(tracker, static, grad_bytes)

@@ -1,0 +1,173 @@
+"""The planner hook of :func:`remat.simulate.simulate`: the rows labelled ``"plan"``.
+
+NOTE [ Planner hook ]
+``plan=True`` adds rows labelled "plan": for each batch size, remat.plan(...,
+simulate=True) picks per-block decisions for the device budget, the plan is applied
+and simulated like a strategy. A batch size no plan fits gets a row with the smallest
+reachable peak (per rank) and no times.
+
+NOTE [ Per-rank budgets ]
+The planner plans the one-device step, so the device's memory ``M`` (a per-rank
+budget) is translated into a one-device budget that keeps the rank's peak, as
+:func:`~remat.simulate._point.point` computes it (NOTE [ Peaks under sharding ]),
+within ``M``. ``P``, ``G`` and ``O`` are the one-device parameter, gradient and
+optimizer-state bytes, ``W`` the ranks, ``U`` what FSDP unshards at once (NOTE
+[ Sharding arithmetic ] in sharding.py):
+
+* ``"none"``: ``M``.
+* ``"ddp"``: the rank holds the one-device step plus gradient buckets of ``G`` bytes
+  (NOTE [ Sharding arithmetic ]), so ``M - G``. Exact.
+* ``"fsdp"``: the rank's peak at a forward/backward moment holding ``R`` bytes of
+  activations and temporaries and ``g`` bytes of gradients is
+  ``R + ceil(P/W) + ceil(g/W) + ceil(O/W) + U``, while the one-device step without an
+  optimizer holds ``R + P + g`` then. The optimizer's own moment (the optimizer step)
+  holds no activations and is the same under every plan, so the step is planned
+  *without the optimizer*. Gradients alive at a moment run from 0 (forward) to ``G``
+  (end of backward), so no single one-device budget is exact for every moment:
+  ``lo = M + P - ceil(P/W) - ceil(O/W) - U`` is safe for every moment (it credits no
+  gradient) and ``hi = lo + G - ceil(G/W)`` is exact only when every gradient is
+  alive. The plan is made for ``hi`` and, while its simulated rank peak is over ``M``,
+  for a budget tightened by the overshoot (not below ``lo``), a few rounds, like the
+  planner's own closed loop (NOTE [ How a plan is made ]). Should no plan fit the rank
+  then, the plan that checkpoints every block is simulated: the plan row fits whenever
+  ``full`` does. (Planning the step with its optimizer against
+  ``M + (P+G+O)(1 - 1/W) - U``, as remat did before, let plans overshoot ``M`` by up to
+  ``G (1 - 1/W)``: issue #13, item 8.)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from remat.simulate._point import per_rank, point
+from remat.simulate._setup import Setup
+from remat.simulate.result import SimulationRow
+
+__all__ = ["plan_rows"]
+
+_FSDP_ROUNDS = 4
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _budget(setup: Setup, fixed: tuple[int, int, int]) -> int:
+    """The one-device budget for ``"none"`` and ``"ddp"`` (NOTE [ Per-rank budgets ])."""
+    memory = setup.device.memory_bytes
+    if setup.sharding == "ddp":
+        return max(memory - fixed[1], 1)
+    return memory
+
+
+def _fsdp_budgets(setup: Setup, fixed: tuple[int, int, int]) -> tuple[int, int]:
+    """``(lo, hi)`` one-device budgets without the optimizer (NOTE [ Per-rank budgets ])."""
+    params, grads, states = fixed
+    w = setup.world_size
+    layout = setup.layout
+    unsharded = (layout.block_param_bytes + layout.block_grad_bytes
+                 + layout.root_param_bytes + layout.root_grad_bytes)
+    lo = setup.device.memory_bytes + params - _ceil_div(params, w) - _ceil_div(states, w) \
+        - unsharded
+    return max(lo, 1), max(lo + grads - _ceil_div(grads, w), 1)
+
+
+def _planner_kwargs(setup: Setup) -> dict[str, Any]:
+    return {"loss_fn": setup.loss_fn, "blocks": setup.blocks, "simulate": True,
+            "device": setup.device}
+
+
+def _no_plan_row(setup: Setup, batch_size: int, seq_len: int, fixed: tuple[int, int, int],
+                 min_peak_bytes: int, budget_bytes: int) -> SimulationRow:
+    """The row of a batch size no plan fits: the smallest peak, per rank, and no times.
+
+    ``min_peak_bytes`` is the planner's (one-device) smallest peak for ``budget_bytes``;
+    the rank's equivalent is it plus what the budget translation took off (an upper
+    bound under FSDP, see NOTE [ Per-rank budgets ]).
+    """
+    rank_peak = min_peak_bytes + max(setup.device.memory_bytes - budget_bytes, 0)
+    return SimulationRow(
+        strategy="plan", batch_size=batch_size, seq_len=seq_len,
+        peak_bytes=rank_peak, fits=False, step_ms=0.0,
+        samples_per_s=0.0, tokens_per_s=0.0,
+        single_device_peak_bytes=min_peak_bytes, activation_bytes=0,
+        param_bytes=per_rank(setup, fixed[0]), grad_bytes=per_rank(setup, fixed[1]),
+        optimizer_bytes=per_rank(setup, fixed[2]), flops=0,
+        recompute_flops=0, note="no plan fits the budget",
+    )
+
+
+def _simulate_plan(setup: Setup, chosen: Any, batch_size: int, seq_len: int) -> SimulationRow:
+    from remat.strategies import apply
+
+    apply(setup.model, chosen, blocks=setup.blocks)
+    return point(setup, "plan", batch_size, seq_len)
+
+
+def _plan_row(setup: Setup, batch_size: int, seq_len: int,
+              fixed: tuple[int, int, int]) -> SimulationRow:
+    """One batch size's plan row, unsharded or DDP: one plan for the translated budget."""
+    from remat.errors import BudgetTooSmall
+    from remat.planning.planner import plan as planner
+
+    budget = _budget(setup, fixed)
+    batch = setup.batch_fn(batch_size, seq_len)
+    try:
+        chosen = planner(setup.model, batch, budget=budget, optimizer=setup.optimizer,
+                         **_planner_kwargs(setup))
+    except BudgetTooSmall as exc:
+        return _no_plan_row(setup, batch_size, seq_len, fixed, int(exc.min_peak_bytes), budget)
+    return _simulate_plan(setup, chosen, batch_size, seq_len)
+
+
+def _fsdp_plan_row(setup: Setup, batch_size: int, seq_len: int,
+                   fixed: tuple[int, int, int]) -> SimulationRow:
+    """One batch size's plan row under FSDP; see NOTE [ Per-rank budgets ]."""
+    from remat.errors import BudgetTooSmall
+    from remat.planning.context import prepare
+    from remat.planning.planner import plan as planner
+    from remat.strategies import apply
+
+    batch = setup.batch_fn(batch_size, seq_len)
+    context = prepare(setup.model, batch, loss_fn=setup.loss_fn, optimizer=None,
+                      blocks=setup.blocks, device=setup.device, cost="roofline")
+    lo, budget = _fsdp_budgets(setup, fixed)
+    tried: list[SimulationRow] = []
+    for _ in range(_FSDP_ROUNDS):
+        try:
+            chosen = planner(setup.model, batch, budget=budget, context=context,
+                             **_planner_kwargs(setup))
+        except BudgetTooSmall as exc:
+            if not tried:  # not even the most lenient budget: no plan fits the rank
+                return _no_plan_row(setup, batch_size, seq_len, fixed,
+                                    int(exc.min_peak_bytes), lo)
+            break
+        row = _simulate_plan(setup, chosen, batch_size, seq_len)
+        if row.fits:
+            return row
+        tried.append(row)
+        if budget == lo:
+            break
+        budget = max(lo, budget - (row.peak_bytes - setup.device.memory_bytes))
+    apply(setup.model, "full", blocks=setup.blocks)  # every block checkpointed
+    tried.append(point(setup, "plan", batch_size, seq_len))
+    return min(tried, key=lambda r: (not r.fits, r.peak_bytes))
+
+
+def plan_rows(setup: Setup, batch_sizes: Sequence[int], seq_len: int,
+              fixed: tuple[int, int, int],
+              on_row: Callable[[SimulationRow], None] | None) -> list[SimulationRow]:
+    """The ``"plan"`` row of every batch size (see NOTE [ Planner hook ]).
+
+    Args:
+        fixed: one-device parameter, gradient and optimizer bytes.
+    """
+    make_row = _fsdp_plan_row if setup.sharding == "fsdp" else _plan_row
+    rows: list[SimulationRow] = []
+    for batch_size in batch_sizes:
+        row = make_row(setup, batch_size, seq_len, fixed)
+        rows.append(row)
+        if on_row is not None:
+            on_row(row)
+    return rows

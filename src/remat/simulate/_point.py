@@ -1,0 +1,130 @@
+"""One simulated point: a strategy (already applied) at one micro-batch size, as a row.
+
+NOTE [ Step time ]
+The predicted step time is the roofline sum over the recorded ops
+(:func:`remat.measure.roofline_ms`): forward, backward, recomputation and the
+optimizer step. With FSDP the optimizer runs on a 1/world_size shard, so its part
+is divided by ``world_size``; communication is not modelled (it overlaps with
+compute in a well-tuned run), nor are kernel-launch gaps, so the time is a lower
+bound and throughputs are upper bounds. ``samples_per_s`` and ``tokens_per_s``
+count all ranks.
+
+NOTE [ Peaks under sharding ]
+Per-rank peaks come from :func:`remat.simulate.sharding.shard_peak` applied to
+the breakdown of live bytes at the simulated peak. A one-device peak in the
+optimizer step (AdamW's foreach temporaries) shrinks under FSDP while the
+activation peak does not, so when the one-device peak is in the optimizer phase a
+second simulation without the optimizer gives the forward/backward peak's
+breakdown (plus the constant optimizer state), and the rank's peak is the larger
+of the two, sharded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from remat.simulate._setup import Setup
+from remat.simulate.result import SimulationRow
+from remat.simulate.sharding import ShardedPeak, shard_peak
+
+__all__ = ["fixed_bytes", "per_rank", "point", "profile_point"]
+
+
+def shard(breakdown: Mapping[str, int], grad_total_bytes: int, setup: Setup) -> ShardedPeak:
+    """Shard one moment's live bytes; see NOTE [ Sharding arithmetic ] in sharding.py."""
+    layout = setup.layout
+    return shard_peak(
+        peak_bytes=sum(breakdown.values()),
+        param_bytes=breakdown.get("params", 0),
+        grad_bytes=breakdown.get("grads", 0),
+        optimizer_bytes=breakdown.get("optimizer_state", 0),
+        optimizer_temp_bytes=breakdown.get("optimizer", 0),
+        total_grad_bytes=grad_total_bytes,
+        sharding=setup.sharding,
+        world_size=setup.world_size,
+        block_param_bytes=layout.block_param_bytes,
+        block_grad_bytes=layout.block_grad_bytes,
+        root_param_bytes=layout.root_param_bytes,
+        root_grad_bytes=layout.root_grad_bytes,
+    )
+
+
+def profile_point(setup: Setup, batch: Any, optimizer: torch.optim.Optimizer | None) -> Any:
+    """One simulated step of ``setup.model`` (with its current strategy) on ``batch``."""
+    from remat.measure import profile
+
+    return profile(setup.model, batch, loss_fn=setup.loss_fn, optimizer=optimizer,
+                   simulate=True, blocks=setup.blocks)
+
+
+def per_rank(setup: Setup, nbytes: int) -> int:
+    """Resident bytes of one rank: divided (rounded up) under FSDP, else whole."""
+    return -(-nbytes // setup.world_size) if setup.sharding == "fsdp" else nbytes
+
+
+def _rank_peak(setup: Setup, prof: Any, batch: Any) -> int:
+    """The per-rank peak of a profiled step; see NOTE [ Peaks under sharding ]."""
+    if setup.sharding == "none":
+        return int(prof.peak_bytes)  # exact, no arithmetic
+    moments = [dict(prof.peak_breakdown)]
+    if setup.sharding == "fsdp" and setup.optimizer is not None \
+            and prof.peak_phase == "optimizer":
+        # The forward/backward peak, with the optimizer state (constant outside the
+        # optimizer step) added back.
+        fwd_bwd = profile_point(setup, batch, None)
+        moments.append({**fwd_bwd.peak_breakdown,
+                        "optimizer_state": int(prof.optimizer_bytes)})
+    return max(shard(m, int(prof.grad_bytes), setup).peak_bytes for m in moments)
+
+
+def _step_ms(setup: Setup, prof: Any) -> float:
+    """Roofline step time, ms; see NOTE [ Step time ]."""
+    from remat.measure import roofline_ms
+
+    compute_ms = roofline_ms(prof.ops, setup.device, phases=("forward", "backward", "recompute"))
+    optimizer_ms = roofline_ms(prof.ops, setup.device, phases=("optimizer",))
+    if setup.sharding == "fsdp":
+        optimizer_ms /= setup.world_size
+    return float(compute_ms + optimizer_ms)
+
+
+def point(setup: Setup, strategy: str, batch_size: int, seq_len: int) -> SimulationRow:
+    """Simulate one step of ``setup.model`` as it is now and turn it into a row."""
+    from remat.measure import roofline_ms
+
+    batch = setup.batch_fn(batch_size, seq_len)
+    prof = profile_point(setup, batch, setup.optimizer)
+    peak = _rank_peak(setup, prof, batch)
+    step_ms = _step_ms(setup, prof)
+    samples_per_s = batch_size * setup.world_size / (step_ms / 1e3) if step_ms > 0 else 0.0
+    return SimulationRow(
+        strategy=strategy,
+        batch_size=batch_size,
+        seq_len=seq_len,
+        peak_bytes=peak,
+        fits=peak <= setup.device.memory_bytes,
+        step_ms=step_ms,
+        samples_per_s=samples_per_s,
+        tokens_per_s=samples_per_s * seq_len,
+        single_device_peak_bytes=int(prof.peak_bytes),
+        activation_bytes=int(prof.activation_bytes),
+        param_bytes=per_rank(setup, int(prof.param_bytes)),
+        grad_bytes=per_rank(setup, int(prof.grad_bytes)),
+        optimizer_bytes=per_rank(setup, int(prof.optimizer_bytes)),
+        flops=int(prof.flops),
+        recompute_flops=int(prof.recompute_flops),
+        recompute_ms=float(roofline_ms(prof.ops, setup.device, phases=("recompute",))),
+        peak_phase=prof.peak_phase,
+    )
+
+
+def fixed_bytes(setup: Setup, rows: Sequence[SimulationRow], batch_size: int,
+                seq_len: int) -> tuple[int, int, int]:
+    """One-device parameter, gradient and optimizer bytes (from a row, else one profile)."""
+    if rows and setup.sharding != "fsdp":  # rows hold whole (unsharded) figures then
+        return rows[0].param_bytes, rows[0].grad_bytes, rows[0].optimizer_bytes
+    prof = profile_point(setup, setup.batch_fn(batch_size, seq_len), setup.optimizer)
+    return int(prof.param_bytes), int(prof.grad_bytes), int(prof.optimizer_bytes)

@@ -1,0 +1,173 @@
+"""What :func:`remat.simulate.simulate` returns: one row per strategy and batch size."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from remat.simulate.sharding import SHARDINGS
+
+__all__ = ["SimulationResult", "SimulationRow"]
+
+
+@dataclass(frozen=True)
+class SimulationRow:
+    """One strategy at one micro-batch size, simulated.
+
+    Args:
+        strategy: the strategy (``"plan"`` for the planner's plan).
+        batch_size: sequences per micro-batch per rank.
+        seq_len: tokens per sequence.
+        peak_bytes: peak live tensor bytes on one rank (after sharding arithmetic).
+        fits: ``peak_bytes <= device memory``.
+        step_ms: predicted step time, ms (see NOTE [ Step time ]).
+        samples_per_s: sequences per second over all ranks.
+        tokens_per_s: tokens per second over all ranks.
+        single_device_peak_bytes: the simulated one-device peak (before sharding).
+        activation_bytes: bytes saved by forward for backward (per rank).
+        param_bytes, grad_bytes, optimizer_bytes: per rank, resident (sharded for FSDP).
+        flops: forward + backward + recompute FLOPs of one rank's step.
+        recompute_flops: FLOPs spent recomputing (0 for op-level checkpointing that
+            recomputes only pointwise ops: they cost bandwidth, not FLOPs).
+        recompute_ms: roofline time of the recomputation, part of ``step_ms``.
+        peak_phase: phase of the one-device peak (``"forward"``, ``"backward"``,
+            ``"recompute"`` or ``"optimizer"``).
+        note: why a row is missing figures (e.g. the planner found no plan), else ``""``.
+    """
+
+    strategy: str
+    batch_size: int
+    seq_len: int
+    peak_bytes: int
+    fits: bool
+    step_ms: float
+    samples_per_s: float
+    tokens_per_s: float
+    single_device_peak_bytes: int
+    activation_bytes: int
+    param_bytes: int
+    grad_bytes: int
+    optimizer_bytes: int
+    flops: int
+    recompute_flops: int
+    recompute_ms: float = 0.0
+    peak_phase: str | None = None
+    note: str = ""
+
+    def __post_init__(self) -> None:
+        for key in ("batch_size", "seq_len"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"SimulationRow: {key} must be >= 1, got {getattr(self, key)}")
+        for key in ("peak_bytes", "single_device_peak_bytes", "activation_bytes",
+                    "param_bytes", "grad_bytes", "optimizer_bytes", "flops",
+                    "recompute_flops"):
+            if getattr(self, key) < 0:
+                raise ValueError(f"SimulationRow: {key} must be >= 0, got {getattr(self, key)}")
+        for key in ("step_ms", "samples_per_s", "tokens_per_s", "recompute_ms"):
+            if not getattr(self, key) >= 0:
+                raise ValueError(f"SimulationRow: {key} must be >= 0, got {getattr(self, key)}")
+
+
+@dataclass(frozen=True)
+class SimulationResult:
+    """Every simulated strategy and batch size for one model, precision and device.
+
+    Args:
+        model: model name (preset, Hugging Face class, or module class).
+        n_params: parameter count (tied weights once).
+        seq_len: tokens per sequence.
+        precision: ``"bf16"``, ``"amp-bf16"``, ``"fp32"`` or ``"amp-fp16"``.
+        optimizer: ``"adamw"``, ``"adam"``, ``"sgd"`` or ``"none"``.
+        device: the device's name.
+        device_memory_bytes: its memory.
+        world_size: data-parallel ranks.
+        sharding: ``"none"``, ``"fsdp"`` or ``"ddp"``.
+        batch_sizes: micro-batch sizes simulated, ascending.
+        strategies: strategies simulated, in order (``"plan"`` last when planned).
+        rows: one row per strategy and batch size, strategies in order, batches ascending.
+        elapsed_s: wall time of the simulation, seconds.
+
+    Example:
+        >>> result = simulate("llama-tiny", seq_len=32, batch_sizes=[1, 2],
+        ...                   strategies=["none", "full"], device="l4")  # doctest: +SKIP
+        >>> result.largest_batch("full")  # doctest: +SKIP
+        2
+    """
+
+    model: str
+    n_params: int
+    seq_len: int
+    precision: str
+    optimizer: str
+    device: str
+    device_memory_bytes: int
+    world_size: int
+    sharding: str
+    batch_sizes: tuple[int, ...]
+    strategies: tuple[str, ...]
+    rows: tuple[SimulationRow, ...]
+    elapsed_s: float = field(default=0.0, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.sharding not in SHARDINGS:
+            raise ValueError(f"SimulationResult: sharding must be one of {SHARDINGS}, "
+                             f"got {self.sharding!r}")
+        unknown = sorted({r.strategy for r in self.rows} - set(self.strategies))
+        if unknown:
+            raise ValueError(f"SimulationResult: rows name strategies {unknown} that are not "
+                             f"in strategies={self.strategies}")
+
+    def rows_for(self, strategy: str) -> tuple[SimulationRow, ...]:
+        """The rows of one strategy, batch sizes ascending."""
+        if strategy not in self.strategies:
+            raise KeyError(f"SimulationResult: no strategy {strategy!r}; simulated: "
+                           f"{', '.join(self.strategies)}")
+        return tuple(sorted((r for r in self.rows if r.strategy == strategy),
+                            key=lambda r: r.batch_size))
+
+    def row(self, strategy: str, batch_size: int) -> SimulationRow:
+        """The row of one strategy and batch size (KeyError if not simulated)."""
+        for r in self.rows_for(strategy):
+            if r.batch_size == batch_size:
+                return r
+        raise KeyError(f"SimulationResult: batch size {batch_size} was not simulated for "
+                       f"{strategy!r}; batch sizes: {list(self.batch_sizes)}")
+
+    def largest_batch(self, strategy: str) -> int | None:
+        """The largest simulated batch size whose peak fits the device, or ``None``.
+
+        Peaks grow with the batch size, so this is also where the fitting range ends:
+        a larger untested size between two tested ones may fit too.
+        """
+        fitting = [r.batch_size for r in self.rows_for(strategy) if r.fits]
+        return max(fitting) if fitting else None
+
+    @property
+    def largest_batches(self) -> dict[str, int | None]:
+        """:meth:`largest_batch` for every strategy."""
+        return {s: self.largest_batch(s) for s in self.strategies}
+
+    def best(self) -> SimulationRow | None:
+        """The fitting row with the highest throughput (ties: less memory), or ``None``."""
+        fitting = [r for r in self.rows if r.fits]
+        if not fitting:
+            return None
+        return max(fitting, key=lambda r: (r.tokens_per_s, -r.peak_bytes))
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every figure as JSON-ready data, with the largest batch per strategy and the best row."""
+        best = self.best()
+        return {
+            **{k: v for k, v in asdict(self).items() if k != "rows"},
+            "batch_sizes": list(self.batch_sizes),
+            "strategies": list(self.strategies),
+            "rows": [asdict(r) for r in self.rows],
+            "largest_batch": self.largest_batches,
+            "best": asdict(best) if best is not None else None,
+        }
+
+    def to_json(self, **kwargs: Any) -> str:
+        """:meth:`to_dict` as a JSON string (``kwargs`` go to :func:`json.dumps`)."""
+        kwargs.setdefault("indent", 2)
+        return json.dumps(self.to_dict(), **kwargs)

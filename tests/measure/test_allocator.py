@@ -1,0 +1,130 @@
+"""allocator_peak: exact bytes of known allocation patterns, quiet output."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from remat.measure.allocator import AllocatorPeak, allocator_peak
+
+MiB = 1 << 20
+
+
+def test_known_pattern_exact() -> None:
+    def step() -> None:
+        a = torch.empty(MiB // 4)  # 1 MiB of float32
+        del a
+        b = torch.empty(MiB // 8)  # 512 KiB
+        c = torch.empty(MiB // 8)  # 512 KiB
+        del b, c
+
+    peak = allocator_peak(step)
+    assert peak.peak_bytes == MiB
+    assert peak.end_bytes == 0
+    assert peak.device == "cpu"
+    assert peak.events == 6
+
+
+def test_overlapping_allocations_add_up() -> None:
+    def step() -> None:
+        a = torch.empty(MiB // 4)
+        b = torch.empty(MiB // 8)
+        del a
+        c = torch.empty(MiB // 16)
+        del b, c
+
+    assert allocator_peak(step).peak_bytes == MiB + MiB // 2
+
+
+def test_returned_value_is_freed_and_survivors_are_end_bytes() -> None:
+    keep: list[torch.Tensor] = []
+
+    def step() -> torch.Tensor:
+        keep.append(torch.empty(MiB // 8))
+        return torch.empty(MiB // 4)
+
+    peak = allocator_peak(step)
+    assert peak.peak_bytes == MiB + MiB // 2
+    assert peak.end_bytes == MiB // 2
+
+
+def test_preexisting_memory_is_excluded() -> None:
+    big = torch.empty(4 * MiB)
+
+    def step() -> None:
+        a = torch.empty(MiB // 4)
+        del a
+
+    assert allocator_peak(step).peak_bytes == MiB
+    del big
+
+
+def test_training_step_peak_is_positive() -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(),
+                                torch.nn.Linear(256, 1))
+    x = torch.randn(32, 64)
+
+    def step() -> None:
+        model(x).sum().backward()
+
+    peak = allocator_peak(step)
+    # at least the gradients (which survive) and the ReLU output saved for backward
+    grads = sum(p.numel() * 4 for p in model.parameters())
+    assert peak.end_bytes == grads
+    assert peak.peak_bytes >= grads + 32 * 256 * 4
+
+
+def test_no_profiler_noise(capfd: pytest.CaptureFixture[str]) -> None:
+    allocator_peak(lambda: torch.empty(16))
+    out, err = capfd.readouterr()
+    assert "USDT" not in out + err
+    assert "profiler_st" not in out + err
+
+
+def test_other_output_is_kept(capfd: pytest.CaptureFixture[str]) -> None:
+    import os
+
+    allocator_peak(lambda: os.write(2, b"user line\n"))
+    _, err = capfd.readouterr()
+    assert "user line" in err
+
+
+def test_validation() -> None:
+    with pytest.raises(ValueError, match="peak_bytes must be >= 0"):
+        AllocatorPeak(peak_bytes=-1, baseline_bytes=0, end_bytes=0, device="cpu")
+    with pytest.raises(ValueError, match="end_bytes"):
+        AllocatorPeak(peak_bytes=1, baseline_bytes=0, end_bytes=2, device="cpu")
+    with pytest.raises(ValueError, match="device must be"):
+        allocator_peak(lambda: None, device="meta")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_pattern() -> None:
+    def step() -> None:
+        a = torch.empty(MiB // 4, device="cuda")
+        del a
+        b = torch.empty(MiB // 8, device="cuda")
+        c = torch.empty(MiB // 8, device="cuda")
+        del b, c
+
+    assert allocator_peak(step, device="cuda").peak_bytes == MiB
+
+
+def test_marks_split_phases() -> None:
+    from remat.measure.allocator import mark
+
+    def step() -> None:
+        a = torch.empty(MiB // 4)  # 1 MiB
+        mark("backward")
+        b = torch.empty(MiB // 2)  # 2 MiB
+        del a, b
+        mark("optimizer")
+        c = torch.empty(MiB // 8)
+        del c
+
+    peak = allocator_peak(step)
+    assert peak.mark_bytes == {"backward": MiB, "optimizer": 0}
+    assert peak.phase_peak_bytes == {"start": MiB, "backward": 3 * MiB, "optimizer": MiB // 2}
+    assert peak.peak_phase == "backward"
+    assert peak.peak_bytes == 3 * MiB
+    mark("outside")  # no window: nothing happens
