@@ -18,10 +18,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from remat.errors import BudgetTooSmall
-from remat.measure.profile import Profile, _tracked_step, preserved_state, profile_step
+from remat.measure.profile import Profile, preserved_state, profile_step
 from remat.measure.profile import _build as _build_profile
 from remat.measure.step import Step, clear_grads, model_device
 from remat.measure.timing import time_step
+from remat.measure.tracked import tracked_step
 from remat.planning._sim import quiet
 from remat.planning.candidates import Candidate
 from remat.planning.context import PlanContext
@@ -74,7 +75,7 @@ def _fake_measure(step: Step, ctx: PlanContext, decisions: Mapping[str, BlockDec
             clear_grads(setup.model)
             named = fstep.blocks_found(api="remat.plan", required=False)
             try:
-                tracked = _tracked_step(fstep, named)
+                tracked = tracked_step(fstep, named)
             finally:
                 clear_grads(setup.model)
     except Exception:  # noqa: BLE001 - the measured step below is the reference
