@@ -50,6 +50,7 @@ from remat.measure.tracker import OpRecord
 from remat.planning._sim import FakeSetup
 from remat.planning.block_run import BlockRun, run_block
 from remat.planning.capture import BlockInputs, capture_inputs, group_key, in_call_order
+from remat.progress import report
 from remat.strategies import (
     BlockContext,
     BlockDecision,
@@ -285,7 +286,9 @@ def _measure_kind(setup: FakeSetup, rep: str, block: nn.Module, inputs: BlockInp
     )
     singles: dict[str, list[tuple[Part, BlockRun]]] = {
         kind: [((path, BlockDecision("none")), none_run)] for kind, (path, _) in subs.items()}
-    for offer in collect_offers(context):
+    offers = collect_offers(context)
+    for done, offer in enumerate(offers):
+        report(f"{rep}: {parts_label(offer.parts)}", done, len(offers))
         try:
             run = run_block(setup, rep, block, inputs, offer.parts)
         except (RuntimeError, NotImplementedError) as exc:

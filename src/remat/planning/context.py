@@ -23,6 +23,7 @@ from remat.planning.options import COSTS
 from remat.planning.peak import PeakModel
 from remat.planning.plans import COST_SOURCES
 from remat.planning.timed import time_groups
+from remat.progress import report
 from remat.strategies import BlockDecision
 from remat.strategies.pitfalls import check_model, warn_pitfalls
 
@@ -150,12 +151,14 @@ def prepare_step(step: Step, *, device: str | DeviceSpec | None = None,
     check_plannable(model)
     source = resolve_cost(cost, model)
     spec = cost_device(model_device(model), device)
+    report("fake copy", 0, 3)
     setup = fake_setup(model, step.batch, optimizer=step.optimizer, blocks=step.blocks)
     groups = measure_groups(setup, spec, prune=source == "roofline")
     timed_on = None
     if source == "measured":
         groups = time_groups(model, step.batch, groups, blocks=step.blocks)
         timed_on = _device_label(model_device(model))
+    report("memory windows of the whole step", 2, 3)
     windows = run_windows(setup, loss_fn=step.loss_fn)
     peak_model = PeakModel.calibrate(groups, [n for n, _ in setup.blocks], windows)
     return PlanContext(peak_model, spec, windows.peak_bytes, batch_size_of(step.batch), source,

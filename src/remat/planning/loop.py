@@ -29,6 +29,7 @@ from remat.planning.context import PlanContext
 from remat.planning.cost import recompute_ms, step_ms
 from remat.planning.plans import Plan, apply_spec, decisions_label
 from remat.planning.solver import min_peak_choice, solve
+from remat.progress import report
 from remat.strategies import BlockDecision, apply_decisions, preserved_strategy
 from remat.units import format_bytes
 
@@ -211,7 +212,8 @@ def close_loop(step: Step, ctx: PlanContext, budget_bytes: int, *, simulate: boo
         return recompute_ms(prof.ops, ctx.device)
 
     internal = budget_bytes
-    for _ in range(_MAX_ROUNDS):
+    for round_ in range(_MAX_ROUNDS):
+        report(f"closed loop, round {round_ + 1}", round_, _MAX_ROUNDS)
         choice = solve(ctx.peak_model, internal)
         if choice is None:
             break

@@ -28,14 +28,13 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
-import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
 
 from remat.errors import RematError
+from remat.native import silenced
 from remat.planning.peak import PeakModel
 
 __all__ = ["choice_cost_ps", "min_peak_choice", "solve"]
@@ -96,31 +95,9 @@ def _decode(x: np.ndarray, offsets: list[int]) -> list[int]:
     return [int(np.argmax(x[offsets[i]:offsets[i + 1]])) for i in range(len(offsets) - 1)]
 
 
-@contextlib.contextmanager
-def _native_stdout_silenced() -> Iterator[None]:
-    """Send file descriptor 1 to /dev/null: HiGHS prints debug lines from C++ on large
-    problems even with ``disp=False``. A no-op where stdout is not a real descriptor."""
-    try:
-        sys.stdout.flush()
-        fd = sys.__stdout__.fileno() if sys.__stdout__ is not None else 1
-        saved = os.dup(fd)
-    except (OSError, ValueError, AttributeError):
-        yield
-        return
-    try:
-        with open(os.devnull, "w") as devnull:
-            os.dup2(devnull.fileno(), fd)
-            try:
-                yield
-            finally:
-                os.dup2(saved, fd)
-    finally:
-        os.close(saved)
-
-
 def _run(c: np.ndarray, constraints: list[LinearConstraint], integrality: np.ndarray,
          bounds: Bounds) -> np.ndarray | None:
-    with _native_stdout_silenced():
+    with silenced(1):  # HiGHS prints debug lines from C++ on large problems
         result = milp(c, constraints=constraints, integrality=integrality, bounds=bounds,
                       options={"mip_rel_gap": 0.0, "disp": False, "time_limit": _TIME_LIMIT_S})
     if result.status in (0, 1) and result.x is not None:  # 1: time limit, best found so far

@@ -14,6 +14,7 @@ from remat.measure.step import Step
 from remat.planning.context import prepare_step
 from remat.planning.options import PlanOptions
 from remat.planning.plans import Plan, ThroughputRow
+from remat.progress import report
 
 __all__ = ["search_throughput"]
 
@@ -38,6 +39,7 @@ class _Search:
     def fits(self, n: int) -> bool:
         if n in self.rows:
             return self.rows[n].fits
+        report(f"batch size {n}", len(self.rows), len(self.rows) + 1)
         try:
             p = self.plan_one(self.step.with_batch(self.make_batch(n)), self.options)
         except BudgetTooSmall as exc:
