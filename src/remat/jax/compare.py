@@ -18,8 +18,9 @@ import jax
 from flax import nnx
 
 from remat.jax._core import ComparisonResult, StrategyRow
+from remat.jax.analysis import LossFn, compile_fn, default_loss, step_fn
 from remat.jax.blocks import BlocksSpec
-from remat.jax.measure import LossFn, compile_fn, default_loss, profile, step_fn
+from remat.jax.measure import profile
 from remat.jax.models import build_model, make_batch
 from remat.jax.strategies import apply, strategy_policies
 from remat.jax.validate import validate
