@@ -121,15 +121,20 @@ def _kind_key(block: nnx.Module, inputs: Any) -> Any:
 
 def candidate_tables(model: nnx.Module, batch: Any, *, loss_fn: LossFn | None = None,
                      blocks: BlocksSpec = None, policies: Sequence[str | Policy] = (),
-                     prune: bool = True, measure: Measure = "block"
-                     ) -> dict[str, tuple[JaxCandidate, ...]]:
+                     prune: bool = True, measure: Measure = "block",
+                     default_policies: bool = True) -> dict[str, tuple[JaxCandidate, ...]]:
     """Each block's measured candidates, ``none`` first (NOTE [ JAX candidates ]).
 
     The model's own policies are ignored (and left as they were).
 
     Args:
+        policies: candidates besides the default ones. Default: none.
+        prune: drop dominated candidates and policies with the same residuals as an
+            earlier one. Default: True.
         measure: ``"block"`` (a chain of the block alone, NOTE [ Block chain ]) or
             ``"step"`` (the whole step per candidate: exact, slow). Default: ``"block"``.
+        default_policies: measure the default candidates of NOTE [ JAX candidates ];
+            False measures ``none`` and ``policies`` only. Default: True.
 
     Example:
         >>> tables = candidate_tables(model, batch)
@@ -151,8 +156,10 @@ def candidate_tables(model: nnx.Module, batch: Any, *, loss_fn: LossFn | None = 
         for path, block in named:
             key = _kind_key(block, inputs[path])
             if key not in by_kind:
+                wanted = _wanted(block, inputs[path], policies) if default_policies \
+                    else list(dict.fromkeys(parse_policy(p) for p in policies))
                 by_kind[key] = _measure_kind(model, batch, fn, path, block, inputs[path],
-                                             policies, prune, measure)
+                                             wanted, prune, measure)
             out[path] = by_kind[key]
         return out
     finally:
@@ -172,13 +179,13 @@ def _wanted(block: nnx.Module, inputs: BlockInputs, policies: Sequence[str | Pol
 
 
 def _measure_kind(model: nnx.Module, batch: Any, fn: LossFn, path: str, block: nnx.Module,
-                  inputs: BlockInputs, policies: Sequence[str | Policy], prune: bool,
+                  inputs: BlockInputs, wanted: Sequence[Policy], prune: bool,
                   measure: Measure) -> tuple[JaxCandidate, ...]:
     none_saved = block_saved_bytes(block, inputs)
     table = [JaxCandidate(NONE, none_saved, none_saved, 0)]
     seen_saved = {none_saved}
     measured: list[Policy] = []
-    for policy in _wanted(block, inputs, policies):
+    for policy in wanted:
         saved = block_saved_bytes(_with_policy(block, policy), inputs)
         if prune and saved in seen_saved:  # the same residuals: the same step
             continue

@@ -18,18 +18,17 @@ NOTE [ JAX closed loop ]
     2. Compile the step with the choice; if XLA's peak exceeds the budget, lower
        the solver's target by the excess and go to 1 (at most ``max_rounds``).
     3. The manual menu (every candidate policy on every block, ``every:2``,
-       ``sqrt``), entries the tables predict cheaper than the best fitting step:
-       with ``exact``, all of them and the solver's smallest-peak choice are
-       compiled. Otherwise only those the peak model predicts to fit within a
-       slack (the largest overestimate it made on the compiled steps, at least
-       :data:`_SLACK_PERCENT` of the budget: on few blocks the linear model
-       overestimates checkpointing every block), cheapest estimate first, in
-       batches of the machine's cores, stopping after a batch in which a step
-       fits (the rest is estimated costlier); the smallest-peak choice only when
-       nothing fits yet, and when still nothing fits the whole menu. Of all
-       compiled steps whose XLA peak fits, the one with the fewest XLA FLOPs
-       wins. This is a heuristic where the exact path is not: a manual policy the
-       model predicts far over the budget is not compiled.
+       ``sqrt``): the entries the tables estimate cheaper than the best fitting
+       compiled step. With ``exact``, all of them and the solver's smallest-peak
+       choice are compiled at once. Otherwise cheapest estimate first, in batches
+       of the machine's cores, stopping after a batch in which a step fits (the
+       rest is estimated costlier), and the smallest-peak choice only when nothing
+       fits yet. The peak model is not used to skip entries: on few blocks it
+       overestimates checkpointing every block by up to 35% (the 2-block test
+       model), so an entry it predicts over the budget may fit. Of all compiled
+       steps whose XLA peak fits, the one with the fewest XLA FLOPs wins, so a
+       plan never costs more than a fitting manual policy (up to the tables' FLOP
+       error, see :meth:`Search.cheapest_fitting`).
     4. Nothing fits: :class:`BudgetTooSmall` with the lowest peak compiled.
 """
 
@@ -59,10 +58,6 @@ from remat.jax.strategies import apply
 __all__ = ["Search", "Trial", "label", "peak_model"]
 
 _MANUAL = ("every:2", "sqrt")
-#: How far over the budget (percent) a menu entry may be predicted and still be compiled
-#: (NOTE [ JAX closed loop ]): on the 2-block test model the peak model overestimates
-#: uniform policies by up to 35%, on the 6-block gpt-small preset by < 1%.
-_SLACK_PERCENT = 15
 #: Menu entries estimated up to this many per mille of the step's FLOPs above the best
 #: fitting step are compiled too (see :meth:`Search.cheapest_fitting`).
 _FLOPS_TOLERANCE_PERMILLE = 5
@@ -187,17 +182,10 @@ class Search:
             if all(t == self.tables[0] for t in self.tables) else []
         menu += [strategy_policies(s, n) for s in _MANUAL]
         cheapest = self.cheapest_fitting()
-        over = [t.predicted_peak_bytes - t.analysis.peak_bytes for t in self.trials
-                if t.predicted_peak_bytes is not None]
-        slack = max([0, *over, self.budget_bytes * _SLACK_PERCENT // 100])
         for policies in menu:
             estimate = self.estimate(policies)
             if cheapest is not None and estimate is not None and estimate >= cheapest:
                 continue
-            if not exact:
-                predicted = self.predict(policies)
-                if predicted is None or predicted > self.budget_bytes + slack:
-                    continue
             out.append((policies, None))
         return [(c, p) for c, p in out if tuple(c) not in compiled]
 
