@@ -2,7 +2,7 @@
 
 Returns the PyTorch side's :class:`remat.compare.ComparisonResult` (rows of
 :class:`~remat.compare.StrategyRow`), so the same table and plot render it. Bytes
-and FLOPs are XLA's (see measure.py); ``activation_bytes`` is the residual bytes
+and FLOPs are XLA's (see analysis.py); ``activation_bytes`` is the residual bytes
 JAX saves for backward; ``step_ms`` is the median wall time of the compiled step
 when ``repeats > 0``.
 """

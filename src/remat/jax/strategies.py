@@ -215,7 +215,7 @@ def current_policies(model: nnx.Module, paths: Sequence[str]) -> list[Policy]:
     return [getattr(by_path[p], _ATTR, NONE) for p in paths]
 
 
-# ---- capturing block inputs (used by measure.py) --------------------------------------------
+# ---- capturing block inputs (used by block_measure.py) ----------------------------------------
 
 _CAPTURE_ATTR = "_remat_capture_path"
 _CAPTURED: list[dict[str, tuple[tuple[Any, ...], dict[str, Any]]]] = []

@@ -50,7 +50,7 @@ def validate(model: nnx.Module, batch: Any, strategy_or_plan: Any = None, *,
     """Loss and every gradient of ``model`` under a strategy, against no remat.
 
     Both steps are compiled and run as remat.jax compiles them (see
-    NOTE [ CPU optimization barriers ] in measure.py). The model is left as it was.
+    NOTE [ CPU optimization barriers ] in analysis.py). The model is left as it was.
 
     Args:
         model: a Flax NNX module.
