@@ -47,8 +47,9 @@ def test_public_api() -> None:
         assert inspect.isfunction(getattr(rj, verb)), verb
 
 
-@pytest.mark.parametrize("module", ["blocks", "measure", "planner", "strategies", "compare",
-                                    "validate", "plans", "models"])
+@pytest.mark.parametrize("module", ["analysis", "block_measure", "blocks", "candidates",
+                                    "compare", "loop", "measure", "models", "planner", "plans",
+                                    "policies", "strategies", "validate"])
 def test_shared_internals_only_through_core(module: str) -> None:
     """Every remat-internal import of remat.jax goes through remat.jax._core."""
     from pathlib import Path

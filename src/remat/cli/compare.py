@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -24,6 +24,8 @@ from remat.cli.options import (
     DEFAULT_MODEL,
     BatchOpt,
     DeviceOpt,
+    Framework,
+    FrameworkOpt,
     JsonOpt,
     ModelOpt,
     RegistryHelpCommand,
@@ -47,11 +49,14 @@ Examples:
   remat compare --plot out/compare.png --repeats 9
 
   remat compare --plan-budget 40% (the plan row: the cheapest plan under 40% of none's peak)
+
+  remat compare --framework jax --model gpt-small   (JAX/Flax NNX, XLA's compiled analysis)
 """
 
 
 @app.command("compare", epilog=_EPILOG, cls=RegistryHelpCommand)
 def compare_command(
+    ctx: typer.Context,
     model: ModelOpt = DEFAULT_MODEL,
     batch: BatchOpt = 8,
     seq: SeqOpt = None,
@@ -73,6 +78,7 @@ def compare_command(
         help="Add a 'plan' row: remat.plan's cheapest plan for this budget (bytes, 12GiB, "
              "or a % of none's peak); 'off' leaves it out.",
     )] = "50%",
+    framework: FrameworkOpt = Framework.torch,
 ) -> None:
     """Run every checkpointing strategy on a built-in model and compare them.
 
@@ -80,12 +86,41 @@ def compare_command(
     step (exact peak and activation bytes, FLOPs including recomputation), a
     gradient check against the un-checkpointed model, and the median step time,
     measured side by side with the other strategies. Exits with code 1 when a
-    gradient check fails.
+    gradient check fails. With --framework jax: the JAX backend on the NNX preset of
+    the same name, every byte and FLOP from XLA's compiled analysis of the step.
     """
-    from remat.compare.runner import compare_preset
-    from remat.models import make_batch
     from remat.report.plots import plot_comparison
     from remat.report.tables import comparison_table
+
+    started = time.perf_counter()
+    if framework is Framework.jax:
+        result = _compare_jax(ctx, model, batch, seq, strategies, repeats, seed, check_grads)
+    else:
+        result = _compare_torch(model, batch, seq, strategies, device, repeats, seed,
+                                check_grads, plan_budget)
+    elapsed_s = time.perf_counter() - started
+
+    if json_out != "-":
+        err_console.print(f"Ran {len(result.rows)} strategies in {elapsed_s:.1f} s.",
+                          highlight=False)
+        stdout_console().print(comparison_table(result))
+    if json_out is not None:
+        write_json(result.to_dict(), json_out)
+    if plot is not None:
+        written = plot_comparison(result, plot)
+        err_console.print(f"Wrote {written}", highlight=False)
+    failed = [row.strategy for row in result.rows if row.grad_passed is False]
+    if failed:
+        err_console.print(f"[bold red]Gradient check failed for: {', '.join(failed)}[/]")
+        raise typer.Exit(1)
+
+
+def _compare_torch(model: str, batch: int, seq: int | None, strategies: str | None,
+                   device: str, repeats: int, seed: int, check_grads: bool,
+                   plan_budget: str) -> Any:
+    """The PyTorch comparison (and its plan row)."""
+    from remat.compare.runner import compare_preset
+    from remat.models import make_batch
     from remat.strategies.registry import default_strategies
 
     names = parse_strategies(strategies) if strategies else default_strategies("compare")
@@ -97,8 +132,6 @@ def compare_command(
     target = resolve_device(device)
     # One model per strategy stays alive for interleaved timing; the gradient check adds two.
     check_fits(model, target, copies=(len(names) + 1 if repeats else 1) + 2)
-
-    started = time.perf_counter()
     with user_errors(), notices(), progress_bar(f"compare {model}") as update:
         result = compare_preset(model, batch, seq, names, device=target, seed=seed,
                                 repeats=repeats, check_grads=check_grads, progress=update)
@@ -115,18 +148,31 @@ def compare_command(
                     f"reachable peak {exc.min_peak_bytes} B); pass a larger --plan-budget.",
                     highlight=False,
                 )
-    elapsed_s = time.perf_counter() - started
+    return result
 
-    if json_out != "-":
-        err_console.print(f"Ran {len(result.rows)} strategies in {elapsed_s:.1f} s.",
-                          highlight=False)
-        stdout_console().print(comparison_table(result))
-    if json_out is not None:
-        write_json(result.to_dict(), json_out)
-    if plot is not None:
-        written = plot_comparison(result, plot)
-        err_console.print(f"Wrote {written}", highlight=False)
-    failed = [row.strategy for row in result.rows if row.grad_passed is False]
-    if failed:
-        err_console.print(f"[bold red]Gradient check failed for: {', '.join(failed)}[/]")
-        raise typer.Exit(1)
+
+def _compare_jax(ctx: typer.Context, model: str, batch: int, seq: int | None,
+                 strategies: str | None, repeats: int, seed: int, check_grads: bool) -> Any:
+    """``remat.jax.compare`` on the NNX preset (NOTE [ CLI and the JAX backend ])."""
+    from remat.cli._jax import load_jax, refuse, strategies_for_jax
+
+    refuse(ctx, {
+        "device": "JAX runs on its default backend (set JAX_PLATFORMS=cpu to force the CPU)",
+        "plan_budget": "the plan row is PyTorch's planner; run remat plan --framework jax",
+    })
+    rj = load_jax(model)
+    names = strategies_for_jax(rj, strategies)
+    err_console.print("Note: no plan row with --framework jax (remat plan --framework jax "
+                      "plans the preset).", highlight=False)
+    with user_errors(), progress_bar(f"compare {model} (jax)") as update:
+        try:
+            net = rj.build_model(model, seed=seed)
+            sample = rj.make_batch(model, batch, seq, seed=seed)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc), param_hint="'--seq'") from None
+        seq_len = int(sample["input_ids"].shape[1])
+        return rj.compare(net, sample, names, repeats=repeats, check_grads=check_grads,
+                          label=f"{model} (JAX), batch {batch}, seq {seq_len}",
+                          meta={"model": model, "batch_size": batch, "seq_len": seq_len,
+                                "seed": seed},
+                          progress=update)

@@ -39,6 +39,8 @@ __all__ = [
     "BatchOpt",
     "DeviceOpt",
     "DtypeOpt",
+    "Framework",
+    "FrameworkOpt",
     "GpuOpt",
     "HfConfigOpt",
     "HfOpt",
@@ -113,7 +115,14 @@ class RegistryHelpCommand(typer.core.TyperCommand):
 
 # ---- callbacks ----------------------------------------------------------------------------
 
-def _check_model(value: str) -> str:
+def _jax(ctx: typer.Context | None) -> bool:
+    """``--framework jax`` was given (it is eager: read before the other options)."""
+    return ctx is not None and ctx.params.get("framework") == Framework.jax
+
+
+def _check_model(ctx: typer.Context, value: str) -> str:
+    if _jax(ctx):  # the NNX presets are checked when remat.jax is loaded (cli/_jax.py)
+        return value
     from remat.models import PRESETS
 
     if value not in PRESETS:
@@ -123,9 +132,9 @@ def _check_model(value: str) -> str:
     return value
 
 
-def _check_strategies(value: str | None) -> str | None:
-    if value is None:
-        return None
+def _check_strategies(ctx: typer.Context, value: str | None) -> str | None:
+    if value is None or _jax(ctx):  # JAX strategies: cli/_jax.py strategies_for_jax
+        return value
     return ",".join(parse_strategies(value))
 
 
@@ -184,6 +193,19 @@ def _check_precision(value: str) -> str:
 
 
 # ---- options of the commands that build a preset and run it ------------------------------
+
+class Framework(str, Enum):
+    """Which backend ``remat compare`` / ``remat plan`` run on (``--framework``)."""
+
+    torch = "torch"
+    jax = "jax"
+
+
+FrameworkOpt = Annotated[Framework, typer.Option(
+    "--framework", case_sensitive=False, is_eager=True,
+    help="torch, or jax: the JAX backend (remat.jax) on the Flax NNX preset of the same "
+         "name, measured by XLA's compiled analysis. Needs pip install 'remat\\[jax]'.",
+)]
 
 class OptimizerChoice(str, Enum):
     """Optimizers ``remat profile`` and ``remat plan`` can include in the step."""

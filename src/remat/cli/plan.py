@@ -24,6 +24,8 @@ from remat.cli._common import (
 from remat.cli.options import (
     DEFAULT_MODEL,
     DeviceOpt,
+    Framework,
+    FrameworkOpt,
     JsonOpt,
     ModelOpt,
     OptimizerChoice,
@@ -50,6 +52,8 @@ Examples:
   remat plan --model gpt-small --budget 60% --maximize throughput --simulate
 
   remat plan --model gpt-tiny --budget 80% --cost measured   # time candidates (auto on CUDA)
+
+  remat plan --framework jax --model gpt-small --budget 50% --out plan.json   (JAX/Flax NNX)
 
 Then train with it:  remat.apply(model, remat.Plan.from_json(open("plan.json").read()))
 """
@@ -81,6 +85,7 @@ def _check_budget(value: str) -> str:
 
 @app.command("plan", epilog=_EPILOG, cls=RegistryHelpCommand)
 def plan_command(
+    ctx: typer.Context,
     model: ModelOpt = DEFAULT_MODEL,
     budget: Annotated[str, typer.Option(
         "--budget", callback=_check_budget, metavar="BUDGET",
@@ -126,6 +131,7 @@ def plan_command(
     json_out: JsonOpt = None,
     plot: Annotated[Path | None, plot_option(
         "Draw the frontier: peak memory vs recompute overhead, the budget as a line.")] = None,
+    framework: FrameworkOpt = Framework.torch,
 ) -> None:
     """Plan checkpointing for a built-in model under a peak-memory budget.
 
@@ -134,8 +140,14 @@ def plan_command(
     fits the budget, and prints the plan and the frontier: every manual strategy
     (<frontier-strategies>) and the plan as points (peak memory,
     recompute overhead). Recompute cost is measured time on a GPU and roofline time on
-    the cost device elsewhere (--cost).
+    the cost device elsewhere (--cost). With --framework jax: remat.jax's planner on the
+    NNX preset of the same name (jax.checkpoint policies per block, XLA's compiled peak
+    and FLOPs); --out writes the remat.jax plan.
     """
+    if framework is Framework.jax:
+        _plan_jax(ctx, model=model, budget=budget, batch=batch, seq=seq, seed=seed, out=out,
+                  json_out=json_out)
+        return
     if cost is CostChoice.measured and simulate:
         raise typer.BadParameter(
             "measured costs time real runs, but --simulate runs on fake tensors; drop one",
@@ -283,3 +295,48 @@ def _write_outputs(request: _Request, outcome: _Outcome, *, out: Path | None,
     if plot is not None and front is not None:
         written = plot_frontier(front, plot)
         err_console.print(f"Wrote {written}", highlight=False)
+
+
+_JAX_REFUSED = {
+    "maximize": "the JAX planner plans one batch size",
+    "max_batch": "it goes with --maximize, which the JAX planner does not do",
+    "optimizer": "the JAX step is loss and gradients (no optimizer state)",
+    "device": "JAX runs on its default backend (set JAX_PLATFORMS=cpu to force the CPU)",
+    "cost_device": "JAX costs are XLA's FLOPs of the compiled step",
+    "simulate": "XLA's analysis allocates nothing already",
+    "cost": "JAX plans minimize XLA's recompute FLOPs (no timed or roofline costs)",
+    "frontier": "no frontier with --framework jax; remat compare --framework jax shows "
+                "the manual policies",
+    "plot": "the frontier plot is PyTorch's",
+}
+
+
+def _plan_jax(ctx: typer.Context, *, model: str, budget: str, batch: int, seq: int | None,
+              seed: int, out: Path | None, json_out: str | None) -> None:
+    """``remat.jax.plan_preset`` (NOTE [ CLI and the JAX backend ] in cli/_jax.py)."""
+    from remat.cli._jax import load_jax, refuse
+
+    refuse(ctx, _JAX_REFUSED)
+    rj = load_jax(model)
+    try:
+        rj.make_batch(model, batch, seq)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="'--seq'") from None
+    started = time.perf_counter()
+    with user_errors(), progress_bar(f"plan {model} (jax)") as update:
+        update("measure candidates and plan", 0, 1)
+        result = rj.plan_preset(model, budget=_budget_value(budget), batch_size=batch,
+                                seq_len=seq, seed=seed)
+        update("done", 1, 1)
+    elapsed_s = time.perf_counter() - started
+    if json_out != "-":
+        stdout_console().print(result.summary(), highlight=False)
+        err_console.print(f"Planned in {elapsed_s:.1f} s.", highlight=False)
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(result.to_json() + "\n")
+        err_console.print(f"Wrote {out}", highlight=False)
+    if json_out is not None:
+        meta = {"model": model, "batch_size": batch, "seq_len": seq, "budget": budget,
+                "seed": seed, "framework": "jax"}
+        write_json({"meta": meta, "plan": result.to_dict(), "frontier": None}, json_out)

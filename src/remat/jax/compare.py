@@ -2,7 +2,7 @@
 
 Returns the PyTorch side's :class:`remat.compare.ComparisonResult` (rows of
 :class:`~remat.compare.StrategyRow`), so the same table and plot render it. Bytes
-and FLOPs are XLA's (see measure.py); ``activation_bytes`` is the residual bytes
+and FLOPs are XLA's (see analysis.py); ``activation_bytes`` is the residual bytes
 JAX saves for backward; ``step_ms`` is the median wall time of the compiled step
 when ``repeats > 0``.
 """
@@ -18,8 +18,9 @@ import jax
 from flax import nnx
 
 from remat.jax._core import ComparisonResult, StrategyRow
+from remat.jax.analysis import LossFn, compile_fn, default_loss, step_fn
 from remat.jax.blocks import BlocksSpec
-from remat.jax.measure import LossFn, compile_fn, default_loss, profile, step_fn
+from remat.jax.measure import profile
 from remat.jax.models import build_model, make_batch
 from remat.jax.strategies import apply, strategy_policies
 from remat.jax.validate import validate

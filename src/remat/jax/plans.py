@@ -16,7 +16,7 @@ from types import MappingProxyType
 from typing import Any
 
 from remat.jax._core import format_bytes
-from remat.jax.strategies import Policy, parse_policy
+from remat.jax.policies import Policy, parse_policy
 
 __all__ = ["JAX_PLAN_VERSION", "Plan"]
 

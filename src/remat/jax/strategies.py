@@ -12,26 +12,14 @@ NOTE [ Where the decision lives ]
     needs ``apply`` again, e.g. from the plan's JSON.) ``remove`` restores the
     original class and deletes the attribute.
 
-NOTE [ Strategies ]
-    ``none``; ``full`` (every block ``nothing_saveable``); ``every:N`` (blocks 0, N,
-    2N, ... ``nothing_saveable``); ``sqrt``: segments of ceil(sqrt(L)) blocks where
-    every block but a segment's last is ``nothing_saveable`` (with one block, that
-    block is ``nothing_saveable``; a per-block wrapper
-    cannot fuse blocks into one checkpoint region without owning the model's loop,
-    so this is the per-block reading of Chen et al. 2016); and any policy applied
-    to every block: ``nothing_saveable``, ``dots_saveable``,
-    ``dots_with_no_batch_dims_saveable``, ``save_only_these_names:a,b`` (names
-    tagged with ``jax.ad_checkpoint.checkpoint_name``) and ``offload:a,b`` (save
-    those names in host memory, recompute the rest).
+    Policies and the strategy strings live in policies.py (NOTE [ Strategies ]).
 """
 
 from __future__ import annotations
 
 import functools
-import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import Any, TypeVar
 
 import jax
 import numpy as np
@@ -39,140 +27,21 @@ from flax import nnx
 
 from remat.jax._core import StrategyError
 from remat.jax.blocks import BlocksSpec, named_blocks
+from remat.jax.plans import Plan
+from remat.jax.policies import (
+    NONE,
+    POLICIES,
+    STRATEGIES,
+    Policy,
+    parse_policy,
+    strategy_policies,
+)
 
-if TYPE_CHECKING:
-    pass
+__all__ = ["POLICIES", "STRATEGIES", "Policy", "apply", "block_policies", "capture_block_inputs",
+           "checkpoint_layer", "current_policies", "decisions_of", "parse_policy", "remove",
+           "set_policy", "strategy_policies"]
 
-__all__ = ["POLICIES", "STRATEGIES", "Policy", "apply", "block_policies", "checkpoint_layer",
-           "current_policies", "decisions_of", "parse_policy", "remove",
-           "strategy_policies"]
-
-PolicyKind = Literal["none", "nothing_saveable", "dots_saveable",
-                     "dots_with_no_batch_dims_saveable", "save_only_these_names", "offload"]
-
-#: Policy kinds; the last two take names (``save_only_these_names:qkv,mlp_up``).
-POLICIES: tuple[str, ...] = ("none", "nothing_saveable", "dots_saveable",
-                             "dots_with_no_batch_dims_saveable", "save_only_these_names",
-                             "offload")
-#: Strategy strings :func:`apply` accepts (see NOTE [ Strategies ]).
-STRATEGIES: tuple[str, ...] = ("none", "full", "every:N", "sqrt", "nothing_saveable",
-                               "dots_saveable", "dots_with_no_batch_dims_saveable",
-                               "save_only_these_names:NAMES", "offload:NAMES")
-_NAMED = ("save_only_these_names", "offload")
 _ATTR = "remat_policy"
-
-
-@dataclass(frozen=True)
-class Policy:
-    """One block's ``jax.checkpoint`` policy (hashable: it is static NNX graph data).
-
-    Args:
-        kind: one of :data:`POLICIES`; ``"none"`` runs the block without checkpoint.
-        names: for ``save_only_these_names`` / ``offload``, the ``checkpoint_name`` tags
-            to save (offload: to save in host memory). Default: ``()``.
-
-    Example:
-        >>> Policy("save_only_these_names", ("qkv",)).label()
-        'save_only_these_names:qkv'
-    """
-
-    kind: PolicyKind
-    names: tuple[str, ...] = ()
-
-    def __post_init__(self) -> None:
-        if self.kind not in POLICIES:
-            raise StrategyError(f"remat.jax: unknown policy {self.kind!r}; policies: "
-                                f"{', '.join(POLICIES)}")
-        object.__setattr__(self, "names", tuple(sorted(set(self.names))))
-        if self.kind in _NAMED and not self.names:
-            raise StrategyError(f"remat.jax: policy {self.kind!r} needs names, e.g. "
-                                f"'{self.kind}:qkv,mlp_up'")
-        if self.kind not in _NAMED and self.names:
-            raise StrategyError(f"remat.jax: policy {self.kind!r} takes no names, got "
-                                f"{list(self.names)}")
-
-    @property
-    def is_none(self) -> bool:
-        """True when the block runs without checkpoint."""
-        return self.kind == "none"
-
-    def label(self) -> str:
-        """``"none"``, ``"dots_saveable"``, ``"save_only_these_names:a,b"``, ..."""
-        return f"{self.kind}:{','.join(self.names)}" if self.names else self.kind
-
-    def jax_policy(self) -> Callable[..., Any] | None:
-        """The ``jax.checkpoint_policies`` function (None for ``"nothing_saveable"`` and none)."""
-        cp = jax.checkpoint_policies
-        if self.kind == "dots_saveable":
-            return cp.dots_saveable  # type: ignore[no-any-return]
-        if self.kind == "dots_with_no_batch_dims_saveable":
-            return cp.dots_with_no_batch_dims_saveable  # type: ignore[no-any-return]
-        if self.kind == "save_only_these_names":
-            return cp.save_only_these_names(*self.names)  # type: ignore[no-any-return]
-        if self.kind == "offload":
-            return cp.save_and_offload_only_these_names(  # type: ignore[no-any-return]
-                names_which_can_be_saved=[], names_which_can_be_offloaded=list(self.names),
-                offload_src="device", offload_dst="pinned_host")
-        return cp.nothing_saveable  # type: ignore[no-any-return]
-
-
-_NONE = Policy("none")
-
-
-def parse_policy(text: str | Policy) -> Policy:
-    """Read ``"dots_saveable"``, ``"save_only_these_names:qkv,mlp_up"``, ``"full"``, ...
-
-    Raises:
-        StrategyError: unknown kind or missing names; the message lists the valid ones.
-    """
-    if isinstance(text, Policy):
-        return text
-    if not isinstance(text, str):
-        raise StrategyError(f"remat.jax: a policy is a string or Policy, got "
-                            f"{type(text).__name__}")
-    kind, sep, rest = text.strip().partition(":")
-    kind = {"full": "nothing_saveable", "names": "save_only_these_names"}.get(kind, kind)
-    names = tuple(n.strip() for n in rest.split(",") if n.strip()) if sep else ()
-    if kind not in POLICIES:
-        raise StrategyError(f"remat.jax: unknown policy {text!r}; policies: "
-                            f"{', '.join(POLICIES)} (and 'full')")
-    return Policy(kind, names)  # type: ignore[arg-type]
-
-
-def strategy_policies(strategy: str, num_blocks: int) -> list[Policy]:
-    """Per-block policies of a whole-model strategy (see NOTE [ Strategies ]).
-
-    Raises:
-        StrategyError: unknown strategy or a bad ``every:N``.
-
-    Example:
-        >>> [p.label() for p in strategy_policies("every:2", 3)]
-        ['nothing_saveable', 'none', 'nothing_saveable']
-    """
-    if not isinstance(strategy, str):
-        raise StrategyError(f"remat.jax.apply: strategy must be a string, Plan or mapping, got "
-                            f"{type(strategy).__name__}")
-    text = strategy.strip()
-    full = Policy("nothing_saveable")
-    if text == "every" or text.startswith("every:"):
-        _, _, count = text.partition(":")
-        if not count.strip().isdigit() or int(count) < 1:
-            raise StrategyError(f"remat.jax.apply: cannot read {strategy!r}; write every:N "
-                                "with an integer N >= 1, e.g. every:2 checkpoints blocks 0, 2, ...")
-        n = int(count)
-        return [full if i % n == 0 else _NONE for i in range(num_blocks)]
-    if text == "sqrt":
-        size = max(1, math.ceil(math.sqrt(num_blocks)))
-        if size == 1:  # one-block segments: every block is its own checkpoint
-            return [full] * num_blocks
-        return [_NONE if (i + 1) % size == 0 or i == num_blocks - 1 else full
-                for i in range(num_blocks)]
-    try:
-        policy = parse_policy(text)
-    except StrategyError:
-        raise StrategyError(f"remat.jax.apply: unknown strategy {strategy!r}; strategies: "
-                            f"{', '.join(STRATEGIES)}") from None
-    return [policy] * num_blocks
 
 
 # ---- the block wrapper (NOTE [ Where the decision lives ]) ----------------------------------
@@ -187,7 +56,7 @@ def _is_array(value: Any) -> bool:
 def _wrapped_call(original: Callable[..., Any]) -> Callable[..., Any]:
     def __call__(self: nnx.Module, *args: Any, **kwargs: Any) -> Any:
         _record(self, args, kwargs)
-        policy: Policy = getattr(self, _ATTR, _NONE)
+        policy: Policy = getattr(self, _ATTR, NONE)
         if policy.is_none:
             return original(self, *args, **kwargs)
         # Arrays go through the checkpoint; anything else (flags, None) is closed over.
@@ -219,7 +88,8 @@ def _wrapper_class(cls: type) -> type:
     return _WRAPPERS[cls]
 
 
-def _set(block: nnx.Module, policy: Policy) -> None:
+def set_policy(block: nnx.Module, policy: Policy) -> None:
+    """Run ``block`` (one module, in place) under ``policy``; ``none`` removes remat from it."""
     if policy.is_none:
         _unset(block)
         return
@@ -244,8 +114,6 @@ M = TypeVar("M", bound=nnx.Module)
 def block_policies(model: nnx.Module, strategy: StrategyLike, *,
                    blocks: BlocksSpec = None) -> dict[str, Policy]:
     """The policy per block path that ``apply(model, strategy)`` sets."""
-    from remat.jax.plans import Plan
-
     if isinstance(strategy, Plan):
         names = [p for p, _ in named_blocks(model, list(strategy.block_names))]
         return {n: strategy.decision(n) for n in names}
@@ -256,7 +124,7 @@ def block_policies(model: nnx.Module, strategy: StrategyLike, *,
         if unknown:
             raise StrategyError(f"remat.jax.apply: {unknown} are not blocks; blocks: "
                                 f"{', '.join(paths[:6])}{' ...' if len(paths) > 6 else ''}")
-        return {p: parse_policy(strategy.get(p, _NONE)) for p in paths}
+        return {p: parse_policy(strategy.get(p, NONE)) for p in paths}
     return dict(zip(paths, strategy_policies(strategy, len(paths)), strict=True))
 
 
@@ -301,7 +169,7 @@ def apply(model: M, strategy: StrategyLike, *, blocks: BlocksSpec = None) -> M:
     remove(model)
     by_path = dict(named_blocks(model, list(policies)))
     for path, policy in policies.items():
-        _set(by_path[path], policy)
+        set_policy(by_path[path], policy)
     return model
 
 
@@ -344,10 +212,10 @@ def checkpoint_layer(fn: F, policy: str | Policy = "nothing_saveable") -> F:
 def current_policies(model: nnx.Module, paths: Sequence[str]) -> list[Policy]:
     """The policy each block in ``paths`` runs with now (``none`` when not applied)."""
     by_path = dict(named_blocks(model, list(paths)))
-    return [getattr(by_path[p], _ATTR, _NONE) for p in paths]
+    return [getattr(by_path[p], _ATTR, NONE) for p in paths]
 
 
-# ---- capturing block inputs (used by measure.py) --------------------------------------------
+# ---- capturing block inputs (used by block_measure.py) ----------------------------------------
 
 _CAPTURE_ATTR = "_remat_capture_path"
 _CAPTURED: list[dict[str, tuple[tuple[Any, ...], dict[str, Any]]]] = []

@@ -8,8 +8,8 @@ import numpy as np
 from flax import nnx
 
 from remat.jax._core import ParityReport
+from remat.jax.analysis import LossFn, compile_fn, default_loss, shape_key, step_fn
 from remat.jax.blocks import BlocksSpec, named_blocks
-from remat.jax.measure import LossFn, _key, compile_fn, default_loss, step_fn
 from remat.jax.strategies import apply, current_policies, remove
 
 __all__ = ["run_step", "validate"]
@@ -20,7 +20,7 @@ def run_step(model: nnx.Module, batch: Any, *, loss_fn: LossFn | None = None
     """Run the compiled step once: the loss and every gradient by parameter path."""
     fn = default_loss if loss_fn is None else loss_fn
     graphdef, state = nnx.split(model)
-    key = (graphdef, _key(state), _key(batch), fn)
+    key = (graphdef, shape_key(state), shape_key(batch), fn)
     if key not in _EXECUTABLES:
         # Code generation level 0 (see compile_fn): same HLO, hence the same arithmetic
         # for the reference and the remat'd step, at half the compile time.
@@ -50,7 +50,7 @@ def validate(model: nnx.Module, batch: Any, strategy_or_plan: Any = None, *,
     """Loss and every gradient of ``model`` under a strategy, against no remat.
 
     Both steps are compiled and run as remat.jax compiles them (see
-    NOTE [ CPU optimization barriers ] in measure.py). The model is left as it was.
+    NOTE [ CPU optimization barriers ] in analysis.py). The model is left as it was.
 
     Args:
         model: a Flax NNX module.

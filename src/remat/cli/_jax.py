@@ -1,0 +1,66 @@
+"""``--framework jax``: run ``remat compare`` and ``remat plan`` on the JAX backend.
+
+NOTE [ CLI and the JAX backend ]
+    ``remat.jax`` is imported here only, inside the functions, and only when
+    ``--framework jax`` is given, so ``remat --help`` and the torch commands never
+    import jax; without jax the command exits 2 naming ``pip install 'remat[jax]'``.
+    The same options mean the same things (``--model`` is the NNX preset of the same
+    name, ``--batch``/``--seq`` its batch); an option the JAX backend has no use for,
+    given on the command line, is refused (exit 2) with the reason, never ignored.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import typer
+from rich.markup import escape
+
+from remat.cli._common import fail
+
+__all__ = ["load_jax", "refuse", "strategies_for_jax"]
+
+
+def load_jax(model: str) -> Any:
+    """``remat.jax``, with ``model`` checked against its presets (exit 2 otherwise)."""
+    try:
+        import remat.jax as rj
+    except ImportError as exc:
+        fail(escape(f"--framework jax needs jax and flax ({exc}). Install them with: "
+                    "pip install 'remat[jax]'"))
+    if model not in rj.PRESETS:
+        raise typer.BadParameter(f"unknown JAX preset {model!r}; with --framework jax the "
+                                 f"presets are: {', '.join(rj.PRESETS)}",
+                                 param_hint="'--model'")
+    return rj
+
+
+def refuse(ctx: typer.Context, reasons: dict[str, str]) -> None:
+    """Exit 2 when an option in ``reasons`` was given on the command line with jax.
+
+    ``reasons`` maps a parameter name to why it has no meaning for the JAX backend
+    (see NOTE [ CLI and the JAX backend ]).
+    """
+    # by name: typer may bring its own copy of click's ParameterSource enum
+    given = [name for name in reasons
+             if getattr(ctx.get_parameter_source(name), "name", "DEFAULT") != "DEFAULT"]
+    if given:
+        flags = {p.name: p.opts[0] for p in ctx.command.params}
+        fail("; ".join(f"{flags.get(n, n)} is not supported with --framework jax: {reasons[n]}"
+                       for n in given))
+
+
+def strategies_for_jax(rj: Any, value: str | None) -> list[str]:
+    """``--strategies`` read as JAX strategies (default: ``remat.jax.DEFAULT_STRATEGIES``)."""
+    from remat.errors import StrategyError
+    from remat.jax.policies import strategy_policies
+
+    names = [s.strip() for s in value.split(",") if s.strip()] if value else \
+        list(rj.DEFAULT_STRATEGIES)
+    for name in names:
+        try:
+            strategy_policies(name, 1)
+        except StrategyError as exc:
+            raise typer.BadParameter(f"{exc} (JAX strategies: {', '.join(rj.STRATEGIES)})",
+                                     param_hint="'--strategies'") from None
+    return names

@@ -1,0 +1,175 @@
+"""Measure one block alone: its residuals, its FLOPs, its tagged names, its inputs in the model.
+
+NOTE [ Residuals ]
+    Saved residuals come from JAX's own inspection
+    (``jax.ad_checkpoint.print_saved_residuals``'s data, ``saved_residuals``):
+    every value the forward keeps for backward, minus the function's arguments
+    (parameters and inputs exist anyway) and literals. A block's residuals are
+    measured on the block alone, on the inputs it receives inside the model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from remat.jax.analysis import LossFn, StepAnalysis, compile_fn, shape_key
+from remat.jax.strategies import capture_block_inputs
+
+__all__ = ["BlockInputs", "block_fn", "block_forward_flops", "block_inputs", "block_saved_bytes",
+           "block_step_flops", "clear_block_cache", "residual_bytes", "subjaxprs", "tagged_names"]
+
+#: A block's call as captured in the model: positional arguments (arrays as
+#: ``jax.ShapeDtypeStruct``) and keyword arguments.
+BlockInputs = tuple[tuple[Any, ...], dict[str, Any]]
+
+
+def residual_bytes(fn: Callable[..., Any], *args: Any, keep_args_after: int | None = None
+                   ) -> int:
+    """Bytes ``fn(*args)`` saves for backward, arguments and literals excluded.
+
+    See NOTE [ Residuals ].
+
+    Args:
+        fn, args: the function and its arguments.
+        keep_args_after: count residuals that are the function's own positional
+            arguments from this index on (a block's inputs, which the model keeps
+            for the block only because of its backward). Default: count none.
+    """
+    from jax._src.ad_checkpoint import saved_residuals
+
+    total = 0
+    for aval, description in saved_residuals(fn, *args):
+        if "from a literal" in description:
+            continue
+        if "from the argument" in description and not _is_kept_arg(description,
+                                                                   keep_args_after):
+            continue
+        shaped: Any = aval
+        total += int(np.prod(shaped.shape)) * np.dtype(shaped.dtype).itemsize
+    return total
+
+
+def _is_kept_arg(description: str, keep_args_after: int | None) -> bool:
+    # Block functions name their inputs ``xs`` (see block_fn): "from the argument xs[0]".
+    return keep_args_after is not None and "argument xs" in description
+
+
+# ---- per block ----------------------------------------------------------------------------
+
+def block_saved_bytes(block: nnx.Module, inputs: BlockInputs) -> int:
+    """Residual bytes ``block`` saves for backward under its policy, its inputs included.
+
+    Measured on the block alone, on its in-model input shapes (NOTE [ Residuals ]).
+    """
+    args, kwargs = inputs
+    f, state, xs = block_fn(block, args, kwargs)
+    return residual_bytes(f, state, *xs, keep_args_after=1)
+
+
+def block_forward_flops(block: nnx.Module, inputs: BlockInputs
+                        ) -> int:
+    """XLA FLOPs of ``block``'s forward alone; cached by graph and shapes."""
+    args, kwargs = inputs
+    f, state, xs = block_fn(block, args, kwargs)
+    key = (nnx.graphdef(block), shape_key(state), tuple((x.shape, str(x.dtype)) for x in xs),
+           repr(sorted(kwargs.items())),
+           repr([a for a in args if not isinstance(a, jax.ShapeDtypeStruct)]))
+    if key not in _BLOCK_CACHE:
+        _BLOCK_CACHE[key] = StepAnalysis.of(compile_fn(f, state, *xs)).flops
+    return _BLOCK_CACHE[key]
+
+
+def block_step_flops(block: nnx.Module, inputs: BlockInputs) -> int:
+    """XLA FLOPs of ``block``'s forward and backward alone (recompute included); cached.
+
+    The function returns the forward's output as well as the input gradients, so XLA
+    cannot drop the forward and count only the recomputation.
+    """
+    args, kwargs = inputs
+    f, state, xs = block_fn(block, args, kwargs)
+    key = ("vjp", nnx.graphdef(block), shape_key(state), tuple((x.shape, str(x.dtype)) for x in xs),
+           repr(sorted(kwargs.items())),
+           repr([a for a in args if not isinstance(a, jax.ShapeDtypeStruct)]))
+    if key not in _BLOCK_CACHE:
+        def vjp(s: Any, *inputs: Any) -> Any:
+            out, pullback = jax.vjp(f, s, *inputs)
+            return out, pullback(jax.tree.map(jnp.ones_like, out))
+
+        _BLOCK_CACHE[key] = StepAnalysis.of(compile_fn(vjp, state, *xs)).flops
+    return _BLOCK_CACHE[key]
+
+
+_BLOCK_CACHE: dict[Any, int] = {}
+
+
+def block_fn(block: nnx.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+              ) -> tuple[Callable[..., Any], Any, list[Any]]:
+    graphdef, state = nnx.split(block)
+    arrays = [i for i, a in enumerate(args) if isinstance(a, jax.ShapeDtypeStruct)]
+
+    def f(s: Any, *xs: Any) -> Any:  # "xs": see _is_kept_arg
+        full = list(args)
+        for i, x in zip(arrays, xs, strict=True):
+            full[i] = x
+        return nnx.merge(graphdef, s)(*full, **kwargs)
+
+    return f, state, [args[i] for i in arrays]
+
+
+def tagged_names(block: nnx.Module, inputs: BlockInputs
+                 ) -> tuple[str, ...]:
+    """The ``checkpoint_name`` tags inside ``block``'s forward, in first-use order."""
+    args, kwargs = inputs
+    f, state, xs = block_fn(block, args, kwargs)
+    found: dict[str, None] = {}
+
+    def walk(jaxpr: Any) -> None:
+        for eqn in jaxpr.eqns:
+            if eqn.primitive.name == "name":
+                found[str(eqn.params["name"])] = None
+            for sub in subjaxprs(eqn.params):
+                walk(sub)
+
+    walk(jax.make_jaxpr(f)(state, *xs).jaxpr)
+    return tuple(found)
+
+
+def subjaxprs(params: Mapping[str, Any]) -> list[Any]:
+    out = []
+    for value in params.values():
+        for v in value if isinstance(value, (list, tuple)) else (value,):
+            inner = getattr(v, "jaxpr", v)
+            if hasattr(inner, "eqns"):
+                out.append(inner)
+    return out
+
+
+def block_inputs(model: nnx.Module, batch: Any, paths: Sequence[str], loss_fn: LossFn
+                 ) -> dict[str, BlockInputs]:
+    """Each block's input shapes inside ``loss_fn(model, batch)`` (traced, not run)."""
+    graphdef, state = nnx.split(model)
+
+    def trace() -> Any:
+        gd, st = nnx.split(model)
+        return jax.eval_shape(lambda s, b: loss_fn(nnx.merge(gd, s), b), st, batch)
+
+    del graphdef, state
+    found = capture_block_inputs(model, paths, trace)
+    missing = [p for p in paths if p not in found]
+    if missing:
+        raise ValueError(f"remat.jax: blocks {missing} were never called by loss_fn(model, "
+                         "batch); pass blocks= naming the modules the forward calls")
+    return found
+
+
+
+
+def clear_block_cache() -> None:
+    """Forget the cached block FLOPs."""
+    _BLOCK_CACHE.clear()

@@ -1,0 +1,296 @@
+"""Measure each kind of block's candidate policies with XLA (see NOTE [ JAX candidates ]).
+
+NOTE [ JAX candidates ]
+    For each kind of block (same class, parameter shapes and input shapes; one
+    representative is measured, the blocks being identical) the candidate
+    policies are ``none``, ``nothing_saveable``, ``dots_saveable``,
+    ``dots_with_no_batch_dims_saveable``, ``save_only_these_names`` with each
+    name tagged in the block (``checkpoint_name``) alone and with all of them,
+    plus any ``policies=`` given. Policies whose residuals (JAX's residual
+    inspection of the block alone) have the same size as an earlier one are
+    skipped. Each remaining policy is measured by XLA, on one of two programs
+    (``measure=``):
+
+    * ``"block"`` (default, NOTE [ Block chain ]): a chain of
+      :data:`CHAIN_BLOCKS` copies of the block alone, forward and backward,
+      the first copy under the policy and the others ``none``;
+    * ``"step"`` (the exact path): the whole training step with the
+      representative block under the policy and every other block ``none``.
+
+    Either way the candidate's recompute is the program's extra FLOPs
+    (``cost_analysis``) over the same program without remat, and its saved
+    bytes the block's un-checkpointed residuals minus what XLA's peak dropped
+    by. Candidates with no fewer saved bytes and no fewer FLOPs than another are
+    dropped. ``tests/jax/test_candidates.py`` compares the two paths.
+
+NOTE [ Block chain ]
+    Compiling the whole step per candidate costs a whole-step compile each (57 s
+    for the gpt-small preset's 8 candidates). The blocks of a stack are
+    identical, so a candidate's effect is measured on the block alone:
+    ``x -> B_p(x) -> B(.) -> B(.)``, forward and backward (``jax.vjp``, the
+    output cotangent an argument), where ``B_p`` runs under the candidate
+    policy. Its residuals stay alive while the later copies run their backward,
+    which is where the chain's peak is, so XLA's peak drops by what the policy
+    saves, as in the whole step where the later blocks and the head hold the
+    peak. One copy alone would not do: its backward recomputes what the policy
+    dropped, so its peak would not move. The chain needs a block whose output
+    has the shape of its first array argument (a residual stack); other kinds
+    are measured on the whole step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import jax
+from flax import nnx
+
+from remat.jax.analysis import (
+    LossFn,
+    StepAnalysis,
+    analyze_fns,
+    analyze_step,
+    analyze_steps,
+    default_loss,
+)
+from remat.jax.block_measure import BlockInputs, block_inputs, block_saved_bytes, tagged_names
+from remat.jax.blocks import BlocksSpec, named_blocks
+from remat.jax.policies import NONE, Policy, parse_policy
+from remat.jax.strategies import apply, current_policies, remove, set_policy
+
+__all__ = ["CHAIN_BLOCKS", "MEASURES", "JaxCandidate", "Measure", "candidate_tables",
+           "chain_analysis"]
+
+Measure = Literal["block", "step"]
+#: What ``measure=`` accepts (NOTE [ JAX candidates ]).
+MEASURES: tuple[str, ...] = ("block", "step")
+#: Copies of the block in the chain a candidate is measured on (NOTE [ Block chain ]).
+CHAIN_BLOCKS = 3
+
+
+@dataclass(frozen=True)
+class JaxCandidate:
+    """One policy for one kind of block, measured (see NOTE [ JAX candidates ]).
+
+    Args:
+        policy: the policy.
+        saved_bytes: residual bytes the block keeps for backward under it.
+        backward_peak_bytes: the block's working set when its backward runs
+            (its un-checkpointed residuals, recomputed or kept).
+        recompute_flops: extra XLA FLOPs of the block's forward+backward.
+        forward_peak_bytes: unused by the JAX peak model. Default: 0.
+    """
+
+    policy: Policy
+    saved_bytes: int
+    backward_peak_bytes: int
+    recompute_flops: int
+    forward_peak_bytes: int = 0
+
+    def __post_init__(self) -> None:
+        for key in ("saved_bytes", "backward_peak_bytes", "recompute_flops",
+                    "forward_peak_bytes"):
+            if getattr(self, key) < 0:
+                raise ValueError(f"JaxCandidate({self.label()}): {key} must be >= 0, "
+                                 f"got {getattr(self, key)}")
+
+    @property
+    def recompute_ms(self) -> float:
+        """The solver's cost: ``recompute_flops * 1e-9``, so its integer cost is the FLOPs."""
+        return self.recompute_flops * 1e-9
+
+    def label(self) -> str:
+        """The policy's label."""
+        return self.policy.label()
+
+
+def _with_policy(block: nnx.Module, policy: Policy) -> nnx.Module:
+    copy = nnx.merge(*nnx.split(block))
+    remove(copy)
+    set_policy(copy, policy)
+    return copy
+
+
+def _kind_key(block: nnx.Module, inputs: Any) -> Any:
+    base = getattr(type(block), "_remat_original", None) or type(block)
+    shapes = jax.tree.map(lambda a: (a.shape, str(a.dtype)), nnx.state(block))
+    return base, repr(shapes), repr(inputs)
+
+
+def candidate_tables(model: nnx.Module, batch: Any, *, loss_fn: LossFn | None = None,
+                     blocks: BlocksSpec = None, policies: Sequence[str | Policy] = (),
+                     prune: bool = True, measure: Measure = "block",
+                     default_policies: bool = True) -> dict[str, tuple[JaxCandidate, ...]]:
+    """Each block's measured candidates, ``none`` first (NOTE [ JAX candidates ]).
+
+    The model's own policies are ignored (and left as they were).
+
+    Args:
+        policies: candidates besides the default ones. Default: none.
+        prune: drop dominated candidates and policies with the same residuals as an
+            earlier one. Default: True.
+        measure: ``"block"`` (a chain of the block alone, NOTE [ Block chain ]) or
+            ``"step"`` (the whole step per candidate: exact, slow). Default: ``"block"``.
+        default_policies: measure the default candidates of NOTE [ JAX candidates ];
+            False measures ``none`` and ``policies`` only. Default: True.
+
+    Example:
+        >>> tables = candidate_tables(model, batch)
+        >>> [c.label() for c in tables["blocks.0"]][:2]
+        ['none', 'nothing_saveable']
+    """
+    if measure not in MEASURES:
+        raise ValueError(f"remat.jax.plan: measure must be one of {', '.join(MEASURES)}, "
+                         f"got {measure!r}")
+    fn = default_loss if loss_fn is None else loss_fn
+    named = named_blocks(model, blocks)
+    paths = [p for p, _ in named]
+    before = current_policies(model, paths)
+    try:
+        remove(model)
+        inputs = block_inputs(model, batch, paths, fn)
+        by_kind: dict[Any, tuple[JaxCandidate, ...]] = {}
+        out: dict[str, tuple[JaxCandidate, ...]] = {}
+        for path, block in named:
+            key = _kind_key(block, inputs[path])
+            if key not in by_kind:
+                wanted = _wanted(block, inputs[path], policies) if default_policies \
+                    else list(dict.fromkeys(parse_policy(p) for p in policies))
+                by_kind[key] = _measure_kind(model, batch, fn, path, block, inputs[path],
+                                             wanted, prune, measure)
+            out[path] = by_kind[key]
+        return out
+    finally:
+        apply(model, dict(zip(paths, before, strict=True)))
+
+
+def _wanted(block: nnx.Module, inputs: BlockInputs, policies: Sequence[str | Policy]
+            ) -> list[Policy]:
+    names = tagged_names(block, inputs)
+    wanted = [Policy("nothing_saveable"), Policy("dots_saveable"),
+              Policy("dots_with_no_batch_dims_saveable")]
+    wanted += [Policy("save_only_these_names", (n,)) for n in names]
+    if len(names) > 1:
+        wanted.append(Policy("save_only_these_names", names))
+    wanted += [parse_policy(p) for p in policies]
+    return list(dict.fromkeys(wanted))
+
+
+def _measure_kind(model: nnx.Module, batch: Any, fn: LossFn, path: str, block: nnx.Module,
+                  inputs: BlockInputs, wanted: Sequence[Policy], prune: bool,
+                  measure: Measure) -> tuple[JaxCandidate, ...]:
+    none_saved = block_saved_bytes(block, inputs)
+    table = [JaxCandidate(NONE, none_saved, none_saved, 0)]
+    seen_saved = {none_saved}
+    measured: list[Policy] = []
+    for policy in wanted:
+        saved = block_saved_bytes(_with_policy(block, policy), inputs)
+        if prune and saved in seen_saved:  # the same residuals: the same step
+            continue
+        seen_saved.add(saved)
+        measured.append(policy)
+    if measure == "block" and _chains(block, inputs):
+        base, *steps = chain_analysis(block, inputs, [NONE, *measured])
+    else:
+        base = analyze_step(model, batch, loss_fn=fn)
+
+        def configure(policy: Policy) -> Callable[[], Any]:
+            return lambda: apply(model, {path: policy})
+
+        steps = analyze_steps(model, batch, [configure(p) for p in measured], loss_fn=fn)
+        remove(model)
+    for policy, step in zip(measured, steps, strict=True):
+        # XLA's own saving for this block: what the peak dropped by (NOTE [ JAX peak model ]).
+        measured_saved = max(0, none_saved - (base.peak_bytes - step.peak_bytes))
+        table.append(JaxCandidate(policy, measured_saved, none_saved,
+                                  max(0, step.flops - base.flops)))
+    return tuple(_prune(table) if prune else table)
+
+
+def _carried(inputs: BlockInputs) -> int | None:
+    """Index of the block's first array argument, the activation the chain carries."""
+    args, _ = inputs
+    return next((i for i, a in enumerate(args) if isinstance(a, jax.ShapeDtypeStruct)), None)
+
+
+def _chains(block: nnx.Module, inputs: BlockInputs) -> bool:
+    """Whether the block maps its first array argument to an array of the same shape."""
+    args, kwargs = inputs
+    index = _carried(inputs)
+    if index is None or kwargs and any(isinstance(v, jax.ShapeDtypeStruct)
+                                       for v in kwargs.values()):
+        return False
+    graphdef, state = nnx.split(block)
+
+    def call(s: Any, *xs: Any) -> Any:
+        full = list(args)
+        for i, x in zip(_array_positions(args), xs, strict=True):
+            full[i] = x
+        return nnx.merge(graphdef, s)(*full, **kwargs)
+
+    try:
+        out = jax.eval_shape(call, state, *(args[i] for i in _array_positions(args)))
+    except Exception:  # noqa: BLE001 - any failure: measure on the whole step instead
+        return False
+    x = args[index]
+    return isinstance(out, jax.ShapeDtypeStruct) and (out.shape, out.dtype) == (x.shape, x.dtype)
+
+
+def _array_positions(args: tuple[Any, ...]) -> list[int]:
+    return [i for i, a in enumerate(args) if isinstance(a, jax.ShapeDtypeStruct)]
+
+
+def chain_analysis(block: nnx.Module, inputs: BlockInputs, policies: Sequence[Policy],
+                   *, blocks: int = CHAIN_BLOCKS) -> list[StepAnalysis]:
+    """XLA's analysis of the block chain with the first copy under each policy.
+
+    See NOTE [ Block chain ]. One analysis per policy, compiled in parallel and cached.
+    """
+    args, kwargs = inputs
+    positions = _array_positions(args)
+    carried = positions[0]
+    plain = remove(nnx.merge(*nnx.split(block)))
+    graphdef, state = nnx.split(plain)
+    x = args[carried]
+    others = [args[i] for i in positions[1:]]
+    jobs = []
+    for policy in policies:
+        first = nnx.graphdef(_with_policy(plain, policy))
+        graphdefs = (first, *([graphdef] * (blocks - 1)))
+        jobs.append((("chain", graphdefs, repr(inputs)),
+                     _chain_fn(graphdefs, args, kwargs, positions),
+                     ((state,) * blocks, x, others, x)))
+    return analyze_fns(jobs)
+
+
+def _chain_fn(graphdefs: Sequence[Any], args: tuple[Any, ...], kwargs: dict[str, Any],
+              positions: Sequence[int]) -> Callable[..., Any]:
+    def forward(states: Any, x: Any, others: Any) -> Any:
+        for graphdef, state in zip(graphdefs, states, strict=True):
+            full = list(args)
+            full[positions[0]] = x
+            for i, value in zip(positions[1:], others, strict=True):
+                full[i] = value
+            x = nnx.merge(graphdef, state)(*full, **kwargs)
+        return x
+
+    def chain(states: Any, x: Any, others: Any, cotangent: Any) -> Any:
+        out, pullback = jax.vjp(forward, states, x, others)
+        return out, pullback(cotangent)
+
+    return chain
+
+
+def _prune(table: Sequence[JaxCandidate]) -> list[JaxCandidate]:
+    kept: list[JaxCandidate] = []
+    for i, c in enumerate(table):
+        dominated = any(
+            o.saved_bytes <= c.saved_bytes and o.recompute_flops <= c.recompute_flops
+            and (o.saved_bytes, o.recompute_flops, j) < (c.saved_bytes, c.recompute_flops, i)
+            for j, o in enumerate(table) if j != i
+        )
+        if i == 0 or not dominated:
+            kept.append(c)
+    return kept
