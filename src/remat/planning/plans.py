@@ -14,7 +14,8 @@ NOTE [ Plan JSON format ]
     predicates) are not serialisable, so the file stores the block names and
     reads back a :class:`NamedBlocks` selecting exactly those modules. Fields
     added later with a default that keeps the old meaning (``cost_source``,
-    ``timed_on``, ``framework``) do not change the version: an older file reads as before.
+    ``timed_on``, ``framework``, ``compiled``) do not change the version: an older file
+    reads as before.
     A file whose ``framework`` is not ``"torch"`` is refused with the loader to use.
 """
 
@@ -39,6 +40,7 @@ from remat.planning.records import (
     owner_block,
 )
 from remat.strategies import BlockDecision
+from remat.strategies.compiled import check_compiled
 
 __all__ = ["COST_SOURCES", "PLAN_FORMAT_VERSION", "NamedBlocks", "Plan", "ThroughputRow",
            "apply_spec", "decisions_label"]
@@ -112,6 +114,9 @@ class Plan:
         >>> remat.apply(model, plan)
         >>> Plan.from_json(plan.to_json()) == plan
         True
+        compiled: for compiled execution (``remat.plan(..., compile=True)``): block name ->
+            the compiler's activation memory budget that block is compiled with by
+            ``remat.apply``; ``None``: an eager plan. Default: ``None``.
     """
 
     decisions: Mapping[str, BlockDecision]
@@ -130,6 +135,7 @@ class Plan:
     batch_size: int | None = None
     throughput: tuple[ThroughputRow, ...] = ()
     framework: str = "torch"
+    compiled: Mapping[str, float] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         names = tuple(self.block_names)
@@ -172,6 +178,8 @@ class Plan:
                              f"is set exactly when cost_source is 'measured'; got cost_source="
                              f"{self.cost_source!r}, timed_on={self.timed_on!r}")
         check_float("Plan", "predicted_step_ms", self.predicted_step_ms, optional=True)
+        if self.compiled is not None:
+            object.__setattr__(self, "compiled", check_compiled(self.compiled, names))
 
     # ---- reading -------------------------------------------------------------------------
 
@@ -246,6 +254,7 @@ class Plan:
             "batch_size": self.batch_size,
             "throughput": [vars(row).copy() for row in self.throughput],
             "framework": self.framework,
+            "compiled": None if self.compiled is None else dict(self.compiled),
         }
 
     def to_json(self, *, indent: int | None = 2) -> str:
@@ -299,6 +308,7 @@ class Plan:
                 blocks=NamedBlocks(tuple(blocks["names"])) if blocks else None,
                 batch_size=opt_int(data.get("batch_size")),
                 throughput=tuple(ThroughputRow(**row) for row in data.get("throughput") or ()),
+                compiled=data.get("compiled"),
             )
         except (KeyError, TypeError) as exc:
             raise ValueError(f"Plan.from_json: malformed plan ({type(exc).__name__}: {exc})") \
