@@ -29,7 +29,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from remat.errors import RematError
+from remat.blocks import find_sublayer
+from remat.errors import BlocksNotFound, RematError, StrategyError
 from remat.measure.compiled import CompiledMeasurement, measure_compiled
 from remat.measure.step import Step
 from remat.strategies import BlockDecision
@@ -37,7 +38,7 @@ from remat.strategies.apply import apply_decisions, preserved_strategy
 from remat.strategies.compiled import BackendCache, compile_blocks_with_budget, uncompile
 
 __all__ = ["DEFAULT_COMPILED_CANDIDATES", "CompiledCandidate", "CompiledContext",
-           "measure_assignment", "prepare_compiled"]
+           "default_candidates", "measure_assignment", "prepare_compiled"]
 
 _API = "remat.plan(compile=True)"
 
@@ -152,6 +153,21 @@ def measure_assignment(step: Step, names: Sequence[str],
     return result
 
 
+def default_candidates(step: Step) -> tuple[CompiledCandidate, ...]:
+    """:data:`DEFAULT_COMPILED_CANDIDATES`, plus checkpointing only the attention or only
+    the MLP sub-layer (compiled at 1.0) when every block has one."""
+    found = step.blocks_found(api=_API)
+    extra = []
+    for kind in ("attn", "mlp"):
+        try:
+            for _, block in found:
+                find_sublayer(block, kind)  # type: ignore[arg-type]
+        except (BlocksNotFound, StrategyError, ValueError):
+            continue
+        extra.append(CompiledCandidate(BlockDecision(kind), 1.0))
+    return DEFAULT_COMPILED_CANDIDATES + tuple(extra)
+
+
 def prepare_compiled(step: Step, candidates: Sequence[CompiledCandidate] | None = None
                      ) -> CompiledContext:
     """Measure every candidate on every block (one compiled step per candidate).
@@ -159,9 +175,9 @@ def prepare_compiled(step: Step, candidates: Sequence[CompiledCandidate] | None 
     Args:
         step: the step, with a real (not meta, not fake) model in train mode.
         candidates: the candidates; the first must be the reference ``none@1.0``.
-            Default: :data:`DEFAULT_COMPILED_CANDIDATES`.
+            Default: :func:`default_candidates`.
     """
-    cands = tuple(candidates or DEFAULT_COMPILED_CANDIDATES)
+    cands = tuple(candidates or default_candidates(step))
     if cands[0] != DEFAULT_COMPILED_CANDIDATES[0]:
         raise ValueError(f"{_API}: the first candidate must be none@1.0 (the reference), "
                          f"got {cands[0].label()}")
