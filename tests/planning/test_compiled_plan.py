@@ -166,3 +166,10 @@ def test_compile_refuses_simulate() -> None:
 def test_copy_of_plan_keeps_compiled(model: Net, ctx: CompiledContext) -> None:
     plan = _plan(model, ctx, "100%")
     assert copy.deepcopy(plan).compiled == plan.compiled
+
+
+def test_summary_and_equality_know_the_compile(model: Net, ctx: CompiledContext) -> None:
+    plan = _plan(model, ctx, "100%")
+    assert "Compiled, activation memory budget" in plan.summary()
+    assert "1 x2" in plan.summary()
+    assert plan != Plan.from_dict({**plan.to_dict(), "compiled": None})

@@ -135,7 +135,7 @@ class Plan:
     batch_size: int | None = None
     throughput: tuple[ThroughputRow, ...] = ()
     framework: str = "torch"
-    compiled: Mapping[str, float] | None = field(default=None, compare=False)
+    compiled: Mapping[str, float] | None = None
 
     def __post_init__(self) -> None:
         names = tuple(self.block_names)
