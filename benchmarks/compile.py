@@ -14,7 +14,11 @@ Llama built in-process (6 layers, d 256, seq 256, batch 4), dropout off, CPU, fl
    budget=<that compiled run's peak>)`` applied, then every block compiled
    (:func:`remat.integrations.compiler_budget.compile_blocks_with_budget` at 1.0,
    i.e. inductor's default partitioner, with the plan's checkpoints and SAC tags),
-   measured the same way.
+   measured the same way;
+4. ``remat.plan(model, batch, budget=<each compiled run's peak>, compile=True)``
+   (``--compiled-plan``, on by default): planned for the compiled step (candidates
+   measured once per model and shared across budgets), applied with ``remat.apply``,
+   which compiles the blocks as the plan records, and measured the same way.
 
 Columns: peak bytes; recompute = compiled FLOPs minus the budget-1.0 compiled FLOPs
 (as a share of them); step time = median of interleaved untracked steps, and its ratio
@@ -52,8 +56,9 @@ import remat
 from remat.integrations.compiler_budget import compile_blocks_with_budget, compile_with_budget
 from remat.measure.allocator import allocator_peak
 from remat.measure.compiled import measure_compiled
-from remat.measure.step import clear_grads, run_step
+from remat.measure.step import Step, clear_grads, run_step
 from remat.models import build_model, make_batch
+from remat.planning.compiled_candidates import prepare_compiled
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _results import cpu_name, replace_section  # noqa: E402
@@ -174,9 +179,45 @@ def _time_interleaved(variants: list[Variant], batch: Any, repeats: int) -> None
         v.row.step_ms = statistics.median(times[i])
 
 
+def _compiled_plans(name: str, model: nn.Module, batch: Any, ref: list[torch.Tensor],
+                    compiled_peaks: dict[float, int],
+                    log: Callable[[str], None]) -> list[Variant]:
+    """remat.plan(..., compile=True) at each compiler setting's peak, applied and measured."""
+    t0 = time.time()
+    planning = copy.deepcopy(model)
+    ctx = prepare_compiled(Step(planning, batch))
+    log(f"{name}: compiled candidates measured "
+        f"({', '.join(c.label() for c in ctx.candidates)}), {time.time() - t0:.0f} s")
+    out = []
+    for budget, target in compiled_peaks.items():
+        label = f"remat plan(compile=True) @ compile-{budget:g} peak"
+        try:
+            plan = remat.plan(planning, batch, budget=target, compile=True, context=ctx)
+        except remat.BudgetTooSmall as exc:
+            log(f"{name}: {label}: BudgetTooSmall (lowest {exc.min_peak_bytes / MiB:.1f} MiB)")
+            out.append(Variant(Row(name, label, 0, 0, float("nan"), budget_bytes=target,
+                                   note=f"BudgetTooSmall, lowest measured "
+                                        f"{exc.min_peak_bytes / MiB:.1f} MiB"), model))
+            continue
+        planned = remat.apply(copy.deepcopy(model), plan)  # compiles the blocks as recorded
+        m = measure_compiled(planned, batch, timing=False)
+        assert plan.compiled is not None
+        budgets = [plan.compiled[n] for n in plan.block_names]
+        how = " ".join(f"{plan.label_of(n)}@{b:g}" for n, b in zip(plan.block_names, budgets,
+                                                                  strict=True))
+        out.append(Variant(Row(name, label, m.peak_bytes, m.profile.flops,
+                               _grad_error(planned, batch, ref), budget_bytes=target,
+                               new_graphs=m.new_graphs,
+                               note=_note(m, f"planned peak {plan.measured_peak_bytes / MiB:.1f}"
+                                             f" MiB; {how}")), planned))
+        log(f"{name}: {label}: {m.peak_bytes / MiB:.1f} MiB ({how})")
+    return out
+
+
 def bench_model(name: str, build: Callable[[], tuple[nn.Module, Any]], *,
                 budgets: tuple[float, ...], remat_budgets: tuple[float, ...],
-                repeats: int, log: Callable[[str], None]) -> list[Row]:
+                repeats: int, log: Callable[[str], None],
+                compiled_plan: bool = False) -> list[Row]:
     model, batch = build()
     eager = remat.profile(model, batch, timing=False)
     static = eager.param_bytes + eager.buffer_bytes + eager.optimizer_bytes + eager.batch_bytes
@@ -224,6 +265,8 @@ def bench_model(name: str, build: Callable[[], tuple[nn.Module, Any]], *,
                             f"{_decisions(plan)}"))
         variants.append(Variant(row, planned))
         log(f"{name}: {label}: {m.peak_bytes / MiB:.1f} MiB, {time.time() - t0:.0f} s")
+    if compiled_plan:
+        variants += _compiled_plans(name, model, batch, ref, compiled_peaks, log)
     timed = [v for v in variants if v.row.peak_bytes > 0]
     _time_interleaved(timed, batch, repeats)
     for v in variants:
@@ -265,6 +308,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true",
                         help="smoke run: 1-layer gpt-tiny, budgets 1.0 and 0.0")
     parser.add_argument("--no-remat", action="store_true", help="skip remat's plans")
+    parser.add_argument("--no-compiled-plan", action="store_true",
+                        help="skip remat.plan(..., compile=True)")
+    parser.add_argument("--models", default="",
+                        help="comma-separated model names to run (default: all)")
     parser.add_argument("--repeats", type=int, default=5, help="timed steps per variant")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: all cores)")
     parser.add_argument("--out", type=Path, default=OUT, help="markdown file to write")
@@ -284,9 +331,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[{time.time() - start:6.0f} s] {msg}", flush=True)
 
     rows: list[Row] = []
+    wanted = {m.strip() for m in args.models.split(",") if m.strip()}
     for name, build in _models(args.quick):
+        if wanted and name.split(" ")[0] not in wanted:
+            continue
         rows.extend(bench_model(name, build, budgets=budgets, remat_budgets=remat_budgets,
-                                repeats=1 if args.quick else args.repeats, log=log))
+                                repeats=1 if args.quick else args.repeats, log=log,
+                                compiled_plan=not args.no_compiled_plan))
         torch._dynamo.reset()
     table = markdown(rows)
     print(table)

@@ -55,6 +55,8 @@ Examples:
 
   remat plan --framework jax --model gpt-small --budget 50% --out plan.json   (JAX/Flax NNX)
 
+  remat plan --model gpt-tiny --budget 80% --compile --out out/plan.json   # compiled step
+
 Then train with it:  remat.apply(model, remat.Plan.from_json(open("plan.json").read()))
 """
 
@@ -119,6 +121,11 @@ def plan_command(
         help="What the plan minimizes: measured time (timed block runs; auto on CUDA) or "
              "roofline time on the cost device (auto elsewhere).",
     )] = CostChoice.auto,
+    compile_: Annotated[bool, typer.Option(
+        "--compile",
+        help="Plan the step as it runs with each block torch.compile-d (real runs; the "
+             "plan file records the compile, remat.apply compiles the blocks; no frontier).",
+    )] = False,
     frontier: Annotated[bool, typer.Option(
         "--frontier/--no-frontier",
         help="Also measure every manual strategy and print the frontier.",
@@ -157,7 +164,8 @@ def plan_command(
     request = _Request(model=model, budget=budget, batch=batch, seq=seq, maximize=maximize,
                        max_batch=max_batch, optimizer=optimizer, target=target,
                        cost_device=cost_device, simulate=simulate, cost=cost,
-                       frontier=frontier or plot is not None, seed=seed)
+                       frontier=(frontier or plot is not None) and not compile_, seed=seed,
+                       compile=compile_)
     outcome = _run(request)
     if json_out != "-":
         _print_outcome(request, outcome)
@@ -181,6 +189,7 @@ class _Request:
     cost: CostChoice
     frontier: bool
     seed: int
+    compile: bool = False
 
     def make_batch(self, n: int) -> Any:
         from remat.models import make_batch
@@ -210,6 +219,8 @@ def _make_plan(request: _Request, net: Any, sample: Any, opt: Any) -> tuple[Any,
     common = {"budget": _budget_value(request.budget), "optimizer": opt,
               "simulate": request.simulate, "device": request.cost_device,
               "cost": request.cost.value}
+    if request.compile:
+        common["compile"] = True
     if request.maximize is Maximize.throughput:
         result = make_plan(net, request.make_batch, maximize="throughput",
                            batch_size=request.batch, max_batch_size=request.max_batch,

@@ -26,31 +26,11 @@ from typing import Any, TypeVar
 from torch import nn
 
 from remat.blocks import BlocksSpec, named_blocks
-from remat.errors import StrategyError
-from remat.strategies.regions import region_of
+from remat.strategies.compiled import check_compilable
 
 __all__ = ["check_compilable", "compile_blocks"]
 
 M = TypeVar("M", bound=nn.Module)
-
-
-def check_compilable(model: nn.Module, *, api: str = "remat.integrations.compile") -> None:
-    """Raise when the strategy on ``model`` cannot be compiled block by block.
-
-    Raises:
-        StrategyError: a ``sqrt`` segment is installed (see NOTE [ Compiling
-            checkpointed blocks ]).
-    """
-    for name, module in model.named_modules():
-        info = region_of(module)
-        if info is not None and info.kind == "segment":
-            raise StrategyError(
-                f"{api}: block {name!r} is part of a {info.label!r} segment, one region "
-                "spread over several blocks' calls and driven by Python state between them, "
-                "which torch.compile cannot trace block by block. Use 'full', 'every:N', "
-                f"'ops' or a plan with per-block compile, or leave {info.label!r} blocks "
-                "uncompiled."
-            )
 
 
 def compile_blocks(model: M, *, blocks: BlocksSpec = None,

@@ -1,5 +1,8 @@
 """torch.compile with the compiler's own activation memory budget, per model or per block.
 
+The implementation lives in :mod:`remat.strategies.compiled` (``remat.apply`` compiles
+plans made for compiled execution with it); this module re-exports it.
+
 ``torch._functorch.config.activation_memory_budget`` (0.0 to 1.0) tells AOTAutograd's
 min-cut partitioner what fraction of the activations to keep; below 1.0 it
 recomputes (matmuls included) to save the rest. It is a global setting read when a
@@ -29,139 +32,6 @@ Example::
     >>> compile_blocks_with_budget(model, {"blocks.0": 0.0})   # one block only
 """
 
-from __future__ import annotations
-
-from collections.abc import Mapping
-from typing import Any, TypeVar
-
-from torch import nn
-
-from remat.blocks import BlocksSpec, named_blocks
-from remat.integrations.compile import check_compilable
-from remat.measure.compiled_graphs import CountingBackend, GraphLog, register_backend
-from remat.strategies.regions import region_of
+from remat.strategies.compiled import compile_blocks_with_budget, compile_with_budget
 
 __all__ = ["compile_blocks_with_budget", "compile_with_budget"]
-
-M = TypeVar("M", bound=nn.Module)
-
-_API = "remat.integrations.compiler_budget"
-
-
-def _check_budget(budget: float | None, api: str, where: str = "") -> None:
-    if budget is not None and not 0.0 <= budget <= 1.0:
-        raise ValueError(
-            f"{api}: budget{where} must be in [0, 1] (the fraction of activations the "
-            f"partitioner keeps; 1.0 = inductor's default), got {budget}"
-        )
-
-
-def compile_with_budget(model: M, budget: float | None = None, *, in_place: bool = False,
-                        log: GraphLog | None = None, **compile_kwargs: Any) -> M:
-    """Compile ``model`` whole with inductor at activation memory budget ``budget``.
-
-    Args:
-        model: the module to compile.
-        budget: ``activation_memory_budget`` in [0, 1]; ``None`` keeps whatever
-            ``torch._functorch.config`` holds at compile time. Default: ``None``.
-        in_place: compile with ``model.compile`` (returns ``model``; ``state_dict``
-            keys unchanged) instead of ``torch.compile(model)`` (returns an
-            ``OptimizedModule`` wrapping it). Default: ``False``.
-        log: a :class:`GraphLog` to record the compiled graphs in. Default: a new one
-            (reachable as ``backend_of(result).log``).
-        **compile_kwargs: passed to ``torch.compile`` (``fullgraph=``, ``dynamic=``).
-            ``backend=`` is not allowed: the backend is inductor, wrapped.
-
-    Returns:
-        The compiled model (``model`` itself when ``in_place``).
-
-    Raises:
-        ValueError: budget outside [0, 1], or a ``backend=`` argument.
-    """
-    api = f"{_API}.compile_with_budget"
-    _check_budget(budget, api)
-    if "backend" in compile_kwargs:
-        raise ValueError(f"{api}: backend= is not accepted (the backend is remat's counting "
-                         "wrapper around inductor); call torch.compile yourself for others")
-    backend = CountingBackend(budget, label="" if in_place else "model", log=log)
-    if in_place:
-        model.compile(backend=backend, **compile_kwargs)
-        register_backend(model, backend)
-        return model
-    import torch
-
-    compiled = torch.compile(model, backend=backend, **compile_kwargs)
-    assert isinstance(compiled, nn.Module)  # torch.compile of a module wraps it
-    register_backend(compiled, backend)
-    register_backend(model, backend)
-    return compiled  # type: ignore[return-value]
-
-
-def compile_blocks_with_budget(model: M, budget: float | None | Mapping[str, float | None],
-                               *, blocks: BlocksSpec = None, log: GraphLog | None = None,
-                               **compile_kwargs: Any) -> M:
-    """Compile each block of ``model`` in place, each with its own budget and backend.
-
-    A block-level counterpart of :func:`remat.integrations.compile.compile_blocks` (same
-    in-place ``Module.compile``, same refusal of ``sqrt`` segments) where the blocks'
-    graphs are logged (per-block FLOPs, recompute and saved bytes in
-    ``profile_compiled``) and each block can take its own budget. Identical blocks
-    at the same budget share one backend and one compiled graph (NOTE [ One backend
-    per kind of block ]).
-
-    Args:
-        model: the model, with any remat strategy already applied.
-        budget: one budget for every block, or ``{qualified_name: budget}`` (blocks not
-            named are left uncompiled). ``None`` keeps ``torch._functorch.config``'s value.
-        blocks: which modules are blocks (see :func:`remat.find_blocks`). Default: automatic.
-        log: one :class:`GraphLog` shared by every block's backend. Default: one per block.
-        **compile_kwargs: passed to ``Module.compile`` (not ``backend=``).
-
-    Returns:
-        ``model``.
-
-    Raises:
-        ValueError: a budget outside [0, 1], a name in ``budget`` that is not a block,
-            or ``backend=``.
-        StrategyError: the model has ``sqrt`` segments.
-    """
-    api = f"{_API}.compile_blocks_with_budget"
-    if "backend" in compile_kwargs:
-        raise ValueError(f"{api}: backend= is not accepted (the backend is remat's counting "
-                         "wrapper around inductor)")
-    check_compilable(model, api=api)
-    named = named_blocks(model, blocks, api=api)
-    if isinstance(budget, Mapping):
-        unknown = sorted(set(budget) - {name for name, _ in named})
-        if unknown:
-            raise ValueError(f"{api}: {unknown} are not blocks of {type(model).__name__}; "
-                             f"blocks: {', '.join(n for n, _ in named)}")
-        chosen = {name: budget[name] for name, _ in named if name in budget}
-    else:
-        chosen = {name: budget for name, _ in named}
-    for name, value in chosen.items():
-        _check_budget(value, api, f" for {name!r}")
-    shared: dict[tuple[Any, ...], CountingBackend] = {}
-    for name, block in named:
-        if name not in chosen:
-            continue
-        key = (chosen[name], _fingerprint(block))
-        backend = shared.get(key)
-        if backend is None:  # See NOTE [ One backend per kind of block ]
-            backend = shared[key] = CountingBackend(chosen[name], label=name, log=log)
-        block.compile(backend=backend, **compile_kwargs)
-        register_backend(block, backend)
-    return model
-
-
-def _fingerprint(block: nn.Module) -> tuple[Any, ...]:
-    """What decides a block's compiled graph besides its shapes: its class and the remat
-    regions installed on it and its submodules (kind, decision, saved ops)."""
-    regions = []
-    for sub_name, sub in block.named_modules():
-        info = region_of(sub)
-        if info is not None:
-            regions.append((sub_name, info.kind, info.label,
-                            tuple(sorted(info.save_ops)) if info.save_ops else None))
-    shapes = tuple((n, tuple(p.shape), p.dtype) for n, p in block.named_parameters())
-    return (type(block), tuple(regions), shapes)

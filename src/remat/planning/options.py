@@ -30,6 +30,8 @@ class PlanOptions:
         batch_size: with ``maximize``, the batch size percentages refer to. Default: 8.
         max_batch_size: with ``maximize``, the largest batch size tried. Default: 1024.
         cost: ``"auto"``, ``"roofline"`` or ``"measured"``. Default: ``"auto"``.
+        compile: plan the step as it runs with every block compiled (see
+            ``remat/planning/compiled_plan.py``). Default: ``False``.
 
     Example:
         >>> PlanOptions(budget="60%").budget.fraction
@@ -43,6 +45,7 @@ class PlanOptions:
     batch_size: int = 8
     max_batch_size: int = 1024
     cost: str = "auto"
+    compile: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "budget", parse_budget(self.budget))

@@ -38,6 +38,8 @@ from remat.blocks import BlocksSpec
 from remat.devices import DeviceSpec
 from remat.measure.step import LossFn, Step, model_device
 from remat.planning.budget import Budget, BudgetLike
+from remat.planning.compiled_candidates import CompiledContext
+from remat.planning.compiled_plan import plan_compiled
 from remat.planning.context import PlanContext, check_plannable, prepare_step, resolve_cost
 from remat.planning.fingerprint import fingerprint_of
 from remat.planning.loop import close_loop
@@ -60,10 +62,11 @@ def plan(
     simulate: bool = False,
     maximize: str | None = None,
     device: str | DeviceSpec | None = None,
-    context: PlanContext | None = None,
+    context: PlanContext | CompiledContext | None = None,
     batch_size: int = 8,
     max_batch_size: int = 1024,
     cost: str = "auto",
+    compile: bool = False,
 ) -> Plan:
     """The cheapest checkpointing plan whose measured peak fits ``budget``.
 
@@ -99,7 +102,9 @@ def plan(
         device: the device costs are computed for. Default: the model's GPU when remat
             knows it, else ``"h100-80gb"``.
         context: a :func:`prepare` result for this model and batch, to plan several
-            budgets without measuring again. Default: measured now.
+            budgets without measuring again (with ``compile=True``: a
+            ``remat.planning.compiled_candidates.prepare_compiled`` result). Default:
+            measured now.
         batch_size: with ``maximize``, the batch size percentages refer to. Default: 8.
         max_batch_size: with ``maximize``, the largest batch size tried. Default: 1024.
         cost: what the solver minimizes. ``"measured"``: each candidate's extra
@@ -109,6 +114,12 @@ def plan(
             kernel efficiency); ``"auto"``: measured on CUDA unless ``simulate``,
             roofline elsewhere (CPU wall time is too noisy to plan with).
             Default: ``"auto"``.
+        compile: plan the step as it will run with every block ``torch.compile``-d:
+            candidates include the compiler's own activation memory budgets besides
+            remat's checkpoints, the closed loop measures the compiled step's allocator
+            peak, and ``remat.apply(model, plan)`` compiles the blocks as the plan
+            records (``plan.compiled``). Percentages refer to the compiled step without
+            remat. Not with ``simulate`` or ``maximize``. Default: ``False``.
 
     Returns:
         A :class:`~remat.Plan` with ``measured_peak_bytes <= budget_bytes``.
@@ -129,7 +140,7 @@ def plan(
     """
     options = PlanOptions(budget=budget, simulate=simulate, maximize=maximize,  # type: ignore[arg-type]
                           device=device, batch_size=batch_size, max_batch_size=max_batch_size,
-                          cost=cost)
+                          cost=cost, compile=compile)
     if maximize is not None and not callable(batch):
         raise TypeError(
             "remat.plan: maximize='throughput' needs batch to be a function n -> batch "
@@ -143,9 +154,15 @@ def plan(
     return plan_step(step, options, context=context)
 
 
-def plan_step(step: Step, options: PlanOptions, *, context: PlanContext | None = None) -> Plan:
+def plan_step(step: Step, options: PlanOptions, *,
+              context: PlanContext | CompiledContext | None = None) -> Plan:
     """:func:`plan` for a resolved :class:`~remat.measure.step.Step` and :class:`PlanOptions`
     (with ``maximize``, ``step.batch`` is the function ``n -> batch``)."""
+    if options.compile:
+        return plan_compiled(step, options, context=context
+                             if isinstance(context, CompiledContext) else None)
+    if isinstance(context, CompiledContext):
+        raise ValueError("remat.plan: a compiled context (prepare_compiled) needs compile=True")
     source = resolve_cost(options.cost, step.model, simulate=options.simulate)
     if options.maximize is not None:
         make_batch = step.batch

@@ -14,8 +14,9 @@ NOTE [ Plan JSON format ]
     predicates) are not serialisable, so the file stores the block names and
     reads back a :class:`NamedBlocks` selecting exactly those modules. Fields
     added later with a default that keeps the old meaning (``cost_source``,
-    ``timed_on``, ``framework``, ``fingerprint``) do not change the version: an older file
-    reads as before (a plan without a fingerprint is applied unchecked).
+    ``timed_on``, ``framework``, ``fingerprint``, ``compiled``) do not change the version: an
+    older file reads as before (a plan without a fingerprint is applied unchecked; one without
+    ``compiled`` is for eager execution).
     A file whose ``framework`` is not ``"torch"`` is refused with the loader to use.
 """
 
@@ -46,6 +47,7 @@ from remat.planning.records import (
     print_from_dict,
 )
 from remat.strategies import BlockDecision
+from remat.strategies.compiled import check_compiled
 
 __all__ = ["COST_SOURCES", "PLAN_FORMAT_VERSION", "NamedBlocks", "Plan", "ThroughputRow",
            "apply_spec", "decisions_label"]
@@ -107,6 +109,9 @@ class Plan:
         >>> remat.apply(model, plan)
         >>> Plan.from_json(plan.to_json()) == plan
         True
+        compiled: for compiled execution (``remat.plan(..., compile=True)``): block name ->
+            the compiler's activation memory budget that block is compiled with by
+            ``remat.apply``; ``None``: an eager plan. Default: ``None``.
     """
 
     decisions: Mapping[str, BlockDecision]
@@ -126,6 +131,7 @@ class Plan:
     throughput: tuple[ThroughputRow, ...] = ()
     framework: str = "torch"
     fingerprint: tuple[BlockPrint, ...] | None = None
+    compiled: Mapping[str, float] | None = None
 
     def __post_init__(self) -> None:
         names = tuple(self.block_names)
@@ -178,6 +184,8 @@ class Plan:
                     f"order; got {[getattr(p, 'name', p) for p in prints][:4]} for "
                     f"{list(names)[:4]}. Let remat.plan fill it, or pass None"
                 )
+        if self.compiled is not None:
+            object.__setattr__(self, "compiled", check_compiled(self.compiled, names))
 
     def check_model(self, model: nn.Module, *, api: str = "remat.apply") -> None:
         """Refuse a model the plan was not made for (NOTE [ Plan fingerprint ]).
@@ -268,6 +276,7 @@ class Plan:
                 {"name": p.name, "class": p.cls, "params": p.params, "siblings": p.siblings}
                 for p in self.fingerprint
             ],
+            "compiled": None if self.compiled is None else dict(self.compiled),
         }
 
     def to_json(self, *, indent: int | None = 2) -> str:
@@ -324,6 +333,7 @@ class Plan:
                 throughput=tuple(ThroughputRow(**row) for row in data.get("throughput") or ()),
                 fingerprint=None if data.get("fingerprint") is None else tuple(
                     print_from_dict(p) for p in data["fingerprint"]),
+                compiled=data.get("compiled"),
             )
         except (KeyError, TypeError) as exc:
             raise ValueError(f"remat.Plan.from_json: malformed plan ({type(exc).__name__}: "

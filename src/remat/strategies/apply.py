@@ -170,7 +170,8 @@ def apply(model: M, strategy: str | Strategy | Any, *, blocks: BlocksSpec = None
             checkpointing: keep matmul/attention/conv outputs, recompute the rest),
             ``"offload"`` (saved activations in pinned host memory; a no-op on CPU); a
             :class:`~remat.strategies.base.Strategy` config; or a Plan from
-            :func:`remat.plan`.
+            :func:`remat.plan` (a plan made with ``compile=True`` also compiles each
+            block in place with the compiler budget it records).
         blocks: which modules are blocks: a class, a list of classes, or a predicate
             ``(qualified_name, module) -> bool``. Default: found automatically.
 
@@ -195,7 +196,13 @@ def apply(model: M, strategy: str | Strategy | Any, *, blocks: BlocksSpec = None
         plan_blocks = getattr(strategy, "blocks", None)
         # A plan's own blocks win: its decisions are keyed by the names they produce.
         chosen = plan_blocks if plan_blocks is not None else blocks
-        return apply_decisions(model, plan_decisions, blocks=chosen, label="plan")
+        apply_decisions(model, plan_decisions, blocks=chosen, label="plan")
+        compiled = getattr(strategy, "compiled", None)
+        if compiled is not None:  # a plan for compiled execution: compile as it records
+            from remat.strategies.compiled import compile_blocks_with_budget
+
+            compile_blocks_with_budget(model, compiled, blocks=chosen)
+        return model
     return _apply_strategy(model, parse_strategy(strategy), blocks)
 
 

@@ -1,0 +1,160 @@
+"""``remat.plan(..., compile=True)``: plan the step as it will run under ``torch.compile``.
+
+NOTE [ Predicting a compiled mixture ]
+    Every candidate is measured with all blocks at it (NOTE [ Compiled candidates ]
+    in compiled_candidates.py). For a mixture (block ``i`` at candidate ``c_i``) the
+    predicted peak is::
+
+        static + sum_i saved[c_i][i] + max_i transient[c_i]
+
+    the bytes alive at the step's start, what every block's compiled forward saved
+    (all alive when backward starts), and the largest backward transient among the
+    candidates used. It is exact for the uniform assignments by construction. The
+    mixtures considered are uniform ones and two-candidate splits (the first ``k``
+    blocks at one candidate, the rest at another): ``K^2 L`` of them, not ``K^L``.
+
+NOTE [ Compiled closed loop ]
+    Assignments are ordered by (recompute cost, -predicted peak, assignment), a fixed
+    total order, and those predicted over budget are skipped. Among equal recompute
+    FLOPs the one keeping the most bytes comes first: FLOPs count matmuls, not the
+    pointwise ops a lower compiler budget or a SAC set recomputes, so keeping more is
+    the faster guess (with the whole budget, the compiler's default ``none@1``); the first one whose
+    *measured* compiled peak (allocator, :func:`~remat.measure.compiled.measure_compiled`)
+    fits is the plan. More budget only adds assignments to the front of the search,
+    so it never gives a costlier plan: the plan found for a smaller budget is still
+    found, or a cheaper one before it. At most ``max_trials`` new steps are measured;
+    when none fits, :class:`~remat.errors.BudgetTooSmall` gives the lowest peak measured.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+from remat.errors import BudgetTooSmall
+from remat.measure.step import Step, model_device
+from remat.planning.compiled_candidates import (
+    CompiledCandidate,
+    CompiledContext,
+    dtype_bytes,
+    measure_assignment,
+    prepare_compiled,
+)
+from remat.planning.context import check_plannable
+from remat.planning.cost import cost_device
+from remat.planning.options import PlanOptions
+from remat.planning.plans import Plan
+from remat.planning.records import apply_spec
+from remat.units import format_bytes
+
+__all__ = ["plan_compiled", "predict_peak"]
+
+_API = "remat.plan(compile=True)"
+Assignment = tuple[int, ...]
+
+
+def predict_peak(ctx: CompiledContext, assignment: Sequence[int]) -> int:
+    """The peak of ``assignment`` by NOTE [ Predicting a compiled mixture ]."""
+    saved = sum(ctx.saved[c][i] for i, c in enumerate(assignment))
+    return ctx.static_bytes + saved + max(ctx.transient[c] for c in set(assignment))
+
+
+def _assignments(blocks: int, kinds: int) -> Iterator[Assignment]:
+    for a in range(kinds):
+        yield (a,) * blocks
+        for b in range(kinds):
+            if b != a:
+                for k in range(1, blocks):
+                    yield (a,) * k + (b,) * (blocks - k)
+
+
+def _ranked(ctx: CompiledContext, ms_per_flop: float) -> list[tuple[float, int, Assignment]]:
+    rows = []
+    for assignment in _assignments(len(ctx.names), len(ctx.candidates)):
+        flops = sum(ctx.recompute_flops[c][i] for i, c in enumerate(assignment))
+        rows.append((flops * ms_per_flop, predict_peak(ctx, assignment), assignment))
+    rows.sort(key=lambda row: (row[0], -row[1], row[2]))  # NOTE [ Compiled closed loop ]
+    return rows
+
+
+def plan_compiled(step: Step, options: PlanOptions, *, context: CompiledContext | None = None,
+                  candidates: Sequence[CompiledCandidate] | None = None,
+                  max_trials: int = 8) -> Plan:
+    """The cheapest compiled plan whose measured compiled peak fits ``options.budget``.
+
+    See NOTE [ Compiled closed loop ]. ``options.budget`` as a percentage refers to the
+    compiled step without remat at compiler budget 1.0.
+
+    Args:
+        step: the step (real tensors: compiled code is measured, never simulated).
+        options: the budget and cost device (``simulate`` and ``maximize`` refused).
+        context: a :func:`~remat.planning.compiled_candidates.prepare_compiled` result,
+            to plan several budgets with one set of measurements. Default: measured now.
+        candidates: the candidates to measure when ``context`` is not given.
+            Default: none at compiler budgets 1.0/0.5/0.25/0.0, full and ops at 1.0.
+        max_trials: new compiled steps measured at most in the closed loop. Default: 8.
+
+    Raises:
+        BudgetTooSmall: no assignment's measured peak fits.
+        ValueError: ``simulate=True``, ``maximize``, or a model on the meta device.
+    """
+    if options.simulate or options.maximize is not None:
+        raise ValueError(f"{_API}: compiled plans are measured for real, one batch at a "
+                         "time; simulate=True and maximize= are not supported with it")
+    if model_device(step.model).type == "meta":
+        raise ValueError(f"{_API}: the model is on the meta device; compiled steps must run")
+    check_plannable(step.model)
+    ctx = context if context is not None else prepare_compiled(step, candidates)
+    budget = options.budget.resolve(ctx.no_checkpoint_peak_bytes)
+    device = cost_device(model_device(step.model), options.device)
+    ms_per_flop = 1e3 / device.flops_per_s(dtype_bytes(step))
+    trials = 0
+    for cost_ms, predicted, assignment in _ranked(ctx, ms_per_flop):
+        if predicted > budget:
+            continue
+        peak = ctx.measured.get(assignment)
+        if peak is None:
+            if trials >= max_trials:
+                break
+            trials += 1
+            peak = measure_assignment(step, ctx.names, ctx.candidates, assignment,
+                                      ctx.backends).peak_bytes
+            ctx.measured[assignment] = peak
+        if peak <= budget:
+            return _plan(step, ctx, assignment, budget, predicted, peak, cost_ms,
+                         device.name)
+    lowest = min(ctx.measured.values())
+    best = min(ctx.measured, key=lambda a: ctx.measured[a])
+    raise BudgetTooSmall(
+        f"{_API}: no compiled plan fits {format_bytes(budget)}; the lowest compiled peak "
+        f"measured is {format_bytes(lowest)} ({_label(ctx, best)}), of which "
+        f"{format_bytes(ctx.static_bytes)} is alive before the step (parameters, optimizer "
+        "state, batch). Raise the budget or shrink the batch.",
+        budget_bytes=budget, min_peak_bytes=lowest,
+        breakdown={"static": ctx.static_bytes, "step": lowest - ctx.static_bytes},
+    )
+
+
+def _label(ctx: CompiledContext, assignment: Assignment) -> str:
+    labels = [ctx.candidates[c].label() for c in assignment]
+    return ", ".join(f"{labels.count(x)} {x}" for x in dict.fromkeys(labels))
+
+
+def _plan(step: Step, ctx: CompiledContext, assignment: Assignment, budget: int,
+          predicted: int, peak: int, cost_ms: float, device_name: str) -> Plan:
+    decisions = {n: ctx.candidates[c].decision for n, c in zip(ctx.names, assignment,
+                                                              strict=True)}
+    return Plan(
+        decisions=decisions,
+        block_names=ctx.names,
+        budget_bytes=budget,
+        predicted_peak_bytes=predicted,
+        measured_peak_bytes=peak,
+        recompute_flops=sum(ctx.recompute_flops[c][i] for i, c in enumerate(assignment)),
+        recompute_ms=cost_ms,
+        no_checkpoint_peak_bytes=ctx.no_checkpoint_peak_bytes,
+        cost_device=device_name,
+        cost_source="roofline",
+        blocks=apply_spec(decisions, ctx.names, step.blocks),
+        compiled={n: ctx.candidates[c].compiler_budget
+                  for n, c in zip(ctx.names, assignment, strict=True)},
+    )

@@ -1,0 +1,175 @@
+"""remat.plan(..., compile=True): plans for the step as it runs compiled, on real tensors.
+
+Inductor compiles are slow on CPU, so the candidates are measured once per module
+(three of them: the compiler alone at budgets 1.0 and 0.5, remat's full checkpoint)
+and every test plans from that context; the model is two residual MLP blocks.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import torch
+from torch import nn
+
+import remat
+from remat.measure.compiled import compiled_regions, measure_compiled
+from remat.measure.step import Step
+from remat.planning.compiled_candidates import (
+    CompiledCandidate,
+    CompiledContext,
+    prepare_compiled,
+)
+from remat.planning.compiled_plan import plan_compiled, predict_peak
+from remat.planning.options import PlanOptions
+from remat.planning.plans import Plan
+from remat.strategies import BlockDecision
+from remat.strategies.apply import applied
+
+D = 64
+
+
+class Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(D, 4 * D)
+        self.fc2 = nn.Linear(4 * D, D)
+        self.norm = nn.LayerNorm(D)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.fc2(torch.nn.functional.gelu(self.fc1(self.norm(x))))
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.inp = nn.Linear(D, D)
+        self.blocks = nn.ModuleList([Block(), Block()])
+        self.out = nn.Linear(D, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.inp(x)
+        for block in self.blocks:
+            x = block(x)
+        return self.out(x).square().mean()
+
+
+def _net() -> Net:
+    torch.manual_seed(0)
+    return Net()
+
+
+BATCH = torch.randn(256, D, generator=torch.Generator().manual_seed(1))
+CANDIDATES = (
+    CompiledCandidate(BlockDecision("none"), 1.0),
+    CompiledCandidate(BlockDecision("none"), 0.5),
+    CompiledCandidate(BlockDecision("full"), 1.0),
+)
+
+
+@pytest.fixture(scope="module")
+def model() -> Net:
+    torch._dynamo.reset()  # dynamo's entries for Module._call_impl are process-wide
+    return _net()
+
+
+@pytest.fixture(scope="module")
+def ctx(model: Net) -> CompiledContext:
+    return prepare_compiled(Step(model, BATCH), CANDIDATES)
+
+
+def _plan(model: Net, ctx: CompiledContext, budget: int | str) -> Plan:
+    return plan_compiled(Step(model, BATCH), PlanOptions(budget=budget), context=ctx)
+
+
+def test_candidates_measured_compiled(model: Net, ctx: CompiledContext) -> None:
+    assert all(m.new_graphs == 0 and not m.eager_regions and m.counted for m in ctx.uniform)
+    assert all(m.regions == ("blocks.0", "blocks.1") for m in ctx.uniform)
+    assert not compiled_regions(model)  # planning leaves the model eager
+    assert applied(model) is None
+    peaks = [m.peak_bytes for m in ctx.uniform]
+    assert peaks[1] < peaks[0] and peaks[2] < peaks[0]  # budget 0.5 and full save memory
+    assert sum(ctx.recompute_flops[2]) > 0 == sum(ctx.recompute_flops[0])
+    for index in range(len(CANDIDATES)):  # the peak model is exact on uniform assignments
+        assert predict_peak(ctx, (index, index)) == peaks[index]
+
+
+def test_full_budget_is_the_compilers_default(model: Net, ctx: CompiledContext) -> None:
+    plan = _plan(model, ctx, "100%")
+    assert plan.is_empty and plan.compiled == {"blocks.0": 1.0, "blocks.1": 1.0}
+    assert plan.measured_peak_bytes == ctx.no_checkpoint_peak_bytes
+
+
+def test_plan_fits_the_compilers_own_peak_and_more_budget_is_never_costlier(
+        model: Net, ctx: CompiledContext) -> None:
+    budgets = sorted({m.peak_bytes for m in ctx.uniform} | {ctx.no_checkpoint_peak_bytes + 1})
+    costs = []
+    for budget in budgets:
+        plan = _plan(model, ctx, budget)
+        assert plan.measured_peak_bytes is not None
+        assert plan.measured_peak_bytes <= plan.budget_bytes == budget, plan.summary()
+        costs.append((plan.recompute_flops, plan.recompute_ms))
+    assert costs == sorted(costs, reverse=True), costs
+
+
+def test_too_small_gives_the_lowest_measured_peak(model: Net, ctx: CompiledContext) -> None:
+    lowest = min(ctx.measured.values())
+    with pytest.raises(remat.BudgetTooSmall, match="compile=True") as info:
+        _plan(model, ctx, lowest - 1)
+    assert info.value.min_peak_bytes == lowest
+
+
+def test_apply_of_loaded_plan_compiles_and_keeps_gradients(model: Net,
+                                                           ctx: CompiledContext) -> None:
+    budget = ctx.uniform[1].peak_bytes  # the compiler's own peak at budget 0.5
+    plan = remat.plan(model, BATCH, budget=budget, compile=True, context=ctx)
+    assert plan.compiled is not None and plan.measured_peak_bytes is not None
+    assert plan.measured_peak_bytes <= budget
+    data = json.loads(plan.to_json())
+    assert data["compiled"] == dict(plan.compiled) and data["version"] == 1
+    loaded = Plan.from_json(plan.to_json())
+    assert loaded.compiled == plan.compiled and loaded.decisions == plan.decisions
+
+    reference, planned = _net(), _net()
+    remat.apply(planned, loaded)
+    assert [name for name, _ in compiled_regions(planned)] == ["blocks.0", "blocks.1"]
+    measured = measure_compiled(planned, BATCH, timing=False)
+    assert measured.new_graphs == 0 and not measured.eager_regions
+    assert measured.peak_bytes <= budget
+    reference(BATCH).backward()
+    planned(BATCH).backward()
+    for (name, p), q in zip(reference.named_parameters(), planned.parameters(), strict=True):
+        torch.testing.assert_close(q.grad, p.grad, rtol=1e-5, atol=1e-5, msg=name)
+
+
+def test_plan_json_without_compiled_is_eager() -> None:
+    plan = Plan(decisions={}, block_names=("a", "b"), budget_bytes=10, predicted_peak_bytes=5)
+    data = plan.to_dict()
+    assert data["compiled"] is None
+    del data["compiled"]  # a file written before compiled plans existed
+    assert Plan.from_dict(data).compiled is None
+    with pytest.raises(ValueError, match="not one of block_names"):
+        Plan(decisions={}, block_names=("a",), budget_bytes=1, predicted_peak_bytes=1,
+             compiled={"z": 0.5})
+    with pytest.raises(ValueError, match=r"\[0, 1\]"):
+        Plan(decisions={}, block_names=("a",), budget_bytes=1, predicted_peak_bytes=1,
+             compiled={"a": 1.5})
+
+
+def test_compile_refuses_simulate() -> None:
+    with pytest.raises(ValueError, match="simulate"):
+        remat.plan(_net(), BATCH, budget="50%", compile=True, simulate=True)
+
+
+def test_copy_of_plan_keeps_compiled(model: Net, ctx: CompiledContext) -> None:
+    plan = _plan(model, ctx, "100%")
+    assert copy.deepcopy(plan).compiled == plan.compiled
+
+
+def test_summary_and_equality_know_the_compile(model: Net, ctx: CompiledContext) -> None:
+    plan = _plan(model, ctx, "100%")
+    assert "Compiled, activation memory budget" in plan.summary()
+    assert "1 x2" in plan.summary()
+    assert plan != Plan.from_dict({**plan.to_dict(), "compiled": None})
