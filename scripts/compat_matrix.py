@@ -306,7 +306,7 @@ class ArchResult:
                 and all(check.equal for check in self.sim.values()))
 
 
-def _first_line(exc: BaseException) -> str:
+def first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     return f"{type(exc).__name__}: {text[:300]}"
 
@@ -315,7 +315,7 @@ def _simulated(model: nn.Module, batch: dict[str, Any], real_bytes: int) -> SimC
     try:
         return SimCheck(real_bytes, profile(model, batch, simulate=True).peak_bytes)
     except Exception as exc:  # recorded in the table, the other architectures go on
-        return SimCheck(real_bytes, note=_first_line(exc))
+        return SimCheck(real_bytes, note=first_line(exc))
 
 
 def run_arch(arch: Arch, strategies: tuple[str, ...],
@@ -332,7 +332,7 @@ def run_arch(arch: Arch, strategies: tuple[str, ...],
         blocks = [name for name, _ in named_blocks(model)]
         base = profile(model, batch, timing=False)
     except Exception as exc:
-        return ArchResult(error=_first_line(exc))
+        return ArchResult(error=first_line(exc))
     sim: dict[str, SimCheck] = {}
     if "none" in sim_strategies:
         sim["none"] = _simulated(model, batch, base.peak_bytes)
@@ -341,15 +341,15 @@ def run_arch(arch: Arch, strategies: tuple[str, ...],
         try:
             report = validate(model, batch, strategy, rtol=RTOL) if strategy in strategies else None
         except (ValueError, LookupError) as exc:  # refused up front: BlocksNotFound, ...
-            cells[strategy] = Cell("n/a", note=_first_line(exc))
+            cells[strategy] = Cell("n/a", note=first_line(exc))
             continue
         except Exception as exc:  # failed while running
-            cells[strategy] = Cell("ERROR", note=_first_line(exc))
+            cells[strategy] = Cell("ERROR", note=first_line(exc))
             continue
         try:
             apply(model, strategy)
         except Exception as exc:  # a sim-only strategy that cannot be applied
-            sim[strategy] = SimCheck(None, note=_first_line(exc))
+            sim[strategy] = SimCheck(None, note=first_line(exc))
             continue
         try:
             prof = profile(model, batch, timing=False)
@@ -455,7 +455,7 @@ def render(results: dict[str, ArchResult], strategies: tuple[str, ...], seconds:
         f"(ViT/CLIP: 64 patches), Whisper {MELS} mel bins x {FRAMES} frames, float32, dropout "
         "as configured, each model's own loss from its labels (CLIP: `return_loss=True`); "
         f"transformers {transformers.__version__}, torch {torch.__version__}, "
-        f"{platform.machine()} CPU ({_cpu()}), {time.strftime('%Y-%m-%d', time.gmtime())}, "
+        f"{platform.machine()} CPU ({cpu_label()}), {time.strftime('%Y-%m-%d', time.gmtime())}, "
         f"{seconds:.0f} s. Produced by `python scripts/compat_matrix.py`.",
     ]
     if notes:
@@ -463,7 +463,7 @@ def render(results: dict[str, ArchResult], strategies: tuple[str, ...], seconds:
     return "\n".join(lines + legend)
 
 
-def _cpu() -> str:
+def cpu_label() -> str:
     """The CPU model and core count, for the doc's provenance line."""
     model = platform.processor() or platform.machine()
     try:
