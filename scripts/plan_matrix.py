@@ -47,13 +47,6 @@ class Row:
     note: str = ""  # the exception of a refusal or error
 
 
-def _fresh(arch: cm.Arch) -> torch.nn.Module:
-    torch.manual_seed(0)
-    model = arch.build()
-    model.train()
-    return model
-
-
 def _recompute(flops: int, step_flops: int) -> str:
     """Recomputed FLOPs per step, and as a share of the un-checkpointed step's FLOPs."""
     if flops == 0:
@@ -63,7 +56,7 @@ def _recompute(flops: int, step_flops: int) -> str:
 
 def _plan_rows(arch: cm.Arch) -> list[Row]:
     batch = arch.batch()
-    model = _fresh(arch)
+    model = cm.build(arch)
     none = profile(model, batch, timing=False)
     remat.apply(model, "full")
     full_peak = profile(model, batch, timing=False).peak_bytes
@@ -74,7 +67,7 @@ def _plan_rows(arch: cm.Arch) -> list[Row]:
         started = time.perf_counter()
         plan = remat.plan(model, batch, budget=budget)
         elapsed_s = time.perf_counter() - started
-        report = remat.validate(_fresh(arch), batch, plan)
+        report = remat.validate(cm.build(arch), batch, plan)
         peak = plan.measured_peak_bytes or 0
         fits = peak <= budget
         rows.append(Row(arch.name, (
