@@ -95,3 +95,31 @@ def test_shadow_answers_scalar_reads_under_the_tracker() -> None:
         assert int((positions * fake_ids).sum()) == int((torch.arange(3) * ids).sum())
     with mode, pytest.raises(RuntimeError):  # without the tracker: no values, as before
         bool((fake_ids == 9).any())
+
+
+def test_shadow_knows_floats_made_from_known_values_only() -> None:
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    ids = fake_tensor(torch.tensor([[3, 1, 4]]), mode)  # a batch of ids: shadows are on
+    weight = fake_tensor(torch.ones(2, 3), mode)  # float data from outside: never known
+    with mode, MemoryTracker():
+        mask = torch.ones(2, 3)  # BART's decoder mask when none is given
+        assert bool(mask.bool().all()) and float(mask.sum()) == 6.0
+        assert int(ids.sum()) == 8
+        with pytest.raises(RuntimeError):
+            bool((weight > 0).all())
+
+
+def test_bart_default_decoder_mask_simulates_like_the_real_step() -> None:
+    # BartDecoder builds torch.ones(batch, seq) (float) when no decoder mask is given, and
+    # transformers skips the causal mask after checking it is all ones: the fake step must
+    # read the same value, or it materializes a 4-D mask the real step never allocates.
+    transformers = pytest.importorskip("transformers")
+    config = transformers.BartConfig(
+        encoder_layers=1, decoder_layers=1, d_model=32, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, vocab_size=128,
+        max_position_embeddings=32)
+    torch.manual_seed(0)
+    model = transformers.BartForConditionalGeneration(config).train()
+    batch = {"input_ids": torch.randint(1, 128, (2, 16)),
+             "labels": torch.randint(1, 128, (2, 8))}
+    assert_same_bytes(profile(model, batch, timing=False), profile(model, batch, simulate=True))

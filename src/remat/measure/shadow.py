@@ -26,9 +26,14 @@ NOTE [ Data-dependent branches under fake tensors ]
     (:func:`local_scalar`). transformers' ``is_fake_tensor`` answers ``False``
     for a shadowed tensor while the tracker is active (:func:`eager_branches`),
     so it takes the branch the real step takes, with the real data. Float
-    tensors never get shadows (weights are too large to copy, and routing
-    decisions of mixture-of-experts layers stay data-independent; see NOTE
-    [ Grouped matmul under fake tensors ]); neither do outputs of random ops.
+    tensors of the model or batch never get shadows (weights are too large to
+    copy, and routing decisions of mixture-of-experts layers stay
+    data-independent; see NOTE [ Grouped matmul under fake tensors ]); neither do
+    outputs of random ops. A small float computed from known values only does
+    (:func:`_known_float`): BART's decoder makes ``torch.ones(batch, seq)`` (float)
+    when no decoder mask is given and transformers skips the causal mask after
+    checking it is all ones; without its value the fake step materialized a
+    4-D mask per layer, 16 KiB on the compat matrix's BART (issue #13).
     A mutating op that cannot be replayed on shadows drops the shadows of its
     inputs' storages, so a stale value is never read.
 
@@ -77,6 +82,15 @@ def _wants_shadow(t: Tensor) -> bool:
             and t.layout == torch.strided)
 
 
+def _known_float(t: Tensor) -> bool:
+    """A small float output of an op whose inputs all have known values (``torch.ones``).
+
+    Only :func:`propagate` asks this: weights and float batch tensors never get shadows
+    (:func:`remember`), so a float value known here comes from constants and small integers.
+    """
+    return t.is_floating_point() and t.numel() <= MAX_SHADOW_NUMEL and t.layout == torch.strided
+
+
 def remember(fake: Tensor, real: Tensor) -> None:
     """Keep ``real``'s value as ``fake``'s shadow when it is a small integer tensor."""
     if real.device.type != "meta" and not isinstance(real, FakeTensor) and _wants_shadow(real):
@@ -120,7 +134,7 @@ def propagate(func: Any, args: Any, kwargs: Any, out: Any) -> None:
     shadows = [_shadow(t) for t in inputs]
     replayable = (
         all(s is not None for s in shadows)
-        and all(_wants_shadow(t) for t in outs)
+        and all(_wants_shadow(t) or _known_float(t) for t in outs)
         and torch.Tag.nondeterministic_seeded not in func.tags
     )
     if not replayable:
