@@ -111,9 +111,9 @@ def test_candidate_validation_and_labels() -> None:
 def test_the_solvers_native_output_never_reaches_stdout(
     capfd: pytest.CaptureFixture[str],
 ) -> None:
-    from remat.planning.solver import _native_stdout_silenced
+    from remat.native import silenced
 
-    with _native_stdout_silenced():
+    with silenced(1):  # what the solver wraps HiGHS in
         os.write(1, b"HighsMipSolverData::printDisplayLine\n")  # what HiGHS prints from C++
     print("after", flush=True)
     assert capfd.readouterr().out == "after\n"
