@@ -256,6 +256,20 @@ def _at(samples: dict[int, _Sample], b: int, device: Any) -> _Sample:
     return _mix(samples[lo], samples[hi], lo, hi, b, device=device)
 
 
+def _on_chord(samples: dict[int, _Sample], ends: Sequence[int], middle: int,
+              device: Any) -> bool:
+    """Whether the middle sample's figures are on the chord of the ends' (NOTE [ Fast rows ])."""
+    try:
+        chord = _mix(samples[ends[0]], samples[ends[1]], ends[0], ends[1], middle,
+                     device=device)
+    except _NotAffine:
+        return False
+    seen = samples[middle]
+    return all(getattr(chord, k) == getattr(seen, k) for k in _INTS) \
+        and {k: v for k, v in chord.breakdown.items() if v} \
+        == {k: v for k, v in seen.breakdown.items() if v}
+
+
 def _samples(ctx: FastContext, label: str, depths: tuple[int, int], sizes: Sequence[int],
              seq_len: int) -> tuple[dict[int, _Sample], dict[int, _Sample]]:
     """Samples at both depths: two batch sizes and a check (NOTE [ Fast rows ], 2)."""
@@ -265,9 +279,7 @@ def _samples(ctx: FastContext, label: str, depths: tuple[int, int], sizes: Seque
     ends = [sizes[0], sizes[-1]]
     middle = sizes[len(sizes) // 2]
     deep = _measure(ctx, label, depths[1], [*ends, middle], seq_len)
-    chord = _mix(deep[ends[0]], deep[ends[1]], ends[0], ends[1], middle,
-                 device=ctx.setup.device)
-    if chord.peak_bytes == deep[middle].peak_bytes:
+    if _on_chord(deep, ends, middle, ctx.setup.device):
         shallow = _measure(ctx, label, depths[0], ends, seq_len)
         return shallow, {b: deep[b] for b in ends}
     rest = [b for b in sizes if b not in deep]
