@@ -287,6 +287,18 @@ def _samples(ctx: FastContext, label: str, depths: tuple[int, int], sizes: Seque
     return _measure(ctx, label, depths[0], sizes, seq_len), deep
 
 
+def _deepen(s1: _Sample, s2: _Sample, depths: tuple[int, int], n_blocks: int) -> _Sample:
+    """Extrapolate in depth; the two depths must peak at the same moment (same phase,
+    same kinds of bytes live) and the result must hold no negative part."""
+    kinds = [{k for k, v in s.breakdown.items() if v} for s in (s1, s2)]
+    if s1.phase != s2.phase or kinds[0] != kinds[1]:
+        raise _NotAffine
+    out = _mix(s1, s2, *depths, n_blocks)
+    if any(v < 0 for v in out.breakdown.values()):
+        raise _NotAffine
+    return out
+
+
 def fast_rows(ctx: FastContext, label: str, sizes: Sequence[int],
               seq_len: int) -> list[SimulationRow] | None:
     """``label``'s rows from shallow fake steps (NOTE [ Fast rows ]), or None (exact path)."""
@@ -302,7 +314,7 @@ def fast_rows(ctx: FastContext, label: str, sizes: Sequence[int],
         rows = []
         for b in sizes:
             device = ctx.setup.device
-            fwd = _mix(_at(shallow, b, device), _at(deep, b, device), *depths, n_blocks)
+            fwd = _deepen(_at(shallow, b, device), _at(deep, b, device), depths, n_blocks)
             step = _mix(opt[0], opt[1], *depths, n_blocks) if opt[0] and opt[1] else None
             rows.append(_row(ctx.setup, label, b, seq_len, fwd, step))
     except _NotAffine:
