@@ -135,8 +135,9 @@ def _mix(s1: _Sample, s2: _Sample, x1: int, x2: int, x: int, *,
             o1, flops=_affine(o1.flops, o2.flops, x1, x2, x),
             read_bytes=_affine(o1.read_bytes, o2.read_bytes, x1, x2, x),
             write_bytes=_affine(o1.write_bytes, o2.write_bytes, x1, x2, x)))
+    times = _times(ops, device)
     return _Sample(**ints, phase=phase, breakdown=breakdown, ops=tuple(ops),
-                   **_times(ops, device))
+                   **times)  # type: ignore[arg-type]
 
 
 def _stack(setup: Setup) -> tuple[nn.Module, str, list[nn.Module]] | None:
@@ -223,7 +224,8 @@ class FastContext:
                     prof = profile_point(cut, cut.batch_fn(1, 2), cut.optimizer)
                 finally:
                     remove(cut.model)
-            self._optimizer[depth] = _sample(prof, self.setup.device) if prof.peak_phase == "optimizer" else None
+            moment = prof.peak_phase == "optimizer"
+            self._optimizer[depth] = _sample(prof, self.setup.device) if moment else None
         sample = self._optimizer[depth]
         if sample is None:
             raise _NotAffine
