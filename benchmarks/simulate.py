@@ -57,7 +57,7 @@ MODEL = "llama-7b"
 LLAMA_70B = {"vocab_size": 32000, "n_layer": 80, "n_head": 64, "n_kv_head": 8, "d_model": 8192,
              "d_ff": 28672, "max_seq_len": 4096}
 # Rows spot-checked against the exact path (a full fake step each) in speed_check.
-SPOT_CHECKS = (("none", 32), ("full", 32), ("every:2", 4), ("ops", 16))
+SPOT_CHECKS = (("none", 32), ("full", 32), ("every:2", 4), ("sqrt", 8), ("ops", 16))
 
 
 
@@ -108,7 +108,7 @@ def speed_check(seq_len: int, batch_sizes: list[int], device: str) -> list[str]:
                       f"{row.peak_bytes / exact.peak_bytes - 1:+.2e}, step "
                       f"{row.step_ms / exact.step_ms - 1:+.2e}")
         print("spot check", errors[-1], flush=True)
-    fast_70b = [s for s in strategies if s != "sqrt"]  # sqrt takes the exact path
+    fast_70b = strategies
     big, big_wall, big_cpu = _timed(lambda: simulate(
         lambda: Llama(LlamaConfig(**LLAMA_70B)), seq_len=4096, batch_sizes=[1, 2, 4, 8],
         strategies=fast_70b, device=device, world_size=8, sharding="fsdp"))
@@ -227,8 +227,8 @@ def main(argv: list[str] | None = None) -> int:
         "### Simulation speed (issue 11, goal 1)",
         "",
         "Fast rows (the default: shallow fake steps extrapolated in depth and batch, NOTE "
-        "[ Fast rows ] in src/remat/simulate/_fast.py) against one exact fake step; `sqrt` "
-        "and plan rows still take the exact path. CPU time is this process's; wall time "
+        "[ Fast rows ] in src/remat/simulate/_fast.py) against one exact fake step; plan "
+        "rows still take the exact path. CPU time is this process's; wall time "
         "depends on the machine's load.",
         "",
         *speed,

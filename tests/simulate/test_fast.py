@@ -70,7 +70,7 @@ def test_fast_rows_take_the_fast_path_for_repeating_strategies() -> None:
     context = FastContext(setup)
     for kind in ["none", "full", "every:2", "every:3", "attn", "mlp", "ops"]:
         assert fast_rows(context, kind, [1, 2], SEQ) is not None, kind
-    # sqrt's segments depend on the depth: the exact path.
+    # 8 blocks are 3 sqrt segments (3, 3, 2): too few to cut to 1 and 2 full segments.
     assert fast_rows(context, "sqrt", [1, 2], SEQ) is None
 
 
@@ -78,3 +78,12 @@ def test_short_stacks_take_the_exact_path() -> None:
     kwargs: dict[str, Any] = dict(seq_len=32, batch_sizes=[1, 2], strategies=["none", "full"],
                                   device="l4")
     _compare(simulate(_factory(3), **kwargs), simulate(_factory(3), exact=True, **kwargs))
+
+
+@pytest.mark.parametrize("sharding", ["none", "fsdp"])
+def test_sqrt_and_odd_depths_take_the_fast_path_and_equal_exact(sharding: str) -> None:
+    # 13 blocks: sqrt segments of 4, 4, 4 and 1, cut to 5 and 9 blocks; every:2 to 3 and 5.
+    kwargs: dict[str, Any] = dict(seq_len=64, batch_sizes=[1, 4, 16, 32],
+                                  strategies=["sqrt", "every:2", "none"], device="l4",
+                                  world_size=8 if sharding == "fsdp" else 1, sharding=sharding)
+    _compare(simulate(_factory(13), **kwargs), simulate(_factory(13), exact=True, **kwargs))

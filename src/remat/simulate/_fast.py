@@ -170,12 +170,38 @@ def _depths(label: str, n_blocks: int) -> tuple[int, int] | None:
     """``(L1, L2)``: two stack lengths over which ``label``'s pattern repeats, else None."""
     kind, _, arg = label.partition(":")
     if kind == "sqrt":
-        return None
+        k, r = _sqrt_shape(n_blocks)
+        return (k + r, 2 * k + r) if 2 * k + r < n_blocks else None
     step = int(arg) if kind == "every" and arg.isdigit() else 1
     first = step + n_blocks % step if step > 1 else 2
     if first + step >= n_blocks:
         return None
     return first, first + step
+
+
+def _sqrt_shape(n_blocks: int) -> tuple[int, int]:
+    """``(k, r)``: ``sqrt``'s segment length for ``n_blocks`` and its last segment's."""
+    from remat.strategies.builtin.sqrt import sqrt_segments
+
+    segments = sqrt_segments(n_blocks)
+    return len(segments[0]), len(segments[-1])
+
+
+def _apply(cut: Setup, label: str, modules: Sequence[nn.Module], n_blocks: int) -> None:
+    """Apply ``label`` to the cut stack; ``sqrt`` keeps the full stack's segment length
+    (full segments of ``k`` blocks, then the last one of ``r``), so that depth adds whole
+    segments."""
+    from remat.strategies import apply
+    from remat.strategies.regions import install_segment
+
+    if label != "sqrt":
+        apply(cut.model, label, blocks=cut.blocks)
+        return
+    k, r = _sqrt_shape(n_blocks)
+    apply(cut.model, "none", blocks=cut.blocks)
+    starts = [*range(0, len(modules) - r, k), len(modules) - r]
+    for start, end in zip(starts, [*starts[1:], len(modules)], strict=True):
+        install_segment(list(modules[start:end]), label="sqrt")
 
 
 @contextmanager
@@ -236,12 +262,12 @@ def _measure(ctx: FastContext, label: str, depth: int, sizes: Sequence[int],
              seq_len: int) -> dict[int, _Sample]:
     """Forward/backward samples (no optimizer) of ``label`` at ``depth`` blocks."""
     from remat.simulate._point import profile_point
-    from remat.strategies import apply, remove
+    from remat.strategies import remove
 
     assert ctx.stack is not None
     out: dict[int, _Sample] = {}
     with _cut(ctx.setup, ctx.stack, depth) as cut:
-        apply(cut.model, label, blocks=cut.blocks)
+        _apply(cut, label, ctx.stack[2][:depth], len(ctx.stack[2]))
         try:
             for b in sizes:
                 prof = profile_point(cut, cut.batch_fn(b, seq_len), None)
