@@ -30,9 +30,10 @@ a constant or proportional to the micro-batch ``b`` (no ``b**2`` term: attention
    shards (NOTE [ Peaks under sharding ]).
 
 Parameter, gradient and optimizer-state bytes come out exact (they are affine in
-``L`` by construction). Strategies whose pattern does not repeat per block
-(``sqrt``'s segments depend on ``L``), non-uniform stacks (several stacks, blocks
-of different shapes) and stacks too short to cut fall back to the exact path: a
+``L`` by construction). ``sqrt`` is cut to one and two of its full segments (of
+``k = ceil(sqrt(L))`` blocks) plus its last one, keeping ``k``. Non-uniform stacks
+(several stacks, blocks of different shapes), stacks too short to cut, two depths
+that peak at different moments and unknown patterns fall back to the exact path: a
 full fake step per row. ``simulate(..., exact=True)`` always takes it; the tests
 compare the two row by row.
 """
