@@ -367,9 +367,11 @@ def _moments(setup: Setup, fwd: _Sample,
         return peak, peak, phase
     if setup.sharding == "ddp":
         return peak, shard(moment, fwd.grad_bytes, setup).peak_bytes, phase
-    sharded = [shard(m[1], fwd.grad_bytes, setup).peak_bytes for m in moments
-               if m[1] is moment or m[1] is fwd_moment]
-    return peak, max(sharded), phase
+    if moment is not fwd_moment:
+        # FSDP also shards the forward/backward moment here, whose bytes at the full
+        # depth may sit at another moment than the shallow steps' (issue #11: exact path).
+        raise _NotAffine
+    return peak, shard(moment, fwd.grad_bytes, setup).peak_bytes, phase
 
 
 def _row(setup: Setup, label: str, batch_size: int, seq_len: int, fwd: _Sample,
