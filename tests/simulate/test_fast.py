@@ -68,7 +68,10 @@ def test_fast_rows_take_the_fast_path_for_repeating_strategies() -> None:
                        world_size=1, sharding="none", blocks=None, loss_fn=None,
                        batch_fn=None)
     context = FastContext(setup)
-    for kind in ["none", "full", "every:2", "every:3", "attn", "mlp", "ops"]:
+    # every:3 would need 5 and 8 of the 8 blocks; every:2 is cut to 2 and 4 blocks, which
+    # peak at different moments at these
+    # sizes: both take the exact path (their rows are compared above).
+    for kind in ["none", "full", "attn", "mlp", "ops"]:
         assert fast_rows(context, kind, [1, 2], SEQ) is not None, kind
     # 8 blocks are 3 sqrt segments (3, 3, 2): too few to cut to 1 and 2 full segments.
     assert fast_rows(context, "sqrt", [1, 2], SEQ) is None
