@@ -35,6 +35,7 @@ import shlex
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -51,6 +52,12 @@ RESULTS = HERE / "RESULTS.md"
 PLOT = HERE / "simulate.png"
 SECTION = "simulate"
 MODEL = "llama-7b"
+# A Llama-2-70B-class stack (meta-llama/Llama-2-70b-hf config.json shapes): 80 layers,
+# d 8192, 64 query / 8 key-value heads (grouped-query attention), SwiGLU 28672.
+LLAMA_70B = {"vocab_size": 32000, "n_layer": 80, "n_head": 64, "n_kv_head": 8, "d_model": 8192,
+             "d_ff": 28672, "max_seq_len": 4096}
+# Rows spot-checked against the exact path (a full fake step each) in speed_check.
+SPOT_CHECKS = (("none", 32), ("full", 32), ("every:2", 4), ("sqrt", 8), ("ops", 16))
 
 
 
@@ -63,6 +70,56 @@ def performance_check(seq_len: int) -> tuple[float, int, SimulationResult]:
     elapsed = time.perf_counter() - started
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
     return elapsed, rss, result
+
+
+def _timed(fn: Any) -> tuple[Any, float, float]:
+    """``(fn(), wall seconds, CPU seconds of this process)``."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    out = fn()
+    return out, time.perf_counter() - wall, time.process_time() - cpu
+
+
+def speed_check(seq_len: int, batch_sizes: list[int], device: str) -> list[str]:
+    """Issue #11 goal 1: the fast table against one exact fake step, and the 70B table.
+
+    Returns the markdown lines; prints each figure as it comes.
+    """
+    from remat.models import Llama, LlamaConfig
+
+    strategies = list(DEFAULT_STRATEGIES)
+    _, step_wall, step_cpu = _timed(lambda: simulate(
+        MODEL, seq_len=seq_len, batch_sizes=[1], strategies=["none"], device=device,
+        exact=True))
+    fast, table_wall, table_cpu = _timed(lambda: simulate(
+        MODEL, seq_len=seq_len, batch_sizes=batch_sizes, strategies=strategies,
+        device=device))
+    lines = [f"| one exact fake step ({MODEL}, none, batch 1) | {step_wall:.1f} | "
+             f"{step_cpu:.1f} | 1.0 |",
+             f"| fast table ({MODEL}, {len(strategies)} strategies x {len(batch_sizes)} "
+             f"batch sizes) | {table_wall:.1f} | {table_cpu:.1f} | "
+             f"{table_cpu / step_cpu:.1f} |"]
+    print(lines[0], lines[1], sep="\n", flush=True)
+    errors = []
+    for strategy, batch_size in SPOT_CHECKS:
+        exact = simulate(MODEL, seq_len=seq_len, batch_sizes=[batch_size],
+                         strategies=[strategy], device=device, exact=True).rows[0]
+        row = fast.row(strategy, batch_size)
+        errors.append(f"{strategy} batch {batch_size}: peak "
+                      f"{row.peak_bytes / exact.peak_bytes - 1:+.2e}, step "
+                      f"{row.step_ms / exact.step_ms - 1:+.2e}")
+        print("spot check", errors[-1], flush=True)
+    fast_70b = strategies
+    big, big_wall, big_cpu = _timed(lambda: simulate(
+        lambda: Llama(LlamaConfig(**LLAMA_70B)), seq_len=4096, batch_sizes=[1, 2, 4, 8],
+        strategies=fast_70b, device=device, world_size=8, sharding="fsdp"))
+    lines.append(f"| 70B-class table (80 layers, d 8192, GQA 64/8, seq 4096, FSDP x 8; "
+                 f"{len(fast_70b)} strategies x 4 batch sizes) | {big_wall:.1f} | "
+                 f"{big_cpu:.1f} | - |")
+    print(lines[-1], flush=True)
+    largest = ", ".join(f"{k} {v}" for k, v in big.largest_batches.items())
+    return ["| Run | Wall (s) | CPU (s) | CPU / one step |", "|---|---:|---:|---:|", *lines, "",
+            "Fast rows vs exact rows (relative error): " + "; ".join(errors) + ".", "",
+            f"70B-class largest batch per rank on {device}: {largest}."]
 
 
 def _rate(value: float) -> str:
@@ -121,18 +178,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="h100-80gb", help="device from the device table")
     parser.add_argument("--no-plan", action="store_true", help="skip the planner's rows")
     parser.add_argument("--no-estimate", action="store_true", help="skip the formula table")
+    parser.add_argument("--speed-only", action="store_true",
+                        help="only the fast-vs-exact timings (issue 11), printed, no RESULTS.md")
     args = parser.parse_args(argv)
     command = "taskset -c 0,1 .venv/bin/python benchmarks/simulate.py" + (
         " " + shlex.join(sys.argv[1:]) if sys.argv[1:] else "")
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
 
+    batch_sizes = [int(b) for b in args.batch.split(",")]
+    speed = speed_check(args.seq, batch_sizes, args.device)
+    if args.speed_only:
+        return 0
     elapsed, rss, check = performance_check(2048)
     peaks = ", ".join(f"{r.strategy} {format_bytes(r.peak_bytes)}" for r in check.rows)
     ok = elapsed < 60 and rss < 2 * 1000**3
     print(f"Llama-7B none+full, seq 2048, batch 1: {elapsed:.1f} s, peak RSS {rss / 1e9:.2f} GB "
           f"on {cores} core(s) -> {'OK' if ok else 'FAILS the < 60 s / < 2 GB requirement'}")
 
-    batch_sizes = [int(b) for b in args.batch.split(",")]
     started = time.perf_counter()
     result = simulate(MODEL, seq_len=args.seq, batch_sizes=batch_sizes, dtype="bf16",
                       optimizer="adamw", strategies=DEFAULT_STRATEGIES, device=args.device,
@@ -161,6 +223,15 @@ def main(argv: list[str] | None = None) -> int:
         f"The table took {table_s:.0f} s.",
         "",
         simulation_markdown(result),
+        "",
+        "### Simulation speed (issue 11, goal 1)",
+        "",
+        "Fast rows (the default: shallow fake steps extrapolated in depth and batch, NOTE "
+        "[ Fast rows ] in src/remat/simulate/_fast.py) against one exact fake step; plan "
+        "rows still take the exact path. CPU time is this process's; wall time "
+        "depends on the machine's load.",
+        "",
+        *speed,
         "",
         "![peak memory and throughput vs micro-batch size](simulate.png)",
     ]

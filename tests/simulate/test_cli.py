@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from remat.cli import app
@@ -61,3 +62,27 @@ def test_bad_options_exit_2() -> None:
     ddp = runner.invoke(app, ["simulate", "--model", "llama-tiny", "--world-size", "2",
                               "--sharding", "none"])
     assert ddp.exit_code == 2
+
+
+def test_simulate_exact_flag_gives_the_same_rows(monkeypatch: pytest.MonkeyPatch) -> None:
+    import remat.simulate.run as run
+
+    seen: list[bool] = []
+    original = run.simulate
+
+    def spy(*args: object, **kwargs: object) -> object:
+        seen.append(bool(kwargs.get("exact")))
+        return original(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(run, "simulate", spy)
+    rows = []
+    for flags in ([], ["--exact"]):
+        result = runner.invoke(app, [
+            "simulate", "--model", "llama-tiny", "--seq", "16", "--batch", "1,2",
+            "--strategies", "none,full", "--device", "l4", "--no-plan", "--json", "-",
+            *flags,
+        ])
+        assert result.exit_code == 0, result.output
+        rows.append(json.loads(result.stdout)["rows"])
+    assert seen == [False, True]
+    assert [r["peak_bytes"] for r in rows[0]] == [r["peak_bytes"] for r in rows[1]]

@@ -143,6 +143,10 @@ def simulate_command(
     plan: Annotated[bool, typer.Option(
         "--plan/--no-plan", help="Also simulate the planner's plan (when remat.plan exists).",
     )] = True,
+    exact: Annotated[bool, typer.Option(
+        "--exact", help="Simulate the whole step for every row instead of extrapolating "
+                        "from shallow steps (slower; the same bytes).",
+    )] = False,
     json_out: JsonOpt = None,
     plot: Annotated[Path | None, plot_option(
         "Draw peak memory and throughput against micro-batch size to FILE.png.")] = None,
@@ -169,7 +173,7 @@ def simulate_command(
         result = simulate(
             choice.source, seq_len=seq, batch_sizes=batch_sizes, dtype=dtype, optimizer=optimizer,
             device=device, strategies=names, world_size=world_size, sharding=mode,
-            plan=plan, on_row=_row_progress(update, names, batch_sizes, plan),
+            plan=plan, on_row=_row_progress(update, names, batch_sizes, plan), exact=exact,
         )
     if choice.name != result.model:
         result = dataclasses.replace(result, model=choice.name)

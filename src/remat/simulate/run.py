@@ -52,6 +52,7 @@ from contextlib import ExitStack
 from typing import Any
 
 from remat.devices import DeviceSpec, get_device
+from remat.simulate._fast import FastContext, fast_rows
 from remat.simulate._planned import plan_rows
 from remat.simulate._point import fixed_bytes, point
 from remat.simulate._setup import (
@@ -105,13 +106,17 @@ def simulate(
     loss_fn: LossFn | None = None,
     batch_fn: BatchFn | None = None,
     on_row: Callable[[SimulationRow], None] | None = None,
+    exact: bool = False,
 ) -> SimulationResult:
     """Simulate training steps of every strategy and batch size on a device you don't have.
 
     The model is built on the meta device and each step runs under FakeTensorMode:
     exact bytes (the same as a real run on the same device type), no memory
-    allocated, seconds per step even at 7B. The price of exactness is one simulated
-    step per strategy and batch size; the step time is a roofline estimate, not a
+    allocated, seconds per step even at 7B. By default a uniform stack of blocks is
+    cut to two and three blocks and each figure extrapolated to the model's depth
+    and across batch sizes (NOTE [ Fast rows ] in _fast.py): a few shallow steps per
+    strategy instead of a full step per row; ``exact=True`` runs the full step for
+    every row. The step time is a roofline estimate, not a
     measurement (see NOTE [ Step time ]). Sharded runs are arithmetic on the
     one-device simulation (see NOTE [ Peaks under sharding ]).
 
@@ -143,6 +148,8 @@ def simulate(
         batch_fn: ``batch_fn(batch_size, seq_len) -> batch``. Default: random token ids
             and labels from ``model.config.vocab_size``.
         on_row: called with each row as soon as it is simulated (progress bars).
+        exact: simulate the whole model's step for every row instead of extrapolating
+            from shallow steps (NOTE [ Fast rows ]). Default: ``False``.
 
     Returns:
         A :class:`SimulationResult`.
@@ -166,7 +173,7 @@ def simulate(
                        world_size=world_size, sharding=sharding, blocks=blocks,
                        loss_fn=loss_fn, batch_fn=batch_fn)
     rows = _run(setup, labels, sizes, seq_len, plan=plan, hf_masks=batch_fn is None,
-                on_row=on_row)
+                on_row=on_row, exact=exact)
     return SimulationResult(
         model=name,
         n_params=sum(p.numel() for p in dict.fromkeys(inner.parameters())),
@@ -212,8 +219,8 @@ def _check_arguments(seq_len: int, batch_sizes: Sequence[int], world_size: int, 
 
 
 def _run(setup: Setup, labels: Sequence[str], sizes: Sequence[int], seq_len: int, *,
-         plan: bool, hf_masks: bool,
-         on_row: Callable[[SimulationRow], None] | None) -> list[SimulationRow]:
+         plan: bool, hf_masks: bool, on_row: Callable[[SimulationRow], None] | None,
+         exact: bool) -> list[SimulationRow]:
     """Every strategy's rows, then the plan's; the model is left without a strategy."""
     from remat.strategies import apply, remove
 
@@ -222,10 +229,13 @@ def _run(setup: Setup, labels: Sequence[str], sizes: Sequence[int], seq_len: int
         if hf_masks and is_hf_model(setup.inner):
             stack.enter_context(unpacked_sequences())  # NOTE [ HF masks under FakeTensorMode ]
         stack.callback(remove, setup.model)
+        fast = None if exact else FastContext(setup)
         for label in labels:
-            apply(setup.model, label, blocks=setup.blocks)
-            for batch_size in sizes:
-                row = point(setup, label, batch_size, seq_len)
+            done = fast_rows(fast, label, sizes, seq_len) if fast is not None else None
+            if done is None:
+                apply(setup.model, label, blocks=setup.blocks)
+                done = [point(setup, label, b, seq_len) for b in sizes]  # exact
+            for row in done:
                 rows.append(row)
                 if on_row is not None:
                     on_row(row)

@@ -1,0 +1,398 @@
+"""The fast path of :func:`remat.simulate.simulate`: a few shallow fake steps per strategy.
+
+NOTE [ Fast rows ]
+A transformer's blocks are identical, and every tensor of its step has a size that is
+a constant or proportional to the micro-batch ``b`` (no ``b**2`` term: attention's
+``(b, heads, s, s)`` is linear in ``b``). So for a uniform stack of ``L`` blocks:
+
+1. *Depth*: every figure of the step (peak bytes and their breakdown, saved bytes,
+   FLOPs, each op's roofline time) is affine in the number of blocks ``L`` once the
+   strategy's pattern repeats: the peak sits at the same moment relative to the
+   stack's ends (start of backward, recompute of the last block, end of backward),
+   and each extra block adds the same bytes to it. The stack is cut to ``L1`` and
+   ``L2`` blocks (``2`` and ``3``; for ``every:N`` two lengths congruent to ``L``
+   modulo ``N``), each is simulated, and the figures are extrapolated to ``L``
+   with integer arithmetic.
+2. *Batch*: at a fixed depth, each moment's live bytes, each op's FLOPs and bytes
+   moved are affine in ``b``, so the peak (the largest moment) is convex in ``b``.
+   Two sizes ``b1 < b2`` give the chord; a third ``b1 < bm < b2`` checks it: a
+   convex function that meets its chord inside the interval is affine on all of it.
+   When the check fails (the peak moves, e.g. from the end of backward to the
+   loss as ``b`` grows), every size is simulated at both depths instead. Roofline
+   times are summed per op from the op's interpolated FLOPs and bytes, so an op
+   that turns compute-bound at larger ``b`` is priced exactly.
+3. *Optimizer*: the forward/backward is simulated without the optimizer; the
+   optimizer step's moment (the same for every strategy) is simulated once per depth
+   on a two-token batch (whose tensors are then swapped for the row's batch, the only
+   thing of the step alive then that depends on the batch). The one-device peak is
+   the larger of forward/backward (plus the optimizer state, alive throughout) and the
+   optimizer's moment: the same two moments :func:`~remat.simulate._point.point`
+   shards (NOTE [ Peaks under sharding ]).
+
+Parameter, gradient and optimizer-state bytes come out exact (they are affine in
+``L`` by construction). ``sqrt`` is cut to one and two of its full segments (of
+``k = ceil(sqrt(L))`` blocks) plus its last one, keeping ``k``. Non-uniform stacks
+(several stacks, blocks of different shapes), stacks too short to cut, two depths
+that peak at different moments and unknown patterns fall back to the exact path: a
+full fake step per row. ``simulate(..., exact=True)`` always takes it; the tests
+compare the two row by row.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from torch import nn
+
+from remat.simulate._point import shard
+from remat.simulate._setup import Setup
+from remat.simulate.result import SimulationRow
+
+__all__ = ["FastContext", "fast_rows"]
+
+_COMPUTE = ("forward", "backward", "recompute")
+_INTS = ("peak_bytes", "activation_bytes", "param_bytes", "grad_bytes", "optimizer_bytes",
+         "batch_bytes", "flops", "recompute_flops")
+
+
+@dataclass(frozen=True)
+class _Sample:
+    """The figures of one shallow fake step that the rows are extrapolated from."""
+
+    peak_bytes: int
+    activation_bytes: int
+    param_bytes: int
+    grad_bytes: int
+    optimizer_bytes: int
+    batch_bytes: int
+    flops: int
+    recompute_flops: int
+    phase: str | None
+    breakdown: dict[str, int]
+    ops: tuple[Any, ...]  # empty once extrapolated in depth
+    compute_ms: float  # roofline of forward, backward and recompute
+    recompute_ms: float
+    optimizer_ms: float
+
+
+def _times(ops: Sequence[Any], device: Any) -> dict[str, float]:
+    from remat.measure import roofline_ms
+
+    return {"compute_ms": float(roofline_ms(ops, device, phases=_COMPUTE)),
+            "recompute_ms": float(roofline_ms(ops, device, phases=("recompute",))),
+            "optimizer_ms": float(roofline_ms(ops, device, phases=("optimizer",)))}
+
+
+def _sample(prof: Any, device: Any) -> _Sample:
+    ops = tuple(prof.ops)
+    return _Sample(int(prof.peak_bytes), int(prof.activation_bytes), int(prof.param_bytes),
+                   int(prof.grad_bytes), int(prof.optimizer_bytes), int(prof.batch_bytes),
+                   int(prof.flops), int(prof.recompute_flops), prof.peak_phase,
+                   dict(prof.peak_breakdown), ops, **_times(ops, device))
+
+
+class _NotAffine(Exception):
+    """Two samples do not line up (different ops): use the exact path."""
+
+
+def _affine(a: int, b: int, xa: int, xb: int, x: int) -> int:
+    """The integer affine function through ``(xa, a)`` and ``(xb, b)`` at ``x``."""
+    if xa == xb:
+        return a
+    num = (b - a) * (x - xa)
+    if num % (xb - xa):
+        raise _NotAffine
+    return a + num // (xb - xa)
+
+
+def _mix(s1: _Sample, s2: _Sample, x1: int, x2: int, x: int, *,
+         device: Any = None) -> _Sample:
+    """Every figure affine through two samples at ``x1 < x2``, evaluated at ``x``.
+
+    With ``device`` (the batch direction) each op's FLOPs and bytes are interpolated
+    and the times summed from them; without (the depth direction) the times are.
+    """
+    ints = {k: _affine(getattr(s1, k), getattr(s2, k), x1, x2, x) for k in _INTS}
+    keys = s1.breakdown.keys() | s2.breakdown.keys()
+    breakdown = {k: _affine(s1.breakdown.get(k, 0), s2.breakdown.get(k, 0), x1, x2, x)
+                 for k in keys}
+    phase = s2.phase if x >= x2 else s1.phase
+    if device is None:
+        times = {k: getattr(s1, k) + (getattr(s2, k) - getattr(s1, k)) * (x - x1) / (x2 - x1)
+                 for k in ("compute_ms", "recompute_ms", "optimizer_ms")}
+        return _Sample(**ints, phase=phase, breakdown=breakdown, ops=(), **times)
+    if len(s1.ops) != len(s2.ops):
+        raise _NotAffine
+    ops = []
+    for o1, o2 in zip(s1.ops, s2.ops, strict=True):
+        if o1.name != o2.name or o1.phase != o2.phase:
+            raise _NotAffine
+        ops.append(dataclasses.replace(
+            o1, flops=_affine(o1.flops, o2.flops, x1, x2, x),
+            read_bytes=_affine(o1.read_bytes, o2.read_bytes, x1, x2, x),
+            write_bytes=_affine(o1.write_bytes, o2.write_bytes, x1, x2, x)))
+    times = _times(ops, device)
+    return _Sample(**ints, phase=phase, breakdown=breakdown, ops=tuple(ops),
+                   **times)  # type: ignore[arg-type]
+
+
+def _stack(setup: Setup) -> tuple[nn.Module, str, list[nn.Module]] | None:
+    """The one uniform stack of blocks (container, attribute, blocks), else None."""
+    from remat.blocks import named_blocks
+    from remat.errors import BlocksNotFound
+
+    try:
+        named = named_blocks(setup.model, setup.blocks)
+    except BlocksNotFound:
+        return None
+    parents = {name.rpartition(".")[0] for name, _ in named}
+    if len(parents) != 1 or len(named) < 5:
+        return None
+    path = parents.pop()
+    container = setup.model.get_submodule(path)
+    modules = [m for _, m in named]
+    if not isinstance(container, (nn.ModuleList, nn.Sequential)) \
+            or list(container) != modules:
+        return None
+    shapes = [[(n, p.shape, p.dtype, p.requires_grad) for n, p in m.named_parameters()]
+              + [type(m)] for m in modules]
+    if any(s != shapes[0] for s in shapes):
+        return None
+    owner, _, attr = path.rpartition(".")
+    return setup.model.get_submodule(owner), attr, modules
+
+
+def _depths(label: str, n_blocks: int) -> tuple[int, int] | None:
+    """``(L1, L2)``: two stack lengths over which ``label``'s pattern repeats, else None."""
+    kind, _, arg = label.partition(":")
+    if kind == "sqrt":
+        k, r = _sqrt_shape(n_blocks)
+        return (k + r, 2 * k + r) if 2 * k + r < n_blocks else None
+    step = int(arg) if kind == "every" and arg.isdigit() else 1
+    first = step + n_blocks % step if step > 1 else 2
+    if first + step >= n_blocks:
+        return None
+    return first, first + step
+
+
+def _sqrt_shape(n_blocks: int) -> tuple[int, int]:
+    """``(k, r)``: ``sqrt``'s segment length for ``n_blocks`` and its last segment's."""
+    from remat.strategies.builtin.sqrt import sqrt_segments
+
+    segments = sqrt_segments(n_blocks)
+    return len(segments[0]), len(segments[-1])
+
+
+def _apply(cut: Setup, label: str, modules: Sequence[nn.Module], n_blocks: int) -> None:
+    """Apply ``label`` to the cut stack; ``sqrt`` keeps the full stack's segment length
+    (full segments of ``k`` blocks, then the last one of ``r``), so that depth adds whole
+    segments."""
+    from remat.strategies import apply
+    from remat.strategies.regions import install_segment
+
+    if label != "sqrt":
+        apply(cut.model, label, blocks=cut.blocks)
+        return
+    k, r = _sqrt_shape(n_blocks)
+    apply(cut.model, "none", blocks=cut.blocks)
+    starts = [*range(0, len(modules) - r, k), len(modules) - r]
+    for start, end in zip(starts, [*starts[1:], len(modules)], strict=True):
+        install_segment(list(modules[start:end]), label="sqrt")
+
+
+@contextmanager
+def _cut(setup: Setup, stack: tuple[nn.Module, str, list[nn.Module]],
+         depth: int) -> Iterator[Setup]:
+    """``setup`` with its stack cut to ``depth`` blocks (and an optimizer for what is left)."""
+    owner, attr, modules = stack
+    original = getattr(owner, attr)
+    setattr(owner, attr, nn.ModuleList(modules[:depth])
+            if isinstance(original, nn.ModuleList) else nn.Sequential(*modules[:depth]))
+    try:
+        optimizer = setup.optimizer
+        if optimizer is not None:
+            params = [p for p in dict.fromkeys(setup.model.parameters()) if p.requires_grad]
+            accepted = inspect.signature(type(optimizer)).parameters
+            optimizer = type(optimizer)(params, **{k: v for k, v in optimizer.defaults.items()
+                                                   if k in accepted})
+        yield dataclasses.replace(setup, optimizer=optimizer)
+    finally:
+        setattr(owner, attr, original)
+
+
+class FastContext:
+    """What every strategy's fast rows share: the stack and the optimizer's moments."""
+
+    def __init__(self, setup: Setup) -> None:
+        self.setup = setup
+        self.stack = _stack(setup)
+        self._optimizer: dict[int, _Sample | None] = {}
+
+    def optimizer_sample(self, depth: int) -> _Sample | None:
+        """The optimizer step's moment at ``depth`` blocks (two-token batch), cached.
+
+        None when there is no optimizer; raises _NotAffine when that step's peak is not
+        in the optimizer phase (the moment cannot be told apart then).
+        """
+        from remat.simulate._point import profile_point
+        from remat.strategies import apply, remove
+
+        if self.setup.optimizer is None or self.stack is None:
+            return None
+        if depth not in self._optimizer:
+            with _cut(self.setup, self.stack, depth) as cut:
+                apply(cut.model, "full", blocks=cut.blocks)
+                try:
+                    prof = profile_point(cut, cut.batch_fn(1, 2), cut.optimizer)
+                finally:
+                    remove(cut.model)
+            moment = prof.peak_phase == "optimizer"
+            self._optimizer[depth] = _sample(prof, self.setup.device) if moment else None
+        sample = self._optimizer[depth]
+        if sample is None:
+            raise _NotAffine
+        return sample
+
+
+def _measure(ctx: FastContext, label: str, depth: int, sizes: Sequence[int],
+             seq_len: int) -> dict[int, _Sample]:
+    """Forward/backward samples (no optimizer) of ``label`` at ``depth`` blocks."""
+    from remat.simulate._point import profile_point
+    from remat.strategies import remove
+
+    assert ctx.stack is not None
+    out: dict[int, _Sample] = {}
+    with _cut(ctx.setup, ctx.stack, depth) as cut:
+        _apply(cut, label, ctx.stack[2][:depth], len(ctx.stack[2]))
+        try:
+            for b in sizes:
+                prof = profile_point(cut, cut.batch_fn(b, seq_len), None)
+                out[b] = _sample(prof, cut.device)
+        finally:
+            remove(cut.model)
+    return out
+
+
+def _at(samples: dict[int, _Sample], b: int, device: Any) -> _Sample:
+    if b in samples:
+        return samples[b]
+    lo, hi = min(samples), max(samples)
+    return _mix(samples[lo], samples[hi], lo, hi, b, device=device)
+
+
+def _on_chord(samples: dict[int, _Sample], ends: Sequence[int], middle: int,
+              device: Any) -> bool:
+    """Whether the middle sample's figures are on the chord of the ends' (NOTE [ Fast rows ])."""
+    try:
+        chord = _mix(samples[ends[0]], samples[ends[1]], ends[0], ends[1], middle,
+                     device=device)
+    except _NotAffine:
+        return False
+    seen = samples[middle]
+    return all(getattr(chord, k) == getattr(seen, k) for k in _INTS) \
+        and {k: v for k, v in chord.breakdown.items() if v} \
+        == {k: v for k, v in seen.breakdown.items() if v}
+
+
+def _samples(ctx: FastContext, label: str, depths: tuple[int, int], sizes: Sequence[int],
+             seq_len: int) -> tuple[dict[int, _Sample], dict[int, _Sample]]:
+    """Samples at both depths: two batch sizes and a check (NOTE [ Fast rows ], 2)."""
+    if len(sizes) <= 3:
+        return (_measure(ctx, label, depths[0], sizes, seq_len),
+                _measure(ctx, label, depths[1], sizes, seq_len))
+    ends = [sizes[0], sizes[-1]]
+    middle = sizes[len(sizes) // 2]
+    deep = _measure(ctx, label, depths[1], [*ends, middle], seq_len)
+    if _on_chord(deep, ends, middle, ctx.setup.device):
+        shallow = _measure(ctx, label, depths[0], ends, seq_len)
+        return shallow, {b: deep[b] for b in ends}
+    rest = [b for b in sizes if b not in deep]
+    deep.update(_measure(ctx, label, depths[1], rest, seq_len))
+    return _measure(ctx, label, depths[0], sizes, seq_len), deep
+
+
+def _deepen(s1: _Sample, s2: _Sample, depths: tuple[int, int], n_blocks: int) -> _Sample:
+    """Extrapolate in depth; the two depths must peak at the same moment (same phase,
+    same kinds of bytes live) and the result must hold no negative part."""
+    kinds = [{k for k, v in s.breakdown.items() if v} for s in (s1, s2)]
+    if s1.phase != s2.phase or kinds[0] != kinds[1]:
+        raise _NotAffine
+    out = _mix(s1, s2, *depths, n_blocks)
+    if any(v < 0 for v in out.breakdown.values()):
+        raise _NotAffine
+    return out
+
+
+def fast_rows(ctx: FastContext, label: str, sizes: Sequence[int],
+              seq_len: int) -> list[SimulationRow] | None:
+    """``label``'s rows from shallow fake steps (NOTE [ Fast rows ]), or None (exact path)."""
+    if ctx.stack is None:
+        return None
+    depths = _depths(label, len(ctx.stack[2]))
+    if depths is None:
+        return None
+    n_blocks = len(ctx.stack[2])
+    try:
+        opt = [ctx.optimizer_sample(d) for d in depths]
+        shallow, deep = _samples(ctx, label, depths, sizes, seq_len)
+        rows = []
+        for b in sizes:
+            device = ctx.setup.device
+            fwd = _deepen(_at(shallow, b, device), _at(deep, b, device), depths, n_blocks)
+            step = _mix(opt[0], opt[1], *depths, n_blocks) if opt[0] and opt[1] else None
+            rows.append(_row(ctx.setup, label, b, seq_len, fwd, step))
+    except _NotAffine:
+        return None
+    return rows
+
+
+def _moments(setup: Setup, fwd: _Sample,
+             step: _Sample | None) -> tuple[int, int, str | None]:
+    """``(one-device peak, rank peak, phase)`` from the two moments (NOTE [ Fast rows ], 3)."""
+    state = step.optimizer_bytes if step is not None else 0
+    fwd_moment = {**fwd.breakdown, "optimizer_state": state}
+    fwd_peak = fwd.peak_bytes + state
+    moments = [(fwd_peak, fwd_moment, fwd.phase)]
+    if step is not None:
+        batch = fwd.batch_bytes - step.batch_bytes
+        opt_moment = {**step.breakdown, "batch": step.breakdown.get("batch", 0) + batch}
+        moments.append((step.peak_bytes + batch, opt_moment, step.phase))
+    peak, moment, phase = max(moments, key=lambda m: m[0])
+    if setup.sharding == "none":
+        return peak, peak, phase
+    if setup.sharding == "ddp":
+        return peak, shard(moment, fwd.grad_bytes, setup).peak_bytes, phase
+    if moment is not fwd_moment:
+        # FSDP also shards the forward/backward moment here, whose bytes at the full
+        # depth may sit at another moment than the shallow steps' (issue #11: exact path).
+        raise _NotAffine
+    return peak, shard(moment, fwd.grad_bytes, setup).peak_bytes, phase
+
+
+def _row(setup: Setup, label: str, batch_size: int, seq_len: int, fwd: _Sample,
+         step: _Sample | None) -> SimulationRow:
+    from remat.simulate._point import per_rank
+
+    peak, rank_peak, phase = _moments(setup, fwd, step)
+    optimizer_ms = step.optimizer_ms if step is not None else 0.0
+    if setup.sharding == "fsdp":
+        optimizer_ms /= setup.world_size
+    step_ms = fwd.compute_ms + optimizer_ms
+    samples_per_s = batch_size * setup.world_size / (step_ms / 1e3) if step_ms > 0 else 0.0
+    return SimulationRow(
+        strategy=label, batch_size=batch_size, seq_len=seq_len, peak_bytes=rank_peak,
+        fits=rank_peak <= setup.device.memory_bytes, step_ms=step_ms,
+        samples_per_s=samples_per_s, tokens_per_s=samples_per_s * seq_len,
+        single_device_peak_bytes=peak, activation_bytes=fwd.activation_bytes,
+        param_bytes=per_rank(setup, fwd.param_bytes),
+        grad_bytes=per_rank(setup, fwd.grad_bytes),
+        optimizer_bytes=per_rank(setup, step.optimizer_bytes if step is not None else 0),
+        flops=fwd.flops, recompute_flops=fwd.recompute_flops,
+        recompute_ms=fwd.recompute_ms,
+        peak_phase=phase,
+    )

@@ -1,0 +1,92 @@
+"""The fast path (NOTE [ Fast rows ]) against the exact path, row by row."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+
+from remat.models import build_model
+from remat.simulate._fast import FastContext, fast_rows
+from remat.simulate._setup import build_model as resolve_model
+from remat.simulate._setup import make_setup
+from remat.simulate.precision import get_precision
+from remat.simulate.run import simulate
+
+KINDS = ["none", "full", "every:2", "every:3", "sqrt", "attn", "mlp", "ops"]
+SIZES = [1, 2, 4, 8, 16, 32]
+SEQ = 128
+
+
+def _factory(n_layer: int = 8) -> Any:
+    return lambda: build_model("llama-small", n_layer=n_layer)
+
+
+def _compare(fast: Any, exact: Any) -> None:
+    assert fast.strategies == exact.strategies
+    for f, e in zip(fast.rows, exact.rows, strict=True):
+        where = f"{f.strategy} at batch {f.batch_size}"
+        assert (f.strategy, f.batch_size) == (e.strategy, e.batch_size)
+        # Bytes and FLOPs are exact integers on both paths.
+        for key in ("peak_bytes", "single_device_peak_bytes", "activation_bytes",
+                    "param_bytes", "grad_bytes", "optimizer_bytes", "flops",
+                    "recompute_flops"):
+            assert getattr(f, key) == getattr(e, key), (
+                f"{where}: {key} fast {getattr(f, key)} != exact {getattr(e, key)} "
+                f"({getattr(f, key) / max(getattr(e, key), 1) - 1:+.3%})")
+        assert f.fits == e.fits, where
+        # Times are float sums in another order: equal to rounding.
+        for key in ("step_ms", "recompute_ms", "tokens_per_s"):
+            assert math.isclose(getattr(f, key), getattr(e, key), rel_tol=1e-9,
+                                abs_tol=1e-12), f"{where}: {key}"
+
+
+@pytest.mark.parametrize(("sharding", "world_size"), [("none", 1), ("fsdp", 8), ("ddp", 4)])
+def test_fast_rows_equal_exact_rows_for_every_strategy_kind(sharding: str,
+                                                            world_size: int) -> None:
+    kwargs: dict[str, Any] = dict(seq_len=SEQ, batch_sizes=SIZES, strategies=KINDS,
+                                  device="l4", world_size=world_size, sharding=sharding)
+    fast = simulate(_factory(), **kwargs)
+    exact = simulate(_factory(), exact=True, **kwargs)
+    # Both moments occur: the optimizer's at small batches, backward's at large ones.
+    assert {r.peak_phase for r in exact.rows} >= {"optimizer", "backward"}
+    _compare(fast, exact)
+
+
+@pytest.mark.parametrize("dtype", ["amp-bf16", "fp32"])
+def test_fast_rows_equal_exact_rows_under_other_precisions(dtype: str) -> None:
+    kwargs: dict[str, Any] = dict(seq_len=64, batch_sizes=[1, 3, 8], dtype=dtype,
+                                  strategies=["none", "full", "every:2", "ops"], device="l4")
+    _compare(simulate(_factory(7), **kwargs), simulate(_factory(7), exact=True, **kwargs))
+
+
+def test_fast_rows_take_the_fast_path_for_repeating_strategies() -> None:
+    inner, _ = resolve_model(_factory(), SEQ)
+    setup = make_setup(inner, precision=get_precision("bf16"), optimizer="adamw",
+                       device=__import__("remat.devices").devices.get_device("l4"),
+                       world_size=1, sharding="none", blocks=None, loss_fn=None,
+                       batch_fn=None)
+    context = FastContext(setup)
+    # every:3 would need 5 and 8 of the 8 blocks; every:2 is cut to 2 and 4 blocks, which
+    # peak at different moments at these
+    # sizes: both take the exact path (their rows are compared above).
+    for kind in ["none", "full", "attn", "mlp", "ops"]:
+        assert fast_rows(context, kind, [1, 2], SEQ) is not None, kind
+    # 8 blocks are 3 sqrt segments (3, 3, 2): too few to cut to 1 and 2 full segments.
+    assert fast_rows(context, "sqrt", [1, 2], SEQ) is None
+
+
+def test_short_stacks_take_the_exact_path() -> None:
+    kwargs: dict[str, Any] = dict(seq_len=32, batch_sizes=[1, 2], strategies=["none", "full"],
+                                  device="l4")
+    _compare(simulate(_factory(3), **kwargs), simulate(_factory(3), exact=True, **kwargs))
+
+
+@pytest.mark.parametrize("sharding", ["none", "fsdp"])
+def test_sqrt_and_odd_depths_take_the_fast_path_and_equal_exact(sharding: str) -> None:
+    # 13 blocks: sqrt segments of 4, 4, 4 and 1, cut to 5 and 9 blocks; every:2 to 3 and 5.
+    kwargs: dict[str, Any] = dict(seq_len=64, batch_sizes=[1, 4, 16, 32],
+                                  strategies=["sqrt", "every:2", "none"], device="l4",
+                                  world_size=8 if sharding == "fsdp" else 1, sharding=sharding)
+    _compare(simulate(_factory(13), **kwargs), simulate(_factory(13), exact=True, **kwargs))
