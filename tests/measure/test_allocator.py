@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from remat.measure.allocator import AllocatorPeak, allocator_peak
+from remat.measure.allocator import AllocatorPeak, _in_order, allocator_peak
 
 MiB = 1 << 20
 
@@ -128,3 +128,19 @@ def test_marks_split_phases() -> None:
     assert peak.peak_phase == "backward"
     assert peak.peak_bytes == 3 * MiB
     mark("outside")  # no window: nothing happens
+
+
+def test_equal_timestamps_follow_the_allocators_running_total() -> None:
+    # alloc 8 KB, then (same clock tick, tree order reversed) free an older 4 KB block
+    # after allocating another 8 KB: the true order is +8192 -> +8192 -> -4096.
+    raw = [(10, 4096, 4096, None), (20, 8192, 12288, None),
+           (30, -4096, 16384, None), (30, 8192, 20480, None), (40, 0, None, "mark")]
+    deltas = [delta for _, delta, _ in _in_order(raw)]
+    assert deltas == [4096, 8192, 8192, -4096, 0]
+    running = [sum(deltas[: k + 1]) for k in range(len(deltas))]
+    assert max(running) == 20480  # read in tree order, the free first: 16384
+
+
+def test_first_group_with_equal_timestamps_starts_where_the_chain_starts() -> None:
+    raw = [(5, -100, 900, None), (5, 1000, 1000, None)]  # true: +1000 then -100
+    assert [d for _, d, _ in _in_order(raw)] == [1000, -100]
