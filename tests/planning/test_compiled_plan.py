@@ -143,6 +143,10 @@ def test_apply_of_loaded_plan_compiles_and_keeps_gradients(model: Net,
     for (name, p), q in zip(reference.named_parameters(), planned.parameters(), strict=True):
         torch.testing.assert_close(q.grad, p.grad, rtol=1e-5, atol=1e-5, msg=name)
 
+    remat.remove(planned)  # runs eagerly again, with its own forwards
+    assert compiled_regions(planned) == []
+    assert all(getattr(m, "_compiled_call_impl", None) is None for m in planned.modules())
+
 
 def test_plan_json_without_compiled_is_eager() -> None:
     plan = Plan(decisions={}, block_names=("a", "b"), budget_bytes=10, predicted_peak_bytes=5)

@@ -15,8 +15,15 @@ from remat.simulate.precision import get_precision
 from remat.simulate.run import simulate
 
 KINDS = ["none", "full", "every:2", "every:3", "sqrt", "attn", "mlp", "ops"]
-SIZES = [1, 2, 4, 8, 16, 32]
 SEQ = 128
+#: Each sharding checks every kind at one-device peaks or a subset of them under sharding,
+#: at three batch sizes: the first two give the fast path's chord, the middle one is
+#: interpolated and checked (NOTE [ Fast rows ]). Every exact row is a full fake step,
+#: so the lists are kept short; batch 1 peaks at the optimizer's moment and batch 32 in
+#: backward (asserted below).
+CASES = [("none", 1, KINDS, [1, 5, 32]),
+         ("fsdp", 8, ["none", "every:3", "attn", "ops"], [1, 6, 32]),
+         ("ddp", 4, ["full", "every:2", "mlp", "sqrt"], [1, 7, 32])]
 
 
 def _factory(n_layer: int = 8) -> Any:
@@ -42,10 +49,11 @@ def _compare(fast: Any, exact: Any) -> None:
                                 abs_tol=1e-12), f"{where}: {key}"
 
 
-@pytest.mark.parametrize(("sharding", "world_size"), [("none", 1), ("fsdp", 8), ("ddp", 4)])
-def test_fast_rows_equal_exact_rows_for_every_strategy_kind(sharding: str,
-                                                            world_size: int) -> None:
-    kwargs: dict[str, Any] = dict(seq_len=SEQ, batch_sizes=SIZES, strategies=KINDS,
+@pytest.mark.parametrize(("sharding", "world_size", "kinds", "sizes"), CASES,
+                         ids=[case[0] for case in CASES])
+def test_fast_rows_equal_exact_rows_for_every_strategy_kind(
+        sharding: str, world_size: int, kinds: list[str], sizes: list[int]) -> None:
+    kwargs: dict[str, Any] = dict(seq_len=SEQ, batch_sizes=sizes, strategies=kinds,
                                   device="l4", world_size=world_size, sharding=sharding)
     fast = simulate(_factory(), **kwargs)
     exact = simulate(_factory(), exact=True, **kwargs)
@@ -56,8 +64,8 @@ def test_fast_rows_equal_exact_rows_for_every_strategy_kind(sharding: str,
 
 @pytest.mark.parametrize("dtype", ["amp-bf16", "fp32"])
 def test_fast_rows_equal_exact_rows_under_other_precisions(dtype: str) -> None:
-    kwargs: dict[str, Any] = dict(seq_len=64, batch_sizes=[1, 3, 8], dtype=dtype,
-                                  strategies=["none", "full", "every:2", "ops"], device="l4")
+    kwargs: dict[str, Any] = dict(seq_len=64, batch_sizes=[1, 8], dtype=dtype,
+                                  strategies=["every:2", "ops"], device="l4")
     _compare(simulate(_factory(7), **kwargs), simulate(_factory(7), exact=True, **kwargs))
 
 
@@ -89,7 +97,8 @@ def test_short_stacks_take_the_exact_path() -> None:
 @pytest.mark.parametrize("sharding", ["none", "fsdp"])
 def test_sqrt_and_odd_depths_take_the_fast_path_and_equal_exact(sharding: str) -> None:
     # 13 blocks: sqrt segments of 4, 4, 4 and 1, cut to 5 and 9 blocks; every:2 to 3 and 5.
-    kwargs: dict[str, Any] = dict(seq_len=64, batch_sizes=[1, 4, 16, 32],
-                                  strategies=["sqrt", "every:2", "none"], device="l4",
+    kwargs: dict[str, Any] = dict(seq_len=64, batch_sizes=[1, 4, 32],
+                                  strategies=["sqrt"] if sharding == "fsdp" else ["sqrt", "every:2"],
+                                  device="l4",
                                   world_size=8 if sharding == "fsdp" else 1, sharding=sharding)
     _compare(simulate(_factory(13), **kwargs), simulate(_factory(13), exact=True, **kwargs))

@@ -29,6 +29,8 @@ __all__ = [
 
 M = TypeVar("M", bound=nn.Module)
 _APPLIED = "_remat_applied"
+#: Set on the blocks ``apply`` compiled for a plan made with ``compile=True``.
+_COMPILED_BY_PLAN = "_remat_compiled_by_plan"
 #: Instance attributes remat installs on a module (regions.py and ``_APPLIED``).
 _INSTALLED_KEYS = ("forward", "_remat_region", "_remat_prev_forward", _APPLIED)
 _NONE = BlockDecision("none")
@@ -56,12 +58,17 @@ def applied(model: nn.Module) -> AppliedStrategy | None:
 def remove(model: M) -> M:
     """Undo :func:`apply`: every module gets its own forward back.
 
+    Blocks that ``apply`` compiled for a plan made with ``compile=True`` run eagerly
+    again (a model the user compiled is left compiled).
+
     Example:
         >>> remat.remove(remat.apply(model, "full")) is model
         True
     """
     for module in model.modules():
         uninstall(module)
+        if module.__dict__.pop(_COMPILED_BY_PLAN, False):
+            module._compiled_call_impl = None
     model.__dict__.pop(_APPLIED, None)
     return model
 
@@ -202,6 +209,9 @@ def apply(model: M, strategy: str | Strategy | Any, *, blocks: BlocksSpec = None
             from remat.strategies.compiled import compile_blocks_with_budget
 
             compile_blocks_with_budget(model, compiled, blocks=chosen)
+            for module in model.modules():  # remove() uncompiles what the plan compiled
+                if getattr(module, "_compiled_call_impl", None) is not None:
+                    module.__dict__[_COMPILED_BY_PLAN] = True
         return model
     return _apply_strategy(model, parse_strategy(strategy), blocks)
 
