@@ -135,3 +135,27 @@ def test_bad_kind_and_phase_raise():
         OpRecord("aten.mm", "sideways", 0, 0, 0)
     with pytest.raises(ValueError, match="flops must be >= 0"):
         OpRecord("aten.mm", "forward", -1, 0, 0)
+
+
+@pytest.mark.parametrize("strategy", ["none", "full"])
+@pytest.mark.parametrize("simulate", [False, True])
+def test_phase_peaks_hold_the_step_peak_and_the_optimizers_moment(strategy: str,
+                                                                   simulate: bool) -> None:
+    from remat import apply, profile
+    from remat.models import build_model, make_batch
+
+    model = apply(build_model("gpt-tiny"), strategy)
+    optimizer = torch.optim.AdamW(model.parameters())
+    prof = profile(model, make_batch("gpt-tiny", 2), optimizer=optimizer, timing=False,
+                   simulate=simulate)
+    phases = dict(prof.phase_peaks)
+    assert set(phases) >= {"forward", "backward", "optimizer"}
+    assert ("recompute" in phases) == (strategy == "full")
+    top = max(phases, key=lambda p: (phases[p].peak_bytes, -phases[p].order))
+    assert (top, phases[top].peak_bytes) == (prof.peak_phase, prof.peak_bytes)
+    assert dict(phases[top].breakdown) == dict(prof.peak_breakdown)
+    for phase, peak in phases.items():
+        assert sum(peak.breakdown.values()) == peak.peak_bytes, phase
+    # Adam's moment: parameters, gradients and its two states, plus its temporaries.
+    opt = phases["optimizer"].breakdown
+    assert opt["optimizer_state"] == prof.optimizer_bytes > 0 and opt["grads"] == prof.grad_bytes

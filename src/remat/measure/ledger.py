@@ -13,7 +13,8 @@ NOTE [ Storage identity and frees ]
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -22,8 +23,8 @@ from torch import Tensor
 from remat.measure.flops import PHASES
 
 __all__ = [
-    "CREATED_KINDS", "KINDS", "REGISTERED_KINDS", "StorageLedger", "first_tensor", "storage_of",
-    "tensors_in",
+    "CREATED_KINDS", "KINDS", "REGISTERED_KINDS", "PhasePeak", "StorageLedger", "first_tensor",
+    "storage_of", "tensors_in",
 ]
 
 REGISTERED_KINDS: tuple[str, ...] = (
@@ -81,8 +82,31 @@ def first_tensor(value: Any) -> Tensor | None:
     return None
 
 
+@dataclass(frozen=True)
+class PhasePeak:
+    """The highest live bytes seen while one phase ran, and what they were.
+
+    Args:
+        peak_bytes: the phase's high-water mark of live bytes (everything alive, not
+            only what the phase created).
+        breakdown: bytes per kind at that moment (non-zero kinds only).
+        order: when it was first reached, comparable across the phases of one step
+            (smaller is earlier): the step's peak is the largest phase peak, the
+            earliest on ties.
+    """
+
+    peak_bytes: int
+    breakdown: Mapping[str, int] = field(hash=False)
+    order: int
+
+    def __post_init__(self) -> None:
+        if self.peak_bytes < 0:
+            raise ValueError(f"PhasePeak: peak_bytes must be >= 0, got {self.peak_bytes}")
+
+
 class StorageLedger:
-    """Live storages, bytes per kind now and at the peak. See NOTE [ Storage identity ]."""
+    """Live storages, bytes per kind now and at the peak (the step's and each phase's).
+    See NOTE [ Storage identity ]."""
 
     def __init__(self) -> None:
         self.live: dict[int, StorageRecord] = {}
@@ -92,6 +116,10 @@ class StorageLedger:
         self.peak_by_kind: dict[str, int] = dict(self.by_kind)
         self.peak_phase: str | None = None
         self.peak_is_now = True
+        # phase -> [peak bytes, bytes per kind then, order]; see PhasePeak.
+        self.phase_peaks: dict[str, list[Any]] = {}
+        self._phase_now: str | None = None  # the phase whose peak is this very moment
+        self._updates = 0
 
     def add(self, st: torch.UntypedStorage, kind: str, block: str | None) -> int:
         """Count ``st`` (not tracked yet) as ``kind``; return its bytes."""
@@ -106,6 +134,7 @@ class StorageLedger:
             self.current += nbytes
             self.by_kind[kind] += nbytes
             self.peak_is_now = False
+            self._phase_now = None
         return nbytes
 
     def add_preexisting(self, st: torch.UntypedStorage) -> None:
@@ -113,6 +142,9 @@ class StorageLedger:
         nbytes = self.add(st, "other", None)
         self.peak += nbytes
         self.peak_by_kind["other"] += nbytes
+        for entry in self.phase_peaks.values():  # alive at every phase's peak too
+            entry[0] += nbytes
+            entry[1]["other"] += nbytes
 
     def _on_free(self, rec: StorageRecord) -> None:  # weakref callback
         if self.live.get(rec.key) is rec:
@@ -121,6 +153,7 @@ class StorageLedger:
                 self.current -= rec.nbytes
                 self.by_kind[rec.kind] -= rec.nbytes
                 self.peak_is_now = False
+                self._phase_now = None
 
     def resized(self, rec: StorageRecord, nbytes: int) -> None:
         """An op resized a tracked storage to ``nbytes``."""
@@ -129,6 +162,7 @@ class StorageLedger:
         self.current += delta
         self.by_kind[rec.kind] += delta
         self.peak_is_now = False
+        self._phase_now = None
 
     def retag(self, rec: StorageRecord, kind: str) -> None:
         """Count ``rec`` as ``kind`` from now on (keeps the peak's breakdown right)."""
@@ -136,14 +170,28 @@ class StorageLedger:
         self.by_kind[kind] += rec.nbytes
         if self.peak_is_now:  # the peak is this very moment
             self.peak_by_kind = dict(self.by_kind)
+        if self._phase_now is not None:
+            self.phase_peaks[self._phase_now][1] = dict(self.by_kind)
         rec.kind = kind
 
     def update_peak(self, phase: str) -> None:
+        self._updates += 1
+        entry = self.phase_peaks.get(phase)
+        if entry is None or self.current > entry[0]:
+            self.phase_peaks[phase] = [self.current, dict(self.by_kind), self._updates]
+            self._phase_now = phase
         if self.current > self.peak:
             self.peak = self.current
             self.peak_by_kind = dict(self.by_kind)
             self.peak_phase = phase
             self.peak_is_now = True
+
+    def phase_peak(self, phase: str) -> PhasePeak | None:
+        """``phase``'s peak, or None if no op ran in it."""
+        entry = self.phase_peaks.get(phase)
+        if entry is None:
+            return None
+        return PhasePeak(entry[0], {k: v for k, v in entry[1].items() if v}, entry[2])
 
     def bytes_of_kind(self, kind: str) -> tuple[int, dict[str, int]]:
         """Bytes of live storages of ``kind``, in total and per block."""

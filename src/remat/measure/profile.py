@@ -102,6 +102,7 @@ def _build(tracked: Tracked, blocks: Sequence[tuple[str, nn.Module]], *, simulat
         cuda_peak_bytes=cuda_peak_bytes,
         peak_phase=tracker.peak_phase,
         peak_breakdown=tracker.peak_breakdown,
+        phase_peaks=tracker.phase_peaks,
     )
 
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from remat.measure.ledger import PhasePeak
 from remat.measure.tracker import PHASES, OpRecord
 
-__all__ = ["BlockProfile", "Profile"]
+__all__ = ["BlockProfile", "PhasePeak", "Profile"]
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,10 @@ class Profile:
         peak_breakdown: bytes per kind at the peak (``"params"``, ``"grads"``,
             ``"optimizer_state"``, ``"batch"``, ``"forward"`` (activations),
             ``"backward"``, ``"recompute"``, ``"optimizer"``, ...).
+        phase_peaks: each phase's own peak (``"forward"``, ``"backward"``,
+            ``"recompute"``, ``"optimizer"``) with its breakdown: the largest is the
+            step's peak; the others are the other moments that could become it when
+            something changes (e.g. under sharding). Tracked steps only.
     """
 
     peak_bytes: int
@@ -103,6 +108,7 @@ class Profile:
     cuda_peak_bytes: int | None = None
     peak_phase: str | None = None
     peak_breakdown: Mapping[str, int] = field(default_factory=dict, hash=False)
+    phase_peaks: Mapping[str, PhasePeak] = field(default_factory=dict, hash=False)
 
     def __post_init__(self) -> None:
         for key in ("peak_bytes", "activation_bytes", "param_bytes", "buffer_bytes",

@@ -75,6 +75,7 @@ from remat.measure.flops import (
 from remat.measure.ledger import (
     CREATED_KINDS,
     REGISTERED_KINDS,
+    PhasePeak,
     StorageLedger,
     storage_of,
     tensors_in,
@@ -352,6 +353,12 @@ class MemoryTracker(TorchDispatchMode):
     def peak_breakdown(self) -> dict[str, int]:
         """Bytes per kind at the peak (non-zero kinds only)."""
         return {k: v for k, v in self._ledger.peak_by_kind.items() if v}
+
+    @property
+    def phase_peaks(self) -> dict[str, PhasePeak]:
+        """Each phase's peak (:class:`~remat.measure.ledger.PhasePeak`), by phase."""
+        return {phase: peak for phase in self._ledger.phase_peaks
+                if (peak := self._ledger.phase_peak(phase)) is not None}
 
     @property
     def current_breakdown(self) -> dict[str, int]:

@@ -4,7 +4,7 @@ NOTE [ Compiled candidates ]
     A compiled candidate is a remat decision for a block (``none``, ``full``, an
     op-level save set) plus the activation memory budget the block is compiled
     with (see ``remat/strategies/compiled.py``): the compiler's own trade-offs
-    (``none`` at budgets 1.0 / 0.5 / 0.25 / 0.0) and remat's (checkpoints and SAC
+    (``none`` at budgets 1.0 / 0.75 / 0.5 / 0.25 / 0.0) and remat's (checkpoints and SAC
     save sets, whose tags the partitioner obeys) side by side. Compiled code cannot
     be run on fake tensors honestly, so every candidate is measured for real:
     one whole compiled step with every block at that candidate, under the
@@ -60,14 +60,17 @@ class CompiledCandidate:
         return f"{self.decision.label()}@{self.compiler_budget:g}"
 
 
-#: The compiler alone at four budgets, then remat's full checkpoint and default SAC set.
+#: The compiler alone at five budgets, then remat's full checkpoint, and its default SAC
+#: set at the compiler's default and at 0.5 (the partitioner may drop more than the set).
 DEFAULT_COMPILED_CANDIDATES: tuple[CompiledCandidate, ...] = (
     CompiledCandidate(BlockDecision("none"), 1.0),
+    CompiledCandidate(BlockDecision("none"), 0.75),
     CompiledCandidate(BlockDecision("none"), 0.5),
     CompiledCandidate(BlockDecision("none"), 0.25),
     CompiledCandidate(BlockDecision("none"), 0.0),
     CompiledCandidate(BlockDecision("full"), 1.0),
     CompiledCandidate(BlockDecision("ops"), 1.0),
+    CompiledCandidate(BlockDecision("ops"), 0.5),
 )
 
 

@@ -21,21 +21,22 @@ a constant or proportional to the micro-batch ``b`` (no ``b**2`` term: attention
    loss as ``b`` grows), every size is simulated at both depths instead. Roofline
    times are summed per op from the op's interpolated FLOPs and bytes, so an op
    that turns compute-bound at larger ``b`` is priced exactly.
-3. *Optimizer*: the forward/backward is simulated without the optimizer; the
-   optimizer step's moment (the same for every strategy) is simulated once per depth
-   on a two-token batch (whose tensors are then swapped for the row's batch, the only
-   thing of the step alive then that depends on the batch). The one-device peak is
-   the larger of forward/backward (plus the optimizer state, alive throughout) and the
-   optimizer's moment: the same two moments :func:`~remat.simulate._point.point`
-   shards (NOTE [ Peaks under sharding ]).
+3. *Two moments*: each shallow step runs with the optimizer and reports each
+   phase's own peak (:attr:`remat.measure.Profile.phase_peaks`): the
+   forward/backward moment (the largest of the forward, backward and recompute
+   peaks, optimizer state included) and the optimizer step's moment (its
+   temporaries, and whatever backward left alive, which differs by strategy). Both
+   are affine in ``L`` and ``b`` and extrapolated side by side; the one-device peak
+   is the larger, and under sharding both are sharded as
+   :func:`~remat.simulate._point.point` does (NOTE [ Peaks under sharding ]).
 
 Parameter, gradient and optimizer-state bytes come out exact (they are affine in
 ``L`` by construction). ``sqrt`` is cut to one and two of its full segments (of
 ``k = ceil(sqrt(L))`` blocks) plus its last one, keeping ``k``. Non-uniform stacks
-(several stacks, blocks of different shapes), stacks too short to cut, two depths
-that peak at different moments and unknown patterns fall back to the exact path: a
-full fake step per row. ``simulate(..., exact=True)`` always takes it; the tests
-compare the two row by row.
+(several stacks, blocks of different shapes), stacks too short to cut and unknown
+patterns fall back to the exact path: a full fake step per row; a batch size whose
+two depths peak at different moments takes it for that row alone.
+``simulate(..., exact=True)`` always takes it; the tests compare the two row by row.
 """
 
 from __future__ import annotations
@@ -56,15 +57,20 @@ from remat.simulate.result import SimulationRow
 __all__ = ["FastContext", "fast_rows"]
 
 _COMPUTE = ("forward", "backward", "recompute")
-_INTS = ("peak_bytes", "activation_bytes", "param_bytes", "grad_bytes", "optimizer_bytes",
-         "batch_bytes", "flops", "recompute_flops")
+_INTS = ("peak_bytes", "opt_peak_bytes", "activation_bytes", "param_bytes", "grad_bytes",
+         "optimizer_bytes", "batch_bytes", "flops", "recompute_flops")
 
 
 @dataclass(frozen=True)
 class _Sample:
-    """The figures of one shallow fake step that the rows are extrapolated from."""
+    """The figures of one shallow fake step that the rows are extrapolated from.
+
+    ``peak_bytes`` / ``phase`` / ``breakdown`` are the forward/backward moment's,
+    ``opt_peak_bytes`` / ``opt_breakdown`` the optimizer step's (0 / empty without one).
+    """
 
     peak_bytes: int
+    opt_peak_bytes: int
     activation_bytes: int
     param_bytes: int
     grad_bytes: int
@@ -74,6 +80,7 @@ class _Sample:
     recompute_flops: int
     phase: str | None
     breakdown: dict[str, int]
+    opt_breakdown: dict[str, int]
     ops: tuple[Any, ...]  # empty once extrapolated in depth
     compute_ms: float  # roofline of forward, backward and recompute
     recompute_ms: float
@@ -90,10 +97,15 @@ def _times(ops: Sequence[Any], device: Any) -> dict[str, float]:
 
 def _sample(prof: Any, device: Any) -> _Sample:
     ops = tuple(prof.ops)
-    return _Sample(int(prof.peak_bytes), int(prof.activation_bytes), int(prof.param_bytes),
+    moments = {p: m for p, m in prof.phase_peaks.items() if p != "optimizer"}
+    phase = max(moments, key=lambda p: (moments[p].peak_bytes, -moments[p].order))
+    fwd = moments[phase]
+    opt = prof.phase_peaks.get("optimizer")
+    return _Sample(int(fwd.peak_bytes), int(opt.peak_bytes) if opt is not None else 0,
+                   int(prof.activation_bytes), int(prof.param_bytes),
                    int(prof.grad_bytes), int(prof.optimizer_bytes), int(prof.batch_bytes),
-                   int(prof.flops), int(prof.recompute_flops), prof.peak_phase,
-                   dict(prof.peak_breakdown), ops, **_times(ops, device))
+                   int(prof.flops), int(prof.recompute_flops), phase, dict(fwd.breakdown),
+                   dict(opt.breakdown) if opt is not None else {}, ops, **_times(ops, device))
 
 
 class _NotAffine(Exception):
@@ -118,14 +130,15 @@ def _mix(s1: _Sample, s2: _Sample, x1: int, x2: int, x: int, *,
     and the times summed from them; without (the depth direction) the times are.
     """
     ints = {k: _affine(getattr(s1, k), getattr(s2, k), x1, x2, x) for k in _INTS}
-    keys = s1.breakdown.keys() | s2.breakdown.keys()
-    breakdown = {k: _affine(s1.breakdown.get(k, 0), s2.breakdown.get(k, 0), x1, x2, x)
-                 for k in keys}
+    breakdown, opt_breakdown = (
+        {k: _affine(a.get(k, 0), b.get(k, 0), x1, x2, x) for k in a.keys() | b.keys()}
+        for a, b in ((s1.breakdown, s2.breakdown), (s1.opt_breakdown, s2.opt_breakdown)))
     phase = s2.phase if x >= x2 else s1.phase
     if device is None:
         times = {k: getattr(s1, k) + (getattr(s2, k) - getattr(s1, k)) * (x - x1) / (x2 - x1)
                  for k in ("compute_ms", "recompute_ms", "optimizer_ms")}
-        return _Sample(**ints, phase=phase, breakdown=breakdown, ops=(), **times)
+        return _Sample(**ints, phase=phase, breakdown=breakdown, opt_breakdown=opt_breakdown,
+                       ops=(), **times)
     if len(s1.ops) != len(s2.ops):
         raise _NotAffine
     ops = []
@@ -137,8 +150,8 @@ def _mix(s1: _Sample, s2: _Sample, x1: int, x2: int, x: int, *,
             read_bytes=_affine(o1.read_bytes, o2.read_bytes, x1, x2, x),
             write_bytes=_affine(o1.write_bytes, o2.write_bytes, x1, x2, x)))
     times = _times(ops, device)
-    return _Sample(**ints, phase=phase, breakdown=breakdown, ops=tuple(ops),
-                   **times)  # type: ignore[arg-type]
+    return _Sample(**ints, phase=phase, breakdown=breakdown, opt_breakdown=opt_breakdown,
+                   ops=tuple(ops), **times)  # type: ignore[arg-type]
 
 
 def _stack(setup: Setup) -> tuple[nn.Module, str, list[nn.Module]] | None:
@@ -226,42 +239,16 @@ def _cut(setup: Setup, stack: tuple[nn.Module, str, list[nn.Module]],
 
 
 class FastContext:
-    """What every strategy's fast rows share: the stack and the optimizer's moments."""
+    """What every strategy's fast rows share: the setup and its one uniform stack."""
 
     def __init__(self, setup: Setup) -> None:
         self.setup = setup
         self.stack = _stack(setup)
-        self._optimizer: dict[int, _Sample | None] = {}
-
-    def optimizer_sample(self, depth: int) -> _Sample | None:
-        """The optimizer step's moment at ``depth`` blocks (two-token batch), cached.
-
-        None when there is no optimizer; raises _NotAffine when that step's peak is not
-        in the optimizer phase (the moment cannot be told apart then).
-        """
-        from remat.simulate._point import profile_point
-        from remat.strategies import apply, remove
-
-        if self.setup.optimizer is None or self.stack is None:
-            return None
-        if depth not in self._optimizer:
-            with _cut(self.setup, self.stack, depth) as cut:
-                apply(cut.model, "full", blocks=cut.blocks)
-                try:
-                    prof = profile_point(cut, cut.batch_fn(1, 2), cut.optimizer)
-                finally:
-                    remove(cut.model)
-            moment = prof.peak_phase == "optimizer"
-            self._optimizer[depth] = _sample(prof, self.setup.device) if moment else None
-        sample = self._optimizer[depth]
-        if sample is None:
-            raise _NotAffine
-        return sample
 
 
 def _measure(ctx: FastContext, label: str, depth: int, sizes: Sequence[int],
              seq_len: int) -> dict[int, _Sample]:
-    """Forward/backward samples (no optimizer) of ``label`` at ``depth`` blocks."""
+    """Samples of ``label``'s step (optimizer included) at ``depth`` blocks."""
     from remat.simulate._point import profile_point
     from remat.strategies import remove
 
@@ -271,7 +258,7 @@ def _measure(ctx: FastContext, label: str, depth: int, sizes: Sequence[int],
         _apply(cut, label, ctx.stack[2][:depth], len(ctx.stack[2]))
         try:
             for b in sizes:
-                prof = profile_point(cut, cut.batch_fn(b, seq_len), None)
+                prof = profile_point(cut, cut.batch_fn(b, seq_len), cut.optimizer)
                 out[b] = _sample(prof, cut.device)
         finally:
             remove(cut.model)
@@ -294,9 +281,10 @@ def _on_chord(samples: dict[int, _Sample], ends: Sequence[int], middle: int,
     except _NotAffine:
         return False
     seen = samples[middle]
-    return all(getattr(chord, k) == getattr(seen, k) for k in _INTS) \
-        and {k: v for k, v in chord.breakdown.items() if v} \
-        == {k: v for k, v in seen.breakdown.items() if v}
+    return all(getattr(chord, k) == getattr(seen, k) for k in _INTS) and all(
+        {k: v for k, v in getattr(chord, key).items() if v}
+        == {k: v for k, v in getattr(seen, key).items() if v}
+        for key in ("breakdown", "opt_breakdown"))
 
 
 def _samples(ctx: FastContext, label: str, depths: tuple[int, int], sizes: Sequence[int],
@@ -317,82 +305,79 @@ def _samples(ctx: FastContext, label: str, depths: tuple[int, int], sizes: Seque
 
 
 def _deepen(s1: _Sample, s2: _Sample, depths: tuple[int, int], n_blocks: int) -> _Sample:
-    """Extrapolate in depth; the two depths must peak at the same moment (same phase,
+    """Extrapolate in depth; the two depths must peak at the same moments (same phase,
     same kinds of bytes live) and the result must hold no negative part."""
-    kinds = [{k for k, v in s.breakdown.items() if v} for s in (s1, s2)]
-    if s1.phase != s2.phase or kinds[0] != kinds[1]:
+    for key in ("breakdown", "opt_breakdown"):
+        kinds = [{k for k, v in getattr(s, key).items() if v} for s in (s1, s2)]
+        if kinds[0] != kinds[1]:
+            raise _NotAffine
+    if s1.phase != s2.phase:
         raise _NotAffine
     out = _mix(s1, s2, *depths, n_blocks)
-    if any(v < 0 for v in out.breakdown.values()):
+    if any(v < 0 for v in [*out.breakdown.values(), *out.opt_breakdown.values()]):
         raise _NotAffine
     return out
 
 
 def fast_rows(ctx: FastContext, label: str, sizes: Sequence[int],
-              seq_len: int) -> list[SimulationRow] | None:
-    """``label``'s rows from shallow fake steps (NOTE [ Fast rows ]), or None (exact path)."""
+              seq_len: int) -> list[SimulationRow | None] | None:
+    """``label``'s rows from shallow fake steps (NOTE [ Fast rows ]): None for the whole
+    label, or for one row, where the exact path must run instead."""
     if ctx.stack is None:
         return None
     depths = _depths(label, len(ctx.stack[2]))
     if depths is None:
         return None
     n_blocks = len(ctx.stack[2])
+    device = ctx.setup.device
     try:
-        opt = [ctx.optimizer_sample(d) for d in depths]
         shallow, deep = _samples(ctx, label, depths, sizes, seq_len)
-        rows = []
-        for b in sizes:
-            device = ctx.setup.device
-            fwd = _deepen(_at(shallow, b, device), _at(deep, b, device), depths, n_blocks)
-            step = _mix(opt[0], opt[1], *depths, n_blocks) if opt[0] and opt[1] else None
-            rows.append(_row(ctx.setup, label, b, seq_len, fwd, step))
     except _NotAffine:
         return None
+    rows: list[SimulationRow | None] = []
+    for b in sizes:
+        try:  # a size whose two depths peak at different moments: that row only is exact
+            sample = _deepen(_at(shallow, b, device), _at(deep, b, device), depths, n_blocks)
+        except _NotAffine:
+            rows.append(None)
+            continue
+        rows.append(_row(ctx.setup, label, b, seq_len, sample))
     return rows
 
 
-def _moments(setup: Setup, fwd: _Sample,
-             step: _Sample | None) -> tuple[int, int, str | None]:
-    """``(one-device peak, rank peak, phase)`` from the two moments (NOTE [ Fast rows ], 3)."""
-    state = step.optimizer_bytes if step is not None else 0
-    fwd_moment = {**fwd.breakdown, "optimizer_state": state}
-    fwd_peak = fwd.peak_bytes + state
-    moments = [(fwd_peak, fwd_moment, fwd.phase)]
-    if step is not None:
-        batch = fwd.batch_bytes - step.batch_bytes
-        opt_moment = {**step.breakdown, "batch": step.breakdown.get("batch", 0) + batch}
-        moments.append((step.peak_bytes + batch, opt_moment, step.phase))
-    peak, moment, phase = max(moments, key=lambda m: m[0])
-    if moment is not fwd_moment:
-        # The optimizer's moment, composed from a two-token step, missed exact rows by up to
-        # 0.3% (fp32, op-level save sets: what backward leaves alive differs): exact path.
-        raise _NotAffine
+def _moments(setup: Setup, sample: _Sample) -> tuple[int, int, str | None]:
+    """``(one-device peak, rank peak, phase)`` from the two moments (NOTE [ Fast rows ], 3),
+    sharded as :func:`remat.simulate._point._rank_peak` shards an exact step."""
+    fwd_peak, opt_peak = sample.peak_bytes, sample.opt_peak_bytes
+    in_optimizer = setup.optimizer is not None and opt_peak > fwd_peak
+    peak, phase = (opt_peak, "optimizer") if in_optimizer else (fwd_peak, sample.phase)
     if setup.sharding == "none":
         return peak, peak, phase
-    if setup.sharding == "ddp":
-        return peak, shard(moment, fwd.grad_bytes, setup).peak_bytes, phase
-    return peak, shard(moment, fwd.grad_bytes, setup).peak_bytes, phase
+    moments = [sample.opt_breakdown if in_optimizer else sample.breakdown]
+    if setup.sharding == "fsdp" and in_optimizer:
+        moments.append(sample.breakdown)
+    return peak, max(shard(m, sample.grad_bytes, setup).peak_bytes for m in moments), phase
 
 
-def _row(setup: Setup, label: str, batch_size: int, seq_len: int, fwd: _Sample,
-         step: _Sample | None) -> SimulationRow:
+def _row(setup: Setup, label: str, batch_size: int, seq_len: int,
+         sample: _Sample) -> SimulationRow:
     from remat.simulate._point import per_rank
 
-    peak, rank_peak, phase = _moments(setup, fwd, step)
-    optimizer_ms = step.optimizer_ms if step is not None else 0.0
+    peak, rank_peak, phase = _moments(setup, sample)
+    optimizer_ms = sample.optimizer_ms
     if setup.sharding == "fsdp":
         optimizer_ms /= setup.world_size
-    step_ms = fwd.compute_ms + optimizer_ms
+    step_ms = sample.compute_ms + optimizer_ms
     samples_per_s = batch_size * setup.world_size / (step_ms / 1e3) if step_ms > 0 else 0.0
     return SimulationRow(
         strategy=label, batch_size=batch_size, seq_len=seq_len, peak_bytes=rank_peak,
         fits=rank_peak <= setup.device.memory_bytes, step_ms=step_ms,
         samples_per_s=samples_per_s, tokens_per_s=samples_per_s * seq_len,
-        single_device_peak_bytes=peak, activation_bytes=fwd.activation_bytes,
-        param_bytes=per_rank(setup, fwd.param_bytes),
-        grad_bytes=per_rank(setup, fwd.grad_bytes),
-        optimizer_bytes=per_rank(setup, step.optimizer_bytes if step is not None else 0),
-        flops=fwd.flops, recompute_flops=fwd.recompute_flops,
-        recompute_ms=fwd.recompute_ms,
+        single_device_peak_bytes=peak, activation_bytes=sample.activation_bytes,
+        param_bytes=per_rank(setup, sample.param_bytes),
+        grad_bytes=per_rank(setup, sample.grad_bytes),
+        optimizer_bytes=per_rank(setup, sample.optimizer_bytes),
+        flops=sample.flops, recompute_flops=sample.recompute_flops,
+        recompute_ms=sample.recompute_ms,
         peak_phase=phase,
     )

@@ -231,11 +231,13 @@ def _run(setup: Setup, labels: Sequence[str], sizes: Sequence[int], seq_len: int
         stack.callback(remove, setup.model)
         fast = None if exact else FastContext(setup)
         for label in labels:
-            done = fast_rows(fast, label, sizes, seq_len) if fast is not None else None
-            if done is None:
+            fast_done = fast_rows(fast, label, sizes, seq_len) if fast is not None else None
+            done: list[SimulationRow | None] = (
+                fast_done if fast_done is not None else [None] * len(sizes))
+            if None in done:  # the exact path, for the rows the fast one could not give
                 apply(setup.model, label, blocks=setup.blocks)
-                done = [point(setup, label, b, seq_len) for b in sizes]  # exact
-            for row in done:
+            for b, fast_row in zip(sizes, done, strict=True):
+                row = fast_row if fast_row is not None else point(setup, label, b, seq_len)
                 rows.append(row)
                 if on_row is not None:
                     on_row(row)
