@@ -295,13 +295,14 @@ def _samples(ctx: FastContext, label: str, depths: tuple[int, int], sizes: Seque
                 _measure(ctx, label, depths[1], sizes, seq_len))
     ends = [sizes[0], sizes[-1]]
     middle = sizes[len(sizes) // 2]
-    deep = _measure(ctx, label, depths[1], [*ends, middle], seq_len)
-    if _on_chord(deep, ends, middle, ctx.setup.device):
-        shallow = _measure(ctx, label, depths[0], ends, seq_len)
-        return shallow, {b: deep[b] for b in ends}
-    rest = [b for b in sizes if b not in deep]
-    deep.update(_measure(ctx, label, depths[1], rest, seq_len))
-    return _measure(ctx, label, depths[0], sizes, seq_len), deep
+    # The check runs at the shallower depth, the cheaper one (``sqrt`` cuts to 2k+r blocks).
+    shallow = _measure(ctx, label, depths[0], [*ends, middle], seq_len)
+    if _on_chord(shallow, ends, middle, ctx.setup.device):
+        deep = _measure(ctx, label, depths[1], ends, seq_len)
+        return {b: shallow[b] for b in ends}, deep
+    rest = [b for b in sizes if b not in shallow]
+    shallow.update(_measure(ctx, label, depths[0], rest, seq_len))
+    return shallow, _measure(ctx, label, depths[1], sizes, seq_len)
 
 
 def _deepen(s1: _Sample, s2: _Sample, depths: tuple[int, int], n_blocks: int) -> _Sample:
