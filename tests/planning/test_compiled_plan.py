@@ -177,3 +177,21 @@ def test_summary_and_equality_know_the_compile(model: Net, ctx: CompiledContext)
     assert "Compiled, activation memory budget" in plan.summary()
     assert "1 x2" in plan.summary()
     assert plan != Plan.from_dict({**plan.to_dict(), "compiled": None})
+
+
+def test_a_candidate_the_compiler_fails_on_is_skipped_with_a_warning(
+        model: Net, monkeypatch: pytest.MonkeyPatch) -> None:
+    import remat.planning.compiled_candidates as cc
+
+    real = cc.measure_assignment
+
+    def flaky(step, names, cands, assignment, backends):  # type: ignore[no-untyped-def]
+        if cands[assignment[0]].compiler_budget == 0.5:
+            raise RuntimeError("inductor: an assertion failed")
+        return real(step, names, cands, assignment, backends)
+
+    monkeypatch.setattr(cc, "measure_assignment", flaky)
+    with pytest.warns(remat.RematWarning, match=r"failed on candidate none@0.5"):
+        ctx = prepare_compiled(Step(model, BATCH), CANDIDATES)
+    assert [c.label() for c in ctx.candidates] == ["none@1", "full@1"]
+    assert len(ctx.uniform) == len(ctx.saved) == 2

@@ -23,6 +23,7 @@ NOTE [ Compiled candidates ]
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -30,7 +31,7 @@ from dataclasses import dataclass, field
 import torch
 
 from remat.blocks import find_sublayer
-from remat.errors import BlocksNotFound, RematError, StrategyError
+from remat.errors import BlocksNotFound, RematError, RematWarning, StrategyError
 from remat.measure.compiled import CompiledMeasurement, measure_compiled
 from remat.measure.step import Step
 from remat.strategies import BlockDecision
@@ -60,8 +61,8 @@ class CompiledCandidate:
         return f"{self.decision.label()}@{self.compiler_budget:g}"
 
 
-#: The compiler alone at five budgets, then remat's full checkpoint, and its default SAC
-#: set at the compiler's default and at 0.5 (the partitioner may drop more than the set).
+#: The compiler alone at five budgets, then remat's full checkpoint and default SAC set.
+#: (SAC at a budget below 1.0 is not offered: inductor 2.13 fails an assertion on it.)
 DEFAULT_COMPILED_CANDIDATES: tuple[CompiledCandidate, ...] = (
     CompiledCandidate(BlockDecision("none"), 1.0),
     CompiledCandidate(BlockDecision("none"), 0.75),
@@ -70,7 +71,6 @@ DEFAULT_COMPILED_CANDIDATES: tuple[CompiledCandidate, ...] = (
     CompiledCandidate(BlockDecision("none"), 0.0),
     CompiledCandidate(BlockDecision("full"), 1.0),
     CompiledCandidate(BlockDecision("ops"), 1.0),
-    CompiledCandidate(BlockDecision("ops"), 0.5),
 )
 
 
@@ -187,8 +187,22 @@ def prepare_compiled(step: Step, candidates: Sequence[CompiledCandidate] | None 
     names = tuple(step.block_names(api=_API))
     backends: BackendCache = {}
     uniform = []
-    for index in range(len(cands)):
-        uniform.append(measure_assignment(step, names, cands, [index] * len(names), backends))
+    kept: list[CompiledCandidate] = []
+    for index, cand in enumerate(cands):
+        try:
+            uniform.append(measure_assignment(step, names, cands, [index] * len(names),
+                                              backends))
+        except RematError:
+            raise
+        except Exception as error:  # the compiler failed on this candidate: plan without it
+            if index == 0:
+                raise
+            warnings.warn(f"{_API}: the compiler failed on candidate {cand.label()} "
+                          f"({type(error).__name__}: {str(error).splitlines()[0][:200]}); "
+                          "planning without it.", RematWarning, stacklevel=2)
+            continue
+        kept.append(cand)
+    cands = tuple(kept)
     ref = uniform[0]
     static = ref.peak_bytes - ref.allocator.peak_bytes
     saved, rec, transient = [], [], []
