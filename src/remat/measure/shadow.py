@@ -125,6 +125,27 @@ def active() -> bool:
     return len(_shadows) > 0
 
 
+@contextmanager
+def _one_thread() -> Iterator[None]:
+    """Run a replay on the calling thread only.
+
+    Shadows are small (at most :data:`MAX_SHADOW_NUMEL` elements), yet some kernels
+    (``tril``, SDPA's causal mask under fake tensors) open an OpenMP region for them: on a
+    loaded machine each call then waits for a worker thread to be scheduled, and the
+    workers spin afterwards. A fake step of a 32-layer GPT spent more CPU in those
+    workers than in the replays themselves (benchmarks/plan_time.py).
+    """
+    threads = torch.get_num_threads()
+    if threads == 1:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 def propagate(func: Any, args: Any, kwargs: Any, out: Any) -> None:
     """Run ``func`` on the shadows of its inputs and give ``out`` the results' values."""
     outs = [t for t in tree_flatten(out)[0] if isinstance(t, FakeTensor)]
@@ -151,7 +172,7 @@ def propagate(func: Any, args: Any, kwargs: Any, out: Any) -> None:
         return x
 
     real_args, real_kwargs = tree_map(real, (args, kwargs))
-    with _disable_current_modes():
+    with _disable_current_modes(), _one_thread():
         try:
             result = func(*real_args, **real_kwargs)
         except Exception:  # a kernel the shadows cannot run: the outputs stay unknown

@@ -320,6 +320,7 @@ def measure_groups(setup: FakeSetup, device: DeviceSpec, *, prune: bool = True,
     Returns:
         One :class:`BlockGroup` per kind of block, in order of first appearance.
     """
+    report("block inputs", 1, 3)
     inputs = capture_inputs(setup.model, setup.batch, setup.blocks, mode=setup.mode)
     setup.blocks[:] = in_call_order(setup.blocks, inputs)  # the peak model counts in this order
     groups: dict[Any, list[str]] = {}
