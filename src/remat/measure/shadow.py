@@ -61,8 +61,10 @@ import torch
 from torch import Tensor
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import _disable_current_modes
-from torch.utils._pytree import tree_flatten, tree_map
+from torch.utils._pytree import tree_map
 from torch.utils.weak import WeakTensorKeyDictionary
+
+from remat.measure.ledger import tensors_in
 
 __all__ = [
     "MAX_SHADOW_NUMEL", "data_dependent_error", "eager_branches", "local_scalar", "propagate",
@@ -146,18 +148,30 @@ def _one_thread() -> Iterator[None]:
         torch.set_num_threads(threads)
 
 
+def _tensors(value: Any) -> list[Tensor]:
+    """The tensors of an aten op's result or argument tuple (nested one list deep at most,
+    as aten schemas are; ``torch.utils._pytree`` would do, at ten times the cost per op)."""
+    if isinstance(value, Tensor):
+        return [value]
+    return tensors_in(value) if isinstance(value, (tuple, list)) else []
+
+
 def propagate(func: Any, args: Any, kwargs: Any, out: Any) -> None:
     """Run ``func`` on the shadows of its inputs and give ``out`` the results' values."""
-    outs = [t for t in tree_flatten(out)[0] if isinstance(t, FakeTensor)]
+    outs = [t for t in _tensors(out) if isinstance(t, FakeTensor)]
     if not outs:
         return
-    inputs = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, Tensor)]
-    shadows = [_shadow(t) for t in inputs]
+    inputs = tensors_in(args, kwargs)
     replayable = (
-        all(s is not None for s in shadows)
-        and all(_wants_shadow(t) or _known_float(t) for t in outs)
+        all(_wants_shadow(t) or _known_float(t) for t in outs)
         and torch.Tag.nondeterministic_seeded not in func.tags
     )
+    shadows: list[Tensor | None] = []
+    for t in inputs if replayable else ():
+        shadows.append(_shadow(t))
+        if shadows[-1] is None:
+            replayable = False
+            break
     if not replayable:
         if func._schema.is_mutable:
             _stale.update(id(t.untyped_storage()) for t in inputs)
@@ -177,7 +191,7 @@ def propagate(func: Any, args: Any, kwargs: Any, out: Any) -> None:
             result = func(*real_args, **real_kwargs)
         except Exception:  # a kernel the shadows cannot run: the outputs stay unknown
             return
-    values = [t for t in tree_flatten(result)[0] if isinstance(t, Tensor)]
+    values = _tensors(result)
     if len(values) == len(outs):
         for fake, value in zip(outs, values, strict=True):
             _shadows[fake] = value
