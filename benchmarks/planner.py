@@ -387,7 +387,7 @@ def main() -> None:
         rows += model_rows
         fronts.append(front)
     if args.timings.strip():  # imports and first-call costs stay out of the timings
-        plan_seconds(2, args.simulate)
+        plan_seconds(8, args.simulate)  # 2 layers do not fit 50%: BudgetTooSmall
     timings = {int(n): plan_seconds(int(n), args.simulate)
                for n in args.timings.split(",") if n.strip()}
     for n, (wall, cpu) in timings.items():

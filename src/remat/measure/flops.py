@@ -170,6 +170,9 @@ class OpRecord:
     def __post_init__(self) -> None:
         if self.phase not in PHASES:
             raise ValueError(f"OpRecord: phase must be one of {PHASES}, got {self.phase!r}")
+        if min(self.flops, self.read_bytes, self.write_bytes, self.dtype_bytes,
+               self.alloc_bytes) >= 0:
+            return  # the common case, checked at once (a step records thousands of ops)
         for name in ("flops", "read_bytes", "write_bytes", "dtype_bytes", "alloc_bytes"):
             value = getattr(self, name)
             if value < 0:

@@ -61,8 +61,10 @@ import torch
 from torch import Tensor
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import _disable_current_modes
-from torch.utils._pytree import tree_flatten, tree_map
+from torch.utils._pytree import tree_map
 from torch.utils.weak import WeakTensorKeyDictionary
+
+from remat.measure.ledger import tensors_in
 
 __all__ = [
     "MAX_SHADOW_NUMEL", "data_dependent_error", "eager_branches", "local_scalar", "propagate",
@@ -125,18 +127,51 @@ def active() -> bool:
     return len(_shadows) > 0
 
 
+@contextmanager
+def _one_thread() -> Iterator[None]:
+    """Run a replay on the calling thread only.
+
+    Shadows are small (at most :data:`MAX_SHADOW_NUMEL` elements), yet some kernels
+    (``tril``, SDPA's causal mask under fake tensors) open an OpenMP region for them: on a
+    loaded machine each call then waits for a worker thread to be scheduled, and the
+    workers spin afterwards. A fake step of a 32-layer GPT spent more CPU in those
+    workers than in the replays themselves (benchmarks/plan_time.py).
+    """
+    threads = torch.get_num_threads()
+    if threads == 1:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _tensors(value: Any) -> list[Tensor]:
+    """The tensors of an aten op's result or argument tuple (nested one list deep at most,
+    as aten schemas are; ``torch.utils._pytree`` would do, at ten times the cost per op)."""
+    if isinstance(value, Tensor):
+        return [value]
+    return tensors_in(value) if isinstance(value, (tuple, list)) else []
+
+
 def propagate(func: Any, args: Any, kwargs: Any, out: Any) -> None:
     """Run ``func`` on the shadows of its inputs and give ``out`` the results' values."""
-    outs = [t for t in tree_flatten(out)[0] if isinstance(t, FakeTensor)]
+    outs = [t for t in _tensors(out) if isinstance(t, FakeTensor)]
     if not outs:
         return
-    inputs = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, Tensor)]
-    shadows = [_shadow(t) for t in inputs]
+    inputs = tensors_in(args, kwargs)
     replayable = (
-        all(s is not None for s in shadows)
-        and all(_wants_shadow(t) or _known_float(t) for t in outs)
+        all(_wants_shadow(t) or _known_float(t) for t in outs)
         and torch.Tag.nondeterministic_seeded not in func.tags
     )
+    shadows: list[Tensor | None] = []
+    for t in inputs if replayable else ():
+        shadows.append(_shadow(t))
+        if shadows[-1] is None:
+            replayable = False
+            break
     if not replayable:
         if func._schema.is_mutable:
             _stale.update(id(t.untyped_storage()) for t in inputs)
@@ -151,12 +186,12 @@ def propagate(func: Any, args: Any, kwargs: Any, out: Any) -> None:
         return x
 
     real_args, real_kwargs = tree_map(real, (args, kwargs))
-    with _disable_current_modes():
+    with _disable_current_modes(), _one_thread():
         try:
             result = func(*real_args, **real_kwargs)
         except Exception:  # a kernel the shadows cannot run: the outputs stay unknown
             return
-    values = [t for t in tree_flatten(result)[0] if isinstance(t, Tensor)]
+    values = _tensors(result)
     if len(values) == len(outs):
         for fake, value in zip(outs, values, strict=True):
             _shadows[fake] = value

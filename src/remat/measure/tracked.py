@@ -4,7 +4,8 @@ that a model has a training step to measure."""
 from __future__ import annotations
 
 import gc
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from torch import nn
@@ -12,7 +13,7 @@ from torch import nn
 from remat.measure.step import Step, batch_tensors
 from remat.measure.tracker import MemoryTracker
 
-__all__ = ["Tracked", "check_trainable", "tracked_step"]
+__all__ = ["Tracked", "check_trainable", "held_gc", "tracked_step"]
 
 _API = "remat.profile"
 
@@ -63,14 +64,25 @@ def tracked_step(step: Step, blocks: Sequence[tuple[str, nn.Module]]) -> Tracked
         if phase != "end":
             tracker.set_phase(phase)
 
-    # Automatic garbage collection would free cyclic garbage at arbitrary moments, and
-    # differently in real and fake runs (they allocate different Python objects): hold it.
-    gc_was_enabled = gc.isenabled()
+    with held_gc(), tracker:
+        step.run(on_phase)
+    return Tracked(tracker, static, grad_bytes)
+
+
+@contextmanager
+def held_gc() -> Iterator[None]:
+    """No automatic garbage collection inside the block (restored afterwards).
+
+    Automatic collection would free cyclic garbage at arbitrary moments, and differently
+    in real and fake runs (they allocate different Python objects), so every tracked run
+    holds it: what a run measures then never depends on when the collector ran. Cyclic
+    garbage of *earlier* runs cannot show either way: its storages are not in the new
+    tracker's ledger.
+    """
+    was_enabled = gc.isenabled()
     gc.disable()
     try:
-        with tracker:
-            step.run(on_phase)
+        yield
     finally:
-        if gc_was_enabled:
+        if was_enabled:
             gc.enable()
-    return Tracked(tracker, static, grad_bytes)

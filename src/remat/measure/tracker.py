@@ -52,7 +52,7 @@ NOTE [ First dispatch ]
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from typing import Any, ClassVar
 
@@ -103,6 +103,8 @@ class MemoryTracker(TorchDispatchMode):
         blocks: ``(qualified_name, module)`` pairs to attribute ops and saved bytes
             to, e.g. ``remat.blocks.named_blocks(model)``. Default: none.
         record_ops: keep an :class:`OpRecord` per op. Default: ``True``.
+        after_op: called with no arguments after every op, once its outputs are counted
+            (to read :attr:`current_bytes` op by op). Default: none.
 
     Example:
         >>> model = torch.nn.Linear(4, 4)
@@ -128,12 +130,14 @@ class MemoryTracker(TorchDispatchMode):
         device: torch.device | str | None = None,
         blocks: Sequence[tuple[str, nn.Module]] = (),
         record_ops: bool = True,
+        after_op: Callable[[], None] | None = None,
     ) -> None:
         super().__init__()
         dev = torch.device(device) if device is not None else None
         self._device_type = dev.type if dev is not None else None
         self._device_index = dev.index if dev is not None else None
         self._record_ops = record_ops
+        self.after_op = after_op
         self._ledger = StorageLedger()
         self._phase = "forward"
         self._activation: int | None = None
@@ -291,7 +295,10 @@ class MemoryTracker(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         if func in METADATA_OPS or func.namespace == "profiler":  # profiler: record_function
-            return func(*args, **kwargs)
+            out = func(*args, **kwargs)
+            if self.after_op is not None:
+                self.after_op()
+            return out
         inputs = tensors_in(args, kwargs)
         # NOTE [ What the tracker cannot see ], 2.: unknown inputs predate the step.
         input_keys = self._ledger.see_inputs(inputs, self._counts,
@@ -306,6 +313,8 @@ class MemoryTracker(TorchDispatchMode):
         self._ledger.update_peak(phase)
         if self._record_ops:
             self._record(func, args, kwargs, out, inputs, outputs, phase, alloc, aliases_only)
+        if self.after_op is not None:
+            self.after_op()
         return out
 
     @staticmethod

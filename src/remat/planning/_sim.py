@@ -19,7 +19,6 @@ NOTE [ Memory windows ]
 
 from __future__ import annotations
 
-import gc
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -29,12 +28,12 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.hooks import RemovableHandle
 
 from remat.blocks import BlocksSpec, named_blocks
 from remat.measure.fake import fake_batch, fake_copy_with_map, fake_optimizer
 from remat.measure.step import LossFn, batch_tensors, clear_grads, model_device, run_step
+from remat.measure.tracked import held_gc
 from remat.measure.tracker import MemoryTracker, OpRecord
 from remat.recompute import is_recomputing
 from remat.strategies import remove
@@ -75,18 +74,23 @@ def fake_setup(model: nn.Module, batch: Any, *, optimizer: torch.optim.Optimizer
     return FakeSetup(mode, fmodel, fbatch, fopt, named, model_device(fmodel))
 
 
-class WindowRecorder(TorchDispatchMode):
+class WindowRecorder:
     """Peak and starting live bytes of named windows (see NOTE [ Memory windows ]).
 
-    Enter it *inside* the tracker whose :attr:`~MemoryTracker.current_bytes` it reads.
+    It reads ``tracker``'s :attr:`~MemoryTracker.current_bytes` after every op the tracker
+    counts (it installs itself as the tracker's ``after_op``): a listener rather than a
+    dispatch mode of its own, which would cost every op another trip through Python
+    dispatch.
     """
 
     def __init__(self, tracker: MemoryTracker) -> None:
-        super().__init__()
+        if tracker.after_op is not None:
+            raise ValueError("WindowRecorder: the tracker already has an after_op listener")
         self._tracker = tracker
         self.label: str | None = None
         self.starts: dict[str, int] = {}
         self.peaks: dict[str, int] = {}
+        tracker.after_op = self._after_op
 
     def open(self, label: str) -> None:
         """Make ``label`` the current window (its start is the first time it opens)."""
@@ -95,15 +99,12 @@ class WindowRecorder(TorchDispatchMode):
         self.starts.setdefault(label, current)
         self.peaks[label] = max(self.peaks.get(label, current), current)
 
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (),
-                           kwargs: Any = None) -> Any:
-        out = func(*args, **(kwargs or {}))
+    def _after_op(self) -> None:
         label = self.label
         if label is not None:
             current = self._tracker.current_bytes
             if current > self.peaks[label]:
                 self.peaks[label] = current
-        return out
 
 
 def first_tensor(value: Any) -> Tensor | None:
@@ -132,7 +133,7 @@ class StepWindows:
         order: window labels in the order they first opened.
         peak_bytes: the step's peak (the tracker's, as :func:`remat.profile` reports it).
         peak_breakdown: bytes per kind at the peak.
-        ops: every op of the step.
+        ops: every op of the step (with ``record_ops``; else empty).
         static: bytes registered before the step, per kind (params, batch, ...).
     """
 
@@ -144,20 +145,22 @@ class StepWindows:
     static: Mapping[str, int]
 
 
-def run_windows(setup: FakeSetup, *, loss_fn: LossFn | None) -> StepWindows:
+def run_windows(setup: FakeSetup, *, loss_fn: LossFn | None,
+                record_ops: bool = False) -> StepWindows:
     """Run one tracked step of ``setup``'s model as :func:`remat.profile` does, with windows.
 
     Same sequence as ``profile(simulate=True)``: an untracked warm-up step that creates
     the optimizer state (only with an optimizer), gradients cleared, then the tracked
-    step with parameters, buffers, optimizer state and batch registered first.
+    step with parameters, buffers, optimizer state and batch registered first. The peak
+    model needs only the bytes; ``record_ops=True`` also records every op (FLOPs and
+    bytes moved, in ``StepWindows.ops``; otherwise empty), a tenth of the step's time.
     """
     model, batch, optimizer = setup.model, setup.batch, setup.optimizer
     with setup.mode:
         if optimizer is not None:  # fake steps have no other lazy state to warm up
             run_step(model, batch, loss_fn=loss_fn, optimizer=optimizer)
             clear_grads(model)
-        gc.collect()
-        tracker = MemoryTracker(device=setup.device, blocks=setup.blocks, record_ops=True)
+        tracker = MemoryTracker(device=setup.device, blocks=setup.blocks, record_ops=record_ops)
         tracker.register_model(model)
         if optimizer is not None:
             tracker.register_optimizer(optimizer)
@@ -174,7 +177,7 @@ def run_windows(setup: FakeSetup, *, loss_fn: LossFn | None) -> StepWindows:
 
         try:
             windows.open("pre")
-            with tracker, windows:
+            with held_gc(), tracker:
                 run_step(model, batch, loss_fn=loss_fn, optimizer=optimizer, on_phase=on_phase)
         finally:
             for handle in handles:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from remat.measure.tracked import held_gc
 from remat.measure.tracker import MemoryTracker, OpRecord
 from remat.planning._sim import FakeSetup, WindowRecorder, first_tensor, quiet
 from remat.planning.capture import BlockInputs, fresh_inputs, tensors_in
@@ -69,7 +70,7 @@ def run_block(setup: FakeSetup, name: str, block: nn.Module,
         tracker.register([x, *tensors_in(args), *tensors_in(kwargs)], "other")
         windows = WindowRecorder(tracker)
         weights: list[Tensor] = []
-        with setup.mode, tracker, windows, torch.enable_grad():
+        with held_gc(), setup.mode, tracker, torch.enable_grad():
             windows.open("fwd")
             out = block(*args, **kwargs)
             windows.open("saved")

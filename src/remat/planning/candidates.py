@@ -307,7 +307,7 @@ def _measure_kind(setup: FakeSetup, rep: str, block: nn.Module, inputs: BlockInp
 
 
 def measure_groups(setup: FakeSetup, device: DeviceSpec, *, prune: bool = True,
-                   max_composites: int = 8) -> list[BlockGroup]:
+                   max_composites: int = 8, share: bool = True) -> list[BlockGroup]:
     """Measure every candidate of every kind of block in ``setup``'s model.
 
     Args:
@@ -316,15 +316,22 @@ def measure_groups(setup: FakeSetup, device: DeviceSpec, *, prune: bool = True,
         prune: drop candidates another candidate beats in every number. Default: True.
         max_composites: at most this many attention+MLP pairs are measured per kind of
             block (the most promising by their parts' numbers). Default: 8.
+        share: measure one block per kind (same class, parameter and buffer shapes, input
+            shapes; ``capture.group_key``) and give the others its candidates. ``False``
+            measures every block on its own inputs: the exact path the shared one is
+            tested against (a 32-layer stack then costs 32 times the block runs).
+            Default: True.
 
     Returns:
-        One :class:`BlockGroup` per kind of block, in order of first appearance.
+        One :class:`BlockGroup` per kind of block (per block without ``share``), in order
+        of first appearance.
     """
+    report("block inputs", 1, 3)
     inputs = capture_inputs(setup.model, setup.batch, setup.blocks, mode=setup.mode)
     setup.blocks[:] = in_call_order(setup.blocks, inputs)  # the peak model counts in this order
     groups: dict[Any, list[str]] = {}
     for name, block in setup.blocks:
-        groups.setdefault(group_key(block, inputs[name]), []).append(name)
+        groups.setdefault(group_key(block, inputs[name]) if share else name, []).append(name)
     modules = dict(setup.blocks)
     result: list[BlockGroup] = []
     for names in groups.values():
