@@ -186,12 +186,10 @@ class StorageLedger:
             self.peak_phase = phase
             self.peak_is_now = True
 
-    def phase_peak(self, phase: str) -> PhasePeak | None:
-        """``phase``'s peak, or None if no op ran in it."""
-        entry = self.phase_peaks.get(phase)
-        if entry is None:
-            return None
-        return PhasePeak(entry[0], {k: v for k, v in entry[1].items() if v}, entry[2])
+    def peaks_by_phase(self) -> dict[str, PhasePeak]:
+        """Each phase's peak so far, by phase (phases no op ran in are absent)."""
+        return {phase: PhasePeak(peak, {k: v for k, v in kinds.items() if v}, order)
+                for phase, (peak, kinds, order) in self.phase_peaks.items()}
 
     def bytes_of_kind(self, kind: str) -> tuple[int, dict[str, int]]:
         """Bytes of live storages of ``kind``, in total and per block."""

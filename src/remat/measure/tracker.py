@@ -21,11 +21,10 @@ NOTE [ What the tracker cannot see ]
     4. Tensors C++ creates without an aten op: Python scalars autograd saves as
        8-byte wrapped tensors (``x * 0.5``). The RNG states checkpoint saves are
        the exception: NOTE [ RNG states saved by checkpoint ] in outside.py.
-    Sizes are exact ``nbytes``; the CUDA caching allocator rounds every block up
-    to 512 bytes, so ``torch.cuda.max_memory_allocated`` reads a little higher.
-    Against the CPU allocator's own events (tests/measure/test_measure_allocator.py)
-    1. and 4. leave the peak at most 448 B low on the tiny models tested; 1. grows
-    with the problem (CPU flash-attention backward: ~5% of the attention's bytes).
+    Sizes are exact ``nbytes`` (the CUDA caching allocator rounds blocks up to 512 B).
+    Against the CPU allocator (tests/measure/test_measure_allocator.py) 1. and 4. leave
+    the peak at most 448 B low on the tiny models tested; 1. grows with the problem
+    (CPU flash-attention backward: ~5% of the attention's bytes).
     Storage identity: NOTE in ledger.py; block attribution: NOTE in attribution.py.
 
 NOTE [ Phases ]
@@ -41,13 +40,11 @@ NOTE [ Phases ]
     are each block's saved bytes.
 
 NOTE [ First dispatch ]
-    ``TorchDispatchMode`` subclasses get their ``__torch_dispatch__`` wrapped by
-    ``torch._disable_dynamo``, which imports and sets up dynamo on its first
-    call. That first call leaves reference cycles through the Python frames
-    active at the time (the model's forward), which keep the tensors in those
-    frames alive until the garbage collector runs: measured once, the first
-    step of a process would show activations that are never freed. Each
-    tracker class therefore runs one throwaway dispatch before its first use.
+    ``__torch_dispatch__`` is wrapped by ``torch._disable_dynamo``, whose first call sets
+    up dynamo and leaves reference cycles through the frames then active (the forward's),
+    keeping their tensors alive until a garbage collection: a process's first tracked
+    step would show activations never freed. Each tracker class therefore runs one
+    throwaway dispatch before its first use.
 """
 
 from __future__ import annotations
@@ -364,10 +361,8 @@ class MemoryTracker(TorchDispatchMode):
         return {k: v for k, v in self._ledger.peak_by_kind.items() if v}
 
     @property
-    def phase_peaks(self) -> dict[str, PhasePeak]:
-        """Each phase's peak (:class:`~remat.measure.ledger.PhasePeak`), by phase."""
-        return {phase: peak for phase in self._ledger.phase_peaks
-                if (peak := self._ledger.phase_peak(phase)) is not None}
+    def phase_peaks(self) -> dict[str, PhasePeak]:  # see PhasePeak in ledger.py
+        return self._ledger.peaks_by_phase()
 
     @property
     def current_breakdown(self) -> dict[str, int]:
