@@ -116,3 +116,30 @@ def test_rows_peaking_at_the_optimizers_moment_take_the_fast_path() -> None:
         # The row's moments were extrapolated, the optimizer's included (equal to the
         # exact rows: test_fast_rows_equal_exact_rows_for_every_strategy_kind).
         assert rows[0] is not None and rows[0].peak_phase == "optimizer", kind
+
+
+def test_a_row_the_fast_path_cannot_give_is_run_exactly_alone(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import remat.simulate.run as run
+
+    calls: list[int] = []
+
+    def second_row_missing(ctx: Any, label: str, sizes: Any, seq_len: int) -> Any:
+        rows = fast_rows(ctx, label, sizes, seq_len)
+        assert rows is not None and None not in rows
+        return [rows[0], None]
+
+    real_point = run.point
+
+    def counted_point(setup: Any, label: str, b: int, seq_len: int) -> Any:
+        calls.append(b)
+        return real_point(setup, label, b, seq_len)
+
+    kwargs: dict[str, Any] = dict(seq_len=32, batch_sizes=[1, 2], strategies=["full"],
+                                  device="l4")
+    exact = simulate(_factory(), exact=True, **kwargs)
+    calls.clear()
+    monkeypatch.setattr(run, "fast_rows", second_row_missing)
+    monkeypatch.setattr(run, "point", counted_point)
+    _compare(simulate(_factory(), **kwargs), exact)
+    assert calls == [2]  # only the missing row took a full fake step
