@@ -33,10 +33,9 @@ NOTE [ Compilation cache ]
 
 from __future__ import annotations
 
-import functools
 import os
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,8 +43,9 @@ import jax
 import numpy as np
 from flax import nnx
 
-__all__ = ["LossFn", "StepAnalysis", "analyze_fns", "analyze_step", "analyze_steps", "compile_fn",
-           "clear_cache", "compiler_options", "default_loss", "shape_key", "step_fn"]
+__all__ = ["LossFn", "StepAnalysis", "analyze_fns", "analyze_step", "analyze_steps", "clear_cache",
+           "compile_fn", "compiler_options", "default_loss", "prefetch_step", "shape_key",
+           "step_fn", "submit_fns", "submit_lowered", "lower_job", "cached", "wait"]
 
 LossFn = Callable[[Any, Any], Any]
 
@@ -151,16 +151,53 @@ def step_fn(graphdef: Any, loss_fn: LossFn) -> Callable[[Any, Any], Any]:
     return step
 
 
-_CACHE: dict[Any, StepAnalysis] = {}
+_CACHE: dict[Any, StepAnalysis | Future[StepAnalysis]] = {}
+_POOL: list[ThreadPoolExecutor] = []
 
 
-def _lower(model: nnx.Module, batch: Any, fn: LossFn, forward_only: bool
-           ) -> tuple[Any, Callable[[], Any]]:
-    """The cache key of the step, and a thunk that compiles it (tracing done already)."""
+def _pool() -> ThreadPoolExecutor:
+    """The process's compile pool: one thread per core (XLA compiles without the GIL)."""
+    if not _POOL:
+        _POOL.append(ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1),
+                                        thread_name_prefix="remat-jax-compile"))
+    return _POOL[0]
+
+
+def _submit(key: Any, lowered: Any) -> None:
+    """Start compiling ``lowered`` in the pool; its analysis is cached under ``key``."""
+    def compile_() -> StepAnalysis:
+        return StepAnalysis.of(lowered.compile(compiler_options=_analysis_options()))
+
+    _CACHE[key] = _pool().submit(compile_)
+
+
+def _result(key: Any) -> StepAnalysis:
+    """The cached analysis of ``key``, waiting for its compile if it is still running."""
+    value = _CACHE[key]
+    if isinstance(value, Future):
+        try:
+            value = value.result()
+        except BaseException:
+            _CACHE.pop(key, None)  # a failed compile is not cached
+            raise
+        _CACHE[key] = value
+    return value
+
+
+def _step_key(model: nnx.Module, batch: Any, fn: LossFn, forward_only: bool) -> tuple[Any, Any]:
     graphdef, state = nnx.split(model)
-    key = (graphdef, shape_key(state), shape_key(batch), fn, forward_only)
+    return (graphdef, shape_key(state), shape_key(batch), fn, forward_only), (graphdef, state)
+
+
+def _lower(model: nnx.Module, batch: Any, fn: LossFn, forward_only: bool) -> Any:
+    """Trace and lower the step, start compiling it, and return its cache key.
+
+    Tracing happens in this thread (it reads the model's current policies); the
+    compile runs in the pool, so the caller can trace the next step meanwhile.
+    """
+    key, (graphdef, state) = _step_key(model, batch, fn, forward_only)
     if key in _CACHE:
-        return key, lambda: None
+        return key
     if forward_only:
         def forward(s: Any, b: Any) -> Any:
             return fn(nnx.merge(graphdef, s), b)
@@ -168,13 +205,24 @@ def _lower(model: nnx.Module, batch: Any, fn: LossFn, forward_only: bool
         target: Callable[[Any, Any], Any] = forward
     else:
         target = step_fn(graphdef, fn)
-    lowered = jax.jit(target).lower(state, batch)
-    return key, functools.partial(lowered.compile, compiler_options=_analysis_options())
+    _submit(key, jax.jit(target).lower(state, batch))
+    return key
 
 
 def _analysis_options() -> dict[str, Any]:
     """Options of an analysis-only compile (see :func:`compile_fn`)."""
     return {**compiler_options(), "xla_backend_optimization_level": 0}
+
+
+def prefetch_step(model: nnx.Module, batch: Any, *, loss_fn: LossFn | None = None) -> None:
+    """Start compiling the step in the background; :func:`analyze_step` picks it up.
+
+    Example:
+        >>> prefetch_step(model, batch)   # compiles while the caller traces other things
+        >>> analyze_step(model, batch).peak_bytes > 0
+        True
+    """
+    _lower(model, batch, default_loss if loss_fn is None else loss_fn, False)
 
 
 def analyze_step(model: nnx.Module, batch: Any, *, loss_fn: LossFn | None = None,
@@ -192,10 +240,7 @@ def analyze_step(model: nnx.Module, batch: Any, *, loss_fn: LossFn | None = None
         True
     """
     fn = default_loss if loss_fn is None else loss_fn
-    key, compile_ = _lower(model, batch, fn, forward_only)
-    if key not in _CACHE:
-        _CACHE[key] = StepAnalysis.of(compile_())
-    return _CACHE[key]
+    return _result(_lower(model, batch, fn, forward_only))
 
 
 def analyze_steps(model: nnx.Module, batch: Any, configurations: Sequence[Callable[[], Any]],
@@ -203,16 +248,15 @@ def analyze_steps(model: nnx.Module, batch: Any, configurations: Sequence[Callab
     """:func:`analyze_step` for several configurations of ``model``, compiled in parallel.
 
     Each ``configure()`` sets the model up (e.g. applies policies); the step is traced
-    right after it, in this thread, and the XLA compilations then run in a thread pool
+    right after it, in this thread, while the pool compiles the steps traced before
     (XLA compiles without the GIL). See NOTE [ Compilation cache ].
     """
     fn = default_loss if loss_fn is None else loss_fn
-    pending: list[tuple[Any, Callable[[], Any]]] = []
+    keys = []
     for configure in configurations:
         configure()
-        pending.append(_lower(model, batch, fn, False))
-    _compile_all({key: thunk for key, thunk in pending if key not in _CACHE})
-    return [_CACHE[key] for key, _ in pending]
+        keys.append(_lower(model, batch, fn, False))
+    return [_result(key) for key in keys]
 
 
 def analyze_fns(jobs: Sequence[tuple[Any, Callable[..., Any], tuple[Any, ...]]]
@@ -222,28 +266,51 @@ def analyze_fns(jobs: Sequence[tuple[Any, Callable[..., Any], tuple[Any, ...]]]
     Cached by ``key`` and the shapes of ``args`` (NOTE [ Compilation cache ]); ``args``
     may be arrays or ``jax.ShapeDtypeStruct``: nothing runs.
     """
-    keys = [(key, shape_key(args)) for key, _, args in jobs]
-    todo: dict[Any, Callable[[], Any]] = {}
-    for full_key, (_, fn, args) in zip(keys, jobs, strict=True):
-        if full_key not in _CACHE and full_key not in todo:
-            lowered = jax.jit(fn).lower(*args)
-            todo[full_key] = functools.partial(lowered.compile,
-                                               compiler_options=_analysis_options())
-    _compile_all(todo)
-    return [_CACHE[key] for key in keys]
+    return [_result(key) for key in submit_fns(jobs)]
 
 
-def _compile_all(todo: Mapping[Any, Callable[[], Any]]) -> None:
-    """Run the compile thunks in a thread pool and cache their analyses."""
-    if not todo:
-        return
-    workers = max(1, min(len(todo), os.cpu_count() or 1))
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        results = dict(zip(todo, pool.map(lambda t: t(), todo.values()), strict=True))
-    for key, compiled in results.items():
-        _CACHE[key] = StepAnalysis.of(compiled)
+def submit_fns(jobs: Sequence[tuple[Any, Callable[..., Any], tuple[Any, ...]]]) -> list[Any]:
+    """Lower each ``(key, fn, args)`` and start compiling it; the cache keys, for :func:`wait`."""
+    keys = []
+    for key, fn, args in jobs:
+        full_key, lowered = lower_job(key, fn, args)
+        if lowered is not None:
+            _submit(full_key, lowered)
+        keys.append(full_key)
+    return keys
+
+
+def lower_job(key: Any, fn: Callable[..., Any], args: tuple[Any, ...]) -> tuple[Any, Any]:
+    """``(cache key, jax.jit(fn).lower(*args))``; the lowering is None when the key is cached.
+
+    Compile it with :func:`submit_lowered` (or not: a lowering's
+    ``cost_analysis()`` is XLA's count of the *unoptimized* program, no compile).
+    """
+    full_key = (key, shape_key(args))
+    if full_key in _CACHE:
+        return full_key, None
+    return full_key, jax.jit(fn).lower(*args)
+
+
+def submit_lowered(full_key: Any, lowered: Any) -> None:
+    """Start compiling a lowering from :func:`lower_job` (None: cached, nothing to do)."""
+    if lowered is not None and full_key not in _CACHE:
+        _submit(full_key, lowered)
+
+
+def cached(full_key: Any) -> StepAnalysis | None:
+    """The analysis cached under ``full_key`` (waiting for its compile), or None."""
+    return _result(full_key) if full_key in _CACHE else None
+
+
+def wait(keys: Sequence[Any]) -> list[StepAnalysis]:
+    """The analyses of keys returned by :func:`submit_fns`, waiting for their compiles."""
+    return [_result(key) for key in keys]
 
 
 def clear_cache() -> None:
     """Forget every cached step analysis (NOTE [ Compilation cache ])."""
+    for value in list(_CACHE.values()):
+        if isinstance(value, Future):
+            value.cancel()
     _CACHE.clear()

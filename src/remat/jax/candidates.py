@@ -6,41 +6,27 @@ NOTE [ JAX candidates ]
     policies are ``none``, ``nothing_saveable``, ``dots_saveable``,
     ``dots_with_no_batch_dims_saveable``, ``save_only_these_names`` with each
     name tagged in the block (``checkpoint_name``) alone and with all of them,
-    plus any ``policies=`` given. Policies whose residuals (JAX's residual
-    inspection of the block alone) have the same size as an earlier one are
-    skipped. Each remaining policy is measured by XLA, on one of two programs
-    (``measure=``):
-
-    * ``"block"`` (default, NOTE [ Block chain ]): a chain of
-      :data:`CHAIN_BLOCKS` copies of the block alone, forward and backward,
-      the first copy under the policy and the others ``none``;
-    * ``"step"`` (the exact path): the whole training step with the
-      representative block under the policy and every other block ``none``.
-
-    Either way the candidate's recompute is the program's extra FLOPs
-    (``cost_analysis``) over the same program without remat, and its saved
-    bytes the block's un-checkpointed residuals minus what XLA's peak dropped
-    by. Candidates with no fewer saved bytes and no fewer FLOPs than another are
-    dropped. ``tests/jax/test_candidates.py`` compares the two paths.
-
-NOTE [ Block chain ]
-    Compiling the whole step per candidate costs a whole-step compile each (57 s
-    for the gpt-small preset's 8 candidates). The blocks of a stack are
-    identical, so a candidate's effect is measured on the block alone:
-    ``x -> B_p(x) -> B(.) -> B(.)``, forward and backward (``jax.vjp``, the
-    output cotangent an argument), where ``B_p`` runs under the candidate
-    policy. Its residuals stay alive while the later copies run their backward,
-    which is where the chain's peak is, so XLA's peak drops by what the policy
-    saves, as in the whole step where the later blocks and the head hold the
-    peak. One copy alone would not do: its backward recomputes what the policy
-    dropped, so its peak would not move. The chain needs a block whose output
-    has the shape of its first array argument (a residual stack); other kinds
-    are measured on the whole step.
+    plus any ``policies=`` given. Policies dominated before any compile are
+    skipped (NOTE [ Pruning before compiling ]
+    A compile costs ~1 s whatever the program's size (XLA:CPU's per-kernel
+    code generation), so candidates that cannot be chosen are not compiled.
+    Before compiling, each policy gets two estimates that need no compile: its
+    residual bytes (JAX's residual inspection of the block alone) and its
+    chain's FLOPs (``cost_analysis()`` of the chain's lowering, i.e. the
+    unoptimized program, which already holds the recomputation). A policy with
+    no fewer estimated bytes and no fewer estimated FLOPs than another is not
+    compiled. On gpt-small the estimates order the policies as XLA does: saved
+    bytes differ from XLA's by the same constant for every checkpointed policy,
+    FLOPs by under 7 MFLOP of ~1.2 GFLOP (``save_only_these_names`` of
+    ``attn_probs`` or ``mlp_act`` alone recompute exactly what
+    ``nothing_saveable`` does and save more, and are skipped). Blocks that do
+    not chain have no FLOP estimate; policies with the same residual bytes as
+    an earlier one are skipped there.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -50,10 +36,13 @@ from flax import nnx
 from remat.jax.analysis import (
     LossFn,
     StepAnalysis,
-    analyze_fns,
     analyze_step,
     analyze_steps,
+    cached,
     default_loss,
+    lower_job,
+    submit_lowered,
+    wait,
 )
 from remat.jax.block_measure import BlockInputs, block_inputs, block_saved_bytes, tagged_names
 from remat.jax.blocks import BlocksSpec, named_blocks
@@ -182,17 +171,29 @@ def _measure_kind(model: nnx.Module, batch: Any, fn: LossFn, path: str, block: n
                   inputs: BlockInputs, wanted: Sequence[Policy], prune: bool,
                   measure: Measure) -> tuple[JaxCandidate, ...]:
     none_saved = block_saved_bytes(block, inputs)
-    table = [JaxCandidate(NONE, none_saved, none_saved, 0)]
-    seen_saved = {none_saved}
+    policies = [NONE, *wanted]
+    chains = _chains(block, inputs)
+    on_chain = measure == "block" and chains
+    lowerings = _lower_chains(block, inputs, policies) if chains else None
+    saved: list[int] = []
+    flops: list[int] = []
     measured: list[Policy] = []
-    for policy in wanted:
-        saved = block_saved_bytes(_with_policy(block, policy), inputs)
-        if prune and saved in seen_saved:  # the same residuals: the same step
-            continue
-        seen_saved.add(saved)
-        measured.append(policy)
-    if measure == "block" and _chains(block, inputs):
-        base, *steps = chain_analysis(block, inputs, [NONE, *measured])
+    keys: list[Any] = []
+    for i, policy in enumerate(policies):  # lower, estimate, compile: pipelined
+        saved.append(none_saved if i == 0 else
+                     block_saved_bytes(_with_policy(block, policy), inputs))
+        key, lowered = next(lowerings) if lowerings is not None else (None, None)
+        if lowerings is not None:
+            flops.append(_estimated_flops(key, lowered))
+        if i > 0 and prune and _dominated(i, saved, flops if chains else None):
+            continue  # NOTE [ Pruning before compiling ]
+        if i > 0:
+            measured.append(policy)
+        if on_chain:
+            submit_lowered(key, lowered)
+            keys.append(key)
+    if on_chain:
+        base, *steps = wait(keys)
     else:
         base = analyze_step(model, batch, loss_fn=fn)
 
@@ -201,12 +202,35 @@ def _measure_kind(model: nnx.Module, batch: Any, fn: LossFn, path: str, block: n
 
         steps = analyze_steps(model, batch, [configure(p) for p in measured], loss_fn=fn)
         remove(model)
+    table = [JaxCandidate(NONE, none_saved, none_saved, 0)]
     for policy, step in zip(measured, steps, strict=True):
         # XLA's own saving for this block: what the peak dropped by (NOTE [ JAX peak model ]).
         measured_saved = max(0, none_saved - (base.peak_bytes - step.peak_bytes))
         table.append(JaxCandidate(policy, measured_saved, none_saved,
                                   max(0, step.flops - base.flops)))
     return tuple(_prune(table) if prune else table)
+
+
+def _estimated_flops(key: Any, lowered: Any) -> int:
+    """XLA's FLOPs of a chain: the compiled count when cached, else the lowering's."""
+    done = cached(key)
+    if done is not None:
+        return done.flops
+    cost = lowered.cost_analysis()
+    if isinstance(cost, (list, tuple)):  # older jax: one dict per computation
+        cost = cost[0] if cost else {}
+    return int(round(float((cost or {}).get("flops", 0.0))))
+
+
+def _dominated(i: int, saved: Sequence[int], flops: Sequence[int] | None) -> bool:
+    """Whether an earlier candidate's estimates are no worse than candidate ``i``'s.
+
+    See NOTE [ Pruning before compiling ]: ``saved`` and ``flops`` (None: no FLOP
+    estimate, compare residual bytes only) are the estimates of candidates ``0..i``.
+    """
+    if flops is None:
+        return saved[i] in saved[:i]
+    return any(saved[j] <= saved[i] and flops[j] <= flops[i] for j in range(i))
 
 
 def _carried(inputs: BlockInputs) -> int | None:
@@ -248,6 +272,16 @@ def chain_analysis(block: nnx.Module, inputs: BlockInputs, policies: Sequence[Po
 
     See NOTE [ Block chain ]. One analysis per policy, compiled in parallel and cached.
     """
+    keys = []
+    for key, lowered in _lower_chains(block, inputs, policies, blocks=blocks):
+        submit_lowered(key, lowered)  # compiles while the next chain is lowered
+        keys.append(key)
+    return wait(keys)
+
+
+def _lower_chains(block: nnx.Module, inputs: BlockInputs, policies: Sequence[Policy],
+                  *, blocks: int = CHAIN_BLOCKS) -> Iterator[tuple[Any, Any]]:
+    """``(cache key, lowering or None when cached)`` of the chain per policy, lazily."""
     args, kwargs = inputs
     positions = _array_positions(args)
     carried = positions[0]
@@ -255,32 +289,58 @@ def chain_analysis(block: nnx.Module, inputs: BlockInputs, policies: Sequence[Po
     graphdef, state = nnx.split(plain)
     x = args[carried]
     others = [args[i] for i in positions[1:]]
-    jobs = []
+    tail = _tail_fn(graphdef, args, kwargs, positions)
     for policy in policies:
         first = nnx.graphdef(_with_policy(plain, policy))
         graphdefs = (first, *([graphdef] * (blocks - 1)))
-        jobs.append((("chain", graphdefs, repr(inputs)),
-                     _chain_fn(graphdefs, args, kwargs, positions),
-                     ((state,) * blocks, x, others, x)))
-    return analyze_fns(jobs)
+        yield lower_job(("chain", graphdefs, repr(inputs)),
+                        _chain_fn(first, tail, args, kwargs, positions),
+                        ((state,) * blocks, x, others, x))
 
 
-def _chain_fn(graphdefs: Sequence[Any], args: tuple[Any, ...], kwargs: dict[str, Any],
-              positions: Sequence[int]) -> Callable[..., Any]:
+def _block_call(graphdef: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+                positions: Sequence[int]) -> Callable[..., Any]:
+    """``(state, x, others) -> y``: the block, its carried and other array inputs explicit."""
+    def call(state: Any, x: Any, others: Any) -> Any:
+        full = list(args)
+        full[positions[0]] = x
+        for i, value in zip(positions[1:], others, strict=True):
+            full[i] = value
+        return nnx.merge(graphdef, state)(*full, **kwargs)
+
+    return call
+
+
+def _chain_fn(first: Any, tail: Callable[..., Any], args: tuple[Any, ...],
+              kwargs: dict[str, Any], positions: Sequence[int]) -> Callable[..., Any]:
+    """The chain of NOTE [ Block chain ]: ``first`` (under the policy), then ``tail``.
+
+    ``tail`` (the ``none`` copies) is one ``jax.jit`` function shared by every
+    policy's chain, so JAX traces it once; XLA inlines it, so the compiled chain is
+    the same as with the copies written out.
+    """
+    head = _block_call(first, args, kwargs, positions)
+
     def forward(states: Any, x: Any, others: Any) -> Any:
-        for graphdef, state in zip(graphdefs, states, strict=True):
-            full = list(args)
-            full[positions[0]] = x
-            for i, value in zip(positions[1:], others, strict=True):
-                full[i] = value
-            x = nnx.merge(graphdef, state)(*full, **kwargs)
-        return x
+        return tail(states[1:], head(states[0], x, others), others)
 
     def chain(states: Any, x: Any, others: Any, cotangent: Any) -> Any:
         out, pullback = jax.vjp(forward, states, x, others)
         return out, pullback(cotangent)
 
     return chain
+
+
+def _tail_fn(graphdef: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+             positions: Sequence[int]) -> Callable[..., Any]:
+    call = _block_call(graphdef, args, kwargs, positions)
+
+    def tail(states: Any, x: Any, others: Any) -> Any:
+        for state in states:
+            x = call(state, x, others)
+        return x
+
+    return jax.jit(tail)
 
 
 def _prune(table: Sequence[JaxCandidate]) -> list[JaxCandidate]:

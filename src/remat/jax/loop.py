@@ -15,26 +15,26 @@ NOTE [ JAX peak model ]
 NOTE [ JAX closed loop ]
     1. Solve the peak model for the budget (``solve`` of the shared planner core:
        least recompute FLOPs, the cost unit being 1 FLOP).
-    2. Compile the step with the choice; if XLA's peak exceeds the budget, lower
-       the solver's target by the excess and go to 1 (at most ``max_rounds``).
-    3. The manual menu (every candidate policy on every block, ``every:2``,
-       ``sqrt``): the entries the tables estimate cheaper than the best fitting
-       compiled step. With ``exact``, all of them and the solver's smallest-peak
-       choice are compiled at once. Otherwise cheapest estimate first, in batches
-       of the machine's cores, stopping after a batch in which a step fits (the
-       rest is estimated costlier), and the smallest-peak choice only when nothing
-       fits yet. The peak model is not used to skip entries: on few blocks it
-       overestimates checkpointing every block by up to 35% (the 2-block test
-       model), so an entry it predicts over the budget may fit. Of all compiled
-       steps whose XLA peak fits, the one with the fewest XLA FLOPs wins, so a
-       plan never costs more than a fitting manual policy (up to the tables' FLOP
-       error, see :meth:`Search.cheapest_fitting`).
-    4. Nothing fits: :class:`BudgetTooSmall` with the lowest peak compiled.
+    2. Compile the step with the choice and, side by side (one compile per core),
+       the manual menu entries it might lose to: each candidate policy on every
+       block, ``every:2``, ``sqrt``, those the tables estimate cheaper than the
+       choice (within :meth:`Search.tolerance`) and not compiled yet; with
+       ``exact``, the whole menu. If XLA's peak of the choice exceeds the budget,
+       lower the solver's target by the excess and go to 1 (at most
+       ``max_rounds``). The peak model is not used to skip menu entries: on few
+       blocks it overestimates checkpointing every block by up to 45% (the
+       2-block test model), so an entry it predicts over the budget may fit.
+    3. Of all compiled steps whose XLA peak fits, the one with the fewest XLA
+       FLOPs wins, so a plan never costs more than a fitting manual policy (up
+       to the tables' FLOP error). Menu entries estimated costlier than the
+       choice are never compiled: they cannot win.
+    4. Nothing fits: compile the solver's smallest-peak choice and the rest of
+       the menu; still nothing: :class:`BudgetTooSmall` with the lowest peak
+       compiled.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -58,8 +58,8 @@ from remat.jax.strategies import apply
 __all__ = ["Search", "Trial", "label", "peak_model"]
 
 _MANUAL = ("every:2", "sqrt")
-#: Menu entries estimated up to this many per mille of the step's FLOPs above the best
-#: fitting step are compiled too (see :meth:`Search.cheapest_fitting`).
+#: Menu entries estimated up to this many per mille of the step's FLOPs above a plan
+#: are compiled with it (see :meth:`Search.tolerance`).
 _FLOPS_TOLERANCE_PERMILLE = 5
 
 
@@ -123,71 +123,68 @@ class Search:
             choice = solve(self.pm, target)
             if choice is None:
                 break
-            self.compile([(self.policies_of(choice), int(self.pm.predict(choice)))])
-            peak = self.trials[-1].analysis.peak_bytes
+            policies = self.policies_of(choice)
+            planned = (policies, int(self.pm.predict(choice)))
+            # the plan and the manual entries it might lose to, compiled side by side
+            self.compile([planned, *self.menu(exact=exact, below=self.estimate(policies))])
+            peak = self.result_of(policies).analysis.peak_bytes
             if peak <= self.budget_bytes:
                 break
             target -= peak - self.budget_bytes
-        self.compile_menu(exact=exact)
+        if not self.fitting():
+            self.compile(self.menu(exact=True, below=None, lowest=True))
         fitting = self.fitting()
         if not fitting:
             raise self.too_small()
         return min(fitting, key=lambda t: (t.analysis.flops, t.analysis.peak_bytes))
 
-    def compile_menu(self, *, exact: bool) -> None:
-        """Compile the manual menu, cheapest estimate first (step 3 of NOTE [ JAX closed loop ]).
+    def result_of(self, policies: Sequence[Policy]) -> Trial:
+        """The compiled trial of ``policies`` (compiled already)."""
+        return next(t for t in self.trials if t.policies == tuple(policies))
 
-        Entries go in batches of the machine's cores; after a batch in which a step
-        fits, the later entries (estimated costlier than it) cannot win, so the rest
-        of the menu is not compiled. With ``exact`` every entry is compiled.
+    def tolerance(self) -> int:
+        """FLOPs the tables may be off by: :data:`_FLOPS_TOLERANCE_PERMILLE` of the step's.
+
+        The block chain counts ~40 kFLOP more per checkpointed block than the whole
+        step does on the test model; a menu entry estimated up to this much above a
+        plan may still be cheaper than it.
         """
-        menu = self.menu(exact=exact)
-        if not exact:
-            menu.sort(key=lambda entry: self.estimate(entry[0]) or 0)
-        size = len(menu) if exact else max(1, min(len(menu), os.cpu_count() or 1))
-        for start in range(0, len(menu), size):
-            self.compile(menu[start:start + size])
-            if not exact and self.fitting():
-                bar = self.cheapest_fitting()
-                menu[start + size:] = [e for e in menu[start + size:]
-                                       if bar is None or (self.estimate(e[0]) or 0) < bar]
-        if not self.fitting() and not exact:
-            self.compile(self.menu(exact=True))
-
-    def cheapest_fitting(self) -> int | None:
-        """The fewest FLOPs of a fitting compiled step, plus a tolerance (see below).
-
-        A menu entry estimated below it is worth compiling; the tolerance covers the
-        tables' FLOP error (the block chain counts ~40 kFLOP more per checkpointed
-        block than the whole step does on the test model): :data:`_FLOPS_TOLERANCE_PERMILLE`
-        of the step's FLOPs.
-        """
-        flops = [t.analysis.flops for t in self.fitting()]
-        if not flops:
-            return None
-        return min(flops) + self.base.flops * _FLOPS_TOLERANCE_PERMILLE // 1000
+        return self.base.flops * _FLOPS_TOLERANCE_PERMILLE // 1000
 
     def base_trial(self) -> Trial:
         return self.trials[0]
 
-    def menu(self, *, exact: bool) -> list[tuple[list[Policy], int | None]]:
-        """The manual choices worth compiling (step 3 of NOTE [ JAX closed loop ])."""
-        compiled = {t.policies for t in self.trials}
+    def menu(self, *, exact: bool, below: int | None, lowest: bool = False
+             ) -> list[tuple[list[Policy], int | None]]:
+        """Manual choices not compiled yet (step 3 of NOTE [ JAX closed loop ]).
+
+        Args:
+            exact: every entry (``measure="step"``).
+            below: only entries the tables estimate under these step FLOPs (plus
+                :meth:`tolerance`), and those they cannot estimate. None: every entry.
+            lowest: add the solver's smallest-peak choice. Default: False.
+        """
         out: list[tuple[list[Policy], int | None]] = []
-        if exact or not self.fitting():
-            lowest = min_peak_choice(self.pm)
-            out.append((self.policies_of(lowest), int(self.pm.predict(lowest))))
+        if lowest:
+            choice = min_peak_choice(self.pm)
+            out.append((self.policies_of(choice), int(self.pm.predict(choice))))
         n = len(self.paths)
         menu = [[c.policy] * n for c in self.tables[0] if not c.policy.is_none] \
             if all(t == self.tables[0] for t in self.tables) else []
         menu += [strategy_policies(s, n) for s in _MANUAL]
-        cheapest = self.cheapest_fitting()
         for policies in menu:
             estimate = self.estimate(policies)
-            if cheapest is not None and estimate is not None and estimate >= cheapest:
+            if not exact and below is not None and estimate is not None \
+                    and estimate >= below + self.tolerance():
                 continue
-            out.append((policies, None))
-        return [(c, p) for c, p in out if tuple(c) not in compiled]
+            out.append((policies, self.predict(policies)))
+        seen = {t.policies for t in self.trials}
+        unique = []
+        for policies, predicted in out:
+            if tuple(policies) not in seen:
+                seen.add(tuple(policies))
+                unique.append((policies, predicted))
+        return unique
 
     def indices(self, policies: Sequence[Policy]) -> list[int] | None:
         """Each block's table index of its policy (None: a policy not in a table)."""
