@@ -24,11 +24,26 @@ NOTE [ CPU optimization barriers ]
     ``XLA_FLAGS=--xla_disable_hlo_passes=cse_barrier_expander``) to get the
     memory the analysis reports. Other backends compile with no extra options.
 
+NOTE [ Difference compiles ]
+    Block chains (candidates.py) are compiled only to compare them with each
+    other: a candidate is the chain's peak drop and FLOP increase over the
+    same chain without remat. On CPU they compile with XLA's older loop
+    emitters (``xla_cpu_use_fusion_emitters=False``, :func:`difference_options`),
+    which halves their compile time (0.6 to 0.3 s CPU per chain on gpt-small)
+    and moves every chain's absolute peak by the same few hundred bytes:
+    the differences, hence the candidate tables, are identical
+    (``tests/jax/test_candidates.py`` checks it). Every step whose figures are
+    reported (profile, compare, the plan's measured peak) compiles with the
+    default pipeline. An XLA without the option compiles them the default way.
+
 NOTE [ Compilation cache ]
-    Compiling is the cost of everything here. Analyses are cached by the model's
-    ``GraphDef`` (which holds the remat policies, see strategies.py), the shapes
-    of its state and batch, and the loss function, so a strategy or candidate is
-    compiled once per process.
+    Compiling is the cost of everything here (about 1 s per program on CPU,
+    whatever its size). Analyses are cached by the model's ``GraphDef`` (which
+    holds the remat policies, see strategies.py), the shapes of its state and
+    batch, and the loss function, so a strategy or candidate is compiled once
+    per process. Compiles run in a process-wide pool of one thread per core
+    (XLA compiles without the GIL) while the caller traces the next program;
+    the cache holds a future until the compile is done.
 """
 
 from __future__ import annotations
@@ -163,12 +178,33 @@ def _pool() -> ThreadPoolExecutor:
     return _POOL[0]
 
 
-def _submit(key: Any, lowered: Any) -> None:
-    """Start compiling ``lowered`` in the pool; its analysis is cached under ``key``."""
+def _submit(key: Any, lowered: Any, *, differences_only: bool = False) -> None:
+    """Start compiling ``lowered`` in the pool; its analysis is cached under ``key``.
+
+    ``differences_only``: with :func:`difference_options` (NOTE [ Difference compiles ]).
+    """
     def compile_() -> StepAnalysis:
+        if differences_only:
+            try:
+                return StepAnalysis.of(lowered.compile(compiler_options=difference_options()))
+            except Exception as exc:  # noqa: BLE001 - an XLA without the option: default
+                if "compile option" not in str(exc):
+                    raise
         return StepAnalysis.of(lowered.compile(compiler_options=_analysis_options()))
 
     _CACHE[key] = _pool().submit(compile_)
+
+
+def difference_options() -> dict[str, Any]:
+    """Options of a compile whose figures are only compared with each other.
+
+    See NOTE [ Difference compiles ]. Example:
+        >>> difference_options()["xla_backend_optimization_level"]
+        0
+    """
+    if jax.default_backend() != "cpu":
+        return _analysis_options()
+    return {**_analysis_options(), "xla_cpu_use_fusion_emitters": False}
 
 
 def _result(key: Any) -> StepAnalysis:
@@ -269,24 +305,29 @@ def analyze_fns(jobs: Sequence[tuple[Any, Callable[..., Any], tuple[Any, ...]]]
     return [_result(key) for key in submit_fns(jobs)]
 
 
-def submit_fns(jobs: Sequence[tuple[Any, Callable[..., Any], tuple[Any, ...]]]) -> list[Any]:
-    """Lower each ``(key, fn, args)`` and start compiling it; the cache keys, for :func:`wait`."""
+def submit_fns(jobs: Sequence[tuple[Any, Callable[..., Any], tuple[Any, ...]]], *,
+               differences_only: bool = False) -> list[Any]:
+    """Lower each ``(key, fn, args)`` and start compiling it; the cache keys, for :func:`wait`.
+
+    ``differences_only``: see NOTE [ Difference compiles ]. Default: False.
+    """
     keys = []
     for key, fn, args in jobs:
-        full_key, lowered = lower_job(key, fn, args)
+        full_key, lowered = lower_job(key, fn, args, differences_only=differences_only)
         if lowered is not None:
-            _submit(full_key, lowered)
+            _submit(full_key, lowered, differences_only=differences_only)
         keys.append(full_key)
     return keys
 
 
-def lower_job(key: Any, fn: Callable[..., Any], args: tuple[Any, ...]) -> tuple[Any, Any]:
+def lower_job(key: Any, fn: Callable[..., Any], args: tuple[Any, ...], *,
+              differences_only: bool = False) -> tuple[Any, Any]:
     """``(cache key, jax.jit(fn).lower(*args))``; the lowering is None when the key is cached.
 
     Compile it with :func:`submit_lowered` (or not: a lowering's
     ``cost_analysis()`` is XLA's count of the *unoptimized* program, no compile).
     """
-    full_key = (key, shape_key(args))
+    full_key = (key, shape_key(args), differences_only)
     if full_key in _CACHE:
         return full_key, None
     return full_key, jax.jit(fn).lower(*args)
@@ -295,7 +336,7 @@ def lower_job(key: Any, fn: Callable[..., Any], args: tuple[Any, ...]) -> tuple[
 def submit_lowered(full_key: Any, lowered: Any) -> None:
     """Start compiling a lowering from :func:`lower_job` (None: cached, nothing to do)."""
     if lowered is not None and full_key not in _CACHE:
-        _submit(full_key, lowered)
+        _submit(full_key, lowered, differences_only=full_key[-1])
 
 
 def cached(full_key: Any) -> StepAnalysis | None:

@@ -295,7 +295,7 @@ def _lower_chains(block: nnx.Module, inputs: BlockInputs, policies: Sequence[Pol
         graphdefs = (first, *([graphdef] * (blocks - 1)))
         yield lower_job(("chain", graphdefs, repr(inputs)),
                         _chain_fn(first, tail, args, kwargs, positions),
-                        ((state,) * blocks, x, others, x))
+                        ((state,) * blocks, x, others, x), differences_only=True)
 
 
 def _block_call(graphdef: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
