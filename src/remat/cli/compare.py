@@ -155,7 +155,7 @@ def _compare_torch(model: str, batch: int, seq: int | None, strategies: str | No
 def _compare_jax(ctx: typer.Context, model: str, batch: int, seq: int | None,
                  strategies: str | None, repeats: int, seed: int, check_grads: bool,
                  plan_budget: str) -> Any:
-    """``remat.jax.compare`` on the NNX preset, and its plan row (NOTE [ CLI and the JAX backend ])."""
+    """``remat.jax.compare`` on the NNX preset, plan row included (see _jax.py)."""
     from remat.cli._jax import load_jax, refuse, strategies_for_jax
     from remat.errors import BudgetTooSmall
 

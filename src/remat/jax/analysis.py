@@ -58,9 +58,10 @@ import jax
 import numpy as np
 from flax import nnx
 
-__all__ = ["LossFn", "StepAnalysis", "analyze_fns", "analyze_step", "analyze_steps", "clear_cache",
-           "compile_fn", "compiler_options", "default_loss", "prefetch_step", "shape_key",
-           "step_fn", "submit_fns", "submit_lowered", "lower_job", "cached", "wait"]
+__all__ = ["LossFn", "StepAnalysis", "analyze_fns", "analyze_step", "analyze_steps", "cached",
+           "clear_cache", "compile_fn", "compile_in_pool", "compiler_options", "default_loss",
+           "difference_options", "lower_job", "prefetch_step", "shape_key", "step_fn",
+           "submit_fns", "submit_lowered", "wait"]
 
 LossFn = Callable[[Any, Any], Any]
 
@@ -178,6 +179,16 @@ def _pool() -> ThreadPoolExecutor:
     return _POOL[0]
 
 
+def compile_in_pool(fn: Callable[..., Any], *args: Any) -> Future[Any]:
+    """:func:`compile_fn` (analysis-only options) in the compile pool: a future executable.
+
+    Example:
+        >>> compile_in_pool(step, state, batch).result()(state, batch)  # runs the step
+    """
+    lowered = jax.jit(fn).lower(*args)
+    return _pool().submit(lowered.compile, compiler_options=_analysis_options())
+
+
 def _submit(key: Any, lowered: Any, *, differences_only: bool = False) -> None:
     """Start compiling ``lowered`` in the pool; its analysis is cached under ``key``.
 
@@ -250,7 +261,8 @@ def _analysis_options() -> dict[str, Any]:
     return {**compiler_options(), "xla_backend_optimization_level": 0}
 
 
-def prefetch_step(model: nnx.Module, batch: Any, *, loss_fn: LossFn | None = None) -> None:
+def prefetch_step(model: nnx.Module, batch: Any, *, loss_fn: LossFn | None = None,
+                  forward_only: bool = False) -> None:
     """Start compiling the step in the background; :func:`analyze_step` picks it up.
 
     Example:
@@ -258,7 +270,7 @@ def prefetch_step(model: nnx.Module, batch: Any, *, loss_fn: LossFn | None = Non
         >>> analyze_step(model, batch).peak_bytes > 0
         True
     """
-    _lower(model, batch, default_loss if loss_fn is None else loss_fn, False)
+    _lower(model, batch, default_loss if loss_fn is None else loss_fn, forward_only)
 
 
 def analyze_step(model: nnx.Module, batch: Any, *, loss_fn: LossFn | None = None,

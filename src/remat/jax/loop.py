@@ -55,6 +55,7 @@ from remat.jax._core import (
     BudgetTooSmall,
     PeakModel,
     Window,
+    decisions_label,
     format_bytes,
     make_peak_model,
     min_peak_choice,
@@ -250,7 +251,4 @@ class Search:
 
 def label(policies: Sequence[Policy]) -> str:
     """Policy counts in first-use order, e.g. ``"4 none, 2 dots_saveable"``."""
-    counts: dict[str, int] = {}
-    for p in policies:
-        counts[p.label()] = counts.get(p.label(), 0) + 1
-    return ", ".join(f"{n} {k}" for k, n in counts.items())
+    return decisions_label(p.label() for p in policies)
