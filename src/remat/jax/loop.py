@@ -32,7 +32,7 @@ NOTE [ JAX closed loop ]
        the choice (within :meth:`Search.tolerance`) and the peak model's lower
        bound does not exceed the budget by more than
        :data:`_PEAK_MARGIN_PERMILLE`; entries the tables cannot estimate are
-       compiled; with ``exact`` (``measure="step"``), every entry is. A manual
+       compiled (whichever ``measure=`` made the tables). A manual
        policy that fits has its lower bound under the budget, so every fitting
        entry cheaper than the plan is compiled.
     4. Of all compiled steps whose XLA peak fits, the one with the fewest XLA
@@ -126,7 +126,7 @@ class Search:
     def policies_of(self, choice: Sequence[int]) -> list[Policy]:
         return [self.tables[i][c].policy for i, c in enumerate(choice)]
 
-    def run(self, max_rounds: int, *, exact: bool) -> Trial:
+    def run(self, max_rounds: int) -> Trial:
         """Steps 1-4 of NOTE [ JAX closed loop ]: the cheapest fitting trial."""
         if self.base.peak_bytes <= self.budget_bytes:
             return self.base_trial()
@@ -138,13 +138,13 @@ class Search:
             policies = self.policies_of(choice)
             planned = (policies, int(self.pm.predict(choice)))
             # the plan and the manual entries it might lose to, compiled side by side
-            self.compile([planned, *self.menu(exact=exact, below=self.estimate(policies))])
+            self.compile([planned, *self.menu(below=self.estimate(policies))])
             peak = self.result_of(policies).analysis.peak_bytes
             if peak <= self.budget_bytes:
                 break
             target -= peak - self.budget_bytes
         if not self.fitting():
-            self.compile(self.menu(exact=True, below=None, lowest=True))
+            self.compile(self.menu(below=None, lowest=True))
         fitting = self.fitting()
         if not fitting:
             raise self.too_small()
@@ -167,12 +167,11 @@ class Search:
     def base_trial(self) -> Trial:
         return self.trials[0]
 
-    def menu(self, *, exact: bool, below: int | None, lowest: bool = False
+    def menu(self, *, below: int | None, lowest: bool = False
              ) -> list[tuple[list[Policy], int | None]]:
         """Manual choices not compiled yet (step 3 of NOTE [ JAX closed loop ]).
 
         Args:
-            exact: every entry (``measure="step"``).
             below: only entries the tables estimate under these step FLOPs (plus
                 :meth:`tolerance`), and those they cannot estimate. None: every entry.
             lowest: add the solver's smallest-peak choice. Default: False.
@@ -188,7 +187,7 @@ class Search:
         limit = self.budget_bytes + self.budget_bytes * _PEAK_MARGIN_PERMILLE // 1000
         for policies in menu:
             estimate, predicted = self.estimate(policies), self.predict(policies)
-            if not exact and below is not None and (
+            if below is not None and (
                     estimate is not None and estimate >= below + self.tolerance(below, estimate)
                     or predicted is not None and predicted > limit):
                 continue

@@ -33,7 +33,8 @@ def plan(model: nnx.Module, batch: Any, *, budget: BudgetLike, loss_fn: LossFn |
     Trades compute for memory like :func:`remat.plan`: candidates are measured per
     kind of block, a linear peak model is solved exactly (the shared MILP solver),
     and a closed loop compiles the chosen plan until XLA's peak fits
-    (NOTE [ JAX closed loop ]). The model is left as it was.
+    (NOTE [ JAX closed loop ]). Nothing is run: the model and batch may be abstract
+    (``nnx.eval_shape``, ``jax.ShapeDtypeStruct``). The model is left as it was.
 
     Args:
         model: a Flax NNX module with repeated blocks.
@@ -45,9 +46,8 @@ def plan(model: nnx.Module, batch: Any, *, budget: BudgetLike, loss_fn: LossFn |
         max_rounds: solver/compile rounds before falling back to the manual menu.
             Default: 6.
         measure: how candidates are measured: ``"block"`` (a chain of the block alone,
-            fast) or ``"step"`` (the whole step per candidate, and the whole manual
-            menu compiled: exact, slow). See NOTE [ JAX candidates ] in candidates.py.
-            Default: ``"block"``.
+            fast) or ``"step"`` (the whole step per candidate: exact, slow). See
+            NOTE [ JAX candidates ] in candidates.py. Default: ``"block"``.
 
     Returns:
         A :class:`~remat.jax.Plan` with ``measured_peak_bytes <= budget_bytes``.
@@ -74,7 +74,7 @@ def plan(model: nnx.Module, batch: Any, *, budget: BudgetLike, loss_fn: LossFn |
         budget_bytes = parsed.resolve(base.peak_bytes)
         search = Search(model, batch, fn, paths, [by_path[p] for p in paths], base,
                         budget_bytes)
-        best = search.run(max_rounds, exact=measure == "step")
+        best = search.run(max_rounds)
         return Plan(
             decisions=dict(zip(paths, best.policies, strict=True)),
             block_names=tuple(paths),

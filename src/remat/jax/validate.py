@@ -43,7 +43,7 @@ def _executable(model: nnx.Module, batch: Any, fn: LossFn) -> Future[Any]:
     return _EXECUTABLES[key]
 
 
-_EXECUTABLES: dict[Any, Any] = {}
+_EXECUTABLES: dict[Any, Future[Any]] = {}
 
 
 def _rel(value: np.ndarray, ref: np.ndarray) -> float:
