@@ -22,7 +22,7 @@ TINY = ["--model", "gpt-tiny", "--batch", "2", "--seq", "16"]
 def test_compare_jax_table_json_and_plot(tmp_path: Path) -> None:
     json_path, plot_path = tmp_path / "c.json", tmp_path / "plots" / "c.png"
     result = runner.invoke(app, ["compare", "--framework", "jax", *TINY, "--strategies",
-                                 "full", "--repeats", "0", "--plan-budget", "80%", "--json",
+                                 "full", "--repeats", "0", "--plan-budget", "90%", "--json",
                                  str(json_path), "--plot", str(plot_path)])
     assert result.exit_code == 0, result.output
     assert "remat compare: gpt-tiny (JAX), batch 2, seq 16 on jax:cpu" in result.stdout
@@ -33,7 +33,7 @@ def test_compare_jax_table_json_and_plot(tmp_path: Path) -> None:
     assert data.meta["framework"] == "jax" and data.meta["model"] == "gpt-tiny"
     assert data.row("full").peak_bytes < data.row("none").peak_bytes
     budget_bytes = data.meta["plan"]["budget_bytes"]
-    assert budget_bytes == int(0.8 * data.row("none").peak_bytes)
+    assert budget_bytes == int(0.9 * data.row("none").peak_bytes)
     assert data.row("plan").peak_bytes <= budget_bytes < data.row("none").peak_bytes
     assert all(row.grad_passed for row in data.rows)
     assert plot_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
