@@ -29,7 +29,7 @@ NOTE [ Difference compiles ]
     other: a candidate is the chain's peak drop and FLOP increase over the
     same chain without remat. On CPU they compile with XLA's older loop
     emitters (``xla_cpu_use_fusion_emitters=False``, :func:`difference_options`),
-    which halves their compile time (0.6 to 0.3 s CPU per chain on gpt-small)
+    which about halves their compile time on gpt-small
     and moves every chain's absolute peak by the same few hundred bytes:
     the differences, hence the candidate tables, are identical
     (``tests/jax/test_candidates.py`` checks it). Every step whose figures are

@@ -7,21 +7,50 @@ NOTE [ JAX candidates ]
     ``dots_with_no_batch_dims_saveable``, ``save_only_these_names`` with each
     name tagged in the block (``checkpoint_name``) alone and with all of them,
     plus any ``policies=`` given. Policies dominated before any compile are
-    skipped (NOTE [ Pruning before compiling ]
+    skipped (NOTE [ Pruning before compiling ]). Each remaining policy is
+    measured by XLA, on one of two programs (``measure=``):
+
+    * ``"block"`` (default, NOTE [ Block chain ]): a chain of
+      :data:`CHAIN_BLOCKS` copies of the block alone, forward and backward,
+      the first copy under the policy and the others ``none``;
+    * ``"step"`` (the exact path): the whole training step with the
+      representative block under the policy and every other block ``none``.
+
+    Either way the candidate's recompute is the program's extra FLOPs
+    (``cost_analysis``) over the same program without remat, and its saved
+    bytes the block's un-checkpointed residuals minus what XLA's peak dropped
+    by. Candidates with no fewer saved bytes and no fewer FLOPs than another are
+    dropped. ``tests/jax/test_candidates.py`` compares the two paths.
+
+NOTE [ Block chain ]
+    Compiling the whole step per candidate costs a whole-step compile each (57 s
+    for the gpt-small preset's 8 candidates). The blocks of a stack are
+    identical, so a candidate's effect is measured on the block alone:
+    ``x -> B_p(x) -> B(.) -> B(.)``, forward and backward (``jax.vjp``, the
+    output cotangent an argument), where ``B_p`` runs under the candidate
+    policy. Its residuals stay alive while the later copies run their backward,
+    which is where the chain's peak is, so XLA's peak drops by what the policy
+    saves, as in the whole step where the later blocks and the head hold the
+    peak. One copy alone would not do: its backward recomputes what the policy
+    dropped, so its peak would not move. The chain needs a block whose output
+    has the shape of its first array argument (a residual stack); other kinds
+    are measured on the whole step.
+
+NOTE [ Pruning before compiling ]
     A compile costs ~1 s whatever the program's size (XLA:CPU's per-kernel
     code generation), so candidates that cannot be chosen are not compiled.
     Before compiling, each policy gets two estimates that need no compile: its
     residual bytes (JAX's residual inspection of the block alone) and its
     chain's FLOPs (``cost_analysis()`` of the chain's lowering, i.e. the
     unoptimized program, which already holds the recomputation). A policy with
-    no fewer estimated bytes and no fewer estimated FLOPs than another is not
-    compiled. On gpt-small the estimates order the policies as XLA does: saved
-    bytes differ from XLA's by the same constant for every checkpointed policy,
-    FLOPs by under 7 MFLOP of ~1.2 GFLOP (``save_only_these_names`` of
-    ``attn_probs`` or ``mlp_act`` alone recompute exactly what
-    ``nothing_saveable`` does and save more, and are skipped). Blocks that do
-    not chain have no FLOP estimate; policies with the same residual bytes as
-    an earlier one are skipped there.
+    no fewer estimated bytes and no fewer estimated FLOPs than an earlier one
+    is not compiled. The estimates are not XLA's figures (XLA does not
+    materialize every residual, and optimizes the program), but on the preset
+    they order the policies as XLA's do: ``save_only_these_names`` of
+    ``attn_probs`` or ``mlp_act`` alone recompute what ``nothing_saveable``
+    does and save more, and are skipped; every compiled candidate is
+    XLA-measured. Blocks that do not chain have no FLOP estimate; policies
+    with the same residual bytes as an earlier one are skipped there.
 """
 
 from __future__ import annotations

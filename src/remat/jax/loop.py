@@ -8,17 +8,17 @@ NOTE [ JAX peak model ]
         peak(d) = C + sum_j s_j(d_j),        C = P - sum_j s_j(none)
 
     (the ``head`` window of the PyTorch peak model, peak.py). It reproduces
-    ``P`` exactly for ``none``, and it is a *lower bound* of XLA's peak: a
-    checkpointed block's backward holds its saved bytes plus what it
-    recomputes, so the backward windows can only add to it. Measured on
-    gpt-small, checkpointing every block: XLA's peak is 0.05 MB above it for
-    ``dots_saveable`` and ``dots_with_no_batch_dims_saveable``, 3.2 MB (1.7%)
-    for ``nothing_saveable`` and single names; with the PyTorch model's
-    backward windows (the block's un-checkpointed residuals as its backward
-    working set) it overestimated those steps by 11-45%, so the solver avoided
-    checkpointing the last blocks. The closed loop absorbs the small
-    underestimate (step 2), and the lower bound lets it skip manual entries
-    that cannot fit (step 3).
+    ``P`` exactly for ``none``, and it is a *lower bound* of XLA's peak up to the
+    tables' error (the chain measures a block's saved bytes within a few KB of
+    the whole step): a checkpointed block's backward holds its saved bytes plus
+    what it recomputes, so the backward windows can only add to it. On the
+    gpt-small plans of docs/jax.md XLA's peak is within 74 KB of it (of
+    ~200 MB). The PyTorch model's backward windows, with a block's
+    un-checkpointed residuals as its backward working set, overestimated
+    checkpointing the last blocks (206.6 MB predicted for a step XLA compiled
+    at 178.3 MB), so the solver avoided it. The closed loop absorbs the small
+    underestimates (step 2), and the lower bound, with a margin for the
+    tables' error, lets it skip manual entries that cannot fit (step 3).
 
 NOTE [ JAX closed loop ]
     1. Solve the peak model for the target, first the budget (``solve`` of the
