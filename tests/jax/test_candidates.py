@@ -68,14 +68,15 @@ def test_difference_options_keep_the_differences() -> None:
     """NOTE [ Difference compiles ]: chains compiled faster give the same tables."""
     from remat.jax.analysis import StepAnalysis, _analysis_options, default_loss, difference_options
     from remat.jax.block_measure import block_inputs
-    from remat.jax.candidates import _lower_chains
+    from remat.jax.chains import lower_chains
     from remat.jax.policies import NONE, Policy
 
     model, batch, _, _ = tables()
     inputs = block_inputs(model, batch, ["blocks.0"], default_loss)["blocks.0"]
     policies = [NONE, Policy("nothing_saveable"), Policy("dots_saveable")]
     # 2-block chains: not compiled (hence not cached) anywhere else
-    lowered = [lo for _, lo in _lower_chains(model.blocks[0], inputs, policies, blocks=2)]
+    lowered = [lower()[1] for _, lower in lower_chains(model.blocks[0], inputs, policies,
+                                                          blocks=2)]
     assert all(lo is not None for lo in lowered)
     default = [StepAnalysis.of(lo.compile(compiler_options=_analysis_options()))
                for lo in lowered]

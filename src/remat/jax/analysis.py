@@ -60,7 +60,7 @@ from flax import nnx
 
 __all__ = ["LossFn", "StepAnalysis", "analyze_fns", "analyze_step", "analyze_steps", "cached",
            "clear_cache", "compile_fn", "compile_in_pool", "compiler_options", "default_loss",
-           "difference_options", "lower_job", "prefetch_step", "shape_key", "step_fn",
+           "difference_options", "job_key", "lower_job", "prefetch_step", "shape_key", "step_fn",
            "submit_fns", "submit_lowered", "wait"]
 
 LossFn = Callable[[Any, Any], Any]
@@ -339,10 +339,15 @@ def lower_job(key: Any, fn: Callable[..., Any], args: tuple[Any, ...], *,
     Compile it with :func:`submit_lowered` (or not: a lowering's
     ``cost_analysis()`` is XLA's count of the *unoptimized* program, no compile).
     """
-    full_key = (key, shape_key(args), differences_only)
+    full_key = job_key(key, args, differences_only=differences_only)
     if full_key in _CACHE:
         return full_key, None
     return full_key, jax.jit(fn).lower(*args)
+
+
+def job_key(key: Any, args: tuple[Any, ...], *, differences_only: bool = False) -> Any:
+    """The cache key :func:`lower_job` gives ``(key, fn, args)``, without lowering."""
+    return key, shape_key(args), differences_only
 
 
 def submit_lowered(full_key: Any, lowered: Any) -> None:

@@ -22,7 +22,8 @@ from remat.jax.analysis import LossFn, analyze_fns, shape_key
 from remat.jax.strategies import capture_block_inputs
 
 __all__ = ["BlockInputs", "block_fn", "block_forward_flops", "block_inputs", "block_saved_bytes",
-           "block_step_flops", "clear_block_cache", "residual_bytes", "subjaxprs", "tagged_names"]
+           "block_step_flops", "clear_block_cache", "memo", "residual_bytes", "subjaxprs",
+           "tagged_names"]
 
 #: A block's call as captured in the model: positional arguments (arrays as
 #: ``jax.ShapeDtypeStruct``) and keyword arguments.
@@ -176,6 +177,13 @@ def block_inputs(model: nnx.Module, batch: Any, paths: Sequence[str], loss_fn: L
     return found
 
 
+
+
+def memo(key: Any, compute: Callable[[], Any]) -> Any:
+    """``compute()``, cached under ``key`` with the block measurements (cleared with them)."""
+    if key not in _BLOCK_CACHE:
+        _BLOCK_CACHE[key] = compute()
+    return _BLOCK_CACHE[key]
 
 
 def clear_block_cache() -> None:

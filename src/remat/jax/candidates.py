@@ -55,7 +55,7 @@ NOTE [ Pruning before compiling ]
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -64,19 +64,24 @@ from flax import nnx
 
 from remat.jax.analysis import (
     LossFn,
-    StepAnalysis,
     analyze_step,
     analyze_steps,
     cached,
     default_loss,
-    lower_job,
     submit_lowered,
     wait,
 )
-from remat.jax.block_measure import BlockInputs, block_inputs, block_saved_bytes, tagged_names
+from remat.jax.block_measure import (
+    BlockInputs,
+    block_inputs,
+    block_saved_bytes,
+    memo,
+    tagged_names,
+)
 from remat.jax.blocks import BlocksSpec, named_blocks
+from remat.jax.chains import CHAIN_BLOCKS, chain_analysis, chains, lower_chains, with_policy
 from remat.jax.policies import NONE, Policy, parse_policy
-from remat.jax.strategies import apply, current_policies, remove, set_policy
+from remat.jax.strategies import apply, current_policies, remove
 
 __all__ = ["CHAIN_BLOCKS", "MEASURES", "JaxCandidate", "Measure", "candidate_tables",
            "chain_analysis"]
@@ -84,8 +89,6 @@ __all__ = ["CHAIN_BLOCKS", "MEASURES", "JaxCandidate", "Measure", "candidate_tab
 Measure = Literal["block", "step"]
 #: What ``measure=`` accepts (NOTE [ JAX candidates ]).
 MEASURES: tuple[str, ...] = ("block", "step")
-#: Copies of the block in the chain a candidate is measured on (NOTE [ Block chain ]).
-CHAIN_BLOCKS = 3
 
 
 @dataclass(frozen=True)
@@ -122,13 +125,6 @@ class JaxCandidate:
     def label(self) -> str:
         """The policy's label."""
         return self.policy.label()
-
-
-def _with_policy(block: nnx.Module, policy: Policy) -> nnx.Module:
-    copy = nnx.merge(*nnx.split(block))
-    remove(copy)
-    set_policy(copy, policy)
-    return copy
 
 
 def _kind_key(block: nnx.Module, inputs: Any) -> Any:
@@ -201,25 +197,27 @@ def _measure_kind(model: nnx.Module, batch: Any, fn: LossFn, path: str, block: n
                   measure: Measure) -> tuple[JaxCandidate, ...]:
     none_saved = block_saved_bytes(block, inputs)
     policies = [NONE, *wanted]
-    chains = _chains(block, inputs)
-    on_chain = measure == "block" and chains
-    lowerings = _lower_chains(block, inputs, policies) if chains else None
+    chained = chains(block, inputs)
+    on_chain = measure == "block" and chained
+    lowerings = lower_chains(block, inputs, policies) if chained else None
     saved: list[int] = []
     flops: list[int] = []
     measured: list[Policy] = []
     keys: list[Any] = []
     for i, policy in enumerate(policies):  # lower, estimate, compile: pipelined
         saved.append(none_saved if i == 0 else
-                     block_saved_bytes(_with_policy(block, policy), inputs))
-        key, lowered = next(lowerings) if lowerings is not None else (None, None)
-        if lowerings is not None:
-            flops.append(_estimated_flops(key, lowered))
-        if i > 0 and prune and _dominated(i, saved, flops if chains else None):
+                     block_saved_bytes(with_policy(block, policy), inputs))
+        key, lower = next(lowerings) if lowerings is not None else (None, None)
+        lowered = None
+        if lower is not None:
+            estimate, lowered = _estimated_flops(key, lower)
+            flops.append(estimate)
+        if i > 0 and prune and _dominated(i, saved, flops if chained else None):
             continue  # NOTE [ Pruning before compiling ]
         if i > 0:
             measured.append(policy)
-        if on_chain:
-            submit_lowered(key, lowered)
+        if on_chain and lower is not None:
+            submit_lowered(key, lowered if lowered is not None else lower()[1])
             keys.append(key)
     if on_chain:
         base, *steps = wait(keys)
@@ -240,15 +238,22 @@ def _measure_kind(model: nnx.Module, batch: Any, fn: LossFn, path: str, block: n
     return tuple(_prune(table) if prune else table)
 
 
-def _estimated_flops(key: Any, lowered: Any) -> int:
-    """XLA's FLOPs of a chain: the compiled count when cached, else the lowering's."""
+def _estimated_flops(key: Any, lower: Callable[[], tuple[Any, Any]]) -> tuple[int, Any]:
+    """XLA's FLOPs of a chain (the compiled count when cached, else the lowering's, cached),
+    and the lowering when it was made."""
     done = cached(key)
     if done is not None:
-        return done.flops
-    cost = lowered.cost_analysis()
-    if isinstance(cost, (list, tuple)):  # older jax: one dict per computation
-        cost = cost[0] if cost else {}
-    return int(round(float((cost or {}).get("flops", 0.0))))
+        return done.flops, None
+    made: list[Any] = []
+
+    def from_lowering() -> int:
+        made.append(lower()[1])
+        cost = made[0].cost_analysis()
+        if isinstance(cost, (list, tuple)):  # older jax: one dict per computation
+            cost = cost[0] if cost else {}
+        return int(round(float((cost or {}).get("flops", 0.0))))
+
+    return int(memo(("estimate", key), from_lowering)), (made[0] if made else None)
 
 
 def _dominated(i: int, saved: Sequence[int], flops: Sequence[int] | None) -> bool:
@@ -260,116 +265,6 @@ def _dominated(i: int, saved: Sequence[int], flops: Sequence[int] | None) -> boo
     if flops is None:
         return saved[i] in saved[:i]
     return any(saved[j] <= saved[i] and flops[j] <= flops[i] for j in range(i))
-
-
-def _carried(inputs: BlockInputs) -> int | None:
-    """Index of the block's first array argument, the activation the chain carries."""
-    args, _ = inputs
-    return next((i for i, a in enumerate(args) if isinstance(a, jax.ShapeDtypeStruct)), None)
-
-
-def _chains(block: nnx.Module, inputs: BlockInputs) -> bool:
-    """Whether the block maps its first array argument to an array of the same shape."""
-    args, kwargs = inputs
-    index = _carried(inputs)
-    if index is None or kwargs and any(isinstance(v, jax.ShapeDtypeStruct)
-                                       for v in kwargs.values()):
-        return False
-    graphdef, state = nnx.split(block)
-
-    def call(s: Any, *xs: Any) -> Any:
-        full = list(args)
-        for i, x in zip(_array_positions(args), xs, strict=True):
-            full[i] = x
-        return nnx.merge(graphdef, s)(*full, **kwargs)
-
-    try:
-        out = jax.eval_shape(call, state, *(args[i] for i in _array_positions(args)))
-    except Exception:  # noqa: BLE001 - any failure: measure on the whole step instead
-        return False
-    x = args[index]
-    return isinstance(out, jax.ShapeDtypeStruct) and (out.shape, out.dtype) == (x.shape, x.dtype)
-
-
-def _array_positions(args: tuple[Any, ...]) -> list[int]:
-    return [i for i, a in enumerate(args) if isinstance(a, jax.ShapeDtypeStruct)]
-
-
-def chain_analysis(block: nnx.Module, inputs: BlockInputs, policies: Sequence[Policy],
-                   *, blocks: int = CHAIN_BLOCKS) -> list[StepAnalysis]:
-    """XLA's analysis of the block chain with the first copy under each policy.
-
-    See NOTE [ Block chain ]. One analysis per policy, compiled in parallel and cached.
-    """
-    keys = []
-    for key, lowered in _lower_chains(block, inputs, policies, blocks=blocks):
-        submit_lowered(key, lowered)  # compiles while the next chain is lowered
-        keys.append(key)
-    return wait(keys)
-
-
-def _lower_chains(block: nnx.Module, inputs: BlockInputs, policies: Sequence[Policy],
-                  *, blocks: int = CHAIN_BLOCKS) -> Iterator[tuple[Any, Any]]:
-    """``(cache key, lowering or None when cached)`` of the chain per policy, lazily."""
-    args, kwargs = inputs
-    positions = _array_positions(args)
-    carried = positions[0]
-    plain = remove(nnx.merge(*nnx.split(block)))
-    graphdef, state = nnx.split(plain)
-    x = args[carried]
-    others = [args[i] for i in positions[1:]]
-    tail = _tail_fn(graphdef, args, kwargs, positions)
-    for policy in policies:
-        first = nnx.graphdef(_with_policy(plain, policy))
-        graphdefs = (first, *([graphdef] * (blocks - 1)))
-        yield lower_job(("chain", graphdefs, repr(inputs)),
-                        _chain_fn(first, tail, args, kwargs, positions),
-                        ((state,) * blocks, x, others, x), differences_only=True)
-
-
-def _block_call(graphdef: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
-                positions: Sequence[int]) -> Callable[..., Any]:
-    """``(state, x, others) -> y``: the block, its carried and other array inputs explicit."""
-    def call(state: Any, x: Any, others: Any) -> Any:
-        full = list(args)
-        full[positions[0]] = x
-        for i, value in zip(positions[1:], others, strict=True):
-            full[i] = value
-        return nnx.merge(graphdef, state)(*full, **kwargs)
-
-    return call
-
-
-def _chain_fn(first: Any, tail: Callable[..., Any], args: tuple[Any, ...],
-              kwargs: dict[str, Any], positions: Sequence[int]) -> Callable[..., Any]:
-    """The chain of NOTE [ Block chain ]: ``first`` (under the policy), then ``tail``.
-
-    ``tail`` (the ``none`` copies) is one ``jax.jit`` function shared by every
-    policy's chain, so JAX traces it once; XLA inlines it, so the compiled chain is
-    the same as with the copies written out.
-    """
-    head = _block_call(first, args, kwargs, positions)
-
-    def forward(states: Any, x: Any, others: Any) -> Any:
-        return tail(states[1:], head(states[0], x, others), others)
-
-    def chain(states: Any, x: Any, others: Any, cotangent: Any) -> Any:
-        out, pullback = jax.vjp(forward, states, x, others)
-        return out, pullback(cotangent)
-
-    return chain
-
-
-def _tail_fn(graphdef: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
-             positions: Sequence[int]) -> Callable[..., Any]:
-    call = _block_call(graphdef, args, kwargs, positions)
-
-    def tail(states: Any, x: Any, others: Any) -> Any:
-        for state in states:
-            x = call(state, x, others)
-        return x
-
-    return jax.jit(tail)
 
 
 def _prune(table: Sequence[JaxCandidate]) -> list[JaxCandidate]:
