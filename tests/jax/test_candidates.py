@@ -18,9 +18,11 @@ def tables() -> tuple[Any, Any, dict[str, tuple[JaxCandidate, ...]],
                       dict[str, tuple[JaxCandidate, ...]]]:
     model = rj.build_model(PLANNER)
     batch = rj.make_batch(PLANNER, PLANNER_BATCH)
-    # a few policies of each family: every whole-step candidate is a whole-step compile
-    few = dict(policies=["nothing_saveable", "dots_saveable", "save_only_these_names:qkv",
-                         "save_only_these_names:attn_out,mlp_up"],
+    # the policies plan() keeps on this model (NOTE [ Pruning before compiling ]), so the
+    # plans of test_exact_plan_agrees_with_fast_plan reuse these compiles
+    few = dict(policies=["nothing_saveable", "dots_saveable",
+                         "dots_with_no_batch_dims_saveable", "save_only_these_names:qkv",
+                         "save_only_these_names:attn_out", "save_only_these_names:mlp_up"],
                default_policies=False, prune=False)
     block = candidate_tables(model, batch, measure="block", **few)  # type: ignore[arg-type]
     step = candidate_tables(model, batch, measure="step", **few)  # type: ignore[arg-type]
@@ -60,3 +62,28 @@ def test_bad_measure() -> None:
     model, batch, _, _ = tables()
     with pytest.raises(ValueError, match="measure"):
         rj.plan(model, batch, budget="50%", measure="guess")  # type: ignore[arg-type]
+
+
+def test_difference_options_keep_the_differences() -> None:
+    """NOTE [ Difference compiles ]: chains compiled faster give the same tables."""
+    from remat.jax.analysis import StepAnalysis, _analysis_options, default_loss, difference_options
+    from remat.jax.block_measure import block_inputs
+    from remat.jax.chains import lower_chains
+    from remat.jax.policies import NONE, Policy
+
+    model, batch, _, _ = tables()
+    inputs = block_inputs(model, batch, ["blocks.0"], default_loss)["blocks.0"]
+    policies = [NONE, Policy("nothing_saveable"), Policy("dots_saveable")]
+    # 2-block chains: not compiled (hence not cached) anywhere else
+    lowered = [lower()[1] for _, lower in lower_chains(model.blocks[0], inputs, policies,
+                                                          blocks=2)]
+    assert all(lo is not None for lo in lowered)
+    default = [StepAnalysis.of(lo.compile(compiler_options=_analysis_options()))
+               for lo in lowered]
+    fast = [StepAnalysis.of(lo.compile(compiler_options=difference_options()))
+            for lo in lowered]
+    assert [a.peak_bytes - default[0].peak_bytes for a in default] == \
+        [a.peak_bytes - fast[0].peak_bytes for a in fast]
+    assert [a.flops - default[0].flops for a in default] == \
+        [a.flops - fast[0].flops for a in fast]
+    assert default[1].peak_bytes < default[0].peak_bytes  # the chain does see the policy

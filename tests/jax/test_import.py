@@ -47,7 +47,7 @@ def test_public_api() -> None:
         assert inspect.isfunction(getattr(rj, verb)), verb
 
 
-@pytest.mark.parametrize("module", ["analysis", "block_measure", "blocks", "candidates",
+@pytest.mark.parametrize("module", ["analysis", "block_measure", "blocks", "candidates", "chains",
                                     "compare", "loop", "measure", "models", "planner", "plans",
                                     "policies", "strategies", "validate"])
 def test_shared_internals_only_through_core(module: str) -> None:

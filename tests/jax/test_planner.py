@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
-from functools import cache
+from functools import cache, partial
 from typing import Any
 
 import pytest
 
 import remat.jax as rj
 from remat.errors import BudgetTooSmall
+from remat.jax.analysis import analyze_steps
 
 from .conftest import PLANNER, PLANNER_BATCH
 
@@ -23,9 +24,11 @@ MANUAL = ("full", "dots_saveable", "dots_with_no_batch_dims_saveable",
 def setup() -> tuple[Any, Any, dict[str, rj.StepAnalysis]]:
     model = rj.build_model(PLANNER)
     batch = rj.make_batch(PLANNER, PLANNER_BATCH)
-    manual = {s: rj.analyze_step(rj.apply(model, s), batch) for s in ("none", *MANUAL)}
+    names = ("none", *MANUAL)
+    # compiled side by side; each is XLA's analysis of the step with that strategy applied
+    steps = analyze_steps(model, batch, [partial(rj.apply, model, s) for s in names])
     rj.remove(model)
-    return model, batch, manual
+    return model, batch, dict(zip(names, steps, strict=True))
 
 
 def budget_at(fraction: float) -> int:

@@ -75,8 +75,8 @@ def compare_command(
         "Draw peak memory against recompute overhead to FILE.png (dirs created).")] = None,
     plan_budget: Annotated[str, typer.Option(
         "--plan-budget", metavar="BUDGET",
-        help="Add a 'plan' row: remat.plan's cheapest plan for this budget (bytes, 12GiB, "
-             "or a % of none's peak); 'off' leaves it out.",
+        help="Add a 'plan' row: remat.plan's (or remat.jax.plan's) cheapest plan for this "
+             "budget (bytes, 12GiB, or a % of none's peak); 'off' leaves it out.",
     )] = "50%",
     framework: FrameworkOpt = Framework.torch,
 ) -> None:
@@ -94,7 +94,8 @@ def compare_command(
 
     started = time.perf_counter()
     if framework is Framework.jax:
-        result = _compare_jax(ctx, model, batch, seq, strategies, repeats, seed, check_grads)
+        result = _compare_jax(ctx, model, batch, seq, strategies, repeats, seed, check_grads,
+                              plan_budget)
     else:
         result = _compare_torch(model, batch, seq, strategies, device, repeats, seed,
                                 check_grads, plan_budget)
@@ -152,18 +153,17 @@ def _compare_torch(model: str, batch: int, seq: int | None, strategies: str | No
 
 
 def _compare_jax(ctx: typer.Context, model: str, batch: int, seq: int | None,
-                 strategies: str | None, repeats: int, seed: int, check_grads: bool) -> Any:
-    """``remat.jax.compare`` on the NNX preset (NOTE [ CLI and the JAX backend ])."""
+                 strategies: str | None, repeats: int, seed: int, check_grads: bool,
+                 plan_budget: str) -> Any:
+    """``remat.jax.compare`` on the NNX preset, plan row included (see _jax.py)."""
     from remat.cli._jax import load_jax, refuse, strategies_for_jax
+    from remat.errors import BudgetTooSmall
 
     refuse(ctx, {
         "device": "JAX runs on its default backend (set JAX_PLATFORMS=cpu to force the CPU)",
-        "plan_budget": "the plan row is PyTorch's planner; run remat plan --framework jax",
     })
     rj = load_jax(model)
     names = strategies_for_jax(rj, strategies)
-    err_console.print("Note: no plan row with --framework jax (remat plan --framework jax "
-                      "plans the preset).", highlight=False)
     with user_errors(), progress_bar(f"compare {model} (jax)") as update:
         try:
             net = rj.build_model(model, seed=seed)
@@ -171,8 +171,22 @@ def _compare_jax(ctx: typer.Context, model: str, batch: int, seq: int | None,
         except ValueError as exc:
             raise typer.BadParameter(str(exc), param_hint="'--seq'") from None
         seq_len = int(sample["input_ids"].shape[1])
-        return rj.compare(net, sample, names, repeats=repeats, check_grads=check_grads,
-                          label=f"{model} (JAX), batch {batch}, seq {seq_len}",
-                          meta={"model": model, "batch_size": batch, "seq_len": seq_len,
-                                "seed": seed},
-                          progress=update)
+        result = rj.compare(net, sample, names, repeats=repeats, check_grads=check_grads,
+                            label=f"{model} (JAX), batch {batch}, seq {seq_len}",
+                            meta={"model": model, "batch_size": batch, "seq_len": seq_len,
+                                  "seed": seed},
+                            progress=update)
+        if plan_budget.strip().lower() != "off":
+            from remat.jax.compare import add_plan_row
+
+            update(f"plan for {plan_budget}", len(result.rows), len(result.rows) + 1)
+            try:
+                result = add_plan_row(result, net, sample, budget=plan_budget,
+                                      check_grads=check_grads)
+            except BudgetTooSmall as exc:  # the default budget may not suit every model
+                err_console.print(
+                    f"No plan row: no plan fits --plan-budget {plan_budget} (smallest "
+                    f"reachable peak {exc.min_peak_bytes} B); pass a larger --plan-budget.",
+                    highlight=False,
+                )
+        return result

@@ -23,6 +23,7 @@ from remat.errors import BlocksNotFound, BudgetTooSmall, ParityError, RematError
 from remat.measure.results import BlockProfile, Profile
 from remat.planning.budget import Budget, BudgetLike, parse_budget
 from remat.planning.peak import PeakModel, Window
+from remat.planning.records import check_int, decisions_label, opt_int
 from remat.planning.solver import min_peak_choice, solve
 from remat.units import format_bytes, parse_bytes
 from remat.validation.parity import ParityReport
@@ -42,9 +43,12 @@ __all__ = [
     "StrategyError",
     "StrategyRow",
     "Window",
+    "check_int",
+    "decisions_label",
     "format_bytes",
     "make_peak_model",
     "min_peak_choice",
+    "opt_int",
     "parse_budget",
     "parse_bytes",
     "solve",

@@ -24,19 +24,33 @@ NOTE [ CPU optimization barriers ]
     ``XLA_FLAGS=--xla_disable_hlo_passes=cse_barrier_expander``) to get the
     memory the analysis reports. Other backends compile with no extra options.
 
+NOTE [ Difference compiles ]
+    Block chains (candidates.py) are compiled only to compare them with each
+    other: a candidate is the chain's peak drop and FLOP increase over the
+    same chain without remat. On CPU they compile with XLA's older loop
+    emitters (``xla_cpu_use_fusion_emitters=False``, :func:`difference_options`),
+    which about halves their compile time on gpt-small
+    and moves every chain's absolute peak by the same few hundred bytes:
+    the differences, hence the candidate tables, are identical
+    (``tests/jax/test_candidates.py`` checks it). Every step whose figures are
+    reported (profile, compare, the plan's measured peak) compiles with the
+    default pipeline. An XLA without the option compiles them the default way.
+
 NOTE [ Compilation cache ]
-    Compiling is the cost of everything here. Analyses are cached by the model's
-    ``GraphDef`` (which holds the remat policies, see strategies.py), the shapes
-    of its state and batch, and the loss function, so a strategy or candidate is
-    compiled once per process.
+    Compiling is the cost of everything here (about 1 s per program on CPU,
+    whatever its size). Analyses are cached by the model's ``GraphDef`` (which
+    holds the remat policies, see strategies.py), the shapes of its state and
+    batch, and the loss function, so a strategy or candidate is compiled once
+    per process. Compiles run in a process-wide pool of one thread per core
+    (XLA compiles without the GIL) while the caller traces the next program;
+    the cache holds a future until the compile is done.
 """
 
 from __future__ import annotations
 
-import functools
 import os
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,8 +58,10 @@ import jax
 import numpy as np
 from flax import nnx
 
-__all__ = ["LossFn", "StepAnalysis", "analyze_fns", "analyze_step", "analyze_steps", "compile_fn",
-           "clear_cache", "compiler_options", "default_loss", "shape_key", "step_fn"]
+__all__ = ["LossFn", "StepAnalysis", "analyze_fns", "analyze_step", "analyze_steps", "cached",
+           "clear_cache", "compile_fn", "compile_in_pool", "compiler_options", "default_loss",
+           "difference_options", "job_key", "lower_job", "prefetch_step", "shape_key", "step_fn",
+           "submit_fns", "submit_lowered", "wait"]
 
 LossFn = Callable[[Any, Any], Any]
 
@@ -151,16 +167,84 @@ def step_fn(graphdef: Any, loss_fn: LossFn) -> Callable[[Any, Any], Any]:
     return step
 
 
-_CACHE: dict[Any, StepAnalysis] = {}
+_CACHE: dict[Any, StepAnalysis | Future[StepAnalysis]] = {}
+_POOL: list[ThreadPoolExecutor] = []
 
 
-def _lower(model: nnx.Module, batch: Any, fn: LossFn, forward_only: bool
-           ) -> tuple[Any, Callable[[], Any]]:
-    """The cache key of the step, and a thunk that compiles it (tracing done already)."""
+def _pool() -> ThreadPoolExecutor:
+    """The process's compile pool: one thread per core (XLA compiles without the GIL)."""
+    if not _POOL:
+        _POOL.append(ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1),
+                                        thread_name_prefix="remat-jax-compile"))
+    return _POOL[0]
+
+
+def compile_in_pool(fn: Callable[..., Any], *args: Any) -> Future[Any]:
+    """:func:`compile_fn` (analysis-only options) in the compile pool: a future executable.
+
+    Example:
+        >>> compile_in_pool(step, state, batch).result()(state, batch)  # runs the step
+    """
+    lowered = jax.jit(fn).lower(*args)
+    return _pool().submit(lowered.compile, compiler_options=_analysis_options())
+
+
+def _submit(key: Any, lowered: Any, *, differences_only: bool = False) -> None:
+    """Start compiling ``lowered`` in the pool; its analysis is cached under ``key``.
+
+    ``differences_only``: with :func:`difference_options` (NOTE [ Difference compiles ]).
+    """
+    def compile_() -> StepAnalysis:
+        if differences_only:
+            try:
+                return StepAnalysis.of(lowered.compile(compiler_options=difference_options()))
+            except Exception as exc:  # noqa: BLE001 - an XLA without the option: default
+                if "compile option" not in str(exc):
+                    raise
+        return StepAnalysis.of(lowered.compile(compiler_options=_analysis_options()))
+
+    _CACHE[key] = _pool().submit(compile_)
+
+
+def difference_options() -> dict[str, Any]:
+    """Options of a compile whose figures are only compared with each other.
+
+    See NOTE [ Difference compiles ]. Example:
+        >>> difference_options()["xla_backend_optimization_level"]
+        0
+    """
+    if jax.default_backend() != "cpu":
+        return _analysis_options()
+    return {**_analysis_options(), "xla_cpu_use_fusion_emitters": False}
+
+
+def _result(key: Any) -> StepAnalysis:
+    """The cached analysis of ``key``, waiting for its compile if it is still running."""
+    value = _CACHE[key]
+    if isinstance(value, Future):
+        try:
+            value = value.result()
+        except BaseException:
+            _CACHE.pop(key, None)  # a failed compile is not cached
+            raise
+        _CACHE[key] = value
+    return value
+
+
+def _step_key(model: nnx.Module, batch: Any, fn: LossFn, forward_only: bool) -> tuple[Any, Any]:
     graphdef, state = nnx.split(model)
-    key = (graphdef, shape_key(state), shape_key(batch), fn, forward_only)
+    return (graphdef, shape_key(state), shape_key(batch), fn, forward_only), (graphdef, state)
+
+
+def _lower(model: nnx.Module, batch: Any, fn: LossFn, forward_only: bool) -> Any:
+    """Trace and lower the step, start compiling it, and return its cache key.
+
+    Tracing happens in this thread (it reads the model's current policies); the
+    compile runs in the pool, so the caller can trace the next step meanwhile.
+    """
+    key, (graphdef, state) = _step_key(model, batch, fn, forward_only)
     if key in _CACHE:
-        return key, lambda: None
+        return key
     if forward_only:
         def forward(s: Any, b: Any) -> Any:
             return fn(nnx.merge(graphdef, s), b)
@@ -168,13 +252,25 @@ def _lower(model: nnx.Module, batch: Any, fn: LossFn, forward_only: bool
         target: Callable[[Any, Any], Any] = forward
     else:
         target = step_fn(graphdef, fn)
-    lowered = jax.jit(target).lower(state, batch)
-    return key, functools.partial(lowered.compile, compiler_options=_analysis_options())
+    _submit(key, jax.jit(target).lower(state, batch))
+    return key
 
 
 def _analysis_options() -> dict[str, Any]:
     """Options of an analysis-only compile (see :func:`compile_fn`)."""
     return {**compiler_options(), "xla_backend_optimization_level": 0}
+
+
+def prefetch_step(model: nnx.Module, batch: Any, *, loss_fn: LossFn | None = None,
+                  forward_only: bool = False) -> None:
+    """Start compiling the step in the background; :func:`analyze_step` picks it up.
+
+    Example:
+        >>> prefetch_step(model, batch)   # compiles while the caller traces other things
+        >>> analyze_step(model, batch).peak_bytes > 0
+        True
+    """
+    _lower(model, batch, default_loss if loss_fn is None else loss_fn, forward_only)
 
 
 def analyze_step(model: nnx.Module, batch: Any, *, loss_fn: LossFn | None = None,
@@ -192,10 +288,7 @@ def analyze_step(model: nnx.Module, batch: Any, *, loss_fn: LossFn | None = None
         True
     """
     fn = default_loss if loss_fn is None else loss_fn
-    key, compile_ = _lower(model, batch, fn, forward_only)
-    if key not in _CACHE:
-        _CACHE[key] = StepAnalysis.of(compile_())
-    return _CACHE[key]
+    return _result(_lower(model, batch, fn, forward_only))
 
 
 def analyze_steps(model: nnx.Module, batch: Any, configurations: Sequence[Callable[[], Any]],
@@ -203,16 +296,15 @@ def analyze_steps(model: nnx.Module, batch: Any, configurations: Sequence[Callab
     """:func:`analyze_step` for several configurations of ``model``, compiled in parallel.
 
     Each ``configure()`` sets the model up (e.g. applies policies); the step is traced
-    right after it, in this thread, and the XLA compilations then run in a thread pool
+    right after it, in this thread, while the pool compiles the steps traced before
     (XLA compiles without the GIL). See NOTE [ Compilation cache ].
     """
     fn = default_loss if loss_fn is None else loss_fn
-    pending: list[tuple[Any, Callable[[], Any]]] = []
+    keys = []
     for configure in configurations:
         configure()
-        pending.append(_lower(model, batch, fn, False))
-    _compile_all({key: thunk for key, thunk in pending if key not in _CACHE})
-    return [_CACHE[key] for key, _ in pending]
+        keys.append(_lower(model, batch, fn, False))
+    return [_result(key) for key in keys]
 
 
 def analyze_fns(jobs: Sequence[tuple[Any, Callable[..., Any], tuple[Any, ...]]]
@@ -222,28 +314,61 @@ def analyze_fns(jobs: Sequence[tuple[Any, Callable[..., Any], tuple[Any, ...]]]
     Cached by ``key`` and the shapes of ``args`` (NOTE [ Compilation cache ]); ``args``
     may be arrays or ``jax.ShapeDtypeStruct``: nothing runs.
     """
-    keys = [(key, shape_key(args)) for key, _, args in jobs]
-    todo: dict[Any, Callable[[], Any]] = {}
-    for full_key, (_, fn, args) in zip(keys, jobs, strict=True):
-        if full_key not in _CACHE and full_key not in todo:
-            lowered = jax.jit(fn).lower(*args)
-            todo[full_key] = functools.partial(lowered.compile,
-                                               compiler_options=_analysis_options())
-    _compile_all(todo)
-    return [_CACHE[key] for key in keys]
+    return [_result(key) for key in submit_fns(jobs)]
 
 
-def _compile_all(todo: Mapping[Any, Callable[[], Any]]) -> None:
-    """Run the compile thunks in a thread pool and cache their analyses."""
-    if not todo:
-        return
-    workers = max(1, min(len(todo), os.cpu_count() or 1))
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        results = dict(zip(todo, pool.map(lambda t: t(), todo.values()), strict=True))
-    for key, compiled in results.items():
-        _CACHE[key] = StepAnalysis.of(compiled)
+def submit_fns(jobs: Sequence[tuple[Any, Callable[..., Any], tuple[Any, ...]]], *,
+               differences_only: bool = False) -> list[Any]:
+    """Lower each ``(key, fn, args)`` and start compiling it; the cache keys, for :func:`wait`.
+
+    ``differences_only``: see NOTE [ Difference compiles ]. Default: False.
+    """
+    keys = []
+    for key, fn, args in jobs:
+        full_key, lowered = lower_job(key, fn, args, differences_only=differences_only)
+        if lowered is not None:
+            _submit(full_key, lowered, differences_only=differences_only)
+        keys.append(full_key)
+    return keys
+
+
+def lower_job(key: Any, fn: Callable[..., Any], args: tuple[Any, ...], *,
+              differences_only: bool = False) -> tuple[Any, Any]:
+    """``(cache key, jax.jit(fn).lower(*args))``; the lowering is None when the key is cached.
+
+    Compile it with :func:`submit_lowered` (or not: a lowering's
+    ``cost_analysis()`` is XLA's count of the *unoptimized* program, no compile).
+    """
+    full_key = job_key(key, args, differences_only=differences_only)
+    if full_key in _CACHE:
+        return full_key, None
+    return full_key, jax.jit(fn).lower(*args)
+
+
+def job_key(key: Any, args: tuple[Any, ...], *, differences_only: bool = False) -> Any:
+    """The cache key :func:`lower_job` gives ``(key, fn, args)``, without lowering."""
+    return key, shape_key(args), differences_only
+
+
+def submit_lowered(full_key: Any, lowered: Any) -> None:
+    """Start compiling a lowering from :func:`lower_job` (None: cached, nothing to do)."""
+    if lowered is not None and full_key not in _CACHE:
+        _submit(full_key, lowered, differences_only=full_key[-1])
+
+
+def cached(full_key: Any) -> StepAnalysis | None:
+    """The analysis cached under ``full_key`` (waiting for its compile), or None."""
+    return _result(full_key) if full_key in _CACHE else None
+
+
+def wait(keys: Sequence[Any]) -> list[StepAnalysis]:
+    """The analyses of keys returned by :func:`submit_fns`, waiting for their compiles."""
+    return [_result(key) for key in keys]
 
 
 def clear_cache() -> None:
     """Forget every cached step analysis (NOTE [ Compilation cache ])."""
+    for value in list(_CACHE.values()):
+        if isinstance(value, Future):
+            value.cancel()
     _CACHE.clear()

@@ -18,11 +18,12 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from remat.jax.analysis import LossFn, StepAnalysis, compile_fn, shape_key
+from remat.jax.analysis import LossFn, analyze_fns, shape_key
 from remat.jax.strategies import capture_block_inputs
 
 __all__ = ["BlockInputs", "block_fn", "block_forward_flops", "block_inputs", "block_saved_bytes",
-           "block_step_flops", "clear_block_cache", "residual_bytes", "subjaxprs", "tagged_names"]
+           "block_step_flops", "clear_block_cache", "memo", "residual_bytes", "subjaxprs",
+           "tagged_names"]
 
 #: A block's call as captured in the model: positional arguments (arrays as
 #: ``jax.ShapeDtypeStruct``) and keyword arguments.
@@ -67,22 +68,26 @@ def block_saved_bytes(block: nnx.Module, inputs: BlockInputs) -> int:
 
     Measured on the block alone, on its in-model input shapes (NOTE [ Residuals ]).
     """
-    args, kwargs = inputs
-    f, state, xs = block_fn(block, args, kwargs)
-    return residual_bytes(f, state, *xs, keep_args_after=1)
+    key = ("saved", *_block_key(block, inputs))
+    if key not in _BLOCK_CACHE:
+        args, kwargs = inputs
+        f, state, xs = block_fn(block, args, kwargs)
+        _BLOCK_CACHE[key] = residual_bytes(f, state, *xs, keep_args_after=1)
+    return int(_BLOCK_CACHE[key])
+
+
+def _block_key(block: nnx.Module, inputs: BlockInputs) -> tuple[Any, ...]:
+    """What a block measurement depends on: its graph (policy included), shapes, inputs."""
+    return nnx.graphdef(block), shape_key(nnx.state(block)), repr(inputs)
 
 
 def block_forward_flops(block: nnx.Module, inputs: BlockInputs
                         ) -> int:
-    """XLA FLOPs of ``block``'s forward alone; cached by graph and shapes."""
+    """XLA FLOPs of ``block``'s forward alone; cached by graph and shapes (compiled in the pool)."""
     args, kwargs = inputs
     f, state, xs = block_fn(block, args, kwargs)
-    key = (nnx.graphdef(block), shape_key(state), tuple((x.shape, str(x.dtype)) for x in xs),
-           repr(sorted(kwargs.items())),
-           repr([a for a in args if not isinstance(a, jax.ShapeDtypeStruct)]))
-    if key not in _BLOCK_CACHE:
-        _BLOCK_CACHE[key] = StepAnalysis.of(compile_fn(f, state, *xs)).flops
-    return _BLOCK_CACHE[key]
+    key = ("block-forward", *_block_key(block, inputs))
+    return analyze_fns([(key, f, (state, *xs))])[0].flops
 
 
 def block_step_flops(block: nnx.Module, inputs: BlockInputs) -> int:
@@ -93,19 +98,16 @@ def block_step_flops(block: nnx.Module, inputs: BlockInputs) -> int:
     """
     args, kwargs = inputs
     f, state, xs = block_fn(block, args, kwargs)
-    key = ("vjp", nnx.graphdef(block), shape_key(state), tuple((x.shape, str(x.dtype)) for x in xs),
-           repr(sorted(kwargs.items())),
-           repr([a for a in args if not isinstance(a, jax.ShapeDtypeStruct)]))
-    if key not in _BLOCK_CACHE:
-        def vjp(s: Any, *inputs: Any) -> Any:
-            out, pullback = jax.vjp(f, s, *inputs)
-            return out, pullback(jax.tree.map(jnp.ones_like, out))
 
-        _BLOCK_CACHE[key] = StepAnalysis.of(compile_fn(vjp, state, *xs)).flops
-    return _BLOCK_CACHE[key]
+    def vjp(s: Any, *inputs: Any) -> Any:
+        out, pullback = jax.vjp(f, s, *inputs)
+        return out, pullback(jax.tree.map(jnp.ones_like, out))
+
+    key = ("block-vjp", *_block_key(block, inputs))
+    return analyze_fns([(key, vjp, (state, *xs))])[0].flops
 
 
-_BLOCK_CACHE: dict[Any, int] = {}
+_BLOCK_CACHE: dict[Any, Any] = {}
 
 
 def block_fn(block: nnx.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -124,7 +126,14 @@ def block_fn(block: nnx.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
 
 def tagged_names(block: nnx.Module, inputs: BlockInputs
                  ) -> tuple[str, ...]:
-    """The ``checkpoint_name`` tags inside ``block``'s forward, in first-use order."""
+    """The ``checkpoint_name`` tags inside ``block``'s forward, in first-use order; cached."""
+    key = ("names", *_block_key(block, inputs))
+    if key not in _BLOCK_CACHE:
+        _BLOCK_CACHE[key] = _tagged_names(block, inputs)
+    return tuple(_BLOCK_CACHE[key])
+
+
+def _tagged_names(block: nnx.Module, inputs: BlockInputs) -> tuple[str, ...]:
     args, kwargs = inputs
     f, state, xs = block_fn(block, args, kwargs)
     found: dict[str, None] = {}
@@ -168,6 +177,13 @@ def block_inputs(model: nnx.Module, batch: Any, paths: Sequence[str], loss_fn: L
     return found
 
 
+
+
+def memo(key: Any, compute: Callable[[], Any]) -> Any:
+    """``compute()``, cached under ``key`` with the block measurements (cleared with them)."""
+    if key not in _BLOCK_CACHE:
+        _BLOCK_CACHE[key] = compute()
+    return _BLOCK_CACHE[key]
 
 
 def clear_block_cache() -> None:

@@ -6,10 +6,9 @@ NOTE [ JAX candidates ]
     policies are ``none``, ``nothing_saveable``, ``dots_saveable``,
     ``dots_with_no_batch_dims_saveable``, ``save_only_these_names`` with each
     name tagged in the block (``checkpoint_name``) alone and with all of them,
-    plus any ``policies=`` given. Policies whose residuals (JAX's residual
-    inspection of the block alone) have the same size as an earlier one are
-    skipped. Each remaining policy is measured by XLA, on one of two programs
-    (``measure=``):
+    plus any ``policies=`` given. Policies dominated before any compile are
+    skipped (NOTE [ Pruning before compiling ]). Each remaining policy is
+    measured by XLA, on one of two programs (``measure=``):
 
     * ``"block"`` (default, NOTE [ Block chain ]): a chain of
       :data:`CHAIN_BLOCKS` copies of the block alone, forward and backward,
@@ -36,6 +35,22 @@ NOTE [ Block chain ]
     dropped, so its peak would not move. The chain needs a block whose output
     has the shape of its first array argument (a residual stack); other kinds
     are measured on the whole step.
+
+NOTE [ Pruning before compiling ]
+    A compile costs ~1 s whatever the program's size (XLA:CPU's per-kernel
+    code generation), so candidates that cannot be chosen are not compiled.
+    Before compiling, each policy gets two estimates that need no compile: its
+    residual bytes (JAX's residual inspection of the block alone) and its
+    chain's FLOPs (``cost_analysis()`` of the chain's lowering, i.e. the
+    unoptimized program, which already holds the recomputation). A policy with
+    no fewer estimated bytes and no fewer estimated FLOPs than an earlier one
+    is not compiled. The estimates are not XLA's figures (XLA does not
+    materialize every residual, and optimizes the program), but on the preset
+    they order the policies as XLA's do: ``save_only_these_names`` of
+    ``attn_probs`` or ``mlp_act`` alone recompute what ``nothing_saveable``
+    does and save more, and are skipped; every compiled candidate is
+    XLA-measured. Blocks that do not chain have no FLOP estimate; policies
+    with the same residual bytes as an earlier one are skipped there.
 """
 
 from __future__ import annotations
@@ -49,16 +64,24 @@ from flax import nnx
 
 from remat.jax.analysis import (
     LossFn,
-    StepAnalysis,
-    analyze_fns,
     analyze_step,
     analyze_steps,
+    cached,
     default_loss,
+    submit_lowered,
+    wait,
 )
-from remat.jax.block_measure import BlockInputs, block_inputs, block_saved_bytes, tagged_names
+from remat.jax.block_measure import (
+    BlockInputs,
+    block_inputs,
+    block_saved_bytes,
+    memo,
+    tagged_names,
+)
 from remat.jax.blocks import BlocksSpec, named_blocks
+from remat.jax.chains import CHAIN_BLOCKS, chain_analysis, chains, lower_chains, with_policy
 from remat.jax.policies import NONE, Policy, parse_policy
-from remat.jax.strategies import apply, current_policies, remove, set_policy
+from remat.jax.strategies import apply, current_policies, remove
 
 __all__ = ["CHAIN_BLOCKS", "MEASURES", "JaxCandidate", "Measure", "candidate_tables",
            "chain_analysis"]
@@ -66,8 +89,6 @@ __all__ = ["CHAIN_BLOCKS", "MEASURES", "JaxCandidate", "Measure", "candidate_tab
 Measure = Literal["block", "step"]
 #: What ``measure=`` accepts (NOTE [ JAX candidates ]).
 MEASURES: tuple[str, ...] = ("block", "step")
-#: Copies of the block in the chain a candidate is measured on (NOTE [ Block chain ]).
-CHAIN_BLOCKS = 3
 
 
 @dataclass(frozen=True)
@@ -104,13 +125,6 @@ class JaxCandidate:
     def label(self) -> str:
         """The policy's label."""
         return self.policy.label()
-
-
-def _with_policy(block: nnx.Module, policy: Policy) -> nnx.Module:
-    copy = nnx.merge(*nnx.split(block))
-    remove(copy)
-    set_policy(copy, policy)
-    return copy
 
 
 def _kind_key(block: nnx.Module, inputs: Any) -> Any:
@@ -182,17 +196,31 @@ def _measure_kind(model: nnx.Module, batch: Any, fn: LossFn, path: str, block: n
                   inputs: BlockInputs, wanted: Sequence[Policy], prune: bool,
                   measure: Measure) -> tuple[JaxCandidate, ...]:
     none_saved = block_saved_bytes(block, inputs)
-    table = [JaxCandidate(NONE, none_saved, none_saved, 0)]
-    seen_saved = {none_saved}
+    policies = [NONE, *wanted]
+    chained = chains(block, inputs)
+    on_chain = measure == "block" and chained
+    lowerings = lower_chains(block, inputs, policies) if chained else None
+    saved: list[int] = []
+    flops: list[int] = []
     measured: list[Policy] = []
-    for policy in wanted:
-        saved = block_saved_bytes(_with_policy(block, policy), inputs)
-        if prune and saved in seen_saved:  # the same residuals: the same step
-            continue
-        seen_saved.add(saved)
-        measured.append(policy)
-    if measure == "block" and _chains(block, inputs):
-        base, *steps = chain_analysis(block, inputs, [NONE, *measured])
+    keys: list[Any] = []
+    for i, policy in enumerate(policies):  # lower, estimate, compile: pipelined
+        saved.append(none_saved if i == 0 else
+                     block_saved_bytes(with_policy(block, policy), inputs))
+        key, lower = next(lowerings) if lowerings is not None else (None, None)
+        lowered = None
+        if lower is not None:
+            estimate, lowered = _estimated_flops(key, lower)
+            flops.append(estimate)
+        if i > 0 and prune and _dominated(i, saved, flops if chained else None):
+            continue  # NOTE [ Pruning before compiling ]
+        if i > 0:
+            measured.append(policy)
+        if on_chain and lower is not None:
+            submit_lowered(key, lowered if lowered is not None else lower()[1])
+            keys.append(key)
+    if on_chain:
+        base, *steps = wait(keys)
     else:
         base = analyze_step(model, batch, loss_fn=fn)
 
@@ -201,6 +229,7 @@ def _measure_kind(model: nnx.Module, batch: Any, fn: LossFn, path: str, block: n
 
         steps = analyze_steps(model, batch, [configure(p) for p in measured], loss_fn=fn)
         remove(model)
+    table = [JaxCandidate(NONE, none_saved, none_saved, 0)]
     for policy, step in zip(measured, steps, strict=True):
         # XLA's own saving for this block: what the peak dropped by (NOTE [ JAX peak model ]).
         measured_saved = max(0, none_saved - (base.peak_bytes - step.peak_bytes))
@@ -209,78 +238,33 @@ def _measure_kind(model: nnx.Module, batch: Any, fn: LossFn, path: str, block: n
     return tuple(_prune(table) if prune else table)
 
 
-def _carried(inputs: BlockInputs) -> int | None:
-    """Index of the block's first array argument, the activation the chain carries."""
-    args, _ = inputs
-    return next((i for i, a in enumerate(args) if isinstance(a, jax.ShapeDtypeStruct)), None)
+def _estimated_flops(key: Any, lower: Callable[[], tuple[Any, Any]]) -> tuple[int, Any]:
+    """XLA's FLOPs of a chain (the compiled count when cached, else the lowering's, cached),
+    and the lowering when it was made."""
+    done = cached(key)
+    if done is not None:
+        return done.flops, None
+    made: list[Any] = []
+
+    def from_lowering() -> int:
+        made.append(lower()[1])
+        cost = made[0].cost_analysis()
+        if isinstance(cost, (list, tuple)):  # older jax: one dict per computation
+            cost = cost[0] if cost else {}
+        return int(round(float((cost or {}).get("flops", 0.0))))
+
+    return int(memo(("estimate", key), from_lowering)), (made[0] if made else None)
 
 
-def _chains(block: nnx.Module, inputs: BlockInputs) -> bool:
-    """Whether the block maps its first array argument to an array of the same shape."""
-    args, kwargs = inputs
-    index = _carried(inputs)
-    if index is None or kwargs and any(isinstance(v, jax.ShapeDtypeStruct)
-                                       for v in kwargs.values()):
-        return False
-    graphdef, state = nnx.split(block)
+def _dominated(i: int, saved: Sequence[int], flops: Sequence[int] | None) -> bool:
+    """Whether an earlier candidate's estimates are no worse than candidate ``i``'s.
 
-    def call(s: Any, *xs: Any) -> Any:
-        full = list(args)
-        for i, x in zip(_array_positions(args), xs, strict=True):
-            full[i] = x
-        return nnx.merge(graphdef, s)(*full, **kwargs)
-
-    try:
-        out = jax.eval_shape(call, state, *(args[i] for i in _array_positions(args)))
-    except Exception:  # noqa: BLE001 - any failure: measure on the whole step instead
-        return False
-    x = args[index]
-    return isinstance(out, jax.ShapeDtypeStruct) and (out.shape, out.dtype) == (x.shape, x.dtype)
-
-
-def _array_positions(args: tuple[Any, ...]) -> list[int]:
-    return [i for i, a in enumerate(args) if isinstance(a, jax.ShapeDtypeStruct)]
-
-
-def chain_analysis(block: nnx.Module, inputs: BlockInputs, policies: Sequence[Policy],
-                   *, blocks: int = CHAIN_BLOCKS) -> list[StepAnalysis]:
-    """XLA's analysis of the block chain with the first copy under each policy.
-
-    See NOTE [ Block chain ]. One analysis per policy, compiled in parallel and cached.
+    See NOTE [ Pruning before compiling ]: ``saved`` and ``flops`` (None: no FLOP
+    estimate, compare residual bytes only) are the estimates of candidates ``0..i``.
     """
-    args, kwargs = inputs
-    positions = _array_positions(args)
-    carried = positions[0]
-    plain = remove(nnx.merge(*nnx.split(block)))
-    graphdef, state = nnx.split(plain)
-    x = args[carried]
-    others = [args[i] for i in positions[1:]]
-    jobs = []
-    for policy in policies:
-        first = nnx.graphdef(_with_policy(plain, policy))
-        graphdefs = (first, *([graphdef] * (blocks - 1)))
-        jobs.append((("chain", graphdefs, repr(inputs)),
-                     _chain_fn(graphdefs, args, kwargs, positions),
-                     ((state,) * blocks, x, others, x)))
-    return analyze_fns(jobs)
-
-
-def _chain_fn(graphdefs: Sequence[Any], args: tuple[Any, ...], kwargs: dict[str, Any],
-              positions: Sequence[int]) -> Callable[..., Any]:
-    def forward(states: Any, x: Any, others: Any) -> Any:
-        for graphdef, state in zip(graphdefs, states, strict=True):
-            full = list(args)
-            full[positions[0]] = x
-            for i, value in zip(positions[1:], others, strict=True):
-                full[i] = value
-            x = nnx.merge(graphdef, state)(*full, **kwargs)
-        return x
-
-    def chain(states: Any, x: Any, others: Any, cotangent: Any) -> Any:
-        out, pullback = jax.vjp(forward, states, x, others)
-        return out, pullback(cotangent)
-
-    return chain
+    if flops is None:
+        return saved[i] in saved[:i]
+    return any(saved[j] <= saved[i] and flops[j] <= flops[i] for j in range(i))
 
 
 def _prune(table: Sequence[JaxCandidate]) -> list[JaxCandidate]:

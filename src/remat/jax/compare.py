@@ -1,7 +1,8 @@
 """Every strategy on the same NNX model and batch, as the PyTorch ``remat compare`` table.
 
 Returns the PyTorch side's :class:`remat.compare.ComparisonResult` (rows of
-:class:`~remat.compare.StrategyRow`), so the same table and plot render it. Bytes
+:class:`~remat.compare.StrategyRow`), so the same table and plot render it, with
+an optional ``"plan"`` row (:func:`add_plan_row`, ``remat compare --plan-budget``). Bytes
 and FLOPs are XLA's (see analysis.py); ``activation_bytes`` is the residual bytes
 JAX saves for backward; ``step_ms`` is the median wall time of the compiled step
 when ``repeats > 0``.
@@ -17,15 +18,16 @@ from typing import Any
 import jax
 from flax import nnx
 
-from remat.jax._core import ComparisonResult, StrategyRow
+from remat.jax._core import BudgetLike, ComparisonResult, StrategyRow
 from remat.jax.analysis import LossFn, compile_fn, default_loss, step_fn
 from remat.jax.blocks import BlocksSpec
 from remat.jax.measure import profile
 from remat.jax.models import build_model, make_batch
-from remat.jax.strategies import apply, strategy_policies
+from remat.jax.planner import plan
+from remat.jax.strategies import apply, remove, strategy_policies
 from remat.jax.validate import validate
 
-__all__ = ["DEFAULT_STRATEGIES", "compare"]
+__all__ = ["DEFAULT_STRATEGIES", "add_plan_row", "compare"]
 
 #: What ``remat compare --framework jax`` runs by default, baseline first.
 DEFAULT_STRATEGIES: tuple[str, ...] = (
@@ -53,7 +55,8 @@ def compare(preset_or_model: str | nnx.Module = "gpt-small", batch: Any = None,
             seq_len: int | None = None, loss_fn: LossFn | None = None,
             blocks: BlocksSpec = None, repeats: int = 0, check_grads: bool = True,
             label: str = "", meta: Mapping[str, Any] | None = None,
-            progress: ProgressFn | None = None) -> ComparisonResult:
+            progress: ProgressFn | None = None,
+            plan_budget: BudgetLike | None = None) -> ComparisonResult:
     """XLA's peak, residual bytes, FLOPs (and optionally time) per strategy, with gradient checks.
 
     Checkpointing trades compute for memory; this shows both sides for one model and
@@ -73,6 +76,8 @@ def compare(preset_or_model: str | nnx.Module = "gpt-small", batch: Any = None,
         check_grads: validate each strategy's gradients (rtol 1e-5). Default: True.
         label, meta: stored on the result.
         progress: ``progress(description, completed, total)``.
+        plan_budget: add a ``"plan"`` row, :func:`add_plan_row` for this budget (as
+            ``remat compare --plan-budget``). Default: None (no plan row).
 
     Returns:
         A :class:`remat.compare.ComparisonResult`, baseline first.
@@ -80,6 +85,7 @@ def compare(preset_or_model: str | nnx.Module = "gpt-small", batch: Any = None,
     Raises:
         StrategyError: an unknown strategy.
         ValueError: duplicate strategies or ``repeats < 0``.
+        BudgetTooSmall: no plan fits ``plan_budget``.
 
     Example:
         >>> result = compare("gpt-tiny", strategies=["none", "full"], batch_size=2)
@@ -128,6 +134,55 @@ def compare(preset_or_model: str | nnx.Module = "gpt-small", batch: Any = None,
         rows.append(StrategyRow.from_profile(name, profiles[name], base, step_ms=times[name],
                                              base_ms=times["none"], report=reports.get(name)))
     preset = preset_or_model if isinstance(preset_or_model, str) else type(model).__name__
-    return ComparisonResult(rows=tuple(rows), device=f"jax:{jax.default_backend()}",
-                            repeats=repeats, label=label or f"{preset} (JAX, XLA analysis)",
-                            meta={"framework": "jax", "model": preset, **dict(meta or {})})
+    result = ComparisonResult(rows=tuple(rows), device=f"jax:{jax.default_backend()}",
+                              repeats=repeats, label=label or f"{preset} (JAX, XLA analysis)",
+                              meta={"framework": "jax", "model": preset, **dict(meta or {})})
+    if plan_budget is None:
+        return result
+    return add_plan_row(result, model, batch, budget=plan_budget, loss_fn=loss_fn,
+                        blocks=blocks, check_grads=check_grads)
+
+
+def add_plan_row(result: ComparisonResult, model: nnx.Module, batch: Any, *,
+                 budget: BudgetLike = "50%", loss_fn: LossFn | None = None,
+                 blocks: BlocksSpec = None, check_grads: bool = True) -> ComparisonResult:
+    """``result`` with one more row, ``"plan"``: :func:`remat.jax.plan` for ``budget``.
+
+    The JAX twin of :func:`remat.compare.frontier.add_plan_row`: the plan is made on
+    ``model`` and ``batch`` (those of the other rows), applied, and measured like them
+    (XLA's peak and FLOPs of the step, gradients checked); ``step_ms`` is not
+    measured. ``meta["plan"]`` records the budget, its bytes and the decisions. The
+    model is left without remat.
+
+    Args:
+        result: a :func:`compare` result containing the ``"none"`` baseline.
+        model, batch: the model and batch the rows were measured on.
+        budget: the plan's budget (bytes, ``"12GiB"``, or a % of none's XLA peak).
+            Default: ``"50%"`` (as ``remat compare --plan-budget``).
+        loss_fn, blocks: as for :func:`compare`.
+        check_grads: validate the plan's gradients (rtol 1e-5). Default: True.
+
+    Raises:
+        BudgetTooSmall: no plan fits ``budget``.
+
+    Example:
+        >>> result = add_plan_row(compare(model, batch, ["full"]), model, batch, budget="80%")
+        >>> result.row("plan").peak_bytes <= result.meta["plan"]["budget_bytes"]
+        True
+    """
+    fn = default_loss if loss_fn is None else loss_fn
+    planned = plan(model, batch, budget=budget, loss_fn=fn, blocks=blocks)
+    try:
+        apply(model, planned)
+        prof = profile(model, batch, loss_fn=fn, blocks=blocks)
+        report = validate(model, batch, None, loss_fn=fn, blocks=blocks) if check_grads \
+            else None
+    finally:
+        remove(model)
+    row = StrategyRow.from_profile("plan", prof, result.row(result.baseline), report=report)
+    meta = dict(result.meta)
+    meta["plan"] = {"budget": str(budget), "budget_bytes": planned.budget_bytes,
+                    "decisions": planned.label()}
+    rows = tuple(r for r in result.rows if r.strategy != "plan") + (row,)
+    return ComparisonResult(rows=rows, device=result.device, repeats=result.repeats,
+                            label=result.label, baseline=result.baseline, meta=meta)

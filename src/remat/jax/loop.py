@@ -2,39 +2,49 @@
 
 NOTE [ JAX peak model ]
     A linear model in the per-block saved bytes, calibrated on the compiled
-    un-checkpointed step (peak ``P``, blocks saving ``s_j(none)``), with the
-    windows of the PyTorch peak model (peak.py)::
+    un-checkpointed step (peak ``P``, blocks saving ``s_j(none)``): the step's
+    memory at the end of its forward, every block's saved bytes alive::
 
-        head:   C + sum_j s_j(d_j)                       (end of forward)
-        bwd:i:  C + sum_{j<i} s_j(d_j) + s_i(none)       (block i recomputed in backward)
+        peak(d) = C + sum_j s_j(d_j),        C = P - sum_j s_j(none)
 
-    where ``C = P - sum_j s_j(none)``; the model reproduces ``P`` exactly for
-    ``none``. XLA schedules and may rematerialize on its own, so this is only a
-    guide for the solver: the closed loop below measures the compiled step.
+    (the ``head`` window of the PyTorch peak model, peak.py). It reproduces
+    ``P`` exactly for ``none``, and it is a *lower bound* of XLA's peak up to the
+    tables' error (the chain measures a block's saved bytes within a few KB of
+    the whole step): a checkpointed block's backward holds its saved bytes plus
+    what it recomputes, so the backward windows can only add to it. On the
+    gpt-small plans of docs/jax.md XLA's peak is within 74 KB of it (of
+    ~200 MB). The PyTorch model's backward windows, with a block's
+    un-checkpointed residuals as its backward working set, overestimated
+    checkpointing the last blocks (206.6 MB predicted for a step XLA compiled
+    at 178.3 MB), so the solver avoided it. The closed loop absorbs the small
+    underestimates (step 2), and the lower bound, with a margin for the
+    tables' error, lets it skip manual entries that cannot fit (step 3).
 
 NOTE [ JAX closed loop ]
-    1. Solve the peak model for the budget (``solve`` of the shared planner core:
-       least recompute FLOPs, the cost unit being 1 FLOP).
-    2. Compile the step with the choice; if XLA's peak exceeds the budget, lower
-       the solver's target by the excess and go to 1 (at most ``max_rounds``).
-    3. The manual menu (every candidate policy on every block, ``every:2``,
-       ``sqrt``): the entries the tables estimate cheaper than the best fitting
-       compiled step. With ``exact``, all of them and the solver's smallest-peak
-       choice are compiled at once. Otherwise cheapest estimate first, in batches
-       of the machine's cores, stopping after a batch in which a step fits (the
-       rest is estimated costlier), and the smallest-peak choice only when nothing
-       fits yet. The peak model is not used to skip entries: on few blocks it
-       overestimates checkpointing every block by up to 35% (the 2-block test
-       model), so an entry it predicts over the budget may fit. Of all compiled
-       steps whose XLA peak fits, the one with the fewest XLA FLOPs wins, so a
-       plan never costs more than a fitting manual policy (up to the tables' FLOP
-       error, see :meth:`Search.cheapest_fitting`).
-    4. Nothing fits: :class:`BudgetTooSmall` with the lowest peak compiled.
+    1. Solve the peak model for the target, first the budget (``solve`` of the
+       shared planner core: least recompute FLOPs, the cost unit being 1 FLOP).
+    2. Compile the step with the choice and, side by side (one compile per
+       core), the manual menu entries it might lose to (step 3). If XLA's peak
+       of the choice exceeds the budget, lower the target by the excess and go
+       to 1 (at most ``max_rounds``).
+    3. The manual menu is each candidate policy on every block, ``every:2`` and
+       ``sqrt``. An entry is compiled when the tables estimate it cheaper than
+       the choice (within :meth:`Search.tolerance`) and the peak model's lower
+       bound does not exceed the budget by more than
+       :data:`_PEAK_MARGIN_PERMILLE`; entries the tables cannot estimate are
+       compiled (whichever ``measure=`` made the tables). A manual
+       policy that fits has its lower bound under the budget, so every fitting
+       entry cheaper than the plan is compiled.
+    4. Of all compiled steps whose XLA peak fits, the one with the fewest XLA
+       FLOPs wins, so a plan never costs more than a fitting manual policy (up
+       to the tables' FLOP error, covered by the tolerance).
+    5. Nothing fits: compile the solver's smallest-peak choice and the whole
+       menu; still nothing: :class:`BudgetTooSmall` with the lowest peak
+       compiled.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -45,6 +55,7 @@ from remat.jax._core import (
     BudgetTooSmall,
     PeakModel,
     Window,
+    decisions_label,
     format_bytes,
     make_peak_model,
     min_peak_choice,
@@ -58,18 +69,19 @@ from remat.jax.strategies import apply
 __all__ = ["Search", "Trial", "label", "peak_model"]
 
 _MANUAL = ("every:2", "sqrt")
-#: Menu entries estimated up to this many per mille of the step's FLOPs above the best
-#: fitting step are compiled too (see :meth:`Search.cheapest_fitting`).
-_FLOPS_TOLERANCE_PERMILLE = 5
+#: Menu entries estimated up to this many percent of the two steps' estimated recompute
+#: above a plan are compiled with it (see :meth:`Search.tolerance`).
+_RECOMPUTE_TOLERANCE_PERCENT = 5
+#: Menu entries whose lower-bound peak exceeds the budget by more than this many per
+#: mille of it are not compiled (NOTE [ JAX closed loop ], step 3).
+_PEAK_MARGIN_PERMILLE = 10
 
 
 def peak_model(tables: Sequence[Sequence[JaxCandidate]], names: Sequence[str],
                base_peak: int) -> PeakModel:
-    """The linear peak model of NOTE [ JAX peak model ]."""
+    """The linear peak model of NOTE [ JAX peak model ]: the ``head`` window alone."""
     constant = base_peak - sum(t[0].saved_bytes for t in tables)
-    windows = [Window("head", constant, len(tables))]
-    windows += [Window(f"bwd:{i}", constant, i, i, "backward") for i in range(len(tables))]
-    return make_peak_model(windows, tables, names, base_peak)
+    return make_peak_model([Window("head", constant, len(tables))], tables, names, base_peak)
 
 
 @dataclass(frozen=True)
@@ -114,7 +126,7 @@ class Search:
     def policies_of(self, choice: Sequence[int]) -> list[Policy]:
         return [self.tables[i][c].policy for i, c in enumerate(choice)]
 
-    def run(self, max_rounds: int, *, exact: bool) -> Trial:
+    def run(self, max_rounds: int) -> Trial:
         """Steps 1-4 of NOTE [ JAX closed loop ]: the cheapest fitting trial."""
         if self.base.peak_bytes <= self.budget_bytes:
             return self.base_trial()
@@ -123,71 +135,70 @@ class Search:
             choice = solve(self.pm, target)
             if choice is None:
                 break
-            self.compile([(self.policies_of(choice), int(self.pm.predict(choice)))])
-            peak = self.trials[-1].analysis.peak_bytes
+            policies = self.policies_of(choice)
+            planned = (policies, int(self.pm.predict(choice)))
+            # the plan and the manual entries it might lose to, compiled side by side
+            self.compile([planned, *self.menu(below=self.estimate(policies))])
+            peak = self.result_of(policies).analysis.peak_bytes
             if peak <= self.budget_bytes:
                 break
             target -= peak - self.budget_bytes
-        self.compile_menu(exact=exact)
+        if not self.fitting():
+            self.compile(self.menu(below=None, lowest=True))
         fitting = self.fitting()
         if not fitting:
             raise self.too_small()
         return min(fitting, key=lambda t: (t.analysis.flops, t.analysis.peak_bytes))
 
-    def compile_menu(self, *, exact: bool) -> None:
-        """Compile the manual menu, cheapest estimate first (step 3 of NOTE [ JAX closed loop ]).
+    def result_of(self, policies: Sequence[Policy]) -> Trial:
+        """The compiled trial of ``policies`` (compiled already)."""
+        return next(t for t in self.trials if t.policies == tuple(policies))
 
-        Entries go in batches of the machine's cores; after a batch in which a step
-        fits, the later entries (estimated costlier than it) cannot win, so the rest
-        of the menu is not compiled. With ``exact`` every entry is compiled.
+    def tolerance(self, *estimates: int) -> int:
+        """FLOPs the tables may be off by when comparing steps estimated at ``estimates``.
+
+        :data:`_RECOMPUTE_TOLERANCE_PERCENT` of their estimated recompute: the block
+        chain counts up to 2.1% more recompute than the whole step on the test model
+        (20 kFLOP per checkpointed block of 0.9 MFLOP), 0.6% on gpt-small.
         """
-        menu = self.menu(exact=exact)
-        if not exact:
-            menu.sort(key=lambda entry: self.estimate(entry[0]) or 0)
-        size = len(menu) if exact else max(1, min(len(menu), os.cpu_count() or 1))
-        for start in range(0, len(menu), size):
-            self.compile(menu[start:start + size])
-            if not exact and self.fitting():
-                bar = self.cheapest_fitting()
-                menu[start + size:] = [e for e in menu[start + size:]
-                                       if bar is None or (self.estimate(e[0]) or 0) < bar]
-        if not self.fitting() and not exact:
-            self.compile(self.menu(exact=True))
-
-    def cheapest_fitting(self) -> int | None:
-        """The fewest FLOPs of a fitting compiled step, plus a tolerance (see below).
-
-        A menu entry estimated below it is worth compiling; the tolerance covers the
-        tables' FLOP error (the block chain counts ~40 kFLOP more per checkpointed
-        block than the whole step does on the test model): :data:`_FLOPS_TOLERANCE_PERMILLE`
-        of the step's FLOPs.
-        """
-        flops = [t.analysis.flops for t in self.fitting()]
-        if not flops:
-            return None
-        return min(flops) + self.base.flops * _FLOPS_TOLERANCE_PERMILLE // 1000
+        recompute = sum(max(0, e - self.base.flops) for e in estimates)
+        return recompute * _RECOMPUTE_TOLERANCE_PERCENT // 100
 
     def base_trial(self) -> Trial:
         return self.trials[0]
 
-    def menu(self, *, exact: bool) -> list[tuple[list[Policy], int | None]]:
-        """The manual choices worth compiling (step 3 of NOTE [ JAX closed loop ])."""
-        compiled = {t.policies for t in self.trials}
+    def menu(self, *, below: int | None, lowest: bool = False
+             ) -> list[tuple[list[Policy], int | None]]:
+        """Manual choices not compiled yet (step 3 of NOTE [ JAX closed loop ]).
+
+        Args:
+            below: only entries the tables estimate under these step FLOPs (plus
+                :meth:`tolerance`), and those they cannot estimate. None: every entry.
+            lowest: add the solver's smallest-peak choice. Default: False.
+        """
         out: list[tuple[list[Policy], int | None]] = []
-        if exact or not self.fitting():
-            lowest = min_peak_choice(self.pm)
-            out.append((self.policies_of(lowest), int(self.pm.predict(lowest))))
+        if lowest:
+            choice = min_peak_choice(self.pm)
+            out.append((self.policies_of(choice), int(self.pm.predict(choice))))
         n = len(self.paths)
         menu = [[c.policy] * n for c in self.tables[0] if not c.policy.is_none] \
             if all(t == self.tables[0] for t in self.tables) else []
         menu += [strategy_policies(s, n) for s in _MANUAL]
-        cheapest = self.cheapest_fitting()
+        limit = self.budget_bytes + self.budget_bytes * _PEAK_MARGIN_PERMILLE // 1000
         for policies in menu:
-            estimate = self.estimate(policies)
-            if cheapest is not None and estimate is not None and estimate >= cheapest:
+            estimate, predicted = self.estimate(policies), self.predict(policies)
+            if below is not None and (
+                    estimate is not None and estimate >= below + self.tolerance(below, estimate)
+                    or predicted is not None and predicted > limit):
                 continue
-            out.append((policies, None))
-        return [(c, p) for c, p in out if tuple(c) not in compiled]
+            out.append((policies, predicted))
+        seen = {t.policies for t in self.trials}
+        unique = []
+        for policies, predicted in out:
+            if tuple(policies) not in seen:
+                seen.add(tuple(policies))
+                unique.append((policies, predicted))
+        return unique
 
     def indices(self, policies: Sequence[Policy]) -> list[int] | None:
         """Each block's table index of its policy (None: a policy not in a table)."""
@@ -239,7 +250,4 @@ class Search:
 
 def label(policies: Sequence[Policy]) -> str:
     """Policy counts in first-use order, e.g. ``"4 none, 2 dots_saveable"``."""
-    counts: dict[str, int] = {}
-    for p in policies:
-        counts[p.label()] = counts.get(p.label(), 0) + 1
-    return ", ".join(f"{n} {k}" for k, n in counts.items())
+    return decisions_label(p.label() for p in policies)

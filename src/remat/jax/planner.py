@@ -13,7 +13,7 @@ import jax
 from flax import nnx
 
 from remat.jax._core import BudgetLike, parse_budget
-from remat.jax.analysis import LossFn, analyze_step, default_loss
+from remat.jax.analysis import LossFn, analyze_step, default_loss, prefetch_step
 from remat.jax.blocks import BlocksSpec, named_blocks
 from remat.jax.candidates import JaxCandidate, Measure, candidate_tables
 from remat.jax.loop import Search
@@ -33,7 +33,8 @@ def plan(model: nnx.Module, batch: Any, *, budget: BudgetLike, loss_fn: LossFn |
     Trades compute for memory like :func:`remat.plan`: candidates are measured per
     kind of block, a linear peak model is solved exactly (the shared MILP solver),
     and a closed loop compiles the chosen plan until XLA's peak fits
-    (NOTE [ JAX closed loop ]). The model is left as it was.
+    (NOTE [ JAX closed loop ]). Nothing is run: the model and batch may be abstract
+    (``nnx.eval_shape``, ``jax.ShapeDtypeStruct``). The model is left as it was.
 
     Args:
         model: a Flax NNX module with repeated blocks.
@@ -45,9 +46,8 @@ def plan(model: nnx.Module, batch: Any, *, budget: BudgetLike, loss_fn: LossFn |
         max_rounds: solver/compile rounds before falling back to the manual menu.
             Default: 6.
         measure: how candidates are measured: ``"block"`` (a chain of the block alone,
-            fast) or ``"step"`` (the whole step per candidate, and the whole manual
-            menu compiled: exact, slow). See NOTE [ JAX candidates ] in candidates.py.
-            Default: ``"block"``.
+            fast) or ``"step"`` (the whole step per candidate: exact, slow). See
+            NOTE [ JAX candidates ] in candidates.py. Default: ``"block"``.
 
     Returns:
         A :class:`~remat.jax.Plan` with ``measured_peak_bytes <= budget_bytes``.
@@ -67,13 +67,14 @@ def plan(model: nnx.Module, batch: Any, *, budget: BudgetLike, loss_fn: LossFn |
     before = current_policies(model, paths)
     try:
         remove(model)
-        base = analyze_step(model, batch, loss_fn=fn)
-        budget_bytes = parsed.resolve(base.peak_bytes)
+        prefetch_step(model, batch, loss_fn=fn)  # compiles while the candidates are traced
         by_path = candidate_tables(model, batch, loss_fn=fn, blocks=paths, policies=policies,
                                    measure=measure)
+        base = analyze_step(model, batch, loss_fn=fn)
+        budget_bytes = parsed.resolve(base.peak_bytes)
         search = Search(model, batch, fn, paths, [by_path[p] for p in paths], base,
                         budget_bytes)
-        best = search.run(max_rounds, exact=measure == "step")
+        best = search.run(max_rounds)
         return Plan(
             decisions=dict(zip(paths, best.policies, strict=True)),
             block_names=tuple(paths),
@@ -114,9 +115,15 @@ def plan_preset(preset: str = "gpt-small", *, budget: BudgetLike, batch_size: in
                 seq_len: int | None = None, seed: int = 0, measure: Measure = "block") -> Plan:
     """:func:`plan` for a built-in NNX preset and its random batch (``remat plan --framework jax``).
 
+    Planning compiles and never runs the step, so the model and the batch are
+    built abstractly (``nnx.eval_shape`` / ``jax.eval_shape``: arrays are
+    ``jax.ShapeDtypeStruct``, nothing is initialized or run); XLA compiles the
+    same programs as for the real model and batch, so the plan is the same.
+
     Example:
         >>> plan_preset("gpt-tiny", budget="60%", batch_size=2).framework
         'jax'
     """
-    return plan(build_model(preset, seed=seed), make_batch(preset, batch_size, seq_len, seed=seed),
-                budget=budget, measure=measure)
+    model = nnx.eval_shape(lambda: build_model(preset, seed=seed))
+    batch = jax.eval_shape(lambda: make_batch(preset, batch_size, seq_len, seed=seed))
+    return plan(model, batch, budget=budget, measure=measure)

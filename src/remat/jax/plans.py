@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from remat.jax._core import format_bytes
+from remat.jax._core import check_int, decisions_label, format_bytes, opt_int
 from remat.jax.policies import Policy, parse_policy
 
 __all__ = ["JAX_PLAN_VERSION", "Plan"]
@@ -23,13 +23,7 @@ __all__ = ["JAX_PLAN_VERSION", "Plan"]
 JAX_PLAN_VERSION = 1
 _FORMAT = "remat.plan"
 _FRAMEWORK = "jax"
-
-
-def _check_int(name: str, value: Any, *, optional: bool = False) -> None:
-    if optional and value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"remat.jax.Plan: {name} must be an int >= 0, got {value!r}")
+_OWNER = "remat.jax.Plan"
 
 
 @dataclass(frozen=True)
@@ -88,12 +82,10 @@ class Plan:
                 decisions[name] = p
         ordered = {n: decisions[n] for n in names if n in decisions}
         object.__setattr__(self, "decisions", MappingProxyType(ordered))
-        _check_int("budget_bytes", self.budget_bytes)
-        _check_int("predicted_peak_bytes", self.predicted_peak_bytes)
-        _check_int("measured_peak_bytes", self.measured_peak_bytes, optional=True)
-        _check_int("recompute_flops", self.recompute_flops)
-        _check_int("no_checkpoint_peak_bytes", self.no_checkpoint_peak_bytes, optional=True)
-        _check_int("batch_size", self.batch_size, optional=True)
+        for key in ("budget_bytes", "predicted_peak_bytes", "recompute_flops"):
+            check_int(_OWNER, key, getattr(self, key))
+        for key in ("measured_peak_bytes", "no_checkpoint_peak_bytes", "batch_size"):
+            check_int(_OWNER, key, getattr(self, key), optional=True)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Plan):
@@ -123,11 +115,7 @@ class Plan:
 
     def label(self) -> str:
         """Policy counts in block order of first use, e.g. ``"4 none, 2 dots_saveable"``."""
-        counts: dict[str, int] = {}
-        for name in self.block_names:
-            key = self.decision(name).label()
-            counts[key] = counts.get(key, 0) + 1
-        return ", ".join(f"{n} {k}" for k, n in counts.items())
+        return decisions_label(self.decision(name).label() for name in self.block_names)
 
     def summary(self) -> str:
         """Plain text: budget, peaks, recompute FLOPs and the policy per block."""
@@ -198,10 +186,10 @@ class Plan:
                 block_names=tuple(str(n) for n in data["block_names"]),
                 budget_bytes=int(data["budget_bytes"]),
                 predicted_peak_bytes=int(data["predicted_peak_bytes"]),
-                measured_peak_bytes=_opt_int(data.get("measured_peak_bytes")),
+                measured_peak_bytes=opt_int(data.get("measured_peak_bytes")),
                 recompute_flops=int(data.get("recompute_flops", 0)),
-                no_checkpoint_peak_bytes=_opt_int(data.get("no_checkpoint_peak_bytes")),
-                batch_size=_opt_int(data.get("batch_size")),
+                no_checkpoint_peak_bytes=opt_int(data.get("no_checkpoint_peak_bytes")),
+                batch_size=opt_int(data.get("batch_size")),
                 backend=str(data.get("backend", "cpu")),
             )
         except (KeyError, TypeError) as exc:
@@ -216,7 +204,3 @@ class Plan:
         except json.JSONDecodeError as exc:
             raise ValueError(f"remat.jax.Plan.from_json: not valid JSON ({exc})") from None
         return cls.from_dict(data)
-
-
-def _opt_int(value: Any) -> int | None:
-    return None if value is None else int(value)

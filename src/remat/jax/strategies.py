@@ -93,14 +93,21 @@ def set_policy(block: nnx.Module, policy: Policy) -> None:
     if policy.is_none:
         _unset(block)
         return
-    block.__class__ = _wrapper_class(type(block))
+    _set_class(block, _wrapper_class(type(block)))
     setattr(block, _ATTR, policy)
+
+
+def _set_class(block: nnx.Module, cls: type) -> None:
+    # object.__setattr__: NNX's __setattr__ would record "__class__" as a static
+    # attribute of the node, so a block applied and removed would get a GraphDef
+    # different from a never-applied one (and miss the compile cache).
+    object.__setattr__(block, "__class__", cls)
 
 
 def _unset(block: nnx.Module) -> None:
     original = getattr(type(block), "_remat_original", None)
     if original is not None:
-        block.__class__ = original
+        _set_class(block, original)
     if _ATTR in vars(block):
         delattr(block, _ATTR)
 
@@ -246,7 +253,7 @@ def capture_block_inputs(model: nnx.Module, paths: Sequence[str],
     for path, block in by_path.items():
         if getattr(type(block), "_remat_original", None) is None:
             swapped.append((block, type(block)))
-            block.__class__ = _wrapper_class(type(block))
+            _set_class(block, _wrapper_class(type(block)))
         setattr(block, _CAPTURE_ATTR, path)
     _CAPTURED.append({})
     try:
@@ -257,4 +264,4 @@ def capture_block_inputs(model: nnx.Module, paths: Sequence[str],
         for block in by_path.values():
             delattr(block, _CAPTURE_ATTR)
         for block, cls in swapped:
-            block.__class__ = cls
+            _set_class(block, cls)
