@@ -207,9 +207,12 @@ def _compiled_plans(name: str, model: nn.Module, batch: Any, ref: list[torch.Ten
         planned = remat.apply(copy.deepcopy(model), plan)  # compiles the blocks as recorded
         m = measure_compiled(planned, batch, timing=False)
         assert plan.compiled is not None
-        budgets = [plan.compiled[n] for n in plan.block_names]
-        how = " ".join(f"{plan.label_of(n)}@{b:g}" for n, b in zip(plan.block_names, budgets,
-                                                                  strict=True))
+        if "" in plan.compiled:  # the compiler's own setting won (whole-model compile)
+            how = f"whole model compiled at {plan.compiled['']:g}"
+        else:
+            budgets = [plan.compiled[n] for n in plan.block_names]
+            how = " ".join(f"{plan.label_of(n)}@{b:g}"
+                           for n, b in zip(plan.block_names, budgets, strict=True))
         out.append(Variant(Row(name, label, m.peak_bytes, m.profile.flops,
                                _grad_error(planned, batch, ref), budget_bytes=target,
                                new_graphs=m.new_graphs,

@@ -8,6 +8,7 @@ and every test plans from that context; the model is two residual MLP blocks.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 
 import pytest
@@ -20,6 +21,7 @@ from remat.measure.step import Step
 from remat.planning.compiled_candidates import (
     CompiledCandidate,
     CompiledContext,
+    measure_whole,
     prepare_compiled,
 )
 from remat.planning.compiled_plan import plan_compiled, predict_peak
@@ -77,7 +79,7 @@ def model() -> Net:
 
 @pytest.fixture(scope="module")
 def ctx(model: Net) -> CompiledContext:
-    return prepare_compiled(Step(model, BATCH), CANDIDATES)
+    return prepare_compiled(Step(model, BATCH), CANDIDATES, whole_budgets=())
 
 
 def _plan(model: Net, ctx: CompiledContext, budget: int | str) -> Plan:
@@ -192,6 +194,46 @@ def test_a_candidate_the_compiler_fails_on_is_skipped_with_a_warning(
 
     monkeypatch.setattr(cc, "measure_assignment", flaky)
     with pytest.warns(remat.RematWarning, match=r"failed on candidate none@0.5"):
-        ctx = prepare_compiled(Step(model, BATCH), CANDIDATES)
+        ctx = prepare_compiled(Step(model, BATCH), CANDIDATES, whole_budgets=())
     assert [c.label() for c in ctx.candidates] == ["none@1", "full@1"]
     assert len(ctx.uniform) == len(ctx.saved) == 2
+
+
+@pytest.mark.parametrize("setting", [1.0, 0.5])
+def test_the_compilers_own_setting_is_a_plan_when_it_recomputes_least(
+        model: Net, ctx: CompiledContext, setting: float) -> None:
+    per_block = dataclasses.replace(ctx, measured=dict(ctx.measured), whole={})
+    whole_ctx = dataclasses.replace(per_block, whole_budgets=(1.0, 0.5))
+    # Budget: the whole model compiled at `setting`, measured as the planner measures it.
+    budget = measure_whole(Step(model, BATCH), ctx.names, setting).peak_bytes
+    plan = plan_compiled(Step(model, BATCH), PlanOptions(budget=budget), context=whole_ctx)
+    assert plan.measured_peak_bytes is not None and plan.measured_peak_bytes <= budget
+    assert set(whole_ctx.whole) <= {1.0, 0.5}
+    try:
+        blocks_only = plan_compiled(Step(model, BATCH), PlanOptions(budget=budget),
+                                    context=per_block)
+    except remat.BudgetTooSmall:
+        blocks_only = None
+    assert plan.compiled is not None
+    if "" in plan.compiled:  # the whole model won: it recomputes no more than blocks would
+        assert blocks_only is None or plan.recompute_flops <= blocks_only.recompute_flops
+        loaded = Plan.from_json(plan.to_json())
+        assert loaded.compiled == plan.compiled and "whole model" in plan.summary()
+        applied = remat.apply(_net(), loaded)
+        assert [name for name, _ in compiled_regions(applied)] == [""]
+        assert measure_compiled(applied, BATCH, timing=False).peak_bytes <= budget
+        remat.remove(applied)
+        assert compiled_regions(applied) == []
+    else:  # a per-block plan won: it recomputes less than the first setting that fits
+        assert blocks_only is not None and plan.compiled == blocks_only.compiled
+        fitting = [whole_ctx.whole[b] for b in whole_ctx.whole_budgets
+                   if b in whole_ctx.whole and whole_ctx.whole[b].peak_bytes <= budget]
+        assert plan.recompute_flops < fitting[0].profile.recompute_flops
+    # At the compiler's default the whole model wins on the tie (nothing recomputed).
+    assert setting != 1.0 or plan.compiled == {"": 1.0}
+
+
+def test_compiled_names_the_whole_model_or_blocks_not_both() -> None:
+    with pytest.raises(ValueError, match="one or the other"):
+        Plan(decisions={}, block_names=("a", "b"), budget_bytes=10, predicted_peak_bytes=5,
+             compiled={"": 0.5, "a": 1.0})

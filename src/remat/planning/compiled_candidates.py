@@ -36,10 +36,11 @@ from remat.measure.compiled import CompiledMeasurement, measure_compiled
 from remat.measure.step import Step
 from remat.strategies import BlockDecision
 from remat.strategies.apply import apply_decisions, preserved_strategy
-from remat.strategies.compiled import BackendCache, compile_blocks_with_budget, uncompile
+from remat.strategies.compiled import WHOLE_MODEL, BackendCache, compile_plan, uncompile
 
-__all__ = ["DEFAULT_COMPILED_CANDIDATES", "CompiledCandidate", "CompiledContext",
-           "default_candidates", "measure_assignment", "prepare_compiled"]
+__all__ = ["DEFAULT_COMPILED_CANDIDATES", "WHOLE_MODEL_BUDGETS", "CompiledCandidate",
+           "CompiledContext", "default_candidates", "measure_assignment", "measure_whole",
+           "prepare_compiled"]
 
 _API = "remat.plan(compile=True)"
 
@@ -88,6 +89,9 @@ class CompiledContext:
         transient: per candidate, its step peak above static and saved bytes.
         backends: compiled backends reused across measurements.
         measured: peaks of assignments measured so far (tuple of candidate indices).
+        whole_budgets: compiler budgets at which compiling the whole model is also a
+            plan, tried in this order (NOTE [ Whole-model options ] in compiled_plan.py).
+        whole: those whole-model steps measured so far, by budget.
     """
 
     names: tuple[str, ...]
@@ -99,6 +103,8 @@ class CompiledContext:
     transient: tuple[int, ...]
     backends: BackendCache = field(default_factory=dict)
     measured: dict[tuple[int, ...], int] = field(default_factory=dict)
+    whole_budgets: tuple[float, ...] = ()
+    whole: dict[float, CompiledMeasurement] = field(default_factory=dict)
 
     @property
     def no_checkpoint_peak_bytes(self) -> int:
@@ -130,15 +136,29 @@ def measure_assignment(step: Step, names: Sequence[str],
         RematError: dynamo ran a block eagerly (its recompile limit), so the peak
             would not be the compiled one.
     """
-    model = step.model
     decisions = {n: candidates[a].decision for n, a in zip(names, assignment, strict=True)}
     budgets = {n: candidates[a].compiler_budget
                for n, a in zip(names, assignment, strict=True)}
+    return _measure(step, decisions, budgets, backends, len(candidates))
+
+
+def measure_whole(step: Step, names: Sequence[str], budget: float) -> CompiledMeasurement:
+    """One compiled step of the whole model compiled at ``budget``, no remat on any block
+    (the compiler's own setting, a plan of its own: NOTE [ Whole-model options ] in
+    compiled_plan.py). The model is left as it was."""
+    decisions = {n: DEFAULT_COMPILED_CANDIDATES[0].decision for n in names}
+    # Room for every candidate's and whole-model compile's entry of Module._call_impl.
+    return _measure(step, decisions, {WHOLE_MODEL: budget}, {}, 64)
+
+
+def _measure(step: Step, decisions: dict[str, BlockDecision], budgets: dict[str, float],
+             backends: BackendCache, entries: int) -> CompiledMeasurement:
+    model = step.model
     before = {m: m._compiled_call_impl for m in model.modules()
               if getattr(m, "_compiled_call_impl", None) is not None}
-    with preserved_strategy(model), _recompile_room(len(candidates)):
+    with preserved_strategy(model), _recompile_room(entries):
         apply_decisions(model, decisions, blocks=step.blocks, label="plan")
-        compile_blocks_with_budget(model, budgets, blocks=step.blocks, backends=backends)
+        compile_plan(model, budgets, blocks=step.blocks, backends=backends)
         try:
             result = measure_compiled(model, step.batch, loss_fn=step.loss_fn,
                                       optimizer=step.optimizer, timing=False)
@@ -171,14 +191,21 @@ def default_candidates(step: Step) -> tuple[CompiledCandidate, ...]:
     return DEFAULT_COMPILED_CANDIDATES + tuple(extra)
 
 
-def prepare_compiled(step: Step, candidates: Sequence[CompiledCandidate] | None = None
-                     ) -> CompiledContext:
+#: The whole model compiled at these budgets is a plan too, tried in this order.
+WHOLE_MODEL_BUDGETS: tuple[float, ...] = (1.0, 0.75, 0.5, 0.25)
+
+
+def prepare_compiled(step: Step, candidates: Sequence[CompiledCandidate] | None = None, *,
+                     whole_budgets: Sequence[float] = WHOLE_MODEL_BUDGETS) -> CompiledContext:
     """Measure every candidate on every block (one compiled step per candidate).
 
     Args:
         step: the step, with a real (not meta, not fake) model in train mode.
         candidates: the candidates; the first must be the reference ``none@1.0``.
             Default: :func:`default_candidates`.
+        whole_budgets: compiler budgets at which the whole model compiled is also a
+            plan (measured lazily, when a plan is asked for). Default:
+            :data:`WHOLE_MODEL_BUDGETS`; ``()`` plans per block only.
     """
     cands = tuple(candidates or default_candidates(step))
     if cands[0] != DEFAULT_COMPILED_CANDIDATES[0]:
@@ -215,7 +242,8 @@ def prepare_compiled(step: Step, candidates: Sequence[CompiledCandidate] | None 
     return CompiledContext(names=names, candidates=cands, uniform=tuple(uniform),
                            static_bytes=static, saved=tuple(saved),
                            recompute_flops=tuple(rec), transient=tuple(transient),
-                           backends=backends, measured=measured)
+                           backends=backends, measured=measured,
+                           whole_budgets=tuple(whole_budgets))
 
 
 def dtype_bytes(step: Step) -> int:

@@ -24,6 +24,17 @@ NOTE [ Compiled closed loop ]
     so it never gives a costlier plan: the plan found for a smaller budget is still
     found, or a cheaper one before it. At most ``max_trials`` new steps are measured;
     when none fits, :class:`~remat.errors.BudgetTooSmall` gives the lowest peak measured.
+
+NOTE [ Whole-model options ]
+    Compiling the whole model at one activation memory budget lets the partitioner
+    trade across blocks, which per-block budgets cannot: at the peak of its own 0.75
+    setting, the whole-model compile recomputes nothing where the best per-block mix
+    recomputes ~1%. So the compiler's own settings (``CompiledContext.whole_budgets``)
+    are plans too: each is measured when first needed (one compiled step), in order,
+    until one fits; it becomes the plan when its recompute FLOPs are at most the
+    per-block plan's (``Plan.compiled == {"": budget}``). The user then gets whichever
+    of the two is cheaper, and never a plan that recomputes more than the compiler's
+    first setting that fits.
 """
 
 from __future__ import annotations
@@ -37,6 +48,7 @@ from remat.planning.compiled_candidates import (
     CompiledContext,
     dtype_bytes,
     measure_assignment,
+    measure_whole,
     prepare_compiled,
 )
 from remat.planning.context import check_plannable
@@ -44,6 +56,7 @@ from remat.planning.cost import cost_device
 from remat.planning.options import PlanOptions
 from remat.planning.plans import Plan
 from remat.planning.records import apply_spec
+from remat.strategies.compiled import WHOLE_MODEL
 from remat.units import format_bytes
 
 __all__ = ["plan_compiled", "predict_peak"]
@@ -108,6 +121,7 @@ def plan_compiled(step: Step, options: PlanOptions, *, context: CompiledContext 
     device = cost_device(model_device(step.model), options.device)
     ms_per_flop = 1e3 / device.flops_per_s(dtype_bytes(step))
     trials = 0
+    found: Plan | None = None
     for cost_ms, predicted, assignment in _ranked(ctx, ms_per_flop):
         if predicted > budget:
             continue
@@ -120,9 +134,15 @@ def plan_compiled(step: Step, options: PlanOptions, *, context: CompiledContext 
                                       ctx.backends).peak_bytes
             ctx.measured[assignment] = peak
         if peak <= budget:
-            return _plan(step, ctx, assignment, budget, predicted, peak, cost_ms,
-                         device.name)
-    lowest = min(ctx.measured.values())
+            found = _plan(step, ctx, assignment, budget, predicted, peak, cost_ms,
+                          device.name)
+            break
+    whole = _whole_model(step, ctx, budget, ms_per_flop, device.name)
+    if whole is not None and (found is None or whole.recompute_flops <= found.recompute_flops):
+        return whole
+    if found is not None:
+        return found
+    lowest = min([*ctx.measured.values(), *(m.peak_bytes for m in ctx.whole.values())])
     best = min(ctx.measured, key=lambda a: ctx.measured[a])
     raise BudgetTooSmall(
         f"{_API}: no compiled plan fits {format_bytes(budget)}; the lowest compiled peak "
@@ -132,6 +152,28 @@ def plan_compiled(step: Step, options: PlanOptions, *, context: CompiledContext 
         budget_bytes=budget, min_peak_bytes=lowest,
         breakdown={"static": ctx.static_bytes, "step": lowest - ctx.static_bytes},
     )
+
+
+def _whole_model(step: Step, ctx: CompiledContext, budget: int, ms_per_flop: float,
+                 device_name: str) -> Plan | None:
+    """The first of the compiler's own settings that fits (NOTE [ Whole-model options ])."""
+    for setting in ctx.whole_budgets:
+        m = ctx.whole.get(setting)
+        if m is None:
+            m = ctx.whole[setting] = measure_whole(step, ctx.names, setting)
+        if m.peak_bytes <= budget:
+            none = ctx.candidates[0].decision
+            decisions = dict.fromkeys(ctx.names, none)
+            flops = int(m.profile.recompute_flops)
+            return Plan(
+                decisions=decisions, block_names=ctx.names, budget_bytes=budget,
+                predicted_peak_bytes=m.peak_bytes, measured_peak_bytes=m.peak_bytes,
+                recompute_flops=flops, recompute_ms=flops * ms_per_flop,
+                no_checkpoint_peak_bytes=ctx.no_checkpoint_peak_bytes,
+                cost_device=device_name, cost_source="roofline",
+                blocks=apply_spec(decisions, ctx.names, step.blocks),
+                compiled={WHOLE_MODEL: setting})
+    return None
 
 
 def _label(ctx: CompiledContext, assignment: Assignment) -> str:

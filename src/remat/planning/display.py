@@ -66,7 +66,10 @@ def _summary_cells(plan: Plan) -> list[tuple[str, str]]:
                   (f"Predicted step time ({plan.cost_device})", format_ms(plan.predicted_step_ms))]
     if plan.batch_size is not None:
         cells.append(("Batch size", str(plan.batch_size)))
-    if plan.compiled is not None:  # compile=True: blocks compiled at these compiler budgets
+    if plan.compiled is not None and "" in plan.compiled:  # the compiler's own setting
+        cells.append(("Compiled, activation memory budget",
+                      f"{plan.compiled['']:g} (whole model)"))
+    elif plan.compiled is not None:  # compile=True: blocks compiled at these compiler budgets
         values = list(plan.compiled.values())
         cells.append(("Compiled, activation memory budget", ", ".join(
             f"{v:g} x{values.count(v)}" for v in dict.fromkeys(values))))

@@ -206,9 +206,9 @@ def apply(model: M, strategy: str | Strategy | Any, *, blocks: BlocksSpec = None
         apply_decisions(model, plan_decisions, blocks=chosen, label="plan")
         compiled = getattr(strategy, "compiled", None)
         if compiled is not None:  # a plan for compiled execution: compile as it records
-            from remat.strategies.compiled import compile_blocks_with_budget
+            from remat.strategies.compiled import compile_plan
 
-            compile_blocks_with_budget(model, compiled, blocks=chosen)
+            compile_plan(model, compiled, blocks=chosen)
             for module in model.modules():  # remove() uncompiles what the plan compiled
                 if getattr(module, "_compiled_call_impl", None) is not None:
                     module.__dict__[_COMPILED_BY_PLAN] = True

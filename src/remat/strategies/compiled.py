@@ -45,8 +45,11 @@ from remat.errors import StrategyError
 from remat.measure.compiled_graphs import CountingBackend, GraphLog, register_backend
 from remat.strategies.regions import region_of
 
-__all__ = ["check_compilable", "check_compiled", "compile_blocks_with_budget",
-           "compile_with_budget", "uncompile"]
+__all__ = ["WHOLE_MODEL", "check_compilable", "check_compiled", "compile_blocks_with_budget",
+           "compile_plan", "compile_with_budget", "uncompile"]
+
+#: The key of ``Plan.compiled`` that stands for the whole model (its qualified name).
+WHOLE_MODEL = ""
 
 M = TypeVar("M", bound=nn.Module)
 
@@ -75,23 +78,38 @@ def check_compilable(model: nn.Module, *, api: str = "remat.integrations.compile
 
 
 def check_compiled(compiled: Mapping[str, Any], names: tuple[str, ...]) -> dict[str, float]:
-    """A plan's ``compiled`` map checked: block names -> compiler budgets in [0, 1].
+    """A plan's ``compiled`` map checked: block names -> compiler budgets in [0, 1], or
+    ``{"": budget}``: the whole model compiled at one budget (:data:`WHOLE_MODEL`).
 
     Raises:
-        ValueError: a name that is not a block, or a budget outside [0, 1].
+        ValueError: a name that is not a block, ``""`` with block names, or a budget
+            outside [0, 1].
     """
     if not isinstance(compiled, Mapping):
         raise ValueError(f"Plan: compiled must map block names to compiler budgets, got "
                          f"{type(compiled).__name__}")
+    if WHOLE_MODEL in compiled and len(compiled) > 1:
+        raise ValueError(f"Plan: compiled names the whole model ({WHOLE_MODEL!r}) and blocks "
+                         f"({sorted(k for k in compiled if k)[:3]}); it is one or the other")
     out: dict[str, float] = {}
     for name, value in compiled.items():
-        if name not in names:
+        if name not in names and name != WHOLE_MODEL:
             raise ValueError(f"Plan: compiled names {name!r}, which is not one of block_names")
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ValueError(f"Plan: compiled[{name!r}] must be a number, got {value!r}")
         _check_budget(float(value), "Plan", f" compiled[{name!r}]")
         out[str(name)] = float(value)
     return out
+
+
+def compile_plan(model: nn.Module, compiled: Mapping[str, float], blocks: BlocksSpec = None,
+                 backends: BackendCache | None = None) -> None:
+    """Compile ``model`` as a plan's ``compiled`` map says: each named block in place at its
+    budget, or (``{"": budget}``) the whole model in place at one budget."""
+    if WHOLE_MODEL in compiled:
+        compile_with_budget(model, compiled[WHOLE_MODEL], in_place=True)
+    else:
+        compile_blocks_with_budget(model, compiled, blocks=blocks, backends=backends)
 
 
 def uncompile(model: nn.Module) -> None:
