@@ -111,7 +111,8 @@ class Plan:
         True
         compiled: for compiled execution (``remat.plan(..., compile=True)``): block name ->
             the compiler's activation memory budget that block is compiled with by
-            ``remat.apply``; ``None``: an eager plan. Default: ``None``.
+            ``remat.apply``, or ``{"": budget}``: the whole model compiled at one budget
+            (the compiler's own setting won); ``None``: an eager plan. Default: ``None``.
     """
 
     decisions: Mapping[str, BlockDecision]
