@@ -74,7 +74,7 @@ def first_tensor(value: Any) -> Tensor | None:
             t = first_tensor(v)
             if t is not None:
                 return t
-    if isinstance(value, dict):
+    if isinstance(value, Mapping):
         for v in value.values():
             t = first_tensor(v)
             if t is not None:

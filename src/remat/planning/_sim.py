@@ -32,6 +32,7 @@ from torch.utils.hooks import RemovableHandle
 
 from remat.blocks import BlocksSpec, named_blocks
 from remat.measure.fake import fake_batch, fake_copy_with_map, fake_optimizer
+from remat.measure.ledger import first_tensor
 from remat.measure.step import LossFn, batch_tensors, clear_grads, model_device, run_step
 from remat.measure.tracked import held_gc
 from remat.measure.tracker import MemoryTracker, OpRecord
@@ -105,23 +106,6 @@ class WindowRecorder:
             current = self._tracker.current_bytes
             if current > self.peaks[label]:
                 self.peaks[label] = current
-
-
-def first_tensor(value: Any) -> Tensor | None:
-    """The first tensor in a (nested) argument structure, or None."""
-    if isinstance(value, Tensor):
-        return value
-    if isinstance(value, (tuple, list)):
-        for v in value:
-            t = first_tensor(v)
-            if t is not None:
-                return t
-    if isinstance(value, Mapping):
-        for v in value.values():
-            t = first_tensor(v)
-            if t is not None:
-                return t
-    return None
 
 
 @dataclass(frozen=True)

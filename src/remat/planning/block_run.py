@@ -12,9 +12,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from remat.measure.ledger import first_tensor
 from remat.measure.tracked import held_gc
 from remat.measure.tracker import MemoryTracker, OpRecord
-from remat.planning._sim import FakeSetup, WindowRecorder, first_tensor, quiet
+from remat.planning._sim import FakeSetup, WindowRecorder, quiet
 from remat.planning.capture import BlockInputs, fresh_inputs, tensors_in
 from remat.planning.plans import NamedBlocks
 from remat.strategies import Part, apply_decisions, remove

@@ -15,8 +15,8 @@ import torch
 from torch import Tensor, nn
 
 from remat.errors import BlocksNotFound
+from remat.measure.ledger import first_tensor
 from remat.measure.step import call_model
-from remat.planning._sim import first_tensor
 
 __all__ = ["BlockInputs", "capture_inputs", "fresh_inputs", "group_key", "in_call_order",
            "tensors_in"]

@@ -30,10 +30,10 @@ import torch
 from torch import nn
 
 from remat.blocks import BlocksSpec, named_blocks
+from remat.measure.ledger import first_tensor
 from remat.measure.profile import preserved_state
 from remat.measure.step import model_device
 from remat.measure.timing import Clock
-from remat.planning._sim import first_tensor
 from remat.planning.block_run import apply_parts
 from remat.planning.candidates import BlockGroup, Candidate, prune_candidates
 from remat.planning.capture import capture_inputs, fresh_inputs
