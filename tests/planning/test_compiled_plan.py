@@ -219,6 +219,7 @@ def test_the_compilers_own_setting_is_a_plan_when_it_recomputes_least(
         assert blocks_only is None or plan.recompute_flops <= blocks_only.recompute_flops
         loaded = Plan.from_json(plan.to_json())
         assert loaded.compiled == plan.compiled and "whole model" in plan.summary()
+        assert plan.summary().startswith("Compiled plan: the compiler's own setting")
         applied = remat.apply(_net(), loaded)
         assert [name for name, _ in compiled_regions(applied)] == [""]
         assert measure_compiled(applied, BATCH, timing=False).peak_bytes <= budget

@@ -76,10 +76,15 @@ def _summary_cells(plan: Plan) -> list[tuple[str, str]]:
     return cells
 
 
+def _title(plan: Plan) -> str:
+    if plan.compiled is not None and "" in plan.compiled:
+        return "Compiled plan: the compiler's own setting (no remat checkpointing)"
+    return "Empty plan (no checkpointing needed)" if plan.is_empty else "Checkpointing plan"
+
+
 def plan_text(plan: Plan) -> str:
     """A plain-text summary of ``plan`` (what :meth:`Plan.summary` returns)."""
-    title = "Empty plan (no checkpointing needed)" if plan.is_empty else "Checkpointing plan"
-    lines = [title]
+    lines = [_title(plan)]
     cells = _summary_cells(plan)
     width = max(len(k) for k, _ in cells)
     lines += [f"  {k.ljust(width)}  {v}" for k, v in cells]
@@ -95,8 +100,7 @@ def plan_text(plan: Plan) -> str:
 
 def plan_renderable(plan: Plan) -> Any:
     """Rich renderables for ``plan``: a summary table and the decisions per block."""
-    summary = Table(title="Empty plan (no checkpointing needed)" if plan.is_empty
-                    else "Checkpointing plan", show_header=False)
+    summary = Table(title=_title(plan), show_header=False)
     summary.add_column("What")
     summary.add_column("Value", justify="right")
     for key, value in _summary_cells(plan):
