@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -138,18 +139,26 @@ def _compare_torch(model: str, batch: int, seq: int | None, strategies: str | No
                                 repeats=repeats, check_grads=check_grads, progress=update)
         if plan_budget.strip().lower() != "off":
             from remat.compare.frontier import add_plan_row
-            from remat.errors import BudgetTooSmall
 
-            update(f"plan for {plan_budget}", len(result.rows), len(result.rows) + 1)
-            try:
-                result = add_plan_row(result, budget=plan_budget, check_grads=check_grads)
-            except BudgetTooSmall as exc:  # the default budget may not suit every model
-                err_console.print(
-                    f"No plan row: no plan fits --plan-budget {plan_budget} (smallest "
-                    f"reachable peak {exc.min_peak_bytes} B); pass a larger --plan-budget.",
-                    highlight=False,
-                )
+            result = _with_plan_row(result, plan_budget, update, lambda r: add_plan_row(
+                r, budget=plan_budget, check_grads=check_grads))
     return result
+
+
+def _with_plan_row(result: Any, plan_budget: str, update: Callable[..., None],
+                   add: Callable[[Any], Any]) -> Any:
+    """``add(result)`` (the result with a plan row), or ``result`` and a note on stderr when
+    no plan fits ``--plan-budget`` (the default budget may not suit every model)."""
+    from remat.errors import BudgetTooSmall
+
+    update(f"plan for {plan_budget}", len(result.rows), len(result.rows) + 1)
+    try:
+        return add(result)
+    except BudgetTooSmall as exc:
+        err_console.print(
+            f"No plan row: no plan fits --plan-budget {plan_budget} (smallest reachable peak "
+            f"{exc.min_peak_bytes} B); pass a larger --plan-budget.", highlight=False)
+        return result
 
 
 def _compare_jax(ctx: typer.Context, model: str, batch: int, seq: int | None,
@@ -157,7 +166,6 @@ def _compare_jax(ctx: typer.Context, model: str, batch: int, seq: int | None,
                  plan_budget: str) -> Any:
     """``remat.jax.compare`` on the NNX preset, plan row included (see _jax.py)."""
     from remat.cli._jax import load_jax, refuse, strategies_for_jax
-    from remat.errors import BudgetTooSmall
 
     refuse(ctx, {
         "device": "JAX runs on its default backend (set JAX_PLATFORMS=cpu to force the CPU)",
@@ -179,14 +187,6 @@ def _compare_jax(ctx: typer.Context, model: str, batch: int, seq: int | None,
         if plan_budget.strip().lower() != "off":
             from remat.jax.compare import add_plan_row
 
-            update(f"plan for {plan_budget}", len(result.rows), len(result.rows) + 1)
-            try:
-                result = add_plan_row(result, net, sample, budget=plan_budget,
-                                      check_grads=check_grads)
-            except BudgetTooSmall as exc:  # the default budget may not suit every model
-                err_console.print(
-                    f"No plan row: no plan fits --plan-budget {plan_budget} (smallest "
-                    f"reachable peak {exc.min_peak_bytes} B); pass a larger --plan-budget.",
-                    highlight=False,
-                )
+            result = _with_plan_row(result, plan_budget, update, lambda r: add_plan_row(
+                r, net, sample, budget=plan_budget, check_grads=check_grads))
         return result
