@@ -109,6 +109,37 @@ def hf_llama(layers: int = 6, d: int = 256, seq: int = 256, batch: int = 4,
     return model, {"input_ids": ids, "labels": ids.clone()}
 
 
+def hf_gpt2(layers: int = 6, d: int = 256, seq: int = 256, batch: int = 4,
+            vocab: int = 4096) -> tuple[nn.Module, dict[str, torch.Tensor]]:
+    """A Hugging Face GPT-2 (Conv1D projections, learned positions), dropout off."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config(vocab_size=vocab, n_embd=d, n_layer=layers, n_head=8,
+                        n_positions=seq, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                        use_cache=False, loss_type="ForCausalLM")
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(config).train()
+    ids = torch.randint(0, vocab, (batch, seq), generator=torch.Generator().manual_seed(1))
+    return model, {"input_ids": ids, "labels": ids.clone()}
+
+
+def hf_qwen2(layers: int = 6, d: int = 256, seq: int = 256, batch: int = 4,
+             vocab: int = 4096) -> tuple[nn.Module, dict[str, torch.Tensor]]:
+    """A Hugging Face Qwen2 (grouped-query attention with q/k/v biases)."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(vocab_size=vocab, hidden_size=d, intermediate_size=688 * d // 256,
+                         num_hidden_layers=layers, num_attention_heads=8,
+                         num_key_value_heads=2, max_position_embeddings=seq,
+                         attention_dropout=0.0, use_cache=False)
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(config).train()
+    ids = torch.randint(0, vocab, (batch, seq), generator=torch.Generator().manual_seed(1))
+    return model, {"input_ids": ids, "labels": ids.clone()}
+
+
 def _models(quick: bool) -> list[tuple[str, Callable[[], tuple[nn.Module, Any]]]]:
     def remat_model(name: str, batch: int, **overrides: Any) -> Callable[[], tuple[nn.Module,
                                                                                    Any]]:
@@ -122,7 +153,9 @@ def _models(quick: bool) -> list[tuple[str, Callable[[], tuple[nn.Module, Any]]]
         return [("gpt-tiny (1 layer)", remat_model("gpt-tiny", 2, n_layer=1))]
     return [("gpt-small", remat_model("gpt-small", 8)),
             ("llama-small", remat_model("llama-small", 8)),
-            ("hf-llama (6L d256 s256 b4)", hf_llama)]
+            ("hf-llama (6L d256 s256 b4)", hf_llama),
+            ("hf-gpt2 (6L d256 s256 b4)", hf_gpt2),
+            ("hf-qwen2 (6L d256 s256 b4)", hf_qwen2)]
 
 
 def _grads(model: nn.Module, batch: Any) -> list[torch.Tensor]:
