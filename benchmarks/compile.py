@@ -369,8 +369,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-remat", action="store_true", help="skip remat's plans")
     parser.add_argument("--no-compiled-plan", action="store_true",
                         help="skip remat.plan(..., compile=True)")
-    parser.add_argument("--models", default="",
-                        help="comma-separated model names to run (default: all)")
+    parser.add_argument("--models", default="gpt-small,llama-small,hf-llama",
+                        help="comma-separated model names to run: gpt-small, llama-small, "
+                             "hf-llama, and the held-out hf-gpt2, hf-qwen2 "
+                             "(default: the first three)")
     parser.add_argument("--repeats", type=int, default=5, help="timed steps per variant")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: all cores)")
     parser.add_argument("--out", type=Path, default=OUT, help="markdown file to write")
@@ -391,8 +393,11 @@ def main(argv: list[str] | None = None) -> int:
 
     rows: list[Row] = []
     wanted = {m.strip() for m in args.models.split(",") if m.strip()}
+    known = {name.split(" ")[0] for name, _ in _models(args.quick)}
+    if wanted - known and not args.quick:
+        parser.error(f"--models: unknown {sorted(wanted - known)}; known: {sorted(known)}")
     for name, build in _models(args.quick):
-        if wanted and name.split(" ")[0] not in wanted:
+        if not args.quick and name.split(" ")[0] not in wanted:
             continue
         rows.extend(bench_model(name, build, budgets=budgets, remat_budgets=remat_budgets,
                                 repeats=1 if args.quick else args.repeats, log=log,
