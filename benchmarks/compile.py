@@ -93,51 +93,43 @@ class Variant:
     model: nn.Module
 
 
-def hf_llama(layers: int = 6, d: int = 256, seq: int = 256, batch: int = 4,
-             vocab: int = 4096) -> tuple[nn.Module, dict[str, torch.Tensor]]:
-    """A Hugging Face Llama built from a config (no download), with a batch."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+def _hf_causal(config_name: str, model_name: str, seq: int, batch: int, vocab: int,
+               **config: Any) -> tuple[nn.Module, dict[str, torch.Tensor]]:
+    """A Hugging Face causal LM built from a config (no download), sdpa, with a batch."""
+    import transformers
 
-    config = LlamaConfig(vocab_size=vocab, hidden_size=d, intermediate_size=688 * d // 256,
-                         num_hidden_layers=layers, num_attention_heads=8,
-                         num_key_value_heads=4, max_position_embeddings=seq,
-                         attention_dropout=0.0, use_cache=False)
-    config._attn_implementation = "sdpa"
+    cfg = getattr(transformers, config_name)(vocab_size=vocab, use_cache=False, **config)
+    cfg._attn_implementation = "sdpa"
     torch.manual_seed(0)
-    model = LlamaForCausalLM(config).train()
+    model = getattr(transformers, model_name)(cfg).train()
     ids = torch.randint(0, vocab, (batch, seq), generator=torch.Generator().manual_seed(1))
     return model, {"input_ids": ids, "labels": ids.clone()}
+
+
+def hf_llama(layers: int = 6, d: int = 256, seq: int = 256, batch: int = 4,
+             vocab: int = 4096) -> tuple[nn.Module, dict[str, torch.Tensor]]:
+    """A Hugging Face Llama."""
+    return _hf_causal("LlamaConfig", "LlamaForCausalLM", seq, batch, vocab, hidden_size=d,
+                      intermediate_size=688 * d // 256, num_hidden_layers=layers,
+                      num_attention_heads=8, num_key_value_heads=4,
+                      max_position_embeddings=seq, attention_dropout=0.0)
 
 
 def hf_gpt2(layers: int = 6, d: int = 256, seq: int = 256, batch: int = 4,
             vocab: int = 4096) -> tuple[nn.Module, dict[str, torch.Tensor]]:
     """A Hugging Face GPT-2 (Conv1D projections, learned positions), dropout off."""
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    config = GPT2Config(vocab_size=vocab, n_embd=d, n_layer=layers, n_head=8,
-                        n_positions=seq, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
-                        use_cache=False, loss_type="ForCausalLM")
-    config._attn_implementation = "sdpa"
-    torch.manual_seed(0)
-    model = GPT2LMHeadModel(config).train()
-    ids = torch.randint(0, vocab, (batch, seq), generator=torch.Generator().manual_seed(1))
-    return model, {"input_ids": ids, "labels": ids.clone()}
+    return _hf_causal("GPT2Config", "GPT2LMHeadModel", seq, batch, vocab, n_embd=d,
+                      n_layer=layers, n_head=8, n_positions=seq, resid_pdrop=0.0,
+                      embd_pdrop=0.0, attn_pdrop=0.0, loss_type="ForCausalLM")
 
 
 def hf_qwen2(layers: int = 6, d: int = 256, seq: int = 256, batch: int = 4,
              vocab: int = 4096) -> tuple[nn.Module, dict[str, torch.Tensor]]:
     """A Hugging Face Qwen2 (grouped-query attention with q/k/v biases)."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    config = Qwen2Config(vocab_size=vocab, hidden_size=d, intermediate_size=688 * d // 256,
-                         num_hidden_layers=layers, num_attention_heads=8,
-                         num_key_value_heads=2, max_position_embeddings=seq,
-                         attention_dropout=0.0, use_cache=False)
-    config._attn_implementation = "sdpa"
-    torch.manual_seed(0)
-    model = Qwen2ForCausalLM(config).train()
-    ids = torch.randint(0, vocab, (batch, seq), generator=torch.Generator().manual_seed(1))
-    return model, {"input_ids": ids, "labels": ids.clone()}
+    return _hf_causal("Qwen2Config", "Qwen2ForCausalLM", seq, batch, vocab, hidden_size=d,
+                      intermediate_size=688 * d // 256, num_hidden_layers=layers,
+                      num_attention_heads=8, num_key_value_heads=2,
+                      max_position_embeddings=seq, attention_dropout=0.0)
 
 
 def _models(quick: bool) -> list[tuple[str, Callable[[], tuple[nn.Module, Any]]]]:
