@@ -112,13 +112,10 @@ class StorageLedger:
         self.live: dict[int, StorageRecord] = {}
         self.by_kind: dict[str, int] = dict.fromkeys(sorted(KINDS), 0)
         self.current = 0
-        self.peak = 0
-        self.peak_by_kind: dict[str, int] = dict(self.by_kind)
-        self.peak_phase: str | None = None
-        self.peak_is_now = True
-        # phase -> [peak bytes, bytes per kind then, order]; see PhasePeak.
+        # phase -> [peak bytes, bytes per kind then, order]; see PhasePeak. The step's
+        # peak is derived from them (the largest, the earliest on ties).
         self.phase_peaks: dict[str, list[Any]] = {}
-        self._phase_now: str | None = None  # the phase whose peak is this very moment
+        self._now: list[str] = []  # phases whose peak is this very moment
         self._updates = 0
 
     def add(self, st: torch.UntypedStorage, kind: str, block: str | None) -> int:
@@ -133,16 +130,13 @@ class StorageLedger:
         if nbytes:
             self.current += nbytes
             self.by_kind[kind] += nbytes
-            self.peak_is_now = False
-            self._phase_now = None
+            self._now.clear()
         return nbytes
 
     def add_preexisting(self, st: torch.UntypedStorage) -> None:
         """Count ``st`` as ``"other"`` from the start: now *and* at the peak."""
         nbytes = self.add(st, "other", None)
-        self.peak += nbytes
-        self.peak_by_kind["other"] += nbytes
-        for entry in self.phase_peaks.values():  # alive at every phase's peak too
+        for entry in self.phase_peaks.values():  # alive at every phase's peak
             entry[0] += nbytes
             entry[1]["other"] += nbytes
 
@@ -152,8 +146,7 @@ class StorageLedger:
             if rec.nbytes:
                 self.current -= rec.nbytes
                 self.by_kind[rec.kind] -= rec.nbytes
-                self.peak_is_now = False
-                self._phase_now = None
+                self._now.clear()
 
     def resized(self, rec: StorageRecord, nbytes: int) -> None:
         """An op resized a tracked storage to ``nbytes``."""
@@ -161,30 +154,50 @@ class StorageLedger:
         rec.nbytes = nbytes
         self.current += delta
         self.by_kind[rec.kind] += delta
-        self.peak_is_now = False
-        self._phase_now = None
+        self._now.clear()
 
     def retag(self, rec: StorageRecord, kind: str) -> None:
         """Count ``rec`` as ``kind`` from now on (keeps the peak's breakdown right)."""
         self.by_kind[rec.kind] -= rec.nbytes
         self.by_kind[kind] += rec.nbytes
-        if self.peak_is_now:  # the peak is this very moment
-            self.peak_by_kind = dict(self.by_kind)
-        if self._phase_now is not None:
-            self.phase_peaks[self._phase_now][1] = dict(self.by_kind)
+        for phase in self._now:  # a peak that is this very moment
+            self.phase_peaks[phase][1] = dict(self.by_kind)
         rec.kind = kind
 
     def update_peak(self, phase: str) -> None:
+        """After an op of ``phase``: a new high for the phase is recorded."""
         self._updates += 1
         entry = self.phase_peaks.get(phase)
         if entry is None or self.current > entry[0]:
             self.phase_peaks[phase] = [self.current, dict(self.by_kind), self._updates]
-            self._phase_now = phase
-        if self.current > self.peak:
-            self.peak = self.current
-            self.peak_by_kind = dict(self.by_kind)
-            self.peak_phase = phase
-            self.peak_is_now = True
+            if phase not in self._now:
+                self._now.append(phase)
+
+    def _step_peak(self) -> list[Any] | None:
+        """The step's peak entry: the largest phase peak, the earliest on ties."""
+        if not self.phase_peaks:
+            return None
+        return min(self.phase_peaks.values(), key=lambda e: (-e[0], e[2]))
+
+    @property
+    def peak(self) -> int:
+        """The step's peak bytes (0 before any op)."""
+        top = self._step_peak()
+        return top[0] if top is not None else 0
+
+    @property
+    def peak_by_kind(self) -> dict[str, int]:
+        """Bytes per kind at the step's peak."""
+        top = self._step_peak()
+        return dict(top[1]) if top is not None else dict.fromkeys(self.by_kind, 0)
+
+    @property
+    def peak_phase(self) -> str | None:
+        """The phase in which the step's peak was reached (None before any op)."""
+        top = self._step_peak()
+        if top is None:
+            return None
+        return next(p for p, e in self.phase_peaks.items() if e is top)
 
     def peaks_by_phase(self) -> dict[str, PhasePeak]:
         """Each phase's peak so far, by phase (phases no op ran in are absent)."""
