@@ -20,17 +20,20 @@ _API = "remat.profile"
 
 # ---- checks and block lookup -------------------------------------------------------------
 
-def check_trainable(model: nn.Module) -> None:
+def check_trainable(model: nn.Module, *, api: str = _API,
+                    why: str = "there is no training step to measure (dropout off, nothing "
+                               "to checkpoint)") -> None:
+    """Refuse what has no training step: not a module, eval mode, nothing requires grad."""
     if not isinstance(model, nn.Module):
-        raise TypeError(f"{_API}: model must be an nn.Module, got {type(model).__name__}")
+        raise TypeError(f"{api}: model must be an nn.Module, got {type(model).__name__}")
     if not model.training:
         raise ValueError(
-            f"{_API}: {type(model).__name__} is in eval mode, so there is no training step "
-            "to measure (dropout off, nothing to checkpoint). Call model.train() first."
+            f"{api}: {type(model).__name__} is in eval mode, so {why}. Call model.train() "
+            "first."
         )
     if not any(p.requires_grad for p in model.parameters()):
         raise ValueError(
-            f"{_API}: no parameter of {type(model).__name__} requires grad "
+            f"{api}: no parameter of {type(model).__name__} requires grad "
             f"({sum(1 for _ in model.parameters())} parameters), so there is nothing to train. "
             "Unfreeze some with p.requires_grad_(True)."
         )

@@ -16,6 +16,7 @@ from torch import Tensor, nn
 
 from remat.devices import DeviceSpec
 from remat.measure.step import Step, model_device
+from remat.measure.tracked import check_trainable
 from remat.planning._sim import FakeSetup, fake_setup, run_windows
 from remat.planning.candidates import measure_groups
 from remat.planning.cost import cost_device
@@ -166,13 +167,8 @@ def prepare_step(step: Step, *, device: str | DeviceSpec | None = None,
 
 
 def check_plannable(model: nn.Module) -> None:
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"remat.plan: model must be an nn.Module, got {type(model).__name__}")
-    if not model.training:
-        raise ValueError(
-            f"remat.plan: {type(model).__name__} is in eval mode, so a training step keeps no "
-            "activations to plan for. Call model.train() first."
-        )
+    check_trainable(model, api="remat.plan",
+                    why="a training step keeps no activations to plan for")
     # A KV cache (HF use_cache=True) would be filled while measuring blocks: turn it off
     # with the same warning remat.apply gives.
     found = [p for p in check_model(model) if p.kind in ("use_cache", "hf_gradient_checkpointing")]
