@@ -13,7 +13,6 @@ import json
 
 import pytest
 import torch
-from torch import nn
 
 import remat
 from remat.measure.compiled import compiled_regions, measure_compiled
@@ -29,39 +28,8 @@ from remat.planning.options import PlanOptions
 from remat.planning.plans import Plan
 from remat.strategies import BlockDecision
 from remat.strategies.apply import applied
-
-D = 64
-
-
-class Block(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc1 = nn.Linear(D, 4 * D)
-        self.fc2 = nn.Linear(4 * D, D)
-        self.norm = nn.LayerNorm(D)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.fc2(torch.nn.functional.gelu(self.fc1(self.norm(x))))
-
-
-class Net(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.inp = nn.Linear(D, D)
-        self.blocks = nn.ModuleList([Block(), Block()])
-        self.out = nn.Linear(D, 8)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.inp(x)
-        for block in self.blocks:
-            x = block(x)
-        return self.out(x).square().mean()
-
-
-def _net() -> Net:
-    torch.manual_seed(0)
-    return Net()
-
+from tiny_nets import D, Net
+from tiny_nets import net as _net
 
 BATCH = torch.randn(256, D, generator=torch.Generator().manual_seed(1))
 CANDIDATES = (
