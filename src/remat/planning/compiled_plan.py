@@ -103,7 +103,7 @@ def plan_compiled(step: Step, options: PlanOptions, *, context: CompiledContext 
         context: a :func:`~remat.planning.compiled_candidates.prepare_compiled` result,
             to plan several budgets with one set of measurements. Default: measured now.
         candidates: the candidates to measure when ``context`` is not given.
-            Default: none at compiler budgets 1.0/0.5/0.25/0.0, full and ops at 1.0.
+            Default: :func:`~remat.planning.compiled_candidates.default_candidates`.
         max_trials: new compiled steps measured at most in the closed loop. Default: 8.
 
     Raises:
@@ -142,11 +142,14 @@ def plan_compiled(step: Step, options: PlanOptions, *, context: CompiledContext 
         return whole
     if found is not None:
         return found
-    lowest = min([*ctx.measured.values(), *(m.peak_bytes for m in ctx.whole.values())])
-    best = min(ctx.measured, key=lambda a: ctx.measured[a])
+    tried = {_label(ctx, a): peak for a, peak in ctx.measured.items()}
+    tried.update({f"the whole model compiled at {b:g}": m.peak_bytes
+                  for b, m in ctx.whole.items()})
+    best = min(tried, key=lambda label: tried[label])
+    lowest = tried[best]
     raise BudgetTooSmall(
         f"{_API}: no compiled plan fits {format_bytes(budget)}; the lowest compiled peak "
-        f"measured is {format_bytes(lowest)} ({_label(ctx, best)}), of which "
+        f"measured is {format_bytes(lowest)} ({best}), of which "
         f"{format_bytes(ctx.static_bytes)} is alive before the step (parameters, optimizer "
         "state, batch). Raise the budget or shrink the batch.",
         budget_bytes=budget, min_peak_bytes=lowest,
