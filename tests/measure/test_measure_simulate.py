@@ -158,3 +158,26 @@ def test_cuda_fake_device_needs_a_cuda_build():
         model = nn.Linear(D, D)
     with pytest.raises(ValueError, match="needs a CUDA-enabled PyTorch build"):
         profile_simulated(model, torch.empty(B, D, device="meta"), device="cuda")
+
+
+@pytest.mark.parametrize("strategy", ["none", "full", "ops"])
+def test_simulated_steps_share_a_warm_up_and_equal_separate_profiles(strategy: str) -> None:
+    from remat.measure.profile import simulated_steps
+    from remat.measure.step import Step
+
+    with torch.device("meta"):
+        model = build_model("gpt-tiny")
+    apply(model, strategy)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    batches = [make_batch("gpt-tiny", b) for b in (3, 1, 2)]
+    shared = simulated_steps(Step(model, batches[0], optimizer=opt), batches)
+    for batch, got in zip(batches, shared, strict=True):
+        alone = profile_simulated(model, batch, optimizer=opt)
+        for key in ("peak_bytes", "activation_bytes", "optimizer_bytes", "flops",
+                    "recompute_flops"):
+            assert getattr(got, key) == getattr(alone, key), key
+        assert dict(got.peak_breakdown) == dict(alone.peak_breakdown)
+        assert {p: m.peak_bytes for p, m in got.phase_peaks.items()} == {
+            p: m.peak_bytes for p, m in alone.phase_peaks.items()}
+    with pytest.raises(ValueError, match="at least one batch"):
+        simulated_steps(Step(model, batches[0]), [])

@@ -50,7 +50,7 @@ from remat.measure.tracked import Tracked, check_trainable, tracked_step
 from remat.measure.tracker import PHASES
 
 __all__ = ["BlockProfile", "Profile", "preserved_state", "profile", "profile_simulated",
-           "profile_step"]
+           "profile_step", "simulated_steps"]
 
 _API = "remat.profile"
 
@@ -273,18 +273,53 @@ def profile_simulated(
 
 def _simulated(step: Step, *, device: torch.device | str | None) -> Profile:
     """The tracked step on fake copies (NOTE [ What a profile runs ])."""
+    return simulated_steps(step, [step.batch], device=device)[0]
+
+
+def simulated_steps(step: Step, batches: Sequence[Any], *,
+                    device: torch.device | str | None = None) -> list[Profile]:
+    """Simulated profiles of ``step`` on each of ``batches``: one fake copy, one warm-up.
+
+    The trade-off against one :func:`profile_simulated` call per batch: the warm-up
+    step (NOTE [ What a profile runs ]) runs once, on the first batch, and every later
+    batch's tracked step follows the previous tracked step. The optimizer state and
+    caches a warm-up builds do not depend on the batch in the models remat knows, so
+    the profiles are the same as separate calls' (``remat.simulate``'s fast rows rely on
+    this and its tests compare them with separate full steps); a model that builds a
+    batch-sized cache lazily would show that cache in a later batch's step.
+
+    Args:
+        step: the model (real or meta; never run), loss, optimizer and blocks. Its own
+            batch is not profiled.
+        batches: the batches, profiled in order. At least one.
+        device: as for :func:`profile_simulated`. Default: each tensor's own device.
+
+    Example:
+        >>> from remat.models import build_model, make_batch
+        >>> with torch.device("meta"):
+        ...     model = build_model("gpt-tiny")
+        >>> batches = [make_batch("gpt-tiny", 1), make_batch("gpt-tiny", 2)]
+        >>> small, large = simulated_steps(Step(model, batches[0]), batches)
+        >>> small.activation_bytes < large.activation_bytes
+        True
+    """
+    if not batches:
+        raise ValueError(f"{_API}: simulated_steps needs at least one batch, got none")
     check_fake_device(device)
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
     fmodel, replaced = fake_copy_with_map(step.model, fake_mode, device=device)
-    fbatch = fake_batch(step.batch, fake_mode, device=device)
     fopt = fake_optimizer(step.optimizer, replaced) if step.optimizer is not None else None
-    fstep = step.with_model(fmodel, fopt, fbatch)
-    named = fstep.blocks_found(api=_API, required=False)
+    fsteps = [step.with_model(fmodel, fopt, fake_batch(b, fake_mode, device=device))
+              for b in batches]
+    named = fsteps[0].blocks_found(api=_API, required=False)
+    out = []
     with fake_mode:
         try:
-            fstep.run()  # warm-up, as for real
+            fsteps[0].run()  # warm-up, as for real
         except DynamicOutputShapeException as error:  # NOTE [ Data-dependent shapes ]
             raise shadow.data_dependent_error(error.func, error) from error
-        clear_grads(fmodel)
-        tracked = tracked_step(fstep, named)
-    return _build(tracked, named, simulated=True, device=fstep.device)
+        for fstep in fsteps:
+            clear_grads(fmodel)
+            out.append(_build(tracked_step(fstep, named), named, simulated=True,
+                              device=fstep.device))
+    return out

@@ -29,13 +29,29 @@ a constant or proportional to the micro-batch ``b`` (no ``b**2`` term: attention
    are affine in ``L`` and ``b`` and extrapolated side by side; the one-device peak
    is the larger, and under sharding both are sharded as
    :func:`~remat.simulate._point.point` does (NOTE [ Peaks under sharding ]).
+4. *Batch size 1 is not on the line*: a dimension of size 1 makes tensors
+   contiguous whatever their strides, so a ``reshape`` or ``contiguous`` that copies
+   at ``b >= 2`` is a free view at ``b = 1`` (the causal-LM loss flattens the shifted
+   logits ``logits[:, :-1]``: a view at ``b = 1``, a copy of the logits above).
+   Size 1 is sampled at both depths on its own, and the chord runs through the
+   sizes above it. All sizes at one depth share one warm-up step
+   (:func:`remat.measure.profile.simulated_steps`). The chord is checked at both
+   depths: a stack's peak can move in ``b`` at one depth and not at the other.
+5. *The peak's moment can change with depth*: with few blocks the largest moment
+   may be the loss's (at the start of backward, logits and their gradient alive)
+   while with more it is a recomputation late in backward, where the gradients
+   of many blocks are alive. Two depths whose samples peak at different moments
+   (phase or kinds of live bytes differ) are not extrapolated; the sizes concerned
+   are sampled one step deeper and the deeper pair is tried, up to ``_DEEPER``
+   pairs, before the row takes the exact path. (Llama-7B ``full`` at ``b`` 2-16
+   peaks at the loss with 2 blocks and in recomputation from 3.)
 
 Parameter, gradient and optimizer-state bytes come out exact (they are affine in
 ``L`` by construction). ``sqrt`` is cut to one and two of its full segments (of
 ``k = ceil(sqrt(L))`` blocks) plus its last one, keeping ``k``. Non-uniform stacks
 (several stacks, blocks of different shapes), stacks too short to cut and unknown
 patterns fall back to the exact path: a full fake step per row; a batch size whose
-two depths peak at different moments takes it for that row alone.
+depth pairs all peak at different moments (5) takes it for that row alone.
 ``simulate(..., exact=True)`` always takes it; the tests compare the two row by row.
 """
 
@@ -57,6 +73,7 @@ from remat.simulate.result import SimulationRow
 __all__ = ["FastContext", "fast_rows"]
 
 _COMPUTE = ("forward", "backward", "recompute")
+_DEEPER = 3  # depth pairs tried before a row takes the exact path (NOTE [ Fast rows ], 5)
 _INTS = ("peak_bytes", "opt_peak_bytes", "activation_bytes", "param_bytes", "grad_bytes",
          "optimizer_bytes", "batch_bytes", "flops", "recompute_flops")
 
@@ -181,16 +198,17 @@ def _stack(setup: Setup) -> tuple[nn.Module, str, list[nn.Module]] | None:
 
 
 def _depths(label: str, n_blocks: int) -> tuple[int, int] | None:
-    """``(L1, L2)``: two stack lengths over which ``label``'s pattern repeats, else None."""
+    """``(L1, step)``: the shallowest stack length to cut to and the step between cut
+    lengths over which ``label``'s pattern repeats, else None (stack too short)."""
     kind, _, arg = label.partition(":")
     if kind == "sqrt":
         k, r = _sqrt_shape(n_blocks)
-        return (k + r, 2 * k + r) if 2 * k + r < n_blocks else None
+        return (k + r, k) if 2 * k + r < n_blocks else None
     step = int(arg) if kind == "every" and arg.isdigit() else 1
     first = step + n_blocks % step if step > 1 else 2
     if first + step >= n_blocks:
         return None
-    return first, first + step
+    return first, step
 
 
 def _sqrt_shape(n_blocks: int) -> tuple[int, int]:
@@ -248,27 +266,30 @@ class FastContext:
 
 def _measure(ctx: FastContext, label: str, depth: int, sizes: Sequence[int],
              seq_len: int) -> dict[int, _Sample]:
-    """Samples of ``label``'s step (optimizer included) at ``depth`` blocks."""
-    from remat.simulate._point import profile_point
+    """Samples of ``label``'s step (optimizer included) at ``depth`` blocks, one warm-up
+    step for all sizes (:func:`remat.measure.profile.simulated_steps`)."""
+    from remat.simulate._point import profile_points
     from remat.strategies import remove
 
     assert ctx.stack is not None
-    out: dict[int, _Sample] = {}
+    if not sizes:
+        return {}
     with _cut(ctx.setup, ctx.stack, depth) as cut:
         _apply(cut, label, ctx.stack[2][:depth], len(ctx.stack[2]))
         try:
-            for b in sizes:
-                prof = profile_point(cut, cut.batch_fn(b, seq_len), cut.optimizer)
-                out[b] = _sample(prof, cut.device)
+            profs = profile_points(cut, [cut.batch_fn(b, seq_len) for b in sizes],
+                                   cut.optimizer)
         finally:
             remove(cut.model)
-    return out
+    return {b: _sample(prof, cut.device) for b, prof in zip(sizes, profs, strict=True)}
 
 
 def _at(samples: dict[int, _Sample], b: int, device: Any) -> _Sample:
+    """The sample at batch size ``b``: measured, else on the chord of the two sizes
+    above 1 (NOTE [ Fast rows ], 4)."""
     if b in samples:
         return samples[b]
-    lo, hi = min(samples), max(samples)
+    lo, hi = min(s for s in samples if s != 1), max(samples)
     return _mix(samples[lo], samples[hi], lo, hi, b, device=device)
 
 
@@ -287,22 +308,22 @@ def _on_chord(samples: dict[int, _Sample], ends: Sequence[int], middle: int,
         for key in ("breakdown", "opt_breakdown"))
 
 
-def _samples(ctx: FastContext, label: str, depths: tuple[int, int], sizes: Sequence[int],
-             seq_len: int) -> tuple[dict[int, _Sample], dict[int, _Sample]]:
-    """Samples at both depths: two batch sizes and a check (NOTE [ Fast rows ], 2)."""
-    if len(sizes) <= 3:
-        return (_measure(ctx, label, depths[0], sizes, seq_len),
-                _measure(ctx, label, depths[1], sizes, seq_len))
-    ends = [sizes[0], sizes[-1]]
-    middle = sizes[len(sizes) // 2]
-    # The check runs at the shallower depth, the cheaper one (``sqrt`` cuts to 2k+r blocks).
-    shallow = _measure(ctx, label, depths[0], [*ends, middle], seq_len)
-    if _on_chord(shallow, ends, middle, ctx.setup.device):
-        deep = _measure(ctx, label, depths[1], ends, seq_len)
-        return {b: shallow[b] for b in ends}, deep
-    rest = [b for b in sizes if b not in shallow]
-    shallow.update(_measure(ctx, label, depths[0], rest, seq_len))
-    return shallow, _measure(ctx, label, depths[1], sizes, seq_len)
+def _level(ctx: FastContext, label: str, depth: int, sizes: Sequence[int],
+           seq_len: int) -> dict[int, _Sample]:
+    """Samples at one depth that give every size (NOTE [ Fast rows ], 2 and 4): batch
+    size 1 on its own, the smallest and largest size above it, and a middle size that
+    checks their chord; every size measured when the check fails."""
+    ones = [b for b in sizes if b == 1]
+    affine = [b for b in sizes if b != 1]
+    if len(affine) <= 3:
+        return _measure(ctx, label, depth, sizes, seq_len)
+    ends = [affine[0], affine[-1]]
+    middle = affine[len(affine) // 2]
+    samples = _measure(ctx, label, depth, [*ones, *ends, middle], seq_len)
+    if not _on_chord(samples, ends, middle, ctx.setup.device):
+        samples.update(_measure(ctx, label, depth, [b for b in sizes if b not in samples],
+                                seq_len))
+    return samples
 
 
 def _deepen(s1: _Sample, s2: _Sample, depths: tuple[int, int], n_blocks: int) -> _Sample:
@@ -326,24 +347,35 @@ def fast_rows(ctx: FastContext, label: str, sizes: Sequence[int],
     label, or for one row, where the exact path must run instead."""
     if ctx.stack is None:
         return None
-    depths = _depths(label, len(ctx.stack[2]))
-    if depths is None:
-        return None
     n_blocks = len(ctx.stack[2])
+    cut = _depths(label, n_blocks)
+    if cut is None:
+        return None
+    first, step = cut
     device = ctx.setup.device
+    samples: dict[int, _Sample] = {}
     try:
-        shallow, deep = _samples(ctx, label, depths, sizes, seq_len)
+        levels = {d: _level(ctx, label, d, sizes, seq_len) for d in (first, first + step)}
+        depth = first + step
+        pending = list(sizes)
+        for _ in range(_DEEPER):
+            for b in pending:
+                try:
+                    samples[b] = _deepen(_at(levels[depth - step], b, device),
+                                         _at(levels[depth], b, device),
+                                         (depth - step, depth), n_blocks)
+                except _NotAffine:
+                    continue
+            pending = [b for b in pending if b not in samples]
+            depth += step
+            if not pending or depth >= n_blocks:
+                break
+            # NOTE [ Fast rows ], 5: the two depths peak at different moments
+            levels[depth] = _measure(ctx, label, depth, pending, seq_len)
     except _NotAffine:
         return None
-    rows: list[SimulationRow | None] = []
-    for b in sizes:
-        try:  # a size whose two depths peak at different moments: that row only is exact
-            sample = _deepen(_at(shallow, b, device), _at(deep, b, device), depths, n_blocks)
-        except _NotAffine:
-            rows.append(None)
-            continue
-        rows.append(_row(ctx.setup, label, b, seq_len, sample))
-    return rows
+    return [_row(ctx.setup, label, b, seq_len, samples[b]) if b in samples else None
+            for b in sizes]
 
 
 def _moments(setup: Setup, sample: _Sample) -> tuple[int, int, str | None]:
