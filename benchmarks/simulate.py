@@ -99,6 +99,13 @@ def speed_check(seq_len: int, batch_sizes: list[int], device: str) -> list[str]:
              f"batch sizes) | {table_wall:.1f} | {table_cpu:.1f} | "
              f"{table_cpu / step_cpu:.1f} |"]
     print(lines[0], lines[1], sep="\n", flush=True)
+    _, plan_wall, plan_cpu = _timed(lambda: simulate(
+        MODEL, seq_len=seq_len, batch_sizes=batch_sizes, strategies=strategies,
+        device=device, plan=True))
+    lines.append(f"| the same with plan rows ({len(strategies) + 1} x {len(batch_sizes)}; "
+                 f"plan rows take the exact path) | {plan_wall:.1f} | {plan_cpu:.1f} | "
+                 f"{plan_cpu / step_cpu:.1f} |")
+    print(lines[-1], flush=True)
     errors = []
     for strategy, batch_size in SPOT_CHECKS:
         exact = simulate(MODEL, seq_len=seq_len, batch_sizes=[batch_size],
