@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import warnings
+from typing import Any
 
 import pytest
 import torch
@@ -182,6 +184,31 @@ def test_planner_rows_fit_a_device_no_strategy_fits() -> None:
     planned = result.row("plan", 4)
     assert planned.fits and planned.peak_bytes <= tight.memory_bytes
     assert planned.recompute_flops > 0  # the plan had to checkpoint something
+
+
+def test_plan_row_is_nones_row_where_none_fits(monkeypatch: pytest.MonkeyPatch) -> None:
+    import remat.simulate._planned as planned_module
+
+    planned_sizes: list[int] = []
+    real_row = planned_module._plan_row
+
+    def counted(setup: Any, batch_size: int, *args: Any) -> Any:
+        planned_sizes.append(batch_size)
+        return real_row(setup, batch_size, *args)
+
+    monkeypatch.setattr(planned_module, "_plan_row", counted)
+    probe = simulate("llama-tiny", seq_len=SEQ, batch_sizes=[1, 4], strategies=["none"],
+                     optimizer="sgd", device="l4")
+    # A device that none fits at batch 1 and not at 4.
+    memory = (probe.row("none", 1).peak_bytes + probe.row("none", 4).peak_bytes) // 2
+    device = DeviceSpec("mid-gpu", memory, 1e12, 1e11, 1e11, 1e9)
+    result = simulate("llama-tiny", seq_len=SEQ, batch_sizes=[1, 4], strategies=["none"],
+                      optimizer="sgd", device=device, plan=True)
+    none_1 = result.row("none", 1)
+    assert none_1.fits and not result.row("none", 4).fits
+    assert result.row("plan", 1) == dataclasses.replace(none_1, strategy="plan")
+    assert planned_sizes == [4]  # batch 1 was not planned: nothing beats no recompute
+    assert result.row("plan", 4).fits and result.row("plan", 4).recompute_flops > 0
 
 
 def test_op_level_recompute_costs_time_not_flops() -> None:

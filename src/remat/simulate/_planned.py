@@ -4,7 +4,8 @@ NOTE [ Planner hook ]
 ``plan=True`` adds rows labelled "plan": for each batch size, remat.plan(...,
 simulate=True) picks per-block decisions for the device budget, the plan is applied
 and simulated like a strategy. A batch size no plan fits gets a row with the smallest
-reachable peak (per rank) and no times.
+reachable peak (per rank) and no times; one whose ``"none"`` row fits gets that row
+(no recompute: nothing is cheaper), without planning.
 
 NOTE [ Per-rank budgets ]
 The planner plans the one-device step, so the device's memory ``M`` (a per-rank
@@ -37,6 +38,7 @@ optimizer-state bytes, ``W`` the ranks, ``U`` what FSDP unshards at once (NOTE
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -157,16 +159,22 @@ def _fsdp_plan_row(setup: Setup, batch_size: int, seq_len: int,
 
 def plan_rows(setup: Setup, batch_sizes: Sequence[int], seq_len: int,
               fixed: tuple[int, int, int],
-              on_row: Callable[[SimulationRow], None] | None) -> list[SimulationRow]:
+              on_row: Callable[[SimulationRow], None] | None,
+              simulated: Sequence[SimulationRow] = ()) -> list[SimulationRow]:
     """The ``"plan"`` row of every batch size (see NOTE [ Planner hook ]).
 
     Args:
         fixed: one-device parameter, gradient and optimizer bytes.
+        simulated: the strategies' rows. Where ``"none"``'s row fits the device, the
+            plan row is that row: nothing recomputed is the cheapest plan there is, and
+            its step was simulated already. Default: none given.
     """
     make_row = _fsdp_plan_row if setup.sharding == "fsdp" else _plan_row
+    fitting_none = {r.batch_size: r for r in simulated if r.strategy == "none" and r.fits}
     rows: list[SimulationRow] = []
     for batch_size in batch_sizes:
-        row = make_row(setup, batch_size, seq_len, fixed)
+        row = (dataclasses.replace(fitting_none[batch_size], strategy="plan")
+               if batch_size in fitting_none else make_row(setup, batch_size, seq_len, fixed))
         rows.append(row)
         if on_row is not None:
             on_row(row)
