@@ -163,8 +163,8 @@ class _Producers(TorchDispatchMode):
                                      None, dtype_bytes), self.spec)
         for t in outs:  # a view's storage keeps its producer (or none: a parameter)
             key = t.untyped_storage().data_ptr()
-            if key not in in_keys:
-                self.cost_ms.setdefault(key, ms)
+            if key not in in_keys:  # a new storage, maybe at a freed tensor's address
+                self.cost_ms[key] = ms
             elif func._schema.is_mutable and key in self.cost_ms:
                 self.cost_ms[key] += ms  # filled in place (a dropout mask's bernoulli_)
         return out

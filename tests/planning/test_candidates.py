@@ -137,3 +137,24 @@ def test_a_model_with_blocks_of_different_shapes() -> None:
     assert result.predicted_peak_bytes == result.measured_peak_bytes
     assert all(d.kind in ("full", "ops") for d in result.decisions.values())
     assert result.decision("layers.0") in (BlockDecision("none"), *result.decisions.values())
+
+
+def test_save_set_chain_leaves_out_calls_the_recompute_never_runs() -> None:
+    # An MLP: gate, up, activation, product, down. Fully checkpointed, the recompute stops
+    # before the down projection (its input is the last tensor backward needs).
+    gate = op("aten.mm", 2 * 512 * 128 * 344, 4 * (512 * 128 + 128 * 344), 4 * 512 * 344)
+    down = op("aten.mm", 2 * 512 * 344 * 128, 4 * (512 * 344 + 344 * 128), 4 * 512 * 128)
+    silu = op("aten.silu", 0, 4 * 512 * 344, 4 * 512 * 344)
+    mul = op("aten.mul", 0, 8 * 512 * 344, 4 * 512 * 344)
+    forward = [gate, gate, silu, mul, down]
+    recomputed = [gate, gate, silu, mul]
+    # Without the recompute, the down projection (dearest per byte) is kept first ...
+    assert save_set_chain(forward, H100)[0] == {"aten.mm#2"}
+    chain = save_set_chain(forward, H100, recomputed=recomputed)
+    # ... with it, never: keeping its output saves no time. The gate and up projections
+    # are named call by call (not "aten.mm", which would keep the down projection too).
+    assert chain == [{"aten.mm#0"}, {"aten.mm#0", "aten.mm#1"},
+                     {"aten.mm#0", "aten.mm#1", "aten.mul"}]
+    assert all("aten.mm#2" not in s and "aten.mm" not in s for s in chain)
+    # Nothing recomputed at all: nothing worth keeping.
+    assert save_set_chain(forward, H100, recomputed=[]) == []

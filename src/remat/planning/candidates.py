@@ -20,7 +20,12 @@ NOTE [ Candidate decisions ]
        and norms. Save set k keeps the outputs of the first k entries and
        recomputes everything else, so the first sets recompute pointwise ops and
        norms, the last recompute almost nothing. The set holding all heavy ops
-       is the ``"ops"`` strategy's.
+       is the ``"ops"`` strategy's. Each region (the block, each sub-layer) is
+       first measured fully checkpointed: recomputation stops once every
+       tensor backward needs is back, so a region's last ops (an MLP's down
+       projection) are never recomputed, and keeping their outputs would cost
+       bytes for nothing. Only the calls that run are ranked, by the recompute
+       time a byte of their output saves (``BlockContext.recomputed``).
     4. ``offload`` when the model is on a device with separate host memory
        (CUDA); never on CPU, where it is a no-op.
     5. Decisions on the attention and MLP sub-layers together (e.g. attention
@@ -278,11 +283,18 @@ def _measure_kind(setup: FakeSetup, rep: str, block: nn.Module, inputs: BlockInp
     attribution = [(rep, block), *((f"{rep}.{path}", m) for path, m in subs.values())]
     none_run = run_block(setup, rep, block, inputs, (), attribution)
     measured: dict[tuple[Part, ...], Candidate] = {(): _candidate((), none_run, device)}
+    # Each region fully checkpointed: which of its ops backward recomputes.
+    full = BlockDecision("full")
+    probes: dict[str, tuple[Part, ...]] = {
+        "": (("", full),), **{kind: ((path, full),) for kind, (path, _) in subs.items()}}
+    runs = {parts: run_block(setup, rep, block, inputs, parts) for parts in probes.values()}
     context = BlockContext(
         forward_ops=tuple(op for op in none_run.ops if op.phase == "forward"),
         sublayers={kind: (path, _ops_of(none_run, f"{rep}.{path}"))
                    for kind, (path, _) in subs.items()},
         cost_device=device, runs_on=setup.device.type,
+        recomputed={region: tuple(op for op in runs[parts].ops if op.phase == "recompute")
+                    for region, parts in probes.items()},
     )
     singles: dict[str, list[tuple[Part, BlockRun]]] = {
         kind: [((path, BlockDecision("none")), none_run)] for kind, (path, _) in subs.items()}
@@ -290,7 +302,9 @@ def _measure_kind(setup: FakeSetup, rep: str, block: nn.Module, inputs: BlockInp
     for done, offer in enumerate(offers):
         report(f"{rep}: {parts_label(offer.parts)}", done, len(offers))
         try:
-            run = run_block(setup, rep, block, inputs, offer.parts)
+            known = runs.get(offer.parts)
+            run = known if known is not None else \
+                run_block(setup, rep, block, inputs, offer.parts)
         except (RuntimeError, NotImplementedError) as exc:
             if not offer.optional:
                 raise

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
 from torch import nn
@@ -47,12 +47,18 @@ class BlockContext:
             path in the block and its forward ops.
         cost_device: the device whose roofline figures rank ops.
         runs_on: the device type the model runs on (``"cpu"``, ``"cuda"``, ...).
+        recomputed: per region (``""`` for the block, else a sub-layer kind), the ops its
+            backward recomputes when the region alone is fully checkpointed, in order.
+            Checkpointing stops recomputing once every tensor backward needs is back, so
+            a region's last ops may never be recomputed, and keeping their outputs
+            saves nothing. Default: empty (not measured).
     """
 
     forward_ops: tuple[OpRecord, ...]
     sublayers: Mapping[str, tuple[str, tuple[OpRecord, ...]]]
     cost_device: DeviceSpec
     runs_on: str
+    recomputed: Mapping[str, tuple[OpRecord, ...]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

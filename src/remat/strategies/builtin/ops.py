@@ -55,10 +55,12 @@ class SelectiveOps(BlockStrategy):
         """Block-wide save-set chains, then each sub-layer's (NOTE [ Candidate decisions ]
         in remat.planning.candidates, items 3 and 5)."""
         chain = save_set_chain(context.forward_ops, context.cost_device,
-                               max_light_ops=_MAX_LIGHT_OPS_BLOCK)
+                               max_light_ops=_MAX_LIGHT_OPS_BLOCK,
+                               recomputed=context.recomputed.get(""))
         offers = [Offer((("", BlockDecision(self.name, s)),)) for s in chain]
         for kind, (path, ops) in context.sublayers.items():
-            for s in save_set_chain(ops, context.cost_device, exhaustive_up_to=_EXHAUSTIVE):
+            for s in save_set_chain(ops, context.cost_device, exhaustive_up_to=_EXHAUSTIVE,
+                                    recomputed=context.recomputed.get(kind)):
                 offers.append(Offer(((path, BlockDecision(self.name, s)),), sublayer=kind))
         return offers
 
@@ -69,7 +71,8 @@ def _is_attention(op_name: str) -> bool:
 
 def save_set_chain(forward_ops: Sequence[OpRecord], device: DeviceSpec, *,
                    max_light_ops: int = _MAX_LIGHT_OPS,
-                   exhaustive_up_to: int = 0) -> list[frozenset[str]]:
+                   exhaustive_up_to: int = 0,
+                   recomputed: Sequence[OpRecord] | None = None) -> list[frozenset[str]]:
     """Save sets of increasing size for op-level checkpointing (NOTE [ Candidate decisions ], 3).
 
     Compute-heavy ops (matmuls, attention) called more than once in the region enter
@@ -83,6 +86,11 @@ def save_set_chain(forward_ops: Sequence[OpRecord], device: DeviceSpec, *,
         max_light_ops: at most this many pointwise op names are added. Default: 4.
         exhaustive_up_to: with at most this many entries, every proper subset follows
             the chain. Default: 0 (the chain only).
+        recomputed: the ops the region's backward recomputes when it is fully
+            checkpointed (``BlockContext.recomputed``). Recomputation stops once every
+            saved tensor is back, so calls missing from it (a region's last matmul, say)
+            are never recomputed: keeping their outputs costs bytes and saves nothing, and
+            they are left out of every set. Default: ``None`` (every call counts).
 
     Returns:
         Non-empty save sets: the chain, each a superset of the previous one, whose last one
@@ -101,6 +109,9 @@ def save_set_chain(forward_ops: Sequence[OpRecord], device: DeviceSpec, *,
             # In-place ops (aten's trailing underscore) cannot be saved: SAC refuses a cached
             # output that is mutated later. Factories (no input) cost nothing to redo.
             excluded.add(op.name)
+    redone: dict[str, int] = {}  # calls of each op recomputed (the first ones: a prefix)
+    for op in recomputed if recomputed is not None else ():
+        redone[op.name] = redone.get(op.name, 0) + 1
     out_bytes: dict[str, int] = {}
     cost_ms: dict[str, float] = {}
     entries_of: dict[str, list[str]] = {}
@@ -109,10 +120,11 @@ def save_set_chain(forward_ops: Sequence[OpRecord], device: DeviceSpec, *,
             continue
         per_call = len(ops) > 1 and (name in COMPUTE_HEAVY_OPS or _is_attention(name))
         entries = [call_entry(name, i) for i in range(len(ops))] if per_call else [name]
-        groups = [[op] for op in ops] if per_call else [ops]
+        groups = [list(enumerate(ops))] if not per_call else [[c] for c in enumerate(ops)]
+        limit = redone.get(name, 0) if recomputed is not None else len(ops)
         for entry, group in zip(entries, groups, strict=True):
-            written = sum(op.write_bytes for op in group)
-            cost = sum(op_roofline_ms(op, device) for op in group)
+            written = sum(op.write_bytes for _, op in group)
+            cost = sum(op_roofline_ms(op, device) for i, op in group if i < limit)
             if written > 0 and cost > 0:
                 out_bytes[entry], cost_ms[entry] = written, cost
                 entries_of.setdefault(name, []).append(entry)
