@@ -211,6 +211,24 @@ def test_plan_row_is_nones_row_where_none_fits(monkeypatch: pytest.MonkeyPatch) 
     assert result.row("plan", 4).fits and result.row("plan", 4).recompute_flops > 0
 
 
+def test_plan_row_from_the_planners_copy_equals_a_fresh_simulation(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import remat.planning.loop as loop
+
+    probe = simulate("llama-tiny", seq_len=SEQ, batch_sizes=[4], strategies=["none", "full"],
+                     device="l4")
+    low, high = probe.row("full", 4).peak_bytes, probe.row("none", 4).peak_bytes
+    device = DeviceSpec("tight-gpu", (low + high) // 2, 1e12, 1e11, 1e11, 1e9)
+    kwargs: dict[str, Any] = dict(seq_len=SEQ, batch_sizes=[4], strategies=["none"],
+                                  device=device, plan=True)
+    on_copy = simulate("llama-tiny", **kwargs).row("plan", 4)
+    # Without the copy the plan is applied and simulated afresh (fake copy and warm-up).
+    monkeypatch.setattr(loop, "measure_on_copy", lambda *args: None)
+    fresh = simulate("llama-tiny", **kwargs).row("plan", 4)
+    assert on_copy.fits and not on_copy.note and on_copy.recompute_ms > 0  # a real plan
+    assert on_copy == fresh
+
+
 def test_op_level_recompute_costs_time_not_flops() -> None:
     result = simulate("llama-tiny", seq_len=SEQ, batch_sizes=[1], strategies=["none", "ops"],
                       optimizer="none", device="l4")

@@ -33,7 +33,7 @@ from remat.progress import report
 from remat.strategies import BlockDecision, apply_decisions, preserved_strategy
 from remat.units import format_bytes
 
-__all__ = ["close_loop", "measure_decisions", "timed_step_ms"]
+__all__ = ["close_loop", "measure_decisions", "measure_on_copy", "timed_step_ms"]
 
 _MAX_ROUNDS = 6
 _KIND_NAMES = {
@@ -60,7 +60,7 @@ def measure_decisions(step: Step, decisions: Mapping[str, BlockDecision], *,
         return profile_step(step, simulate=simulate, timing=timing and not simulate, repeats=3)
 
 
-def _fake_measure(step: Step, ctx: PlanContext, decisions: Mapping[str, BlockDecision]
+def measure_on_copy(step: Step, ctx: PlanContext, decisions: Mapping[str, BlockDecision]
                   ) -> Profile | None:
     """One tracked step of the context's fake copy with ``decisions`` applied, or
     ``None`` where NOTE [ Closed loop on the fake copy ] does not apply."""
@@ -195,7 +195,7 @@ def close_loop(step: Step, ctx: PlanContext, budget_bytes: int, *, simulate: boo
         key = tuple(choice)
         if key not in measured:
             decisions = ctx.decisions(choice)
-            prof = _fake_measure(step, ctx, decisions) if fake_loop else None
+            prof = measure_on_copy(step, ctx, decisions) if fake_loop else None
             measured[key] = prof if prof is not None else \
                 measure_decisions(step, decisions, simulate=simulate)
         return measured[key]

@@ -42,7 +42,7 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from remat.simulate._point import per_rank, point
+from remat.simulate._point import per_rank, point, row_of
 from remat.simulate._setup import Setup
 from remat.simulate.result import SimulationRow
 
@@ -109,18 +109,31 @@ def _simulate_plan(setup: Setup, chosen: Any, batch_size: int, seq_len: int) -> 
 
 def _plan_row(setup: Setup, batch_size: int, seq_len: int,
               fixed: tuple[int, int, int]) -> SimulationRow:
-    """One batch size's plan row, unsharded or DDP: one plan for the translated budget."""
+    """One batch size's plan row, unsharded or DDP: one plan for the translated budget.
+
+    The row is the profile of the plan's step on the planner's own warm fake copy (NOTE
+    [ Closed loop on the fake copy ] in planning/loop.py): the same step, bytes and ops
+    as a fresh simulation, without copying the model and warming it up again."""
     from remat.errors import BudgetTooSmall
+    from remat.measure.step import Step
+    from remat.planning.context import prepare_step
+    from remat.planning.loop import measure_on_copy
     from remat.planning.planner import plan as planner
 
     budget = _budget(setup, fixed)
     batch = setup.batch_fn(batch_size, seq_len)
+    step = Step(setup.model, batch, loss_fn=setup.loss_fn, optimizer=setup.optimizer,
+                blocks=setup.blocks)
+    context = prepare_step(step, device=setup.device, cost="roofline")
     try:
         chosen = planner(setup.model, batch, budget=budget, optimizer=setup.optimizer,
-                         **_planner_kwargs(setup))
+                         context=context, **_planner_kwargs(setup))
     except BudgetTooSmall as exc:
         return _no_plan_row(setup, batch_size, seq_len, fixed, int(exc.min_peak_bytes), budget)
-    return _simulate_plan(setup, chosen, batch_size, seq_len)
+    prof = measure_on_copy(step, context, chosen.decisions)
+    if prof is None:
+        return _simulate_plan(setup, chosen, batch_size, seq_len)
+    return row_of(setup, "plan", batch_size, seq_len, prof, batch)
 
 
 def _fsdp_plan_row(setup: Setup, batch_size: int, seq_len: int,

@@ -30,7 +30,7 @@ from remat.simulate._setup import Setup
 from remat.simulate.result import SimulationRow
 from remat.simulate.sharding import ShardedPeak, shard_peak
 
-__all__ = ["fixed_bytes", "per_rank", "point", "profile_point", "profile_points"]
+__all__ = ["fixed_bytes", "per_rank", "point", "profile_point", "profile_points", "row_of"]
 
 
 def shard(breakdown: Mapping[str, int], grad_total_bytes: int, setup: Setup) -> ShardedPeak:
@@ -108,10 +108,17 @@ def _step_ms(setup: Setup, prof: Any) -> float:
 
 def point(setup: Setup, strategy: str, batch_size: int, seq_len: int) -> SimulationRow:
     """Simulate one step of ``setup.model`` as it is now and turn it into a row."""
+    batch = setup.batch_fn(batch_size, seq_len)
+    return row_of(setup, strategy, batch_size, seq_len,
+                  profile_point(setup, batch, setup.optimizer), batch)
+
+
+def row_of(setup: Setup, strategy: str, batch_size: int, seq_len: int, prof: Any,
+           batch: Any) -> SimulationRow:
+    """The row of a simulated step's profile (its step: ``setup.model`` as it is now on
+    ``batch``, with ``setup.optimizer``)."""
     from remat.measure import roofline_ms
 
-    batch = setup.batch_fn(batch_size, seq_len)
-    prof = profile_point(setup, batch, setup.optimizer)
     peak = _rank_peak(setup, prof, batch)
     step_ms = _step_ms(setup, prof)
     samples_per_s = batch_size * setup.world_size / (step_ms / 1e3) if step_ms > 0 else 0.0
