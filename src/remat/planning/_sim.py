@@ -22,7 +22,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -52,7 +52,12 @@ def quiet() -> Iterator[None]:
 
 @dataclass
 class FakeSetup:
-    """A fake copy of a model, its batch and its optimizer, ready to run."""
+    """A fake copy of a model, its batch and its optimizer, ready to run.
+
+    ``profiles`` keeps the profiles of the steps measured on it, per set of decisions
+    (``planning.loop.measure_on_copy``): a choice the closed loop measured is not
+    measured again.
+    """
 
     mode: FakeTensorMode
     model: nn.Module
@@ -60,6 +65,7 @@ class FakeSetup:
     optimizer: torch.optim.Optimizer | None
     blocks: list[tuple[str, nn.Module]]
     device: torch.device
+    profiles: dict[Any, Any] = field(default_factory=dict)
 
 
 def fake_setup(model: nn.Module, batch: Any, *, optimizer: torch.optim.Optimizer | None,

@@ -23,7 +23,7 @@ from remat.measure.profile import _build as _build_profile
 from remat.measure.step import Step, clear_grads, model_device
 from remat.measure.timing import time_step
 from remat.measure.tracked import tracked_step
-from remat.planning._sim import quiet
+from remat.planning._sim import FakeSetup, quiet
 from remat.planning.candidates import Candidate
 from remat.planning.context import PlanContext
 from remat.planning.cost import recompute_ms, step_ms
@@ -63,10 +63,19 @@ def measure_decisions(step: Step, decisions: Mapping[str, BlockDecision], *,
 def measure_on_copy(step: Step, ctx: PlanContext, decisions: Mapping[str, BlockDecision]
                   ) -> Profile | None:
     """One tracked step of the context's fake copy with ``decisions`` applied, or
-    ``None`` where NOTE [ Closed loop on the fake copy ] does not apply."""
+    ``None`` where NOTE [ Closed loop on the fake copy ] does not apply. Each set of
+    decisions is measured once per copy (``FakeSetup.profiles``)."""
     setup = ctx.setup
     if setup is None or model_device(step.model).type not in ("cpu", "meta"):
         return None
+    key = tuple(sorted(decisions.items(), key=lambda item: item[0]))
+    if key not in setup.profiles:
+        setup.profiles[key] = _measure_on_copy(step, setup, decisions)
+    return setup.profiles[key]  # type: ignore[no-any-return]
+
+
+def _measure_on_copy(step: Step, setup: FakeSetup, decisions: Mapping[str, BlockDecision]
+                     ) -> Profile | None:
     fstep = step.with_model(setup.model, setup.optimizer, setup.batch)
     names = step.block_names(api="remat.plan")
     try:
