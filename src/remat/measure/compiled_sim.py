@@ -1,5 +1,6 @@
-"""``simulate_compiled``: a compiled training step's peak, from inductor's own buffer plan on
-fake tensors (nothing is allocated, nothing of the user's model is compiled or run).
+"""``simulate_compiled``: a compiled training step's peak, from the code inductor generates
+for it, replayed on fake tensors (nothing is allocated; the user's model is not run or
+compiled).
 
 Example::
 
@@ -9,57 +10,55 @@ Example::
 
 NOTE [ Simulating compiled code ]
     Inductor compiles from fake tensors: dynamo traces the region on fake inputs,
-    AOTAutograd partitions the joint graph (``activation_memory_budget``), and
-    inductor lowers each partitioned graph and schedules its fused kernels before it
-    writes any code. Only the generated code needs real memory. So the simulation
-    runs that same pipeline on a fake copy of the model and stops where code
-    generation would start:
+    AOTAutograd partitions the joint graph (``activation_memory_budget``), inductor
+    lowers each partitioned graph, fuses and orders its kernels and writes a Python
+    wrapper that allocates every buffer (``empty_strided_cpu``), reuses freed ones of
+    the same size (``buf7 = buf4; del buf4  # reuse``), calls the kernels and extern
+    ops, and frees each buffer and input after its last use (``del``). Only the C++
+    (or Triton) kernels need compiling and real memory, and they only write into
+    buffers the wrapper allocated. So the simulation runs the same pipeline on a
+    fake copy and executes the wrapper with no-op kernels:
 
     1. The model is copied with fake tensors (NOTE [ Fake copies ] in fake.py),
        every compiled region uncompiled in the copy, and each region's call replaced
-       by a :class:`_SimRegion`.
+       by a :class:`_SimRegion` (the copy's ``_compiled_call_impl``).
     2. On its first call a region is captured whole by dynamo
        (``torch._dynamo.convert_frame.fullgraph_capture`` of the module's
-       ``_call_impl``: what ``module.compile()`` and ``torch.compile(module)``
-       trace). That capture installs no cache entry on any code object, so the
-       user's compiled model is not touched and its recompile budget not spent;
-       the automatic-dynamic shape records it leaves (``torch._dynamo.pgo``) are
-       put back. It does count in dynamo's statistics (``unique_graphs``). Hooks
-       on the region module itself are traced into the graph, where the real
-       compile runs them outside it.
-       The graph goes to inductor's ``compile_fx`` with the region's own
-       activation memory budget (from its backend: remat's
-       :class:`~remat.measure.compiled_graphs.CountingBackend`, or plain inductor
-       at the current ``torch._functorch.config`` value) and an ``inner_compile``
-       that runs inductor's ``compile_fx_inner`` (post-grad passes, lowering,
-       fusion, ``reorder_for_peak_memory``) up to its scheduler, with the FX graph
-       cache off (a cache hit would skip lowering).
-    3. Inductor's scheduler gives the graph's buffers in execution order and
-       ``torch._inductor.memory`` their lifetimes (allocated by the kernel that
-       writes them, freed after the last kernel that reads them, graph outputs kept):
-       the graph's peak above the bytes alive when it starts. Inputs of a backward
-       graph that its forward produced as fresh buffers (saved activations) are
-       freed at their last use (AOTAutograd hands them over and clears
-       ``ctx.saved_tensors``); parameters, the region's inputs and incoming gradients
-       are held by their owners. Tensors inside a fused kernel never exist, so
-       fusion is reflected; outputs that alias inputs (reshapes of parameters,
-       saved inputs) allocate nothing.
-    4. The training step then runs on the fake copy under
-       :class:`~remat.measure.tracker.MemoryTracker`, as ``remat.profile(simulate=True)``
-       runs an eager step: eager code (embedding and head around compiled blocks,
-       the loss, the optimizer) is tracked op by op, and each compiled graph is
-       replayed by AOTAutograd's own runtime (saved tensors, ``ctx`` clearing,
-       gradients) with a callable that allocates, for one moment, a fake buffer of
-       the graph's peak, releases the inputs it was handed, and returns fake
-       outputs of the compiled graph's shapes, strides and aliasing. The tracker's
-       peak is then the step's.
+       ``_call_impl``, as ``module.compile()`` / ``torch.compile(module)`` trace it).
+       That capture installs no cache entry on any code object, so the user's
+       compiled model is not touched and its recompile budget not spent; the
+       automatic-dynamic shape records it leaves (``torch._dynamo.pgo``) are put
+       back. It does count in dynamo's statistics (``unique_graphs``). Hooks on the
+       region module itself are traced into the graph, where the real compile runs
+       them outside it.
+    3. The graph goes to inductor's ``compile_fx`` with the region's own activation
+       memory budget (from its backend: remat's
+       :class:`~remat.measure.compiled_graphs.CountingBackend`, or plain inductor at
+       the current ``torch._functorch.config`` value, with the options of
+       ``torch.compile(mode=/options=)``), the backward lowered at once, and an
+       ``inner_compile`` that runs inductor's own ``compile_fx_inner`` with the FX
+       graph cache off (a hit would skip code generation) up to
+       ``GraphLowering.compile_to_module``: there the wrapper's source is generated
+       (``GraphLowering.codegen``, no compiler runs) and taken instead of compiled.
+    4. The wrapper source is executed with ``AsyncCompile`` replaced by no-op
+       kernels, ``empty_strided_<device>`` by fake allocations and
+       ``reinterpret_tensor`` by ``as_strided`` (:func:`_load_wrapper`). AOTAutograd's
+       runtime calls it as it would call the compiled graph (boxed arguments, saved
+       tensors, ``ctx`` cleared before backward so the wrapper's ``del`` frees them).
+    5. The training step runs on the fake copy under
+       :class:`~remat.measure.tracker.MemoryTracker`, as an eager
+       ``remat.profile(simulate=True)`` step: eager code (embedding and head around
+       compiled blocks, the loss, the optimizer) is tracked op by op, and inside a
+       compiled graph the tracker sees exactly the wrapper's allocations, reuses and
+       frees and the extern ops' outputs. Its peak is the step's.
     FLOPs: counted on the partitioned graphs at each run of them (NOTE [ Counting
-    compiled FLOPs ] in compiled_graphs.py) plus the eager ops the tracker saw.
+    compiled FLOPs ] in compiled_graphs.py) plus the eager ops the tracker saw outside
+    compiled graphs.
 
 NOTE [ What the simulation does not see ]
-    * Memory inside an extern kernel (aten fallbacks, matmul, attention): inductor
-      calls it with its inputs and outputs; workspace it allocates internally is
-      not a buffer. The eager tracker has the same blind spot.
+    * Memory an extern kernel allocates inside itself (a workspace below the
+      dispatcher): the tracker sees only the tensors an op returns. The eager
+      tracker has the same blind spot.
     * Allocator behaviour: sizes are storage bytes (the CPU allocator does not
       round; CUDA's caching allocator rounds to 512 bytes and keeps blocks).
     * Graph breaks: a region must compile to one graph (``fullgraph_capture``);
@@ -67,7 +66,10 @@ NOTE [ What the simulation does not see ]
       graphs with eager code between them, which this does not model).
     * Dynamic shapes: refused (sizes would be symbolic).
     * Regions compiled with another backend than inductor (``aot_eager``, custom):
-      refused; their memory is not inductor's.
+      refused; their memory is not inductor's. Inductor's C++ wrapper
+      (``cpp_wrapper``) is not modelled: the Python wrapper is generated instead
+      (not checked against a C++ wrapper's allocations). Tested on CPU; a fake
+      CUDA device needs a CUDA build and Triton for code generation.
     Measured against real compiled runs in benchmarks/compile_sim.py
     (benchmarks/RESULTS_compile.md).
 """
@@ -510,18 +512,19 @@ def simulate_compiled(
     optimizer: torch.optim.Optimizer | None = None,
     device: torch.device | str | None = None,
 ) -> CompiledSimulation:
-    """Simulate one training step of a compiled model on fake tensors: its peak, from
-    inductor's own buffer plan, without allocating, compiling or running the model.
+    """Simulate one training step of a compiled model on fake tensors: its peak, from the
+    code inductor generates for it, without allocating, compiling or running the model.
 
-    Each compiled region is traced and partitioned exactly as its compile does (same
-    dynamo capture, same partitioner and ``activation_memory_budget``) and scheduled by
-    inductor (fusion, peak-memory reordering); the step then runs on fake tensors with
-    each compiled graph standing in as its buffer plan (NOTE [ Simulating compiled
-    code ]). The trade-off: seconds of inductor lowering per region instead of a real
-    step, no memory at all, but memory inside extern kernels and allocator effects are
-    not seen (NOTE [ What the simulation does not see ]); the error against real
-    compiled runs is in benchmarks/RESULTS_compile.md. The user's model is left as it
-    was: no dynamo cache entry is added, nothing is run on its tensors.
+    Each compiled region is traced and partitioned as its compile does (dynamo capture,
+    the partitioner at the region's ``activation_memory_budget``) and inductor generates
+    its wrapper (fusion, buffer reuse, frees after last use); the step then runs on fake
+    tensors with each compiled graph's wrapper replayed with no-op kernels (NOTE
+    [ Simulating compiled code ]). The trade-off: seconds of inductor lowering per
+    region (about a real compile minus the C++ compiler) instead of a real step, and no
+    memory at all, but workspace allocated inside extern kernels and allocator rounding
+    are not seen (NOTE [ What the simulation does not see ]); the error against real
+    compiled runs is in benchmarks/RESULTS_compile.md (within 0.1% on CPU). The user's
+    model is left as it was: no dynamo cache entry is added, nothing runs on its tensors.
 
     Args:
         model: a model compiled whole (``torch.compile(model)``, ``model.compile()``,
