@@ -453,7 +453,10 @@ class _SimRegion:
             raise CompiledSimulationError(
                 f"{_API}: inductor returned a {type(compiled).__name__} for region {label}, "
                 "not a callable (an AOT/export mode?); cannot simulate it")
-        return capture.forward_callable(compiled_fn=compiled)
+        # the globals dynamo installed while tracing (modules, constructors of the output
+        # structure) live in the traced function's global scope, as for a real compile
+        return capture.forward_callable(
+            compiled_fn=compiled, extra_globals=capture.graph_capture_output.f_globals)
 
 
 # ---- the step ----------------------------------------------------------------------------
