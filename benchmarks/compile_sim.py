@@ -3,7 +3,7 @@
 For each model and compiler ``activation_memory_budget`` (1.0, 0.75, 0.5, 0.25, 0.0), the
 model is compiled with inductor at that budget (each budget its own backend:
 :func:`remat.integrations.compiler_budget.compile_with_budget`, whole model; with
-``--blocks`` also :func:`~remat.integrations.compiler_budget.compile_blocks_with_budget`,
+``--blocks MODELS`` also :func:`~remat.integrations.compiler_budget.compile_blocks_with_budget`,
 every block at that budget), then
 
 * simulated: :func:`remat.measure.compiled_sim.simulate_compiled` on fake tensors
@@ -21,7 +21,7 @@ Writes the ``compile-sim`` section of ``benchmarks/RESULTS_compile.md``.
 
 Usage::
 
-    PYTHONPATH=src .venv/bin/python benchmarks/compile_sim.py                  # ~5 min, 2 cores
+    PYTHONPATH=src .venv/bin/python benchmarks/compile_sim.py --blocks gpt-small,llama-small
     PYTHONPATH=src .venv/bin/python benchmarks/compile_sim.py --models gpt-small --budgets 1,0
 """
 
@@ -130,8 +130,9 @@ def main(argv: list[str] | None = None) -> int:
                              "hf-qwen2 (default: the first three)")
     parser.add_argument("--budgets", default=",".join(f"{b:g}" for b in BUDGETS),
                         help="comma-separated compiler budgets (default: 1,0.75,0.5,0.25,0)")
-    parser.add_argument("--blocks", action="store_true",
-                        help="also compile per block (compile_blocks_with_budget)")
+    parser.add_argument("--blocks", default="",
+                        help="comma-separated models to also compile per block "
+                             "(compile_blocks_with_budget); default: none")
     parser.add_argument("--out", type=Path, default=OUT, help="markdown file to write")
     args = parser.parse_args(argv)
     torch._dynamo.config.recompile_limit = 64  # many compiles of the same classes' code
@@ -149,7 +150,8 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[Row] = []
     for key in wanted:
         name, build = known[key]
-        rows.extend(bench(name, build, budgets, args.blocks, log))
+        blocks = key in {m.strip() for m in args.blocks.split(",")}
+        rows.extend(bench(name, build, budgets, blocks, log))
     table = markdown(rows)
     print(table)
     command = "PYTHONPATH=src .venv/bin/python benchmarks/compile_sim.py " + shlex.join(
