@@ -225,5 +225,6 @@ def test_remat_profile_measures_a_compiled_model_as_it_runs(whole: nn.Module) ->
     assert prof.peak_bytes == measure_compiled(whole, BATCH, timing=False).profile.peak_bytes
     assert dynamo_graph_count() == graphs  # no recompiles, no eager fallback
     assert _peak(whole) == before_peak
-    with pytest.raises(ValueError, match="simulate=True cannot run a compiled model"):
-        remat.profile(whole, BATCH, simulate=True)
+    sim = remat.profile(whole, BATCH, simulate=True)  # #10 item 3: see test_compiled_sim.py
+    assert sim.simulated and sim.peak_bytes == prof.peak_bytes
+    assert _peak(whole) == before_peak

@@ -5,7 +5,9 @@ NOTE [ Compiled models ]
     to eager code (and can exhaust its recompile limit, leaving the user's model eager
     for good). So :func:`profile` hands compiled models to
     :func:`remat.measure.compiled.profile_compiled`, which reads the allocator instead of
-    tracking ops (see that module).
+    tracking ops (see that module). ``simulate=True`` hands them to
+    :func:`remat.measure.compiled_sim.simulate_compiled`, which replays inductor's own
+    generated code on a fake copy (NOTE [ Simulating compiled code ] there).
 
 NOTE [ What a profile runs ]
     1. A warm-up step (untracked): creates the optimizer state when an optimizer
@@ -147,7 +149,10 @@ def profile(
         is measured as it runs compiled (NOTE [ Compiled models ]): the peak from the
         allocator's own events (CPU) or statistics (CUDA), FLOPs from the partitioned
         graphs; remat installs no dispatch mode or hook on it, so it keeps running the
-        same compiled graphs afterwards. ``blocks=`` is then not used.
+        same compiled graphs afterwards. ``blocks=`` is then not used. With
+        ``simulate=True`` a compiled model is simulated from inductor's own generated code
+        on fake tensors (:func:`remat.measure.compiled_sim.simulate_compiled`): nothing is
+        allocated and the model is neither run nor compiled.
 
     Note:
         The model, its gradients, its buffers, the optimizer state and the RNG state are
@@ -191,10 +196,9 @@ def profile(
     check_trainable(model)
     if is_compiled(model):  # NOTE [ Compiled models ]
         if simulate:
-            raise ValueError(
-                f"{_API}: simulate=True cannot run a compiled model on fake tensors; profile "
-                "the uncompiled module (model._orig_mod, or the model before .compile())."
-            )
+            from remat.measure.compiled_sim import simulate_compiled
+
+            return simulate_compiled(model, batch, loss_fn=loss_fn, optimizer=optimizer).profile
         return profile_compiled(model, batch, loss_fn=loss_fn, optimizer=optimizer,
                                 timing=timing, repeats=repeats)
     step = Step(model, batch, loss_fn=loss_fn, optimizer=optimizer, blocks=blocks)
