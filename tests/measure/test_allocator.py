@@ -135,7 +135,7 @@ def test_equal_timestamps_follow_the_allocators_running_total() -> None:
     # after allocating another 8 KB: the true order is +8192 -> +8192 -> -4096.
     raw = [(10, 4096, 4096, None), (20, 8192, 12288, None),
            (30, -4096, 16384, None), (30, 8192, 20480, None), (40, 0, None, "mark")]
-    deltas = [delta for _, delta, _ in _in_order(raw)]
+    deltas = [delta for _, delta, *_ in _in_order(raw)]
     assert deltas == [4096, 8192, 8192, -4096, 0]
     running = [sum(deltas[: k + 1]) for k in range(len(deltas))]
     assert max(running) == 20480  # read in tree order, the free first: 16384
@@ -143,4 +143,20 @@ def test_equal_timestamps_follow_the_allocators_running_total() -> None:
 
 def test_first_group_with_equal_timestamps_starts_where_the_chain_starts() -> None:
     raw = [(5, -100, 900, None), (5, 1000, 1000, None)]  # true: +1000 then -100
-    assert [d for _, d, _ in _in_order(raw)] == [1000, -100]
+    assert [d for _, d, *_ in _in_order(raw)] == [1000, -100]
+
+
+def test_a_block_from_an_earlier_window_freed_in_this_one_does_not_count() -> None:
+    # NOTE [ Frees of older blocks ]: a block allocated while an earlier profiler ran has
+    # a known size; freed inside this window it must not lower this step's figure.
+    leftover = [torch.empty(1 << 10)]  # 4 KiB
+    allocator_peak(lambda: leftover.append(torch.empty(1 << 12)))  # sized by a profiler
+    old = leftover.pop()  # 16 KiB, allocated in that earlier window
+
+    def step() -> None:
+        nonlocal old
+        del old  # frees the older block
+        a = torch.empty(1 << 12)  # 16 KiB: the step's own high-water mark
+        del a
+
+    assert allocator_peak(step).peak_bytes == 1 << 14
