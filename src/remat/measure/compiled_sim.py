@@ -70,11 +70,16 @@ NOTE [ What the simulation does not see ]
       (``cpp_wrapper``) is not modelled: the Python wrapper is generated instead
       (not checked against a C++ wrapper's allocations). Tested on CPU; a fake
       CUDA device needs a CUDA build and Triton for code generation.
-    * Not yet faithful, cause unresolved: Hugging Face decoder layers compiled per
-      block. On hf-llama (benchmarks/compile.py's 6-layer model) the per-block
-      simulation read 7.2% above the real peak at budget 1.0 and failed at 0.75
-      (AOTAutograd: a saved tensor was None); whole-model compiles of the same model
-      are within 0.25%, remat's own models per block are exact.
+    * Inputs that change between calls of a region: each distinct input signature
+      (structure, tensor metadata, scalar values, ``None``) is captured and compiled
+      anew, as dynamo recompiles on a failed guard; other guards (module attributes,
+      globals, grad mode) are not checked. The warm-up step that captures the regions
+      runs under the tracker like the measured step, so code branching on known values
+      (NOTE [ Data-dependent branches under fake tensors ] in shadow.py) gives each
+      region the inputs the measured step gives it. Without that, Hugging Face decoder
+      layers compiled per block were captured with a 4-D attention mask (transformers'
+      packed-sequence check on fake position ids) and then run with ``None``: +7.2% on
+      benchmarks/compile.py's hf-llama at budget 1.0, an AOTAutograd failure at 0.75.
     Measured against real compiled runs in benchmarks/compile_sim.py
     (benchmarks/RESULTS_compile.md).
 """
@@ -369,6 +374,25 @@ def _backend_name(backend: Any) -> str:
     return type(backend).__name__
 
 
+def _signature(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+    """What a region's call is traced for: the inputs' structure, each tensor's metadata and
+    each other leaf's value (scalars, ``None``) or type (what dynamo's guards check, short of
+    module state and globals)."""
+    from torch.utils._pytree import tree_flatten
+
+    leaves, spec = tree_flatten((args, kwargs))
+    parts: list[Any] = [spec]
+    for leaf in leaves:
+        if isinstance(leaf, torch.Tensor):
+            parts.append((tuple(leaf.shape), leaf.stride(), leaf.dtype, leaf.device,
+                          leaf.requires_grad))
+        elif leaf is None or isinstance(leaf, (bool, int, float, str)):
+            parts.append((type(leaf), leaf))
+        else:
+            parts.append(type(leaf))
+    return tuple(parts)
+
+
 class _SimRegion:
     """The fake copy's stand-in for one compiled region (set as ``_compiled_call_impl``)."""
 
@@ -381,15 +405,21 @@ class _SimRegion:
         self.options = options
         self.counter = counter
         self.graphs = graphs
-        self.fn: Callable[..., Any] | None = None
+        self.fns: list[tuple[Any, Callable[..., Any]]] = []  # (input signature, callable)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if self.fn is None:
+        # The captured callable has no guards: called with other inputs (a mask that is
+        # now None) it would run a graph traced for different ones. A call whose inputs
+        # differ is captured anew, as dynamo recompiles when a guard fails.
+        signature = _signature(args, kwargs)
+        fn = next((f for s, f in self.fns if s == signature), None)
+        if fn is None:
             from torch.utils._python_dispatch import _disable_current_modes
 
             with _disable_current_modes():  # compile outside the fake mode and the tracker
-                self.fn = self._compile(args, kwargs)
-        return self.fn(self.module, *args, **kwargs)
+                fn = self._compile(args, kwargs)
+            self.fns.append((signature, fn))
+        return fn(self.module, *args, **kwargs)
 
     def _compile(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Callable[..., Any]:
         from torch._dynamo import convert_frame
@@ -532,9 +562,8 @@ def simulate_compiled(
     memory at all, but workspace allocated inside extern kernels and allocator rounding
     are not seen (NOTE [ What the simulation does not see ]); the error against real
     compiled runs is in benchmarks/RESULTS_compile.md (within 0.25% on CPU for whole-model
-    compiles and remat's models per block; per-block Hugging Face layers are a known
-    gap). The user's model is left as it was: no dynamo cache entry is added, nothing
-    runs on its tensors.
+    compiles, remat's models and Hugging Face Llama layers per block). The user's model
+    is left as it was: no dynamo cache entry is added, nothing runs on its tensors.
 
     Args:
         model: a model compiled whole (``torch.compile(model)``, ``model.compile()``,
@@ -582,11 +611,16 @@ def simulate_compiled(
     with fake_mode:
         try:
             clear_grads(fmodel)
-            fstep.run()  # warm-up: compiles the regions, creates the optimizer state
+            # warm-up: compiles the regions, creates the optimizer state. Tracked like the
+            # measured step, so that code branching on known values (NOTE [ Data-dependent
+            # branches under fake tensors ] in shadow.py) branches alike in both and each
+            # region is captured with the inputs the measured step gives it.
+            tracked_step(fstep, [])
         except DynamicOutputShapeException as error:
             raise shadow.data_dependent_error(error.func, error) from error
         clear_grads(fmodel)
         counter.runs.clear()
+        counter.inside.clear()
         tracked = tracked_step(fstep, [])
     return _build(tracked, counter, regions, settings, graphs, fstep.device)
 
