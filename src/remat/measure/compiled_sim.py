@@ -21,7 +21,8 @@ NOTE [ Simulating compiled code ]
 
     1. The model is copied with fake tensors (NOTE [ Fake copies ] in fake.py),
        every compiled region uncompiled in the copy, and each region's call replaced
-       by a :class:`_SimRegion` (the copy's ``_compiled_call_impl``).
+       by a :class:`~remat.measure.compiled_capture.SimRegion` (the copy's
+       ``_compiled_call_impl``).
     2. On its first call a region is captured whole by dynamo
        (``torch._dynamo.convert_frame.fullgraph_capture`` of the module's
        ``_call_impl``, as ``module.compile()`` / ``torch.compile(module)`` trace it).
@@ -42,9 +43,10 @@ NOTE [ Simulating compiled code ]
        (``GraphLowering.codegen``, no compiler runs) and taken instead of compiled.
     4. The wrapper source is executed with ``AsyncCompile`` replaced by no-op
        kernels, ``empty_strided_<device>`` by fake allocations and
-       ``reinterpret_tensor`` by ``as_strided`` (:func:`_load_wrapper`). AOTAutograd's
-       runtime calls it as it would call the compiled graph (boxed arguments, saved
-       tensors, ``ctx`` cleared before backward so the wrapper's ``del`` frees them).
+       ``reinterpret_tensor`` by ``as_strided``
+       (:func:`~remat.measure.compiled_replay.load_wrapper`). AOTAutograd's runtime
+       calls it as it would call the compiled graph (boxed arguments, saved tensors,
+       ``ctx`` cleared before backward so the wrapper's ``del`` frees them).
     5. The training step runs on the fake copy under
        :class:`~remat.measure.tracker.MemoryTracker`, as an eager
        ``remat.profile(simulate=True)`` step: eager code (embedding and head around
@@ -86,57 +88,30 @@ NOTE [ What the simulation does not see ]
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch import fx, nn
+from torch import nn
 from torch._subclasses.fake_tensor import DynamicOutputShapeException, FakeTensorMode
 
-from remat.errors import RematError
 from remat.measure import shadow
 from remat.measure.compiled import compiled_regions
-from remat.measure.compiled_graphs import CompiledGraph, CountingBackend, backend_of, count_graph
+from remat.measure.compiled_capture import SimRegion, region_backend
+from remat.measure.compiled_replay import (
+    _API,
+    CompiledSimulationError,
+    GraphMemory,
+    GraphRuns,
+)
 from remat.measure.fake import check_fake_device, fake_batch, fake_optimizer, fake_tensor
 from remat.measure.fake_kernels import install_fake_kernels
 from remat.measure.results import BlockProfile, Profile
 from remat.measure.step import LossFn, Step, clear_grads
 from remat.measure.tracked import check_trainable, tracked_step
-from remat.measure.tracker import MemoryTracker
 
-__all__ = ["CompiledSimulation", "GraphMemory", "simulate_compiled"]
-
-_API = "remat.profile(simulate=True)"
-
-
-class CompiledSimulationError(RematError, ValueError):
-    """A compiled model (or region) that the simulation cannot model honestly."""
-
-
-@dataclass(frozen=True)
-class GraphMemory:
-    """One partitioned graph as inductor compiled it (its wrapper replayed in the step).
-
-    Args:
-        region: qualified name of the compiled region (``""``: the whole model).
-        kind: ``"forward"``, ``"backward"`` or ``"inference"``.
-        kernels: scheduler nodes (fused kernels and extern calls) in the graph.
-        counts: FLOPs, recompute FLOPs and saved bytes of the graph.
-    """
-
-    region: str
-    kind: str
-    kernels: int
-    counts: CompiledGraph
-
-    def __post_init__(self) -> None:
-        if self.kernels < 0:
-            raise ValueError(f"GraphMemory({self.region!r}, {self.kind}): kernels must be "
-                             f">= 0, got {self.kernels}")
-
+__all__ = ["CompiledSimulation", "CompiledSimulationError", "GraphMemory", "simulate_compiled"]
 
 @dataclass(frozen=True)
 class CompiledSimulation:
@@ -160,338 +135,6 @@ class CompiledSimulation:
     def peak_bytes(self) -> int:
         """The simulated step's peak, static bytes included (``profile.peak_bytes``)."""
         return self.profile.peak_bytes
-
-
-# ---- inductor's generated wrapper, with its kernels stubbed -------------------------------
-
-class _Generated(Exception):
-    """Raised from inside inductor once the wrapper's source exists: nothing is compiled."""
-
-
-class _NoKernels:
-    """Stands in for inductor's ``AsyncCompile`` in generated code: every kernel is a no-op
-    (fused kernels only write into buffers the wrapper allocated; values do not matter)."""
-
-    def __getattr__(self, name: str) -> Callable[..., Callable[..., None]]:
-        def define(*args: Any, **kwargs: Any) -> Callable[..., None]:
-            def kernel(*args: Any, **kwargs: Any) -> None:
-                return None
-            return kernel
-        return define
-
-    def wait(self, scope: Any) -> None:
-        return None
-
-
-_IMPORT = "from torch._inductor.async_compile import AsyncCompile\n"
-
-
-def _empty_strided(device: str) -> Callable[..., torch.Tensor]:
-    def empty(size: Sequence[int], stride: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
-        return torch.empty_strided(tuple(size), tuple(stride), dtype=dtype, device=device)
-    return empty
-
-
-def _reinterpret(t: torch.Tensor, size: Sequence[int], stride: Sequence[int],
-                 offset: int) -> torch.Tensor:
-    # inductor's _reinterpret_tensor: offset is relative to the tensor's own
-    return t.as_strided(tuple(size), tuple(stride), t.storage_offset() + offset)
-
-
-def _no_check(*args: Any, **kwargs: Any) -> None:
-    return None
-
-
-def _load_wrapper(source: str, region: str) -> Callable[[list[Any]], Any]:
-    """Execute inductor's wrapper source with stub kernels and fake-tensor allocation; the
-    returned ``call(args)`` allocates, reuses and frees exactly as the compiled code does."""
-    if _IMPORT not in source:
-        raise CompiledSimulationError(
-            f"{_API}: region {region or '<model>'}: this torch's inductor writes wrapper code "
-            "remat does not recognise (no AsyncCompile import); cannot simulate it")
-    scope: dict[str, Any] = {"__name__": "remat_simulated_wrapper", "AsyncCompile": _NoKernels}
-    exec(compile(source.replace(_IMPORT, ""), "<inductor wrapper (remat simulation)>", "exec"),
-         scope)
-    for name in list(scope):
-        if name.startswith("empty_strided_") and name != "empty_strided_p2p":
-            scope[name] = _empty_strided(name[len("empty_strided_"):].replace("_pinned", ""))
-    scope["reinterpret_tensor"] = _reinterpret
-    scope["assert_size_stride"] = _no_check
-    scope["assert_alignment"] = _no_check
-    call = scope.get("call")
-    if not callable(call):
-        raise CompiledSimulationError(
-            f"{_API}: region {region or '<model>'}: inductor's wrapper has no call(args); "
-            "cannot simulate it")
-    return call  # type: ignore[no-any-return]
-
-
-_local = threading.local()
-_patch_lock = threading.Lock()
-
-
-@contextmanager
-def _stop_at_wrapper(sink: list[tuple[str, int]]) -> Iterator[None]:
-    """Make ``GraphLowering.compile_to_module`` (this thread's calls only) generate the
-    wrapper's source, record ``(source, kernels)`` in ``sink`` and raise
-    :class:`_Generated` instead of compiling anything."""
-    from torch._inductor import config as inductor_config
-    from torch._inductor.graph import GraphLowering
-
-    with _patch_lock:
-        original = GraphLowering.compile_to_module
-        if not getattr(original, "_remat_sim", False):
-
-            def compile_to_module(self: Any) -> Any:
-                target = getattr(_local, "sink", None)
-                if target is None:
-                    return original(self)
-                wrapper, _ = self.codegen()
-                target.append((wrapper.value, len(self.scheduler.nodes)))
-                raise _Generated
-
-            compile_to_module._remat_sim = True  # type: ignore[attr-defined]
-            GraphLowering.compile_to_module = compile_to_module  # type: ignore[method-assign]
-
-    _local.sink = sink
-    try:  # a cache hit would skip code generation
-        with inductor_config.patch(fx_graph_cache=False, cpp_wrapper=False):
-            yield
-    finally:
-        _local.sink = None
-
-
-class _Replay:
-    """A partitioned graph's stand-in at run time: inductor's own wrapper with no-op
-    kernels, run on fake tensors (boxed calling convention, as inductor's)."""
-
-    def __init__(self, call: Callable[[list[Any]], Any], counts: CompiledGraph,
-                 counter: _Counter) -> None:
-        # an instance attribute: the wrappers AOTAutograd puts around a compiled graph
-        # (functools.wraps) copy the instance's __dict__, so they stay boxed too
-        self._boxed_call = True
-        self.call = call
-        self.counts = counts
-        self.counter = counter
-
-    def __call__(self, args: list[Any]) -> Any:
-        tracker = _tracker()
-        first = len(tracker.ops) if tracker is not None else 0
-        out = self.call(args)
-        if tracker is not None:
-            self.counter.add(self.counts, range(first, len(tracker.ops)))
-        return out
-
-
-def _tracker() -> MemoryTracker | None:
-    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
-
-    for mode in _get_current_dispatch_mode_stack():
-        if isinstance(mode, MemoryTracker):
-            return mode
-    return None
-
-
-class _Counter:
-    """The compiled graphs run during the tracked step, and the tracker's ops they ran
-    (extern kernels: already in the graphs' FLOPs)."""
-
-    def __init__(self) -> None:
-        self.runs: list[CompiledGraph] = []
-        self.inside: set[int] = set()
-
-    def add(self, counts: CompiledGraph, ops: range) -> None:
-        self.runs.append(counts)
-        self.inside.update(ops)
-
-
-# ---- one region ------------------------------------------------------------------------
-
-def _region_backend(name: str, region: nn.Module, wrapper: nn.Module | None,
-                    model: nn.Module) -> tuple[float, dict[str, Any]]:
-    """The activation memory budget and inductor options the region was compiled with."""
-    from torch._dynamo.eval_frame import OptimizeContext, innermost_backend
-    from torch._functorch import config as functorch_config
-
-    label = name or "<model>"
-    counting = backend_of(region) or (backend_of(wrapper) if wrapper is not None else None)
-    if counting is None and name == "":
-        counting = backend_of(model)
-    if counting is not None:
-        if counting._inner is not None:
-            raise CompiledSimulationError(
-                f"{_API}: region {label} is compiled with a CountingBackend whose "
-                "inner_compile is not inductor's; its memory is not inductor's to simulate")
-        budget = counting.budget
-        return (float(functorch_config.activation_memory_budget) if budget is None
-                else budget), {}
-    ctx: Any = None
-    if wrapper is not None:  # torch.compile(module): an OptimizedModule
-        ctx = getattr(wrapper, "dynamo_ctx", None)
-    else:  # module.compile(): find the dynamo context in the compiled call's closure
-        impl = getattr(region, "_compiled_call_impl", None)
-        for cell in getattr(impl, "__closure__", None) or ():
-            if isinstance(cell.cell_contents, OptimizeContext):
-                ctx = cell.cell_contents
-    backend = innermost_backend(ctx.callback) if ctx is not None else None
-    if isinstance(backend, CountingBackend):
-        return (float(functorch_config.activation_memory_budget) if backend.budget is None
-                else backend.budget), {}
-    if type(backend).__name__ == "_TorchCompileInductorWrapper":
-        options = dict(getattr(backend, "config", {}) or {})
-        return float(functorch_config.activation_memory_budget), options
-    raise CompiledSimulationError(
-        f"{_API}: region {label} is compiled with backend "
-        f"{_backend_name(backend)!r}; only inductor (the "
-        "default backend, or remat.integrations.compiler_budget) is simulated, from its own "
-        "generated code. Profile it for real (simulate=False), or compile it with "
-        "remat.integrations.compiler_budget.compile_with_budget")
-
-
-@contextmanager
-def _dynamo_state_kept() -> Iterator[None]:
-    """Put dynamo's per-code automatic-dynamic records (``torch._dynamo.pgo``) back as they
-    were: a capture records the shapes it saw, which would make a later real compile of
-    the same code treat them as changing (dynamic)."""
-    import copy
-
-    from torch._dynamo.pgo import get_code_state
-
-    state = get_code_state()
-    before = {key: copy.deepcopy(value) for key, value in state.items()}
-    try:
-        yield
-    finally:
-        state.clear()
-        state.update(before)
-
-
-def _backend_name(backend: Any) -> str:
-    for attribute in ("compiler_name", "__name__"):
-        name = getattr(backend, attribute, None)
-        if isinstance(name, str):
-            return name
-    return type(backend).__name__
-
-
-def _signature(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
-    """What a region's call is traced for: the inputs' structure, each tensor's metadata and
-    each other leaf's value (scalars, ``None``) or type (what dynamo's guards check, short of
-    module state and globals)."""
-    from torch.utils._pytree import tree_flatten
-
-    leaves, spec = tree_flatten((args, kwargs))
-    parts: list[Any] = [spec]
-    for leaf in leaves:
-        if isinstance(leaf, torch.Tensor):
-            parts.append((tuple(leaf.shape), leaf.stride(), leaf.dtype, leaf.device,
-                          leaf.requires_grad))
-        elif leaf is None or isinstance(leaf, (bool, int, float, str)):
-            parts.append((type(leaf), leaf))
-        else:
-            parts.append(type(leaf))
-    return tuple(parts)
-
-
-class _SimRegion:
-    """The fake copy's stand-in for one compiled region (set as ``_compiled_call_impl``)."""
-
-    def __init__(self, name: str, module: nn.Module, budget: float,
-                 options: dict[str, Any], counter: _Counter,
-                 graphs: list[GraphMemory]) -> None:
-        self.name = name
-        self.module = module
-        self.budget = budget
-        self.options = options
-        self.counter = counter
-        self.graphs = graphs
-        self.fns: list[tuple[Any, Callable[..., Any]]] = []  # (input signature, callable)
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        # The captured callable has no guards: called with other inputs (a mask that is
-        # now None) it would run a graph traced for different ones. A call whose inputs
-        # differ is captured anew, as dynamo recompiles when a guard fails.
-        signature = _signature(args, kwargs)
-        fn = next((f for s, f in self.fns if s == signature), None)
-        if fn is None:
-            from torch.utils._python_dispatch import _disable_current_modes
-
-            with _disable_current_modes():  # compile outside the fake mode and the tracker
-                fn = self._compile(args, kwargs)
-            self.fns.append((signature, fn))
-        return fn(self.module, *args, **kwargs)
-
-    def _compile(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Callable[..., Any]:
-        from torch._dynamo import convert_frame
-        from torch._dynamo.exc import Unsupported
-        from torch._dynamo.utils import dynamo_timed, get_metrics_context
-        from torch._functorch import config as functorch_config
-        from torch._guards import TracingContext, tracing
-        from torch._inductor import config as inductor_config
-        from torch._inductor.compile_fx import compile_fx
-
-        label = self.name or "<model>"
-        try:
-            with (_dynamo_state_kept(), get_metrics_context(),
-                  dynamo_timed("remat_simulate_capture")):
-                capture = convert_frame.fullgraph_capture(self.module._call_impl, args, kwargs)
-        except Unsupported as error:
-            raise CompiledSimulationError(
-                f"{_API}: region {label} does not compile to one graph (dynamo: "
-                f"{str(error).splitlines()[0]}); the simulation models one inductor graph "
-                "per region. Compile the blocks instead (compile_blocks_with_budget), or "
-                "profile for real (simulate=False)") from error
-        backend_input = capture.backend_input
-        if backend_input is None:
-            raise CompiledSimulationError(f"{_API}: region {label} has no tensor op to compile")
-        for value in backend_input.example_inputs:
-            if isinstance(value, torch.SymInt) or (
-                    isinstance(value, torch.Tensor)
-                    and any(isinstance(s, torch.SymInt) for s in value.shape)):
-                raise CompiledSimulationError(
-                    f"{_API}: region {label} was traced with dynamic shapes; only static "
-                    "shapes are simulated")
-        context = TracingContext(backend_input.fake_mode)
-        context.tensor_to_context = backend_input.tensor_to_context
-        def inner(gm: fx.GraphModule, example_inputs: Sequence[Any], *rest: Any,
-                  **inner_kwargs: Any) -> Any:
-            from torch._inductor.compile_fx import compile_fx_inner
-
-            kind = ("backward" if inner_kwargs.get("is_backward")
-                    else "inference" if inner_kwargs.get("is_inference") else "forward")
-            sink: list[tuple[str, int]] = []
-            with _stop_at_wrapper(sink):
-                try:
-                    compile_fx_inner(gm, example_inputs, *rest, **inner_kwargs)
-                except Exception:
-                    if not sink:
-                        raise
-            if not sink:
-                raise CompiledSimulationError(
-                    f"{_API}: inductor compiled region {label}'s {kind} graph without "
-                    "generating its wrapper (a cached or non-Python-wrapper path); cannot "
-                    "simulate it")
-            source, kernels = sink[-1]
-            counts = count_graph(gm, label=self.name, kind=kind, budget=self.budget)
-            self.graphs.append(GraphMemory(region=self.name, kind=kind, kernels=kernels,
-                                           counts=counts))
-            return _Replay(_load_wrapper(source, self.name), counts, self.counter)
-
-        with (tracing(context),
-              functorch_config.patch(activation_memory_budget=self.budget,
-                                     enable_autograd_cache=False,
-                                     force_non_lazy_backward_lowering=True),
-              inductor_config.patch(self.options)):
-            compiled = compile_fx(backend_input.graph_module, backend_input.example_inputs,
-                                  inner_compile=inner)
-        if not callable(compiled):
-            raise CompiledSimulationError(
-                f"{_API}: inductor returned a {type(compiled).__name__} for region {label}, "
-                "not a callable (an AOT/export mode?); cannot simulate it")
-        # the globals dynamo installed while tracing (modules, constructors of the output
-        # structure) live in the traced function's global scope, as for a real compile
-        return capture.forward_callable(
-            compiled_fn=compiled, extra_globals=capture.graph_capture_output.f_globals)
 
 
 # ---- the step ----------------------------------------------------------------------------
@@ -596,15 +239,15 @@ def simulate_compiled(
         raise ValueError(f"{_API}: {type(model).__name__} has no compiled module; "
                          "use remat.profile(model, batch, simulate=True) for eager models")
     wrappers = _wrappers(model)
-    settings = [_region_backend(name, module, wrappers.get(id(module)), model)
+    settings = [region_backend(name, module, wrappers.get(id(module)), model)
                 for name, module in regions]
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
     fmodel, replaced, copies = _fake_copy(model, fake_mode, device, regions)
-    counter = _Counter()
+    counter = GraphRuns()
     graphs: list[GraphMemory] = []
     for (name, _), (budget, options) in zip(regions, settings, strict=True):
         region = copies[name]
-        region._compiled_call_impl = _SimRegion(name, region, budget, options, counter, graphs)
+        region._compiled_call_impl = SimRegion(name, region, budget, options, counter, graphs)
     fbatch = fake_batch(batch, fake_mode, device=device)
     fopt = fake_optimizer(optimizer, replaced) if optimizer is not None else None
     fstep = Step(fmodel, fbatch, loss_fn=loss_fn, optimizer=fopt)
@@ -625,7 +268,7 @@ def simulate_compiled(
     return _build(tracked, counter, regions, settings, graphs, fstep.device)
 
 
-def _build(tracked: Any, counter: _Counter, regions: Sequence[tuple[str, nn.Module]],
+def _build(tracked: Any, counter: GraphRuns, regions: Sequence[tuple[str, nn.Module]],
            settings: Sequence[tuple[float, dict[str, Any]]], graphs: list[GraphMemory],
            device: torch.device) -> CompiledSimulation:
     tracker = tracked.tracker

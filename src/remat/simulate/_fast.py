@@ -61,114 +61,24 @@ import dataclasses
 import inspect
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Any
 
 from torch import nn
 
 from remat.simulate._point import shard
+from remat.simulate._samples import (
+    NotAffine,
+    Sample,
+    deepen,
+    on_chord,
+    sample_at,
+    sample_of,
+)
 from remat.simulate._setup import Setup
 from remat.simulate.result import SimulationRow
 
 __all__ = ["FastContext", "fast_rows"]
 
-_COMPUTE = ("forward", "backward", "recompute")
 _DEEPER = 3  # depth pairs tried before a row takes the exact path (NOTE [ Fast rows ], 5)
-_INTS = ("peak_bytes", "opt_peak_bytes", "activation_bytes", "param_bytes", "grad_bytes",
-         "optimizer_bytes", "batch_bytes", "flops", "recompute_flops")
-
-
-@dataclass(frozen=True)
-class _Sample:
-    """The figures of one shallow fake step that the rows are extrapolated from.
-
-    ``peak_bytes`` / ``phase`` / ``breakdown`` are the forward/backward moment's,
-    ``opt_peak_bytes`` / ``opt_breakdown`` the optimizer step's (0 / empty without one).
-    """
-
-    peak_bytes: int
-    opt_peak_bytes: int
-    activation_bytes: int
-    param_bytes: int
-    grad_bytes: int
-    optimizer_bytes: int
-    batch_bytes: int
-    flops: int
-    recompute_flops: int
-    phase: str | None
-    breakdown: dict[str, int]
-    opt_breakdown: dict[str, int]
-    ops: tuple[Any, ...]  # empty once extrapolated in depth
-    compute_ms: float  # roofline of forward, backward and recompute
-    recompute_ms: float
-    optimizer_ms: float
-
-
-def _times(ops: Sequence[Any], device: Any) -> dict[str, float]:
-    from remat.measure import roofline_ms
-
-    return {"compute_ms": float(roofline_ms(ops, device, phases=_COMPUTE)),
-            "recompute_ms": float(roofline_ms(ops, device, phases=("recompute",))),
-            "optimizer_ms": float(roofline_ms(ops, device, phases=("optimizer",)))}
-
-
-def _sample(prof: Any, device: Any) -> _Sample:
-    ops = tuple(prof.ops)
-    moments = {p: m for p, m in prof.phase_peaks.items() if p != "optimizer"}
-    phase = max(moments, key=lambda p: (moments[p].peak_bytes, -moments[p].order))
-    fwd = moments[phase]
-    opt = prof.phase_peaks.get("optimizer")
-    return _Sample(int(fwd.peak_bytes), int(opt.peak_bytes) if opt is not None else 0,
-                   int(prof.activation_bytes), int(prof.param_bytes),
-                   int(prof.grad_bytes), int(prof.optimizer_bytes), int(prof.batch_bytes),
-                   int(prof.flops), int(prof.recompute_flops), phase, dict(fwd.breakdown),
-                   dict(opt.breakdown) if opt is not None else {}, ops, **_times(ops, device))
-
-
-class _NotAffine(Exception):
-    """Two samples do not line up (different ops): use the exact path."""
-
-
-def _affine(a: int, b: int, xa: int, xb: int, x: int) -> int:
-    """The integer affine function through ``(xa, a)`` and ``(xb, b)`` at ``x``."""
-    if xa == xb:
-        return a
-    num = (b - a) * (x - xa)
-    if num % (xb - xa):
-        raise _NotAffine
-    return a + num // (xb - xa)
-
-
-def _mix(s1: _Sample, s2: _Sample, x1: int, x2: int, x: int, *,
-         device: Any = None) -> _Sample:
-    """Every figure affine through two samples at ``x1 < x2``, evaluated at ``x``.
-
-    With ``device`` (the batch direction) each op's FLOPs and bytes are interpolated
-    and the times summed from them; without (the depth direction) the times are.
-    """
-    ints = {k: _affine(getattr(s1, k), getattr(s2, k), x1, x2, x) for k in _INTS}
-    breakdown, opt_breakdown = (
-        {k: _affine(a.get(k, 0), b.get(k, 0), x1, x2, x) for k in a.keys() | b.keys()}
-        for a, b in ((s1.breakdown, s2.breakdown), (s1.opt_breakdown, s2.opt_breakdown)))
-    phase = s2.phase if x >= x2 else s1.phase
-    if device is None:
-        times = {k: getattr(s1, k) + (getattr(s2, k) - getattr(s1, k)) * (x - x1) / (x2 - x1)
-                 for k in ("compute_ms", "recompute_ms", "optimizer_ms")}
-        return _Sample(**ints, phase=phase, breakdown=breakdown, opt_breakdown=opt_breakdown,
-                       ops=(), **times)
-    if len(s1.ops) != len(s2.ops):
-        raise _NotAffine
-    ops = []
-    for o1, o2 in zip(s1.ops, s2.ops, strict=True):
-        if o1.name != o2.name or o1.phase != o2.phase:
-            raise _NotAffine
-        ops.append(dataclasses.replace(
-            o1, flops=_affine(o1.flops, o2.flops, x1, x2, x),
-            read_bytes=_affine(o1.read_bytes, o2.read_bytes, x1, x2, x),
-            write_bytes=_affine(o1.write_bytes, o2.write_bytes, x1, x2, x)))
-    times = _times(ops, device)
-    return _Sample(**ints, phase=phase, breakdown=breakdown, opt_breakdown=opt_breakdown,
-                   ops=tuple(ops), **times)  # type: ignore[arg-type]
 
 
 def _stack(setup: Setup) -> tuple[nn.Module, str, list[nn.Module]] | None:
@@ -265,7 +175,7 @@ class FastContext:
 
 
 def _measure(ctx: FastContext, label: str, depth: int, sizes: Sequence[int],
-             seq_len: int) -> dict[int, _Sample]:
+             seq_len: int) -> dict[int, Sample]:
     """Samples of ``label``'s step (optimizer included) at ``depth`` blocks, one warm-up
     step for all sizes (:func:`remat.measure.profile.simulated_steps`)."""
     from remat.simulate._point import profile_points
@@ -281,35 +191,11 @@ def _measure(ctx: FastContext, label: str, depth: int, sizes: Sequence[int],
                                    cut.optimizer)
         finally:
             remove(cut.model)
-    return {b: _sample(prof, cut.device) for b, prof in zip(sizes, profs, strict=True)}
-
-
-def _at(samples: dict[int, _Sample], b: int, device: Any) -> _Sample:
-    """The sample at batch size ``b``: measured, else on the chord of the two sizes
-    above 1 (NOTE [ Fast rows ], 4)."""
-    if b in samples:
-        return samples[b]
-    lo, hi = min(s for s in samples if s != 1), max(samples)
-    return _mix(samples[lo], samples[hi], lo, hi, b, device=device)
-
-
-def _on_chord(samples: dict[int, _Sample], ends: Sequence[int], middle: int,
-              device: Any) -> bool:
-    """Whether the middle sample's figures are on the chord of the ends' (NOTE [ Fast rows ])."""
-    try:
-        chord = _mix(samples[ends[0]], samples[ends[1]], ends[0], ends[1], middle,
-                     device=device)
-    except _NotAffine:
-        return False
-    seen = samples[middle]
-    return all(getattr(chord, k) == getattr(seen, k) for k in _INTS) and all(
-        {k: v for k, v in getattr(chord, key).items() if v}
-        == {k: v for k, v in getattr(seen, key).items() if v}
-        for key in ("breakdown", "opt_breakdown"))
+    return {b: sample_of(prof, cut.device) for b, prof in zip(sizes, profs, strict=True)}
 
 
 def _level(ctx: FastContext, label: str, depth: int, sizes: Sequence[int],
-           seq_len: int) -> dict[int, _Sample]:
+           seq_len: int) -> dict[int, Sample]:
     """Samples at one depth that give every size (NOTE [ Fast rows ], 2 and 4): batch
     size 1 on its own, the smallest and largest size above it, and a middle size that
     checks their chord; every size measured when the check fails."""
@@ -320,25 +206,10 @@ def _level(ctx: FastContext, label: str, depth: int, sizes: Sequence[int],
     ends = [affine[0], affine[-1]]
     middle = affine[len(affine) // 2]
     samples = _measure(ctx, label, depth, [*ones, *ends, middle], seq_len)
-    if not _on_chord(samples, ends, middle, ctx.setup.device):
+    if not on_chord(samples, ends, middle, ctx.setup.device):
         samples.update(_measure(ctx, label, depth, [b for b in sizes if b not in samples],
                                 seq_len))
     return samples
-
-
-def _deepen(s1: _Sample, s2: _Sample, depths: tuple[int, int], n_blocks: int) -> _Sample:
-    """Extrapolate in depth; the two depths must peak at the same moments (same phase,
-    same kinds of bytes live) and the result must hold no negative part."""
-    for key in ("breakdown", "opt_breakdown"):
-        kinds = [{k for k, v in getattr(s, key).items() if v} for s in (s1, s2)]
-        if kinds[0] != kinds[1]:
-            raise _NotAffine
-    if s1.phase != s2.phase:
-        raise _NotAffine
-    out = _mix(s1, s2, *depths, n_blocks)
-    if any(v < 0 for v in [*out.breakdown.values(), *out.opt_breakdown.values()]):
-        raise _NotAffine
-    return out
 
 
 def fast_rows(ctx: FastContext, label: str, sizes: Sequence[int],
@@ -353,7 +224,7 @@ def fast_rows(ctx: FastContext, label: str, sizes: Sequence[int],
         return None
     first, step = cut
     device = ctx.setup.device
-    samples: dict[int, _Sample] = {}
+    samples: dict[int, Sample] = {}
     try:
         levels = {d: _level(ctx, label, d, sizes, seq_len) for d in (first, first + step)}
         depth = first + step
@@ -361,10 +232,10 @@ def fast_rows(ctx: FastContext, label: str, sizes: Sequence[int],
         for _ in range(_DEEPER):
             for b in pending:
                 try:
-                    samples[b] = _deepen(_at(levels[depth - step], b, device),
-                                         _at(levels[depth], b, device),
+                    samples[b] = deepen(sample_at(levels[depth - step], b, device),
+                                         sample_at(levels[depth], b, device),
                                          (depth - step, depth), n_blocks)
-                except _NotAffine:
+                except NotAffine:
                     continue
             pending = [b for b in pending if b not in samples]
             depth += step
@@ -372,13 +243,13 @@ def fast_rows(ctx: FastContext, label: str, sizes: Sequence[int],
                 break
             # NOTE [ Fast rows ], 5: the two depths peak at different moments
             levels[depth] = _measure(ctx, label, depth, pending, seq_len)
-    except _NotAffine:
+    except NotAffine:
         return None
     return [_row(ctx.setup, label, b, seq_len, samples[b]) if b in samples else None
             for b in sizes]
 
 
-def _moments(setup: Setup, sample: _Sample) -> tuple[int, int, str | None]:
+def _moments(setup: Setup, sample: Sample) -> tuple[int, int, str | None]:
     """``(one-device peak, rank peak, phase)`` from the two moments (NOTE [ Fast rows ], 3),
     sharded as :func:`remat.simulate._point._rank_peak` shards an exact step."""
     fwd_peak, opt_peak = sample.peak_bytes, sample.opt_peak_bytes
@@ -393,7 +264,7 @@ def _moments(setup: Setup, sample: _Sample) -> tuple[int, int, str | None]:
 
 
 def _row(setup: Setup, label: str, batch_size: int, seq_len: int,
-         sample: _Sample) -> SimulationRow:
+         sample: Sample) -> SimulationRow:
     from remat.simulate._point import per_rank
 
     peak, rank_peak, phase = _moments(setup, sample)

@@ -1,0 +1,152 @@
+"""The arithmetic of :mod:`remat.simulate._fast`'s samples: the figures of one shallow fake
+step, extrapolated along a line through two of them, checked on a chord (NOTE [ Fast rows ]
+in _fast.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["COMPUTE", "INTS", "NotAffine", "Sample", "affine", "deepen", "mix", "on_chord",
+           "roofline_times", "sample_at", "sample_of"]
+
+COMPUTE = ("forward", "backward", "recompute")
+INTS = ("peak_bytes", "opt_peak_bytes", "activation_bytes", "param_bytes", "grad_bytes",
+         "optimizer_bytes", "batch_bytes", "flops", "recompute_flops")
+
+
+@dataclass(frozen=True)
+class Sample:
+    """The figures of one shallow fake step that the rows are extrapolated from.
+
+    ``peak_bytes`` / ``phase`` / ``breakdown`` are the forward/backward moment's,
+    ``opt_peak_bytes`` / ``opt_breakdown`` the optimizer step's (0 / empty without one).
+    """
+
+    peak_bytes: int
+    opt_peak_bytes: int
+    activation_bytes: int
+    param_bytes: int
+    grad_bytes: int
+    optimizer_bytes: int
+    batch_bytes: int
+    flops: int
+    recompute_flops: int
+    phase: str | None
+    breakdown: dict[str, int]
+    opt_breakdown: dict[str, int]
+    ops: tuple[Any, ...]  # empty once extrapolated in depth
+    compute_ms: float  # roofline of forward, backward and recompute
+    recompute_ms: float
+    optimizer_ms: float
+
+
+def roofline_times(ops: Sequence[Any], device: Any) -> dict[str, float]:
+    from remat.measure import roofline_ms
+
+    return {"compute_ms": float(roofline_ms(ops, device, phases=COMPUTE)),
+            "recompute_ms": float(roofline_ms(ops, device, phases=("recompute",))),
+            "optimizer_ms": float(roofline_ms(ops, device, phases=("optimizer",)))}
+
+
+def sample_of(prof: Any, device: Any) -> Sample:
+    """The sample of one shallow step's profile: both moments, every op, roofline times."""
+    ops = tuple(prof.ops)
+    moments = {p: m for p, m in prof.phase_peaks.items() if p != "optimizer"}
+    phase = max(moments, key=lambda p: (moments[p].peak_bytes, -moments[p].order))
+    fwd = moments[phase]
+    opt = prof.phase_peaks.get("optimizer")
+    return Sample(int(fwd.peak_bytes), int(opt.peak_bytes) if opt is not None else 0,
+                  int(prof.activation_bytes), int(prof.param_bytes),
+                  int(prof.grad_bytes), int(prof.optimizer_bytes), int(prof.batch_bytes),
+                  int(prof.flops), int(prof.recompute_flops), phase, dict(fwd.breakdown),
+                  dict(opt.breakdown) if opt is not None else {}, ops,
+                  **roofline_times(ops, device))
+
+
+class NotAffine(Exception):
+    """Two samples do not line up (different ops): use the exact path."""
+
+
+def affine(a: int, b: int, xa: int, xb: int, x: int) -> int:
+    """The integer affine function through ``(xa, a)`` and ``(xb, b)`` at ``x``."""
+    if xa == xb:
+        return a
+    num = (b - a) * (x - xa)
+    if num % (xb - xa):
+        raise NotAffine
+    return a + num // (xb - xa)
+
+
+def mix(s1: Sample, s2: Sample, x1: int, x2: int, x: int, *,
+         device: Any = None) -> Sample:
+    """Every figure affine through two samples at ``x1 < x2``, evaluated at ``x``.
+
+    With ``device`` (the batch direction) each op's FLOPs and bytes are interpolated
+    and the times summed from them; without (the depth direction) the times are.
+    """
+    ints = {k: affine(getattr(s1, k), getattr(s2, k), x1, x2, x) for k in INTS}
+    breakdown, opt_breakdown = (
+        {k: affine(a.get(k, 0), b.get(k, 0), x1, x2, x) for k in a.keys() | b.keys()}
+        for a, b in ((s1.breakdown, s2.breakdown), (s1.opt_breakdown, s2.opt_breakdown)))
+    phase = s2.phase if x >= x2 else s1.phase
+    if device is None:
+        times = {k: getattr(s1, k) + (getattr(s2, k) - getattr(s1, k)) * (x - x1) / (x2 - x1)
+                 for k in ("compute_ms", "recompute_ms", "optimizer_ms")}
+        return Sample(**ints, phase=phase, breakdown=breakdown, opt_breakdown=opt_breakdown,
+                       ops=(), **times)
+    if len(s1.ops) != len(s2.ops):
+        raise NotAffine
+    ops = []
+    for o1, o2 in zip(s1.ops, s2.ops, strict=True):
+        if o1.name != o2.name or o1.phase != o2.phase:
+            raise NotAffine
+        ops.append(dataclasses.replace(
+            o1, flops=affine(o1.flops, o2.flops, x1, x2, x),
+            read_bytes=affine(o1.read_bytes, o2.read_bytes, x1, x2, x),
+            write_bytes=affine(o1.write_bytes, o2.write_bytes, x1, x2, x)))
+    times = roofline_times(ops, device)
+    return Sample(**ints, phase=phase, breakdown=breakdown, opt_breakdown=opt_breakdown,
+                   ops=tuple(ops), **times)  # type: ignore[arg-type]
+
+
+def sample_at(samples: dict[int, Sample], b: int, device: Any) -> Sample:
+    """The sample at batch size ``b``: measured, else on the chord of the two sizes
+    above 1 (NOTE [ Fast rows ], 4)."""
+    if b in samples:
+        return samples[b]
+    lo, hi = min(s for s in samples if s != 1), max(samples)
+    return mix(samples[lo], samples[hi], lo, hi, b, device=device)
+
+
+def on_chord(samples: dict[int, Sample], ends: Sequence[int], middle: int,
+              device: Any) -> bool:
+    """Whether the middle sample's figures are on the chord of the ends' (NOTE [ Fast rows ])."""
+    try:
+        chord = mix(samples[ends[0]], samples[ends[1]], ends[0], ends[1], middle,
+                     device=device)
+    except NotAffine:
+        return False
+    seen = samples[middle]
+    return all(getattr(chord, k) == getattr(seen, k) for k in INTS) and all(
+        {k: v for k, v in getattr(chord, key).items() if v}
+        == {k: v for k, v in getattr(seen, key).items() if v}
+        for key in ("breakdown", "opt_breakdown"))
+
+
+def deepen(s1: Sample, s2: Sample, depths: tuple[int, int], n_blocks: int) -> Sample:
+    """Extrapolate in depth; the two depths must peak at the same moments (same phase,
+    same kinds of bytes live) and the result must hold no negative part."""
+    for key in ("breakdown", "opt_breakdown"):
+        kinds = [{k for k, v in getattr(s, key).items() if v} for s in (s1, s2)]
+        if kinds[0] != kinds[1]:
+            raise NotAffine
+    if s1.phase != s2.phase:
+        raise NotAffine
+    out = mix(s1, s2, *depths, n_blocks)
+    if any(v < 0 for v in [*out.breakdown.values(), *out.opt_breakdown.values()]):
+        raise NotAffine
+    return out
