@@ -49,13 +49,9 @@ from remat.measure.compiled_sim import simulate_compiled
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _results import cpu_name, replace_section  # noqa: E402
-from compile import _models  # noqa: E402
+from compile import BUDGETS, OUT, MiB, _models  # noqa: E402
 
-HERE = Path(__file__).resolve().parent
-OUT = HERE / "RESULTS_compile.md"
 SECTION = "compile-sim"
-BUDGETS = (1.0, 0.75, 0.5, 0.25, 0.0)
-MiB = float(1 << 20)
 
 
 @dataclass

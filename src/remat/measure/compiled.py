@@ -268,11 +268,7 @@ def _build(tracked: Any, alloc: AllocatorPeak, regions: Sequence[tuple[str, nn.M
     profile = Profile(
         peak_bytes=static_bytes + alloc.peak_bytes,
         activation_bytes=alloc.mark_bytes.get("backward", 0),
-        param_bytes=static.get("params", 0),
-        buffer_bytes=static.get("buffers", 0),
-        grad_bytes=tracked.grad_bytes,
-        optimizer_bytes=static.get("optimizer_state", 0),
-        batch_bytes=static.get("batch", 0),
+        **tracked.resident_fields(),
         flops=fwd + bwd + rec,
         forward_flops=fwd,
         backward_flops=bwd,

@@ -294,15 +294,10 @@ def _build(tracked: Any, counter: GraphRuns, regions: Sequence[tuple[str, nn.Mod
                                 backward_flops=per_region.get(name, [0, 0, 0])[1],
                                 recompute_flops=per_region.get(name, [0, 0, 0])[2])
                    for name, _ in regions if name)
-    static = tracked.static
     profile = Profile(
         peak_bytes=tracker.peak_bytes,
         activation_bytes=tracker.activation_bytes,
-        param_bytes=static.get("params", 0),
-        buffer_bytes=static.get("buffers", 0),
-        grad_bytes=tracked.grad_bytes,
-        optimizer_bytes=static.get("optimizer_state", 0),
-        batch_bytes=static.get("batch", 0),
+        **tracked.resident_fields(),
         flops=fwd + bwd + rec,
         forward_flops=fwd,
         backward_flops=bwd,

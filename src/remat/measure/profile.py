@@ -81,15 +81,10 @@ def _build(tracked: Tracked, blocks: Sequence[tuple[str, nn.Module]], *, simulat
         )
         for name, _ in blocks
     )
-    static = tracked.static
     return Profile(
         peak_bytes=tracker.peak_bytes,
         activation_bytes=tracker.activation_bytes,
-        param_bytes=static.get("params", 0),
-        buffer_bytes=static.get("buffers", 0),
-        grad_bytes=tracked.grad_bytes,
-        optimizer_bytes=static.get("optimizer_state", 0),
-        batch_bytes=static.get("batch", 0),
+        **tracked.resident_fields(),
         flops=phase_flops["forward"] + phase_flops["backward"] + phase_flops["recompute"],
         forward_flops=phase_flops["forward"],
         backward_flops=phase_flops["backward"],

@@ -49,6 +49,16 @@ class Tracked:
     static: dict[str, int]
     grad_bytes: int
 
+    def resident_fields(self) -> dict[str, int]:
+        """The :class:`~remat.measure.results.Profile` fields of what the step holds
+        besides activations: parameter, buffer, gradient, optimizer-state and batch
+        bytes."""
+        return {"param_bytes": self.static.get("params", 0),
+                "buffer_bytes": self.static.get("buffers", 0),
+                "grad_bytes": self.grad_bytes,
+                "optimizer_bytes": self.static.get("optimizer_state", 0),
+                "batch_bytes": self.static.get("batch", 0)}
+
 
 def tracked_step(step: Step, blocks: Sequence[tuple[str, nn.Module]]) -> Tracked:
     model, optimizer = step.model, step.optimizer
