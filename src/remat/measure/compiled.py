@@ -34,6 +34,12 @@ NOTE [ Compiled FLOPs per step ]
     with that backend. That holds for remat's helpers (one graph pair per region,
     or several for graph breaks, each run once). A region recompiled for new
     shapes keeps its stale graphs in the log; use a fresh compile per shape.
+    Known over-count: blocks that share a backend (NOTE [ One backend per kind of
+    block ]) and are called with inputs of several signatures (a tensor, then
+    ``None``) compile a graph per signature, and every block is credited with
+    every graph of the shared log, whichever it ran (a two-block toy model
+    called twice per block: 92.3 MFLOP counted, 50.3 MFLOP run; the simulation,
+    which counts each graph when it runs, reads 50.3). Peaks are unaffected.
 
     Code outside the regions is counted from the eager step: forward ops outside
     every region (a ``loss_fn`` applied to a compiled model's output, the
