@@ -1,4 +1,4 @@
-"""benchmarks/peak_windows.py: the peak model's per-window error, the known bf16 gap included."""
+"""benchmarks/peak_windows.py: the peak model predicts every window exactly."""
 
 from __future__ import annotations
 
@@ -18,19 +18,17 @@ def _errors(capsys: pytest.CaptureFixture[str], *argv: str) -> list[int]:
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
-    assert module.main(["--model", "llama-small", "--seq", "128", "--batch", "8", *argv]) == 0
+    assert module.main(["--seq", "128", "--batch", "8", *argv]) == 0
     out = capsys.readouterr().out
     assert "choice:" in out
     return [int(m.replace(",", "")) for m in re.findall(r"^\S+ +[\d,]+ +[\d,]+ +([+-][\d,]+)$",
                                                         out, flags=re.M)]
 
 
-def test_peak_model_is_exact_in_fp32_and_under_predicts_bf16_by_hidden_states(
-        capsys: pytest.CaptureFixture[str]) -> None:
-    assert _errors(capsys, "--dtype", "fp32") == []
-    # bf16: one bf16 hidden state (batch 8 x seq 128 x d_model x 2 B) per block before the
-    # window, as the script's docstring explains; the closed loop corrects it.
-    errors = _errors(capsys, "--dtype", "bf16")
-    assert errors and all(e > 0 for e in errors)
-    hidden = min(errors)
-    assert all(e % hidden == 0 for e in errors)
+@pytest.mark.parametrize("model", ["llama-small", "gpt-small"])
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_peak_model_is_exact_in_every_window(capsys: pytest.CaptureFixture[str], model: str,
+                                              dtype: str) -> None:
+    # bf16 Llama used to be under-predicted by one hidden state per checkpointed block
+    # before the window (NOTE [ Who keeps a hidden state ] in block_run.py).
+    assert _errors(capsys, "--model", model, "--dtype", dtype) == []

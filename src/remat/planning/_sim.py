@@ -15,6 +15,17 @@ NOTE [ Memory windows ]
     sits inside the tracker and reads its live byte count after every op, so the
     peak of every window is known, not only the step's peak. The peak model
     (peak.py) explains each window's peak from the blocks' decisions.
+
+NOTE [ Gap windows ]
+    ``gap:i`` opens in block i's forward hook, while the caller still holds block
+    i's input (it passes it in ``args`` and has not yet rebound its variable to the
+    output). That moment is no peak of its own: it is the state after block i's
+    last op less what the block freed on returning, so ``fwd:i`` covers it. Counted
+    in ``gap:i`` it would add block i's input to the window whether or not block i
+    keeps it, which the peak model (which attributes the input to block i only when
+    block i keeps it, NOTE [ Who keeps a hidden state ] in block_run.py) cannot
+    express. So a gap window's peak is taken after its ops and at its close (when
+    the next window opens), not at its opening; the step's peak is unchanged.
 """
 
 from __future__ import annotations
@@ -97,14 +108,30 @@ class WindowRecorder:
         self.label: str | None = None
         self.starts: dict[str, int] = {}
         self.peaks: dict[str, int] = {}
+        self._at_close: set[str] = set()
         tracker.after_op = self._after_op
 
-    def open(self, label: str) -> None:
-        """Make ``label`` the current window (its start is the first time it opens)."""
+    def open(self, label: str, *, count_start: bool = True) -> None:
+        """Make ``label`` the current window (its start is the first time it opens).
+
+        With ``count_start=False`` the live bytes at opening do not count toward the
+        window's peak; its ops and its closing (the next :meth:`open`) do. See NOTE
+        [ Gap windows ].
+        """
         current = self._tracker.current_bytes
+        if self.label in self._at_close:
+            self.peaks[self.label] = max(self.peaks[self.label], current)
         self.label = label
         self.starts.setdefault(label, current)
-        self.peaks[label] = max(self.peaks.get(label, current), current)
+        if count_start:
+            self.peaks[label] = max(self.peaks.get(label, current), current)
+        else:
+            self._at_close.add(label)
+            self.peaks.setdefault(label, 0)
+
+    def finished_peaks(self) -> dict[str, int]:
+        """Every window's peak; a window that neither ran an op nor closed gets its start."""
+        return {label: peak or self.starts[label] for label, peak in self.peaks.items()}
 
     def _after_op(self) -> None:
         label = self.label
@@ -174,7 +201,7 @@ def run_windows(setup: FakeSetup, *, loss_fn: LossFn | None,
                 handle.remove()
         clear_grads(model)
     order = tuple(windows.starts)
-    return StepWindows(dict(windows.peaks), order, tracker.peak_bytes, tracker.peak_breakdown,
+    return StepWindows(windows.finished_peaks(), order, tracker.peak_bytes, tracker.peak_breakdown,
                        tracker.ops, static)
 
 
@@ -198,7 +225,7 @@ def _window_hooks(blocks: Sequence[tuple[str, nn.Module]], windows: WindowRecord
                  output: Any) -> None:
             if not live():
                 return
-            windows.open(f"gap:{i}")
+            windows.open(f"gap:{i}", count_start=False)  # NOTE [ Gap windows ]
             y = first_tensor(output)
             if y is not None and y.requires_grad:
                 y.register_hook(start_backward(i))

@@ -1,13 +1,15 @@
 """Run one block forward and backward under a candidate's decisions, tracked.
 
-See NOTE [ Gradient of the block output ] for how the backward is driven, and NOTE
-[ Memory windows ] in ``_sim.py`` for the windows the run is cut into.
+See NOTE [ Who keeps a hidden state ] for what counts as the block's saved bytes, NOTE
+[ Gradient of the block output ] for how the backward is driven, and NOTE [ Memory
+windows ] in ``_sim.py`` for the windows the run is cut into.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -53,7 +55,42 @@ def apply_parts(model: nn.Module, name: str, parts: Sequence[Part],
 #   output is reduced to a scalar through a fixed weight instead: autograd makes the
 #   output's gradient itself and frees it as it would in the step. That gradient is
 #   counted in this window rather than the previous one, the same for every candidate,
-#   and the peak model's calibration (peak.py) absorbs the constant.
+#   and the peak model's calibration (peak.py) absorbs the constant. The backward window
+#   starts once the block's input and output are dropped (NOTE [ Who keeps a hidden
+#   state ]), so ``backward_peak_bytes`` is the backward's high-water mark above the
+#   memory without the block's input, its output and anything the block keeps, plus
+#   ``saved_bytes``: the input counts only when the block keeps it, as in the step.
+
+
+# NOTE [ Who keeps a hidden state ]
+#   In the whole step, block i's output is block i+1's input, and it stays alive for
+#   backward only if some graph keeps it: un-checkpointed bf16 Llama blocks keep only the
+#   fp32 upcast of their input (RMSNorm), checkpointed ones (``full``, block-wide
+#   ``ops``) keep their input itself, fp32 norms keep it either way. So each hidden state
+#   is attributed to the block that keeps it, which makes the peak model's sums additive
+#   per block: a candidate's ``saved_bytes`` is what its graph keeps, its input counted
+#   only if its graph keeps the input, its output only if its own graph keeps the output.
+#   ``run_block`` runs the block on a clone of the captured input (a storage of its own
+#   and not a leaf: AccumulateGrad would hold a leaf), builds the scalar loss (which keeps
+#   the weight, not the output: verified), then drops every reference to the input and
+#   the output. What the tracker still counts (its ledger sees a storage die exactly when
+#   its memory is freed, NOTE [ Storage identity and frees ] in ledger.py) less the
+#   memory before the forward without the input, the weight and the loss is the saved
+#   bytes. The block's other inputs (masks, position embeddings shared by all blocks)
+#   stay referenced and are never counted. Measuring with the output alive and the input
+#   pre-existing instead (before 2026-11-22) under-predicted every bf16 window by one
+#   hidden state per checkpointed block before it.
+
+
+def _swap(value: Any, old: Tensor, new: Tensor) -> Any:
+    """``value`` with every occurrence of ``old`` (by identity) replaced by ``new``."""
+    if value is old:
+        return new
+    if isinstance(value, (tuple, list)):
+        return type(value)(_swap(v, old, new) for v in value)
+    if isinstance(value, dict):
+        return {k: _swap(v, old, new) for k, v in value.items()}
+    return value
 
 
 def run_block(setup: FakeSetup, name: str, block: nn.Module,
@@ -63,7 +100,12 @@ def run_block(setup: FakeSetup, name: str, block: nn.Module,
     apply_parts(setup.model, name, parts, [n for n, _ in setup.blocks])
     try:
         with setup.mode:
-            (args, kwargs), x = fresh_inputs(name, inputs)
+            (args, kwargs), leaf = fresh_inputs(name, inputs)
+            # See NOTE [ Who keeps a hidden state ]: the block's input gets a storage of
+            # its own, not a leaf (AccumulateGrad would hold a leaf), so that the tracker
+            # sees it freed unless the block's graph keeps it.
+            x = leaf.clone()
+        args, kwargs = _swap(args, leaf, x), _swap(kwargs, leaf, x)
         for p in block.parameters():
             p.grad = None
         tracker = MemoryTracker(device=setup.device, blocks=list(attribution) or [(name, block)])
@@ -84,14 +126,19 @@ def run_block(setup: FakeSetup, name: str, block: nn.Module,
             # See NOTE [ Gradient of the block output ].
             with torch.no_grad():
                 weights.append(torch.ones_like(y))
-            tracker.register(weights, "other")
+            weight_bytes = tracker.register(weights, "other")
             loss = (y * weights[0]).sum()
-            del out, y
+            # See NOTE [ Who keeps a hidden state ]: drop every reference to the block's
+            # input and output; what is still alive is what the block's graph keeps.
+            x_bytes = x.untyped_storage().nbytes()
+            args, kwargs = _swap(args, x, leaf), _swap(kwargs, x, leaf)
+            del out, y, x
+            saved = (tracker.current_bytes - (windows.starts["fwd"] - x_bytes)
+                     - weight_bytes - loss.untyped_storage().nbytes())
             tracker.set_phase("backward")
             windows.open("bwd")
             loss.backward()
             del loss
-        saved = windows.starts["saved"] - windows.starts["fwd"]
         return BlockRun(
             saved_bytes=saved,
             forward_peak_bytes=windows.peaks["fwd"] - windows.starts["fwd"],

@@ -83,8 +83,9 @@ class Candidate:
         parts: the decisions, ``()`` for none (keep everything), ``(("", d),)`` for a
             block-level decision ``d``, or ``(("attn", d1), ("mlp", d2))`` for decisions on
             the block's sub-layers (paths relative to the block).
-        saved_bytes: bytes the block's forward leaves alive for backward (its output
-            included: the next block keeps it either way).
+        saved_bytes: bytes the block's forward leaves alive for backward: its input or
+            output only if its own graph keeps them (NOTE [ Who keeps a hidden state ] in
+            block_run.py).
         forward_peak_bytes: the block forward's high-water mark above its start.
         backward_peak_bytes: the block backward's high-water mark above the memory just
             before it, plus ``saved_bytes``: the recompute working set, gradients and
