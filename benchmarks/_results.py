@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import datetime as dt
+import os
 import platform
+import shlex
+import time
+from collections.abc import Sequence
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
@@ -34,3 +39,18 @@ def cpu_name() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+def run_header(title: str, script: str, argv: Sequence[str], started: float) -> str:
+    """A section's title, the command that produced it and where and when it ran.
+
+    ``started`` is the run's ``time.time()`` at its start.
+    """
+    import torch
+
+    command = f"PYTHONPATH=src .venv/bin/python benchmarks/{script} " + shlex.join(argv)
+    return (f"## {title}\n\n"
+            f"Command: `{command.strip()}`  \n"
+            f"Machine: {cpu_name()}, {os.cpu_count()} cores, torch {torch.__version__}, "
+            f"{torch.get_num_threads()} threads; run "
+            f"{dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC, {time.time() - started:.0f} s.\n\n")

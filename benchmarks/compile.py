@@ -36,9 +36,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import datetime as dt
-import os
-import shlex
 import statistics
 import sys
 import time
@@ -61,7 +58,7 @@ from remat.models import build_model, make_batch
 from remat.planning.compiled_candidates import prepare_compiled
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _results import cpu_name, replace_section  # noqa: E402
+from _results import replace_section, run_header  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 OUT = HERE / "RESULTS_compile.md"
@@ -397,14 +394,9 @@ def main(argv: list[str] | None = None) -> int:
         torch._dynamo.reset()
     table = markdown(rows)
     print(table)
-    command = "PYTHONPATH=src .venv/bin/python benchmarks/compile.py " + shlex.join(
-        sys.argv[1:] if argv is None else argv)
-    body = (f"## torch.compile's activation memory budget vs remat\n\n"
-            f"Command: `{command.strip()}`  \n"
-            f"Machine: {cpu_name()}, {os.cpu_count()} cores, torch {torch.__version__}, "
-            f"{torch.get_num_threads()} threads; run "
-            f"{dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC, {time.time() - start:.0f} s.\n\n"
-            "Peak: the allocator's high-water mark of the step (PyTorch profiler memory "
+    body = (run_header("torch.compile's activation memory budget vs remat", "compile.py",
+                       sys.argv[1:] if argv is None else argv, start)
+            + "Peak: the allocator's high-water mark of the step (PyTorch profiler memory "
             "events) plus parameters, batch and optimizer state. Recompute: FLOPs beyond the "
             "budget-1.0 compiled step, as a share of it (eager has none by definition; "
             "counted on the partitioned graphs). Step: median of interleaved steps "

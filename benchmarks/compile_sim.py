@@ -29,9 +29,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import datetime as dt
-import os
-import shlex
 import sys
 import time
 from collections.abc import Callable
@@ -48,7 +45,7 @@ from remat.measure.compiled import measure_compiled
 from remat.measure.compiled_sim import simulate_compiled
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _results import cpu_name, replace_section  # noqa: E402
+from _results import replace_section, run_header  # noqa: E402
 from compile import BUDGETS, OUT, MiB, _models  # noqa: E402
 
 SECTION = "compile-sim"
@@ -150,14 +147,9 @@ def main(argv: list[str] | None = None) -> int:
         rows.extend(bench(name, build, budgets, blocks, log))
     table = markdown(rows)
     print(table)
-    command = "PYTHONPATH=src .venv/bin/python benchmarks/compile_sim.py " + shlex.join(
-        sys.argv[1:] if argv is None else argv)
-    body = (f"## Simulated compiled steps vs real ones\n\n"
-            f"Command: `{command.strip()}`  \n"
-            f"Machine: {cpu_name()}, {os.cpu_count()} cores, torch {torch.__version__}, "
-            f"{torch.get_num_threads()} threads; run "
-            f"{dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC, {time.time() - start:.0f} s.\n\n"
-            "Real peak: a real compiled step's allocator high-water mark plus parameters and "
+    body = (run_header("Simulated compiled steps vs real ones", "compile_sim.py",
+                       sys.argv[1:] if argv is None else argv, start)
+            + "Real peak: a real compiled step's allocator high-water mark plus parameters and "
             "batch (`measure_compiled`, as in the table above). Simulated peak: "
             "`remat.profile(compiled, batch, simulate=True)` on fake tensors, before the model "
             "ran: dynamo capture, AOTAutograd partition at the same budget, inductor's "
