@@ -103,13 +103,19 @@ def _hf_causal(config_name: str, model_name: str, seq: int, batch: int, vocab: i
     return model, {"input_ids": ids, "labels": ids.clone()}
 
 
+def _hf_gqa(config: str, cls: str, kv_heads: int, layers: int, d: int, seq: int, batch: int,
+            vocab: int) -> tuple[nn.Module, dict[str, torch.Tensor]]:
+    """A Llama-shaped Hugging Face decoder: 8 query heads, ``kv_heads`` key/value heads."""
+    return _hf_causal(config, cls, seq, batch, vocab, hidden_size=d,
+                      intermediate_size=688 * d // 256, num_hidden_layers=layers,
+                      num_attention_heads=8, num_key_value_heads=kv_heads,
+                      max_position_embeddings=seq, attention_dropout=0.0)
+
+
 def hf_llama(layers: int = 6, d: int = 256, seq: int = 256, batch: int = 4,
              vocab: int = 4096) -> tuple[nn.Module, dict[str, torch.Tensor]]:
     """A Hugging Face Llama."""
-    return _hf_causal("LlamaConfig", "LlamaForCausalLM", seq, batch, vocab, hidden_size=d,
-                      intermediate_size=688 * d // 256, num_hidden_layers=layers,
-                      num_attention_heads=8, num_key_value_heads=4,
-                      max_position_embeddings=seq, attention_dropout=0.0)
+    return _hf_gqa("LlamaConfig", "LlamaForCausalLM", 4, layers, d, seq, batch, vocab)
 
 
 def hf_gpt2(layers: int = 6, d: int = 256, seq: int = 256, batch: int = 4,
@@ -123,10 +129,7 @@ def hf_gpt2(layers: int = 6, d: int = 256, seq: int = 256, batch: int = 4,
 def hf_qwen2(layers: int = 6, d: int = 256, seq: int = 256, batch: int = 4,
              vocab: int = 4096) -> tuple[nn.Module, dict[str, torch.Tensor]]:
     """A Hugging Face Qwen2 (grouped-query attention with q/k/v biases)."""
-    return _hf_causal("Qwen2Config", "Qwen2ForCausalLM", seq, batch, vocab, hidden_size=d,
-                      intermediate_size=688 * d // 256, num_hidden_layers=layers,
-                      num_attention_heads=8, num_key_value_heads=2,
-                      max_position_embeddings=seq, attention_dropout=0.0)
+    return _hf_gqa("Qwen2Config", "Qwen2ForCausalLM", 2, layers, d, seq, batch, vocab)
 
 
 def _models(quick: bool) -> list[tuple[str, Callable[[], tuple[nn.Module, Any]]]]:

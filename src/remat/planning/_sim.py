@@ -34,7 +34,7 @@ import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
@@ -49,6 +49,9 @@ from remat.measure.tracked import held_gc
 from remat.measure.tracker import MemoryTracker, OpRecord
 from remat.recompute import is_recomputing
 from remat.strategies import remove
+
+if TYPE_CHECKING:
+    from remat.measure.results import Profile
 
 __all__ = ["FakeSetup", "StepWindows", "WindowRecorder", "fake_setup", "quiet", "run_windows"]
 
@@ -76,7 +79,7 @@ class FakeSetup:
     optimizer: torch.optim.Optimizer | None
     blocks: list[tuple[str, nn.Module]]
     device: torch.device
-    profiles: dict[Any, Any] = field(default_factory=dict)
+    profiles: dict[tuple[tuple[str, Any], ...], Profile | None] = field(default_factory=dict)
 
 
 def fake_setup(model: nn.Module, batch: Any, *, optimizer: torch.optim.Optimizer | None,

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+from torch.utils._pytree import tree_map
 
 from remat.measure.ledger import first_tensor
 from remat.measure.tracked import held_gc
@@ -84,13 +85,7 @@ def apply_parts(model: nn.Module, name: str, parts: Sequence[Part],
 
 def _swap(value: Any, old: Tensor, new: Tensor) -> Any:
     """``value`` with every occurrence of ``old`` (by identity) replaced by ``new``."""
-    if value is old:
-        return new
-    if isinstance(value, (tuple, list)):
-        return type(value)(_swap(v, old, new) for v in value)
-    if isinstance(value, dict):
-        return {k: _swap(v, old, new) for k, v in value.items()}
-    return value
+    return tree_map(lambda v: new if v is old else v, value)
 
 
 def run_block(setup: FakeSetup, name: str, block: nn.Module,

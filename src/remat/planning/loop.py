@@ -71,7 +71,7 @@ def measure_on_copy(step: Step, ctx: PlanContext, decisions: Mapping[str, BlockD
     key = tuple(sorted(decisions.items(), key=lambda item: item[0]))
     if key not in setup.profiles:
         setup.profiles[key] = _measure_on_copy(step, setup, decisions)
-    return setup.profiles[key]  # type: ignore[no-any-return]
+    return setup.profiles[key]
 
 
 def _measure_on_copy(step: Step, setup: FakeSetup, decisions: Mapping[str, BlockDecision]
