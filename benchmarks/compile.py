@@ -30,6 +30,9 @@ Usage::
 
     PYTHONPATH=src .venv/bin/python benchmarks/compile.py            # ~10-20 min, 2 cores
     PYTHONPATH=src .venv/bin/python benchmarks/compile.py --quick    # tiny smoke run
+    PYTHONPATH=src .venv/bin/python benchmarks/compile.py --no-remat --repeats 3 \
+        --models hf-gpt2,hf-qwen2 --section compile-heldout \
+        --title "Held-out Hugging Face models: GPT-2 and Qwen2 (same protocol)"
 """
 
 from __future__ import annotations
@@ -368,6 +371,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=5, help="timed steps per variant")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: all cores)")
     parser.add_argument("--out", type=Path, default=OUT, help="markdown file to write")
+    parser.add_argument("--section", default=SECTION,
+                        help=f"the section of --out to replace (default {SECTION}; the held-out "
+                             "run writes compile-heldout)")
+    parser.add_argument("--title", default="torch.compile's activation memory budget vs remat",
+                        help="the section's heading")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -397,15 +405,16 @@ def main(argv: list[str] | None = None) -> int:
         torch._dynamo.reset()
     table = markdown(rows)
     print(table)
-    body = (run_header("torch.compile's activation memory budget vs remat", "compile.py",
-                       sys.argv[1:] if argv is None else argv, start)
+    body = (run_header(args.title, "compile.py", sys.argv[1:] if argv is None else argv, start)
             + "Peak: the allocator's high-water mark of the step (PyTorch profiler memory "
             "events) plus parameters, batch and optimizer state. Recompute: FLOPs beyond the "
             "budget-1.0 compiled step, as a share of it (eager has none by definition; "
             "counted on the partitioned graphs). Step: median of interleaved steps "
             f"({args.repeats} each). Grad error: max |g - g_eager| / max |g_eager|.\n\n"
             + table)
-    args.out.write_text(replace_section("", SECTION, body))
+    # Only this run's section is replaced; the file's other sections and text stay.
+    args.out.write_text(replace_section(args.out.read_text() if args.out.exists() else "",
+                                        args.section, body))
     log(f"wrote {args.out}")
     return 0
 
