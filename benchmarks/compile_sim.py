@@ -42,7 +42,7 @@ from torch import nn
 
 from remat.integrations.compiler_budget import compile_blocks_with_budget, compile_with_budget
 from remat.measure.compiled import measure_compiled
-from remat.measure.compiled_sim import simulate_compiled
+from remat.measure.compiled_sim import CompiledSimulationError, simulate_compiled
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _results import replace_section, run_header  # noqa: E402
@@ -64,6 +64,7 @@ class Row:
     sim_flops: int
     sim_s: float
     new_graphs: int
+    refused: str = ""  # the simulation's refusal (CompiledSimulationError), if it refused
 
     @property
     def error(self) -> float:
@@ -82,7 +83,14 @@ def bench(name: str, build: Callable[[], tuple[nn.Module, Any]], budgets: tuple[
         for budget in budgets:
             compiled = compile_at(copy.deepcopy(model), budget)
             t0 = time.time()
-            sim = simulate_compiled(compiled, batch)
+            try:
+                sim = simulate_compiled(compiled, batch)
+            except CompiledSimulationError as exc:  # refused: recorded, not an error row
+                real = measure_compiled(compiled, batch, timing=False)
+                rows.append(Row(name, how, budget, real.peak_bytes, 0, 0, 0, 0, 0, 0.0,
+                                real.new_graphs, refused=str(exc).split(": ", 1)[-1]))
+                log(f"{name} {how} {budget:g}: refused ({rows[-1].refused})")
+                continue
             sim_s = time.time() - t0
             real = measure_compiled(compiled, batch, timing=False)
             row = Row(name, how, budget, real.peak_bytes, sim.peak_bytes,
@@ -101,12 +109,19 @@ def markdown(rows: list[Row]) -> str:
              "real activations | simulated activations | FLOPs equal | simulation time |",
              "|---|---|--:|--:|--:|--:|--:|--:|--:|:-:|--:|"]
     for r in rows:
+        if r.refused:
+            lines.append(f"| {r.model} | {r.how} | {r.budget:g} | {r.real_peak / MiB:.2f} MiB | "
+                         f"refused: {r.refused} | | | | | | |")
+            continue
         lines.append(
             f"| {r.model} | {r.how} | {r.budget:g} | {r.real_peak / MiB:.2f} MiB | "
             f"{r.sim_peak / MiB:.2f} MiB | {100 * r.error:+.2f}% | "
             f"{r.sim_peak - r.real_peak:+,d} B | {r.real_act / MiB:.2f} MiB | "
             f"{r.sim_act / MiB:.2f} MiB | {'yes' if r.real_flops == r.sim_flops else 'no'} | "
             f"{r.sim_s:.1f} s |")
+    rows = [r for r in rows if not r.refused]
+    if not rows:
+        return "\n".join(lines) + "\n"
     worst = max(rows, key=lambda r: abs(r.error))
     lines.append("")
     lines.append(f"Largest |error|: {100 * abs(worst.error):.2f}% ({worst.model}, "
@@ -127,6 +142,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="comma-separated models to also compile per block "
                              "(compile_blocks_with_budget); default: none")
     parser.add_argument("--out", type=Path, default=OUT, help="markdown file to write")
+    parser.add_argument("--section", default=SECTION,
+                        help=f"the section of --out to replace (default {SECTION})")
+    parser.add_argument("--title", default="Simulated compiled steps vs real ones",
+                        help="the section's heading")
     args = parser.parse_args(argv)
     torch._dynamo.config.recompile_limit = 64  # many compiles of the same classes' code
     budgets = tuple(float(b) for b in args.budgets.split(","))
@@ -147,8 +166,8 @@ def main(argv: list[str] | None = None) -> int:
         rows.extend(bench(name, build, budgets, blocks, log))
     table = markdown(rows)
     print(table)
-    body = (run_header("Simulated compiled steps vs real ones", "compile_sim.py",
-                       sys.argv[1:] if argv is None else argv, start)
+    body = (run_header(args.title, "compile_sim.py", sys.argv[1:] if argv is None else argv,
+                       start)
             + "Real peak: a real compiled step's allocator high-water mark plus parameters and "
             "batch (`measure_compiled`, as in the table above). Simulated peak: "
             "`remat.profile(compiled, batch, simulate=True)` on fake tensors, before the model "
@@ -159,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
             "profile's FLOPs (partitioned graphs + eager code) equal the real profile's.\n\n"
             + table)
     args.out.write_text(replace_section(args.out.read_text() if args.out.exists() else "",
-                                        SECTION, body))
+                                        args.section, body))
     log(f"wrote {args.out}")
     return 0
 
