@@ -228,3 +228,43 @@ def test_remat_profile_measures_a_compiled_model_as_it_runs(whole: nn.Module) ->
     sim = remat.profile(whole, BATCH, simulate=True)  # #10 item 3: see test_compiled_sim.py
     assert sim.simulated and sim.peak_bytes == prof.peak_bytes
     assert _peak(whole) == before_peak
+
+
+class _SignatureBlock(nn.Module):
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(d, 4 * d)
+        self.fc2 = nn.Linear(4 * d, d)
+
+    def forward(self, x: torch.Tensor, extra: torch.Tensor | None = None) -> torch.Tensor:
+        if extra is not None:
+            x = x + extra
+        return x + self.fc2(torch.relu(self.fc1(x)))
+
+
+class _TwoSignatures(nn.Module):
+    """Two identical blocks (one shared backend) called with different signatures."""
+
+    def __init__(self, d: int = 32) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList([_SignatureBlock(d), _SignatureBlock(d)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.blocks[1](self.blocks[0](x, x), None).sum()
+
+
+def test_graph_runs_are_counted_not_assumed() -> None:
+    # NOTE [ Counting graph runs ]: the shared backend holds two graph pairs (one per
+    # signature); each block ran one pair, so the compiled FLOPs equal the eager ones.
+    from remat.integrations.compiler_budget import compile_blocks_with_budget
+    from remat.measure.compiled import measure_compiled
+
+    torch.manual_seed(0)
+    model, x = _TwoSignatures(), torch.randn(16, 32)
+    eager = remat.profile(model, x, loss_fn=lambda out, b: out, timing=False)
+    compile_blocks_with_budget(model, 1.0)
+    got = measure_compiled(model, x, loss_fn=lambda out, b: out, timing=False)
+    assert len(got.graphs) == 4
+    assert got.profile.flops == eager.flops
+    assert sum(b.forward_flops for b in got.profile.blocks) == eager.forward_flops
+    assert got.counted

@@ -34,12 +34,15 @@ NOTE [ Compiled FLOPs per step ]
     with that backend. That holds for remat's helpers (one graph pair per region,
     or several for graph breaks, each run once). A region recompiled for new
     shapes keeps its stale graphs in the log; use a fresh compile per shape.
-    Known over-count: blocks that share a backend (NOTE [ One backend per kind of
-    block ]) and are called with inputs of several signatures (a tensor, then
-    ``None``) compile a graph per signature, and every block is credited with
-    every graph of the shared log, whichever it ran (a two-block toy model
-    called twice per block: 92.3 MFLOP counted, 50.3 MFLOP run; the simulation,
-    which counts each graph when it runs, reads 50.3). Peaks are unaffected.
+    Each graph is counted as often as it ran in the measured step (NOTE [ Counting
+    graph runs ] in compiled_graphs.py), so graphs compiled for shapes or
+    signatures the step does not use count nothing, and blocks that share a
+    backend and call it with several signatures (a tensor, then ``None``) count
+    the graphs they ran: a two-block toy model read 23.1 MFLOP (twice its eager
+    11.5) before runs were counted. Where runs cannot be counted (a callable that
+    takes no weak reference) a graph counts once per region compiled with it. A
+    backend's runs are split evenly between the regions that share it: step totals
+    are exact, per-block figures are even shares.
 
     Code outside the regions is counted from the eager step: forward ops outside
     every region (a ``loss_fn`` applied to a compiled model's output, the
@@ -61,7 +64,12 @@ import torch
 from torch import nn
 
 from remat.measure.allocator import AllocatorPeak, allocator_peak, mark
-from remat.measure.compiled_graphs import CompiledGraph, CountingBackend, backend_of
+from remat.measure.compiled_graphs import (
+    CompiledGraph,
+    CountingBackend,
+    backend_of,
+    counting_runs,
+)
 from remat.measure.results import BlockProfile, Profile
 from remat.measure.state import preserved_state
 from remat.measure.step import LossFn, Step, clear_grads, model_device, run_step
@@ -208,10 +216,14 @@ def measure_compiled(
         run_step(model, batch, loss_fn=loss_fn, optimizer=optimizer)  # warm-up, compiles
         clear_grads(model)
         graphs_before = dynamo_graph_count()
-        alloc = allocator_peak(
-            lambda: run_step(model, batch, loss_fn=loss_fn, optimizer=optimizer, on_phase=mark),
-            device=device,
-        )
+        logs = {id(b.log): b.log for b, _ in _region_graphs(regions, model).values()
+                if b is not None}
+        with counting_runs(logs.values()) as runs:
+            alloc = allocator_peak(
+                lambda: run_step(model, batch, loss_fn=loss_fn, optimizer=optimizer,
+                                 on_phase=mark),
+                device=device,
+            )
         clear_grads(model)
         with torch.compiler.set_stance("force_eager"):
             tracked = tracked_step(Step(model, batch, loss_fn=loss_fn, optimizer=optimizer),
@@ -222,12 +234,39 @@ def measure_compiled(
             times = time_step(model, batch, loss_fn=loss_fn, optimizer=optimizer,
                               repeats=repeats, device=device, warmup=0)
         new_graphs = dynamo_graph_count() - graphs_before
-    return _build(tracked, alloc, regions, model, times, new_graphs, device)
+    return _build(tracked, alloc, regions, model, times, new_graphs, device, dict(runs))
+
+
+def _runs_per_region(per_region: dict[str, tuple[CountingBackend | None,
+                                                 tuple[CompiledGraph, ...]]],
+                     runs: dict[int, int]) -> dict[str, tuple[tuple[CompiledGraph, int], ...]]:
+    """Each region's ``(graph, runs)`` pairs, runs in this region's share; see NOTE
+    [ Counting graph runs ] in compiled_graphs.py."""
+    sharing: dict[int, int] = {}
+    for backend, _ in per_region.values():
+        if backend is not None:
+            sharing[id(backend)] = sharing.get(id(backend), 0) + 1
+    out: dict[str, tuple[tuple[CompiledGraph, int], ...]] = {}
+    for name, (backend, graphs) in per_region.items():
+        counted = {id(g) for g, a in backend.log.artifacts() if a is not None} \
+            if backend is not None else set()
+        k = sharing.get(id(backend), 1)
+        out[name] = tuple((g, runs.get(id(g), 0) if id(g) in counted else k)
+                          for g in graphs)
+        out[name] = tuple((g, n) for g, n in out[name] if n)
+    return out
+
+
+def _share(total: int, region: str, regions: Sequence[str]) -> int:
+    """``region``'s part of ``total`` split evenly over ``regions`` (the remainder to the
+    first ones), so the parts add up to ``total``."""
+    k, i = len(regions), regions.index(region)
+    return total // k + (1 if i < total % k else 0)
 
 
 def _build(tracked: Any, alloc: AllocatorPeak, regions: Sequence[tuple[str, nn.Module]],
            model: nn.Module, times: Any, new_graphs: int,
-           device: torch.device) -> CompiledMeasurement:
+           device: torch.device, runs: dict[int, int]) -> CompiledMeasurement:
     names = {name or _ROOT for name, _ in regions}
     fwd = bwd = rec = 0
     eager_region: dict[str, list[int]] = {name: [0, 0, 0] for name in names}
@@ -244,12 +283,14 @@ def _build(tracked: Any, alloc: AllocatorPeak, regions: Sequence[tuple[str, nn.M
             bwd += op.flops if column == 1 else 0
             rec += op.flops if column == 2 else 0
     per_region = _region_graphs(regions, model)
+    ran = _runs_per_region(per_region, runs)
     counted = True
     eager: list[str] = []
     blocks: list[BlockProfile] = []
     all_graphs: list[CompiledGraph] = []
     for name, _ in regions:
         backend, graphs = per_region[name]
+        peers = [n for n, _ in regions if per_region[n][0] is backend]
         if backend is not None and not any(g.kind == "forward" for g in graphs):
             eager.append(name)  # compiled, yet never compiled a graph: dynamo ran it eagerly
             backend = None
@@ -258,14 +299,18 @@ def _build(tracked: Any, alloc: AllocatorPeak, regions: Sequence[tuple[str, nn.M
             f, b, r = eager_region[name or _ROOT]
             fwd, bwd, rec = fwd + f, bwd + b, rec + r
             continue
-        all_graphs.extend(graphs)
-        f = sum(g.flops for g in graphs if g.kind == "forward")
-        r = sum(g.recompute_flops for g in graphs)
-        b = sum(g.flops for g in graphs if g.kind == "backward") - r
+        listed = {id(g) for g in all_graphs}
+        all_graphs.extend(g for g, _ in ran[name] if id(g) not in listed)
+        # Runs of a backend shared by several regions are split between them (NOTE
+        # [ Counting graph runs ]): step totals are exact, per-region parts even shares.
+        f = _share(sum(g.flops * n for g, n in ran[name] if g.kind == "forward"), name, peers)
+        r = _share(sum(g.recompute_flops * n for g, n in ran[name]), name, peers)
+        b = _share(sum(g.flops * n for g, n in ran[name] if g.kind == "backward"), name,
+                   peers) - r
         fwd, bwd, rec = fwd + f, bwd + b, rec + r
         if name:  # see NOTE [ Counting compiled FLOPs ]: saved bytes per region's graphs
-            blocks.append(BlockProfile(name=name,
-                                       saved_bytes=sum(g.saved_bytes for g in graphs),
+            saved = _share(sum(g.saved_bytes * n for g, n in ran[name]), name, peers)
+            blocks.append(BlockProfile(name=name, saved_bytes=saved,
                                        forward_flops=f, backward_flops=b, recompute_flops=r))
     static = tracked.static
     static_bytes = sum(static.values())

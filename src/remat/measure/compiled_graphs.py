@@ -34,6 +34,16 @@ NOTE [ Counting compiled FLOPs ]
     incoming gradients (``tangents_*``). ``saved_bytes`` sums the first kind:
     the activations this graph keeps for backward.
 
+NOTE [ Counting graph runs ]
+    A graph in the log ran any number of times per step: once per block that
+    shares its backend, not at all when it was compiled for another input
+    signature or shape. :func:`counting_runs` counts runs: the log keeps a weak
+    reference to the callable inductor compiled each graph into, and while the
+    measured step runs, the ``__call__`` of those callables' classes is patched
+    with a counter (restored afterwards). Nothing is installed on the user's model
+    or in its compiled code, so dynamo sees no change and steps outside the
+    measurement run exactly what they ran before.
+
 NOTE [ One backend per compile ]
     Dynamo caches compiled code per code object and reuses it for any later
     ``torch.compile`` with the same backend object, so changing
@@ -48,9 +58,10 @@ NOTE [ One backend per compile ]
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,6 +77,7 @@ __all__ = [
     "GraphLog",
     "backend_of",
     "count_graph",
+    "counting_runs",
     "register_backend",
 ]
 
@@ -115,15 +127,29 @@ class CompiledGraph:
 
 
 class GraphLog:
-    """The graphs a backend compiled, in compile order (thread-safe appends)."""
+    """The graphs a backend compiled, in compile order (thread-safe appends), and what
+    inductor compiled each into (see NOTE [ Counting graph runs ])."""
 
     def __init__(self) -> None:
         self._graphs: list[CompiledGraph] = []
+        self._artifacts: list[weakref.ref[Any] | None] = []
         self._lock = threading.Lock()
 
-    def append(self, graph: CompiledGraph) -> None:
+    def append(self, graph: CompiledGraph, artifact: Any = None) -> None:
+        """Log ``graph``; ``artifact`` is the callable it compiled to (weakly held)."""
+        try:
+            ref = weakref.ref(artifact) if artifact is not None else None
+        except TypeError:  # not weak-referenceable: its runs cannot be counted
+            ref = None
         with self._lock:
             self._graphs.append(graph)
+            self._artifacts.append(ref)
+
+    def artifacts(self) -> list[tuple[CompiledGraph, Any]]:
+        """``(graph, compiled callable or None)`` pairs, in compile order."""
+        with self._lock:
+            return [(g, r() if r is not None else None)
+                    for g, r in zip(self._graphs, self._artifacts, strict=True)]
 
     @property
     def graphs(self) -> tuple[CompiledGraph, ...]:
@@ -196,7 +222,17 @@ class CountingBackend:
     """A ``torch.compile`` backend: inductor, with every partitioned graph logged and the
     activation memory budget of this backend's own choosing.
 
-    Each instance is its own backend (NOTE [ One backend per compile ]): use one per
+    Each instance is its own backend (NOTE [ Counting graph runs ]
+    A graph in the log ran any number of times per step: once per block that
+    shares its backend, not at all when it was compiled for another input
+    signature or shape. :func:`counting_runs` counts runs: the log keeps a weak
+    reference to the callable inductor compiled each graph into, and while the
+    measured step runs, the ``__call__`` of those callables' classes is patched
+    with a counter (restored afterwards). Nothing is installed on the user's model
+    or in its compiled code, so dynamo sees no change and steps outside the
+    measurement run exactly what they ran before.
+
+NOTE [ One backend per compile ]): use one per
     budget (and per block, for per-block figures). The budget is patched into
     ``torch._functorch.config`` only while this backend compiles.
 
@@ -247,8 +283,10 @@ class CountingBackend:
                 kind = "inference"
             else:
                 kind = "forward"
-            self.log.append(count_graph(gm, label=self.label, kind=kind, budget=budget))
-            return inner(gm, example_inputs, *args, **kwargs)
+            graph = count_graph(gm, label=self.label, kind=kind, budget=budget)
+            compiled = inner(gm, example_inputs, *args, **kwargs)
+            self.log.append(graph, compiled)
+            return compiled
 
         return counting
 
@@ -263,6 +301,46 @@ class CountingBackend:
         with functorch_config.patch(activation_memory_budget=budget,
                                     enable_autograd_cache=False):
             return compile_fx(gm, example_inputs, inner_compile=self._inner_compile(budget))
+
+
+@contextlib.contextmanager
+def counting_runs(logs: Iterable[GraphLog]) -> Iterator[dict[int, int]]:
+    """Count how often each logged graph's compiled callable runs inside the block.
+
+    Yields ``{id(graph): runs}`` for the graphs of ``logs`` (see NOTE [ Counting graph
+    runs ]); it fills in as graphs run and is final when the block exits.
+    """
+    by_artifact: dict[int, int] = {}
+    for log in logs:
+        for graph, artifact in log.artifacts():
+            if artifact is not None:
+                by_artifact[id(artifact)] = id(graph)
+    runs: dict[int, int] = {}
+    originals: dict[type, tuple[bool, Any]] = {}  # class -> (defined on it, __call__)
+    for log in logs:
+        for _, artifact in log.artifacts():
+            cls = type(artifact)
+            if artifact is not None and cls not in originals:
+                originals[cls] = ("__call__" in cls.__dict__, cls.__call__)
+
+    def patched(original: Any) -> Any:
+        def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+            key = by_artifact.get(id(self))
+            if key is not None:
+                runs[key] = runs.get(key, 0) + 1
+            return original(self, *args, **kwargs)
+        return call
+
+    try:
+        for cls, (_, original) in originals.items():
+            cls.__call__ = patched(original)  # type: ignore[operator]
+        yield runs
+    finally:
+        for cls, (own, original) in originals.items():
+            if own:
+                cls.__call__ = original  # type: ignore[operator]
+            else:
+                del cls.__call__  # type: ignore[misc]
 
 
 # Which CountingBackend compiled which module (weak keys: the registry never keeps a
