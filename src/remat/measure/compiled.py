@@ -30,10 +30,6 @@ NOTE [ Measuring compiled code ]
     means something remat did changed what dynamo compiled (tests assert 0).
 
 NOTE [ Compiled FLOPs per step ]
-    A graph in a backend's log is assumed to run once per step per module compiled
-    with that backend. That holds for remat's helpers (one graph pair per region,
-    or several for graph breaks, each run once). A region recompiled for new
-    shapes keeps its stale graphs in the log; use a fresh compile per shape.
     Each graph is counted as often as it ran in the measured step (NOTE [ Counting
     graph runs ] in compiled_graphs.py), so graphs compiled for shapes or
     signatures the step does not use count nothing, and blocks that share a
