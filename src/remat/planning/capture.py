@@ -17,6 +17,7 @@ from torch import Tensor, nn
 from remat.errors import BlocksNotFound
 from remat.measure.ledger import first_tensor
 from remat.measure.step import call_model
+from remat.measure.tracker import MemoryTracker
 
 __all__ = ["BlockInputs", "capture_inputs", "fresh_inputs", "group_key", "in_call_order",
            "tensors_in"]
@@ -52,7 +53,8 @@ def capture_inputs(model: nn.Module, batch: Any, blocks: Sequence[tuple[str, nn.
         model: the model (fake or real).
         batch: its batch.
         blocks: the ``(name, module)`` pairs whose arguments are wanted.
-        mode: a context entered around the forward (the fake mode). Default: none.
+        mode: the fake mode, entered around the forward with a tracker (so small
+            integer tensors keep their values). Default: none (a real forward).
 
     Returns:
         Per block name, its arguments; the dict is in the order the blocks were first
@@ -74,7 +76,16 @@ def capture_inputs(model: nn.Module, batch: Any, blocks: Sequence[tuple[str, nn.
 
     handles = [m.register_forward_pre_hook(hook_for(n), with_kwargs=True) for n, m in blocks]
     try:
-        with mode if mode is not None else contextlib.nullcontext(), torch.enable_grad():
+        with contextlib.ExitStack() as stack:
+            if mode is not None:
+                stack.enter_context(mode)
+                # A fake forward branches like the real one only while a tracker runs
+                # (NOTE [ Data-dependent branches under fake tensors ] in shadow.py):
+                # without it transformers built a 4-D mask that the whole step, tracked,
+                # never builds, and every block run kept its converted copy (GPT-NeoX:
+                # one hidden state per block, the peak model 1.5 MiB low on 6 layers).
+                stack.enter_context(MemoryTracker(record_ops=False))
+            stack.enter_context(torch.enable_grad())
             try:
                 call_model(model, batch, api="remat.plan")
             except _Captured:
