@@ -121,7 +121,8 @@ def run_block(setup: FakeSetup, name: str, block: nn.Module,
             # See NOTE [ Gradient of the block output ].
             with torch.no_grad():
                 weights.append(torch.ones_like(y))
-            weight_bytes = tracker.register(weights, "other")
+            tracker.register(weights, "other")  # made under the tracker: counted already
+            weight_bytes = weights[0].untyped_storage().nbytes()
             loss = (y * weights[0]).sum()
             # See NOTE [ Who keeps a hidden state ]: drop every reference to the block's
             # input and output; what is still alive is what the block's graph keeps.
