@@ -222,17 +222,7 @@ class CountingBackend:
     """A ``torch.compile`` backend: inductor, with every partitioned graph logged and the
     activation memory budget of this backend's own choosing.
 
-    Each instance is its own backend (NOTE [ Counting graph runs ]
-    A graph in the log ran any number of times per step: once per block that
-    shares its backend, not at all when it was compiled for another input
-    signature or shape. :func:`counting_runs` counts runs: the log keeps a weak
-    reference to the callable inductor compiled each graph into, and while the
-    measured step runs, the ``__call__`` of those callables' classes is patched
-    with a counter (restored afterwards). Nothing is installed on the user's model
-    or in its compiled code, so dynamo sees no change and steps outside the
-    measurement run exactly what they ran before.
-
-NOTE [ One backend per compile ]): use one per
+    Each instance is its own backend (NOTE [ One backend per compile ]): use one per
     budget (and per block, for per-block figures). The budget is patched into
     ``torch._functorch.config`` only while this backend compiles.
 
