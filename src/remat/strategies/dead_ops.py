@@ -76,7 +76,7 @@ _top_hooks: Callable[[bool], Any] = torch._C._autograd._top_saved_tensors_defaul
 _RANDOM_ARGS = frozenset({"dropout_p", "seed", "offset", "philox_seed", "philox_offset"})
 
 _enabled = True
-_kinds: dict[Any, bool] = {}
+_kinds: dict[int, int] = {}
 
 
 def skip_dead_ops_enabled() -> bool:
@@ -119,10 +119,21 @@ def _skippable_kind(func: Any) -> bool:
                    or "Generator" in str(a.type) for a in schema.arguments)
 
 
-def _kind(func: Any) -> bool:
-    kind = _kinds.get(func)
+# What the forward's ledger does with an op (by ``id`` of the overload: hashing an
+# OpOverload runs Python code).
+_LIVE, _SKIPPABLE, _METADATA, _UNKNOWN = 0, 1, 2, 3
+
+
+def _kind(func: Any) -> int:
+    kind = _kinds.get(id(func))
     if kind is None:
-        kind = _kinds[func] = _skippable_kind(func)
+        if func in _IGNORED:
+            kind = _LIVE if func is _DETACH else _METADATA
+        elif not isinstance(func, torch._ops.OpOverload):
+            kind = _UNKNOWN  # a higher-order op: SAC keys it differently
+        else:
+            kind = _SKIPPABLE if _skippable_kind(func) else _LIVE
+        _kinds[id(func)] = kind
     return kind
 
 
@@ -131,15 +142,21 @@ class _Placeholder:
 
     __slots__ = ("device", "dtype", "fake_mode", "size", "stride")
 
-    def __init__(self, t: Tensor) -> None:
-        self.size, self.stride = t.size(), t.stride()
-        self.dtype, self.device = t.dtype, t.device
-        self.fake_mode = t.fake_mode if isinstance(t, FakeTensor) else None
+    def __init__(self, size: Any, stride: Any, dtype: torch.dtype, device: torch.device,
+                 fake_mode: Any) -> None:
+        self.size, self.stride, self.dtype, self.device = size, stride, dtype, device
+        self.fake_mode = fake_mode
 
     def get_val(self, allow_cache_entry_mutation: bool) -> Tensor:
         with self.fake_mode if self.fake_mode is not None else contextlib.nullcontext():
             return torch.empty_strided(self.size, self.stride, dtype=self.dtype,
                                        device=self.device)
+
+
+def _placeholders(meta: tuple[bool, list[Any]]) -> Any:
+    single, outputs = meta
+    made = tuple(_Placeholder(*m) for m in outputs)
+    return made[0] if single else made
 
 
 def _storage(t: Tensor) -> int:
@@ -151,10 +168,10 @@ class _Ledger:
 
     def __init__(self, storage: Any) -> None:
         self.storage = storage
-        self.calls: list[tuple[Any, int]] = []  # (SAC storage key, call index); key None: ignored
-        self.reads: list[list[int]] = []
-        self.read: list[bool] = []
-        self.outputs: list[Any] = []  # placeholders when skippable, else None
+        #: per op call: SAC storage key (None: an ignored op), call index, the calls it
+        #: reads, and (single output?, per-output meta) when its kind can be skipped
+        self.calls: list[tuple[Any, int, list[int], Any]] = []
+        self.read: list[bool] = []  # whether anything read the call's outputs
         self.producer: dict[int, int] = {}  # storage id -> the op call that wrote it last
         self.packed: set[int] = set()
         self.escaped: set[int] = set()
@@ -193,8 +210,9 @@ class _Ledger:
             self._hooks.__exit__(None, None, None)
             self._hooks = None
 
-    def record(self, func: Any, key: Any, index: int, args: tuple[Any, ...],
+    def record(self, skippable: bool, key: Any, index: int, args: tuple[Any, ...],
                kwargs: dict[str, Any], out: Any) -> None:
+        """Note one op call of the forward (item 1 of the NOTE); kept lean, it runs per op."""
         top = _top_hooks(False)
         if top is None or top[0] is not self._pack:
             self.broken = True  # item 4: someone else's saved-tensors hook
@@ -202,34 +220,36 @@ class _Ledger:
         producer, read = self.producer, self.read
         call = len(self.calls)
         inputs: list[int] = []
-        for arg in (*args, *kwargs.values()):
+        for arg in (*args, *kwargs.values()) if kwargs else args:
             if isinstance(arg, Tensor):
-                inputs.append(_storage(arg))
+                inputs.append(arg.untyped_storage()._cdata)
             elif isinstance(arg, (list, tuple)):
-                inputs.extend(_storage(a) for a in arg if isinstance(a, Tensor))
+                inputs.extend(a.untyped_storage()._cdata for a in arg if isinstance(a, Tensor))
         reads = []
         for st in inputs:
             p = producer.get(st)
             if p is not None:
                 reads.append(p)
                 read[p] = True
-        placeholder: Any = None
-        if key is not None and func is not _DETACH and _kind(func):
-            leaves = (out,) if isinstance(out, Tensor) else out
-            if isinstance(leaves, tuple) and all(
-                    (type(t) is Tensor or isinstance(t, FakeTensor))
-                    and t.layout == torch.strided and t.storage_offset() == 0
-                    and _storage(t) not in inputs
-                    for t in leaves):
-                placeholder = (_Placeholder(out) if isinstance(out, Tensor)
-                               else tuple(_Placeholder(t) for t in leaves))
-        for t in tree_leaves(out):
-            if isinstance(t, Tensor):
-                producer[_storage(t)] = call
-        self.calls.append((key, index))
-        self.reads.append(reads)
-        self.read.append(False)
-        self.outputs.append(placeholder)
+        single = isinstance(out, Tensor)
+        meta: Any = [] if skippable else None
+        for t in (out,) if single else out if isinstance(out, (tuple, list)) else ():
+            if not isinstance(t, Tensor):
+                meta = None
+                continue
+            st = t.untyped_storage()._cdata
+            producer[st] = call
+            if meta is not None:
+                if (st in inputs or t.layout != torch.strided or t.storage_offset() != 0
+                        or (type(t) is not Tensor and not isinstance(t, FakeTensor))):
+                    meta = None  # an alias of an input, sparse, a subclass: item 3
+                else:
+                    meta.append((t.size(), t.stride(), t.dtype, t.device,
+                                 getattr(t, "fake_mode", None)))
+        if not meta or not (single or isinstance(out, tuple)):
+            meta = None
+        self.calls.append((key, index, reads, None if meta is None else (single, meta)))
+        read.append(False)
 
     def mark_outputs(self, output: Any) -> None:
         try:
@@ -251,19 +271,18 @@ class _Ledger:
         if not self.broken:
             needed = [False] * len(self.calls)
             for call in range(len(self.calls) - 1, -1, -1):
-                key, index = self.calls[call]
+                key, index, reads, meta = self.calls[call]
                 entries = self.storage.get(key) if key is not None else None
                 if entries is not None and entries.get(index) is not _RECOMPUTE:
                     continue  # cached: not run, makes nothing live
-                placeholder = self.outputs[call]
-                if (placeholder is None or needed[call] or call in self.packed
-                        or call in self.escaped or not self.read[call] or entries is None):
-                    for p in self.reads[call]:
+                if (meta is None or entries is None or needed[call] or call in self.packed
+                        or call in self.escaped or not self.read[call]):
+                    for p in reads:
                         needed[p] = True
                     continue
-                entries[index] = placeholder
+                entries[index] = _placeholders(meta)
                 self.skipped += 1
-        self.reads, self.outputs, self.read = [], [], []
+        self.calls, self.read = [], []
         self.producer, self.packed, self.escaped = {}, set(), set()
 
 
@@ -274,6 +293,7 @@ if supported():
         def __init__(self, policy_fn: Any, storage: Any, ledger: _Ledger) -> None:
             super().__init__(policy_fn, storage)
             self.ledger = ledger
+            self.counts: dict[int, int] = {}
 
         def __enter__(self) -> Any:
             self.ledger.start()
@@ -290,20 +310,24 @@ if supported():
             kwargs = {} if kwargs is None else kwargs
             out = super().__torch_dispatch__(func, types, args, kwargs)
             ledger = self.ledger
-            if not ledger.broken:
-                try:
-                    if func in _IGNORED:
-                        if func is not _DETACH:
-                            return out  # metadata: a placeholder answers the same
-                        key, index = None, -1
-                    elif isinstance(func, torch._ops.OpOverload):
-                        key, index = func, self.func_counter[func] - 1
-                    else:
-                        key, index = None, -1
-                        ledger.broken = True  # HOP keys (item 4)
-                    ledger.record(func, key, index, args, kwargs, out)
-                except Exception:
-                    ledger.broken = True
+            if ledger.broken:
+                return out
+            kind = _kind(func)
+            if kind == _METADATA:
+                return out  # a placeholder answers the same
+            if kind == _UNKNOWN:
+                ledger.broken = True  # item 4
+                return out
+            key = None if func is _DETACH else func
+            index = -1
+            if key is not None:
+                counts = self.counts  # SAC's func_counter, without hashing func
+                index = counts.get(id(func), 0)
+                counts[id(func)] = index + 1
+            try:
+                ledger.record(kind == _SKIPPABLE, key, index, args, kwargs, out)
+            except Exception:  # e.g. a tensor without storage (item 4)
+                ledger.broken = True
             return out
 
     class _SkippingMode(_checkpoint._CachedTorchDispatchMode):  # type: ignore[misc]
