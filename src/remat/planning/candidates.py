@@ -53,7 +53,7 @@ from remat.errors import BlocksNotFound, RematWarning
 from remat.measure.roofline import op_roofline_ms
 from remat.measure.tracker import OpRecord
 from remat.planning._sim import FakeSetup
-from remat.planning.block_run import BlockRun, run_block
+from remat.planning.block_run import BlockRun, record_graphs, run_block
 from remat.planning.capture import BlockInputs, capture_inputs, group_key, in_call_order
 from remat.progress import report
 from remat.strategies import (
@@ -296,6 +296,8 @@ def _measure_kind(setup: FakeSetup, rep: str, block: nn.Module, inputs: BlockInp
         cost_device=device, runs_on=setup.device.type,
         recomputed={region: tuple(op for op in runs[parts].ops if op.phase == "recompute")
                     for region, parts in probes.items()},
+        graphs=record_graphs(setup, rep, block, inputs,
+                             {kind: module for kind, (_, module) in subs.items()}),
     )
     singles: dict[str, list[tuple[Part, BlockRun]]] = {
         kind: [((path, BlockDecision("none")), none_run)] for kind, (path, _) in subs.items()}

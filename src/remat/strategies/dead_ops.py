@@ -62,6 +62,8 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._pytree import tree_leaves
 
 __all__ = [
+    "Ledger",
+    "classify",
     "dead_op_contexts",
     "mark_region_outputs",
     "skip_dead_ops_enabled",
@@ -137,6 +139,12 @@ def _kind(func: Any) -> int:
     return kind
 
 
+def classify(func: Any) -> str:
+    """How the forward's ledger treats ``func``: ``"skippable"``, ``"live"`` (never
+    skipped), ``"metadata"`` (not recorded) or ``"unknown"`` (turns skipping off)."""
+    return ("live", "skippable", "metadata", "unknown")[_kind(func)]
+
+
 class _Placeholder:
     """A dead output in SAC's storage: ``get_val`` makes an empty tensor shaped like it."""
 
@@ -163,7 +171,7 @@ def _storage(t: Tensor) -> int:
     return int(t.untyped_storage()._cdata)
 
 
-class _Ledger:
+class Ledger:
     """What a region's forward did, and which op calls its recompute can skip."""
 
     def __init__(self, storage: Any) -> None:
@@ -263,24 +271,38 @@ class _Ledger:
 
     # -- recompute -------------------------------------------------------------------------
 
+    def dead_calls(self, cached: Callable[[int], bool]) -> list[int]:
+        """The calls a recompute can skip when ``cached`` ones are not run (item 2)."""
+        needed = [False] * len(self.calls)
+        dead = []
+        for call in range(len(self.calls) - 1, -1, -1):
+            if cached(call):
+                continue  # not run: makes nothing live
+            key, _, reads, meta = self.calls[call]
+            if (meta is None or key is None or needed[call] or call in self.packed
+                    or call in self.escaped or not self.read[call]):
+                for p in reads:
+                    needed[p] = True
+            else:
+                dead.append(call)
+        return dead
+
     def finish(self) -> None:
         """Replace the SAC entries of dead op calls by placeholders (item 2 of the NOTE)."""
         if self.finished:
             return
         self.finished = True
         if not self.broken:
-            needed = [False] * len(self.calls)
-            for call in range(len(self.calls) - 1, -1, -1):
-                key, index, reads, meta = self.calls[call]
-                entries = self.storage.get(key) if key is not None else None
-                if entries is not None and entries.get(index) is not _RECOMPUTE:
-                    continue  # cached: not run, makes nothing live
-                if (meta is None or entries is None or needed[call] or call in self.packed
-                        or call in self.escaped or not self.read[call]):
-                    for p in reads:
-                        needed[p] = True
-                    continue
-                entries[index] = _placeholders(meta)
+            storage = self.storage
+
+            def cached(call: int) -> bool:
+                key, index = self.calls[call][:2]
+                entries = storage.get(key) if key is not None else None
+                return entries is not None and entries.get(index) is not _RECOMPUTE
+
+            for call in self.dead_calls(cached):
+                key, index, _, meta = self.calls[call]
+                storage[key][index] = _placeholders(meta)
                 self.skipped += 1
         self.calls, self.read = [], []
         self.producer, self.packed, self.escaped = {}, set(), set()
@@ -288,9 +310,9 @@ class _Ledger:
 
 if supported():
     class _TrackingMode(_checkpoint._CachingTorchDispatchMode):  # type: ignore[misc]
-        """SAC's forward caching mode that also fills a :class:`_Ledger`."""
+        """SAC's forward caching mode that also fills a :class:`Ledger`."""
 
-        def __init__(self, policy_fn: Any, storage: Any, ledger: _Ledger) -> None:
+        def __init__(self, policy_fn: Any, storage: Any, ledger: Ledger) -> None:
             super().__init__(policy_fn, storage)
             self.ledger = ledger
             self.counts: dict[int, int] = {}
@@ -333,7 +355,7 @@ if supported():
     class _SkippingMode(_checkpoint._CachedTorchDispatchMode):  # type: ignore[misc]
         """SAC's recompute mode; placeholders replace dead entries before it starts."""
 
-        def __init__(self, storage: Any, ledger: _Ledger) -> None:
+        def __init__(self, storage: Any, ledger: Ledger) -> None:
             super().__init__(None, storage)
             self.ledger = ledger
 
@@ -342,7 +364,7 @@ if supported():
             return super().__enter__()
 
 
-def dead_op_contexts(policy: Any) -> tuple[Any, Any, _Ledger]:
+def dead_op_contexts(policy: Any) -> tuple[Any, Any, Ledger]:
     """SAC's two contexts for ``policy``, with dead-op skipping, and their ledger.
 
     Raises:
@@ -355,7 +377,7 @@ def dead_op_contexts(policy: Any) -> tuple[Any, Any, _Ledger]:
     from collections import defaultdict
 
     storage: Any = defaultdict(dict)
-    ledger = _Ledger(storage)
+    ledger = Ledger(storage)
     return _TrackingMode(policy, storage, ledger), _SkippingMode(storage, ledger), ledger
 
 
@@ -366,5 +388,5 @@ def mark_region_outputs(context_fn: Any, output: Any) -> None:
     ``None``); its last policy is the one the region's forward just used.
     """
     ledger = getattr(getattr(context_fn, "last_policy", None), "ledger", None)
-    if isinstance(ledger, _Ledger):
+    if isinstance(ledger, Ledger):
         ledger.mark_outputs(output)
