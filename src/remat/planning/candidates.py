@@ -25,7 +25,10 @@ NOTE [ Candidate decisions ]
        tensor backward needs is back, so a region's last ops (an MLP's down
        projection) are never recomputed, and keeping their outputs would cost
        bytes for nothing. Only the calls that run are ranked, by the recompute
-       time a byte of their output saves (``BlockContext.recomputed``).
+       time a byte of their output saves (``BlockContext.recomputed``): their own
+       time plus that of the calls caching them frees, which the recompute skips
+       (NOTE [ Dead ops in recompute ]: caching gelu_new's tanh frees the pow,
+       mul, add, mul before it; ``BlockContext.graphs``, one recorded forward).
     4. ``offload`` when the model is on a device with separate host memory
        (CUDA); never on CPU, where it is a no-op.
     5. Decisions on the attention and MLP sub-layers together (e.g. attention
