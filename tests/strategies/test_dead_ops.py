@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gc
 import math
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -13,14 +15,15 @@ from hypothesis import strategies as st
 from torch import Tensor, nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.checkpoint import checkpoint
 
 from remat.models import build_model, make_batch
 from remat.planning.plans import NamedBlocks
 from remat.recompute import is_recomputing
 from remat.strategies import BlockDecision, apply_decisions, remove
-from remat.strategies.dead_ops import skipping_dead_ops, supported
+from remat.strategies.dead_ops import dead_op_contexts, skipping_dead_ops, supported
 from remat.strategies.regions import install_checkpoint, region_of, uninstall
-from remat.strategies.sac import call_entry, sac_context_fn
+from remat.strategies.sac import SavePolicy, call_entry, sac_context_fn
 
 pytestmark = pytest.mark.skipif(not supported(), reason="SAC without storage by call index")
 
@@ -255,3 +258,24 @@ def test_any_save_set_gives_the_same_gradients_with_skipping_on_and_off(
     _assert_same(on, reference)
     _assert_same(off, reference)
     assert len(ops_on.computed()) <= len(ops_off.computed())
+
+
+def test_cached_outputs_recompute_never_reaches_die_without_gc() -> None:
+    # The region's last op is cached, but recompute stops at tanh's (last) pack, so its
+    # entry is never handed back: only dropping SAC's storage frees it (the planner
+    # measures with gc held; a ledger <-> pack-hook cycle once kept it alive).
+    linear, x = nn.Linear(8, 8), torch.randn(4, 8, requires_grad=True)
+    policy = SavePolicy({"aten.addmm", "aten.mul"})
+    forward_ctx, recompute_ctx, ledger = dead_op_contexts(policy)
+    gc.disable()
+    try:
+        out = checkpoint(lambda t: torch.tanh(linear(t)) * 2.0, x, use_reentrant=False,
+                         context_fn=lambda c=(forward_ctx, recompute_ctx): c)
+        cached = [weakref.ref(entry.val) for entries in forward_ctx.storage.values()
+                  for entry in entries.values() if isinstance(getattr(entry, "val", None), Tensor)]
+        assert len(cached) == 2
+        out.sum().backward()
+        del out, forward_ctx, recompute_ctx, ledger, policy
+        assert [ref() is None for ref in cached] == [True, True]
+    finally:
+        gc.enable()

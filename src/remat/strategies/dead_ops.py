@@ -75,7 +75,8 @@ _RECOMPUTE: Any = getattr(_checkpoint, "_RECOMPUTE", None)
 _IGNORED: frozenset[Any] = frozenset(getattr(_checkpoint, "SAC_IGNORED_OPS", ()))
 _DETACH = torch.ops.aten.detach.default
 _top_hooks: Callable[[bool], Any] = torch._C._autograd._top_saved_tensors_default_hooks
-_RANDOM_ARGS = frozenset({"dropout_p", "seed", "offset", "philox_seed", "philox_offset"})
+_RANDOM_ARGS = frozenset({"dropout", "dropout_p", "dropout_state", "seed", "offset",
+                          "philox_seed", "philox_offset"})
 
 _enabled = True
 _kinds: dict[int, int] = {}
@@ -216,7 +217,9 @@ class Ledger:
     def stop(self) -> None:
         if self._hooks is not None:
             self._hooks.__exit__(None, None, None)
-            self._hooks = None
+        # The pack hook refers back to the ledger: break the cycle, or the SAC storage
+        # (cached outputs early stop never hands back) lives until the next gc.
+        self._hooks = self._pack = None
 
     def record(self, skippable: bool, key: Any, index: int, args: tuple[Any, ...],
                kwargs: dict[str, Any], out: Any) -> None:
@@ -387,6 +390,8 @@ def mark_region_outputs(context_fn: Any, output: Any) -> None:
     ``context_fn`` is the region's :func:`~remat.strategies.sac.sac_context_fn` (or
     ``None``); its last policy is the one the region's forward just used.
     """
+    if torch.compiler.is_compiling():
+        return  # stock SAC contexts there: no ledger
     ledger = getattr(getattr(context_fn, "last_policy", None), "ledger", None)
     if isinstance(ledger, Ledger):
         ledger.mark_outputs(output)
