@@ -25,7 +25,8 @@ NOTE [ Dead ops in recompute ]
        cached is *dead*: its SAC entry, ``_RECOMPUTE``, becomes a placeholder
        whose ``get_val`` (the interface of SAC's cache entries) returns an
        uninitialised tensor of the output's shape, stride, dtype and device
-       (a fake one under FakeTensorMode). SAC's own recompute mode then returns
+       (a fake one under FakeTensorMode; it takes the bytes the output would, so
+       recompute memory is unchanged, only time). SAC's recompute mode returns
        it as it returns cached outputs, so its per-op counters, the policy's
        and autograd's packs line up exactly as before; autograd records nodes
        for the placeholders, which nothing ever backwards (recompute's graph is
