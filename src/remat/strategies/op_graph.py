@@ -74,7 +74,10 @@ class _Recorder(TorchDispatchMode):
         name = op_name(func)
         index = self.counts.get(name, 0)
         self.counts[name] = index + 1
-        self.ledger.record(kind == "skippable", name, index, args, kwargs, out)
+        try:
+            self.ledger.record(kind == "skippable", name, index, args, kwargs, out)
+        except Exception:  # what the recompute's ledger gives up on (tensors without storage)
+            self.ledger.broken = True
         return out
 
 
