@@ -53,6 +53,7 @@ NOTE [ Dead ops in recompute ]
 from __future__ import annotations
 
 import contextlib
+from collections import defaultdict
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -191,8 +192,6 @@ class Ledger:
         self._hooks: Any = None
         self._pack: Any = None
 
-    # -- forward ---------------------------------------------------------------------------
-
     def start(self) -> None:
         top = _top_hooks(False)
         if top is None:
@@ -273,8 +272,6 @@ class Ledger:
         except Exception:
             self.broken = True
 
-    # -- recompute -------------------------------------------------------------------------
-
     def dead_calls(self, cached: Callable[[int], bool]) -> list[int]:
         """The calls a recompute can skip when ``cached`` ones are not run (item 2)."""
         needed = [False] * len(self.calls)
@@ -313,6 +310,11 @@ class Ledger:
 
 
 if supported():
+    # SAC's own dispatch without its torch._disable_dynamo wrapper: this mode's
+    # dispatch already has one (a second costs about a microsecond per op).
+    _caching = _checkpoint._CachingTorchDispatchMode.__torch_dispatch__
+    _stock_dispatch = getattr(_caching, "__wrapped__", _caching)
+
     class _TrackingMode(_checkpoint._CachingTorchDispatchMode):  # type: ignore[misc]
         """SAC's forward caching mode that also fills a :class:`Ledger`."""
 
@@ -334,7 +336,7 @@ if supported():
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (),
                                kwargs: Any = None) -> Any:
             kwargs = {} if kwargs is None else kwargs
-            out = super().__torch_dispatch__(func, types, args, kwargs)
+            out = _stock_dispatch(self, func, types, args, kwargs)
             ledger = self.ledger
             if ledger.broken:
                 return out
@@ -344,12 +346,10 @@ if supported():
             if kind == _UNKNOWN:
                 ledger.broken = True  # item 4
                 return out
-            key = None if func is _DETACH else func
-            index = -1
-            if key is not None:
-                counts = self.counts  # SAC's func_counter, without hashing func
-                index = counts.get(id(func), 0)
-                counts[id(func)] = index + 1
+            key, index = None, -1
+            if func is not _DETACH:  # SAC's func_counter, without hashing func
+                key, index = func, self.counts.get(id(func), 0)
+                self.counts[id(func)] = index + 1
             try:
                 ledger.record(kind == _SKIPPABLE, key, index, args, kwargs, out)
             except Exception:  # e.g. a tensor without storage (item 4)
@@ -378,8 +378,6 @@ def dead_op_contexts(policy: Any) -> tuple[Any, Any, Ledger]:
     if not supported():
         raise RuntimeError("remat: dead-op skipping needs SAC storage by call index "
                            "(torch.utils.checkpoint._RECOMPUTE); check supported() first")
-    from collections import defaultdict
-
     storage: Any = defaultdict(dict)
     ledger = Ledger(storage)
     return _TrackingMode(policy, storage, ledger), _SkippingMode(storage, ledger), ledger
