@@ -22,8 +22,9 @@ from remat.planning._sim import FakeSetup, WindowRecorder, quiet
 from remat.planning.capture import BlockInputs, fresh_inputs, tensors_in
 from remat.planning.plans import NamedBlocks
 from remat.strategies import Part, apply_decisions, remove
+from remat.strategies.op_graph import OpGraph, block_graphs
 
-__all__ = ["BlockRun", "apply_parts", "run_block"]
+__all__ = ["BlockRun", "apply_parts", "record_graphs", "run_block"]
 
 
 @dataclass(frozen=True)
@@ -145,3 +146,18 @@ def run_block(setup: FakeSetup, name: str, block: nn.Module,
         remove(setup.model)
         for p in block.parameters():
             p.grad = None
+
+
+def record_graphs(setup: FakeSetup, name: str, block: nn.Module, inputs: BlockInputs,
+                  sublayers: dict[str, nn.Module]) -> dict[str, OpGraph]:
+    """The block's and its sub-layers' op graphs (``remat.strategies.op_graph``), recorded
+    by one forward on the fake copy; empty where the forward cannot be followed."""
+    with setup.mode:
+        (args, kwargs), leaf = fresh_inputs(name, inputs)
+        x = leaf.clone()
+    args, kwargs = _swap(args, leaf, x), _swap(kwargs, leaf, x)
+    try:
+        with held_gc(), setup.mode:
+            return block_graphs(block, args, kwargs, sublayers)
+    except (RuntimeError, NotImplementedError):
+        return {}  # ranked by own recompute time only

@@ -25,7 +25,10 @@ NOTE [ Candidate decisions ]
        tensor backward needs is back, so a region's last ops (an MLP's down
        projection) are never recomputed, and keeping their outputs would cost
        bytes for nothing. Only the calls that run are ranked, by the recompute
-       time a byte of their output saves (``BlockContext.recomputed``).
+       time a byte of their output saves (``BlockContext.recomputed``): their own
+       time plus that of the calls caching them frees, which the recompute skips
+       (NOTE [ Dead ops in recompute ]: caching gelu_new's tanh frees the pow,
+       mul, add, mul before it; ``BlockContext.graphs``, one recorded forward).
     4. ``offload`` when the model is on a device with separate host memory
        (CUDA); never on CPU, where it is a no-op.
     5. Decisions on the attention and MLP sub-layers together (e.g. attention
@@ -53,7 +56,7 @@ from remat.errors import BlocksNotFound, RematWarning
 from remat.measure.roofline import op_roofline_ms
 from remat.measure.tracker import OpRecord
 from remat.planning._sim import FakeSetup
-from remat.planning.block_run import BlockRun, run_block
+from remat.planning.block_run import BlockRun, record_graphs, run_block
 from remat.planning.capture import BlockInputs, capture_inputs, group_key, in_call_order
 from remat.progress import report
 from remat.strategies import (
@@ -296,6 +299,8 @@ def _measure_kind(setup: FakeSetup, rep: str, block: nn.Module, inputs: BlockInp
         cost_device=device, runs_on=setup.device.type,
         recomputed={region: tuple(op for op in runs[parts].ops if op.phase == "recompute")
                     for region, parts in probes.items()},
+        graphs=record_graphs(setup, rep, block, inputs,
+                             {kind: module for kind, (_, module) in subs.items()}),
     )
     singles: dict[str, list[tuple[Part, BlockRun]]] = {
         kind: [((path, BlockDecision("none")), none_run)] for kind, (path, _) in subs.items()}

@@ -19,7 +19,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import ClassVar, Literal
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 from torch import nn
 
@@ -27,6 +27,9 @@ from remat.devices import DeviceSpec
 from remat.errors import StrategyError
 from remat.measure.tracker import OpRecord
 from remat.strategies.decision import BlockDecision
+
+if TYPE_CHECKING:
+    from remat.strategies.op_graph import OpGraph
 
 __all__ = ["BlockContext", "BlockStrategy", "Offer", "Part", "Purpose", "Strategy"]
 
@@ -52,6 +55,8 @@ class BlockContext:
             Checkpointing stops recomputing once every tensor backward needs is back, so
             a region's last ops may never be recomputed, and keeping their outputs
             saves nothing. Default: empty (not measured).
+        graphs: per region, which calls each save-set entry frees from recompute
+            (:class:`~remat.strategies.op_graph.OpGraph`). Default: empty (not recorded).
     """
 
     forward_ops: tuple[OpRecord, ...]
@@ -59,6 +64,7 @@ class BlockContext:
     cost_device: DeviceSpec
     runs_on: str
     recomputed: Mapping[str, tuple[OpRecord, ...]] = field(default_factory=dict)
+    graphs: Mapping[str, OpGraph] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

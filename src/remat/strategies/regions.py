@@ -11,12 +11,11 @@ NOTE [ Instance forward ]
     override is a :class:`~remat.strategies.runtime.BoundForward` bound to the module
     (a picklable bound method, NOTE [ Picklable regions ]), so ``copy.deepcopy``, the
     fake-tensor copies and ``torch.save``/``torch.load`` rebind it to the copy; the
-    original forward is
-    found again at call time (``type(module).forward``, or a forward the instance
-    already had, kept in ``_remat_prev_forward``). Hooks on the module itself stay
-    outside the region and fire once; hooks on its descendants run again on
-    recompute (pitfalls.py warns about them at apply time, runtime.py about hooks
-    registered later).
+    original forward is found again at call time (``type(module).forward``, or a
+    forward the instance already had, kept in ``_remat_prev_forward``). Hooks on
+    the module itself stay outside the region and fire once; hooks on its
+    descendants run again on recompute (pitfalls.py warns about them at apply
+    time, runtime.py about hooks registered later).
 
 NOTE [ Segments ]
     ``sqrt`` makes several consecutive blocks one region. The parent module's loop
@@ -49,6 +48,7 @@ from torch.utils.checkpoint import (
 
 from remat.errors import RematError
 from remat.recompute import recomputing
+from remat.strategies.dead_ops import mark_region_outputs
 from remat.strategies.runtime import (
     BoundForward,
     HookWatch,
@@ -221,6 +221,7 @@ def _checkpointed_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
         context_fn=_context_fn(info, info.stateful),
         **kwargs,
     )
+    mark_region_outputs(info.sac_contexts, output)
     check_inputs_unchanged(self, versions)
     check_save_ops_once(self, info)
     return output

@@ -52,9 +52,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
+import torch
 import torch.utils.checkpoint as _checkpoint
 from torch import Tensor
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+from remat.strategies.dead_ops import dead_op_contexts, skip_dead_ops_enabled, supported
 
 __all__ = [
     "COMPUTE_HEAVY_OPS",
@@ -150,6 +153,9 @@ class SavePolicy:
         #: SAC's cache of saved outputs (set by :func:`sac_context_fn`); see NOTE [ Saved
         #: outputs mutated in place ].
         self.cache: Any = None
+        #: The forward's ledger when the recompute skips dead ops (NOTE [ Dead ops in
+        #: recompute ] in dead_ops.py), else ``None``.
+        self.ledger: Any = None
         #: How many times each op ran in the forward (not the recompute): what a save
         #: set can name in this region (regions.py checks it once).
         self.seen: dict[str, int] = {}
@@ -206,6 +212,9 @@ def sac_context_fn(save_ops: Iterable[str]) -> Callable[[], tuple[Any, Any]]:
 
     Each call makes a fresh :class:`SavePolicy` (per-call counts start at zero); the
     last one is ``context_fn.last_policy`` (its ``seen`` ops are checked by the region).
+    Outside ``torch.compile`` the recompute skips dead ops (NOTE [ Dead ops in
+    recompute ] in dead_ops.py) unless :func:`~remat.strategies.dead_ops.skipping_dead_ops`
+    turned it off.
 
     Example:
         >>> fn = sac_context_fn({"aten.mm"})
@@ -215,7 +224,10 @@ def sac_context_fn(save_ops: Iterable[str]) -> Callable[[], tuple[Any, Any]]:
 
     def context_fn() -> tuple[Any, Any]:
         policy = SavePolicy(entries)
-        forward_ctx, recompute_ctx = create_selective_checkpoint_contexts(policy)
+        if skip_dead_ops_enabled() and supported() and not torch.compiler.is_compiling():
+            forward_ctx, recompute_ctx, policy.ledger = dead_op_contexts(policy)
+        else:
+            forward_ctx, recompute_ctx = create_selective_checkpoint_contexts(policy)
         policy.cache = getattr(forward_ctx, "storage", None)
         context_fn.last_policy = policy  # type: ignore[attr-defined]
         return forward_ctx, recompute_ctx

@@ -21,6 +21,7 @@ from remat.measure.roofline import op_roofline_ms
 from remat.measure.tracker import OpRecord
 from remat.strategies.base import BlockContext, BlockStrategy, Offer
 from remat.strategies.decision import BlockDecision
+from remat.strategies.op_graph import OpGraph
 from remat.strategies.regions import install_checkpoint
 from remat.strategies.sac import COMPUTE_HEAVY_OPS, call_entry, default_save_ops, parse_entry
 
@@ -56,11 +57,13 @@ class SelectiveOps(BlockStrategy):
         in remat.planning.candidates, items 3 and 5)."""
         chain = save_set_chain(context.forward_ops, context.cost_device,
                                max_light_ops=_MAX_LIGHT_OPS_BLOCK,
-                               recomputed=context.recomputed.get(""))
+                               recomputed=context.recomputed.get(""),
+                               graph=context.graphs.get(""))
         offers = [Offer((("", BlockDecision(self.name, s)),)) for s in chain]
         for kind, (path, ops) in context.sublayers.items():
             for s in save_set_chain(ops, context.cost_device, exhaustive_up_to=_EXHAUSTIVE,
-                                    recomputed=context.recomputed.get(kind)):
+                                    recomputed=context.recomputed.get(kind),
+                                    graph=context.graphs.get(kind)):
                 offers.append(Offer(((path, BlockDecision(self.name, s)),), sublayer=kind))
         return offers
 
@@ -69,10 +72,25 @@ def _is_attention(op_name: str) -> bool:
     return "attention" in op_name
 
 
+def _add_freed(graph: OpGraph, calls: dict[str, list[OpRecord]], redone: dict[str, int] | None,
+               cost_ms: dict[str, float], device: DeviceSpec) -> None:
+    """Add to each entry's cost the recompute time of the calls caching it frees."""
+    counts: dict[str, int] = {}
+    for name, *_ in graph.ledger.calls:
+        counts[name] = counts.get(name, 0) + 1
+    for entry in cost_ms:
+        for name, index in graph.freed([entry]):
+            ops = calls.get(name, [])
+            if counts[name] != len(ops) or (redone is not None and index >= redone.get(name, 0)):
+                continue  # the tracker saw other calls, or recompute never reaches it
+            cost_ms[entry] += op_roofline_ms(ops[index], device)
+
+
 def save_set_chain(forward_ops: Sequence[OpRecord], device: DeviceSpec, *,
                    max_light_ops: int = _MAX_LIGHT_OPS,
                    exhaustive_up_to: int = 0,
-                   recomputed: Sequence[OpRecord] | None = None) -> list[frozenset[str]]:
+                   recomputed: Sequence[OpRecord] | None = None,
+                   graph: OpGraph | None = None) -> list[frozenset[str]]:
     """Save sets of increasing size for op-level checkpointing (NOTE [ Candidate decisions ], 3).
 
     Compute-heavy ops (matmuls, attention) called more than once in the region enter
@@ -91,6 +109,9 @@ def save_set_chain(forward_ops: Sequence[OpRecord], device: DeviceSpec, *,
             saved tensor is back, so calls missing from it (a region's last matmul, say)
             are never recomputed: keeping their outputs costs bytes and saves nothing, and
             they are left out of every set. Default: ``None`` (every call counts).
+        graph: the region's :class:`~remat.strategies.op_graph.OpGraph`: an entry's value
+            adds the recompute time of the calls caching it frees (their outputs feed only
+            it; the recompute skips them). Default: ``None`` (own time only).
 
     Returns:
         Non-empty save sets: the chain, each a superset of the previous one, whose last one
@@ -128,6 +149,8 @@ def save_set_chain(forward_ops: Sequence[OpRecord], device: DeviceSpec, *,
             if written > 0 and cost > 0:
                 out_bytes[entry], cost_ms[entry] = written, cost
                 entries_of.setdefault(name, []).append(entry)
+    if graph is not None:
+        _add_freed(graph, calls, redone if recomputed is not None else None, cost_ms, device)
     items = list(out_bytes)
 
     def value(e: str) -> tuple[float, int]:
