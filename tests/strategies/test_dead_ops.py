@@ -279,3 +279,28 @@ def test_cached_outputs_recompute_never_reaches_die_without_gc() -> None:
         assert [ref() is None for ref in cached] == [True, True]
     finally:
         gc.enable()
+
+
+def test_regions_without_dead_ops_drop_the_bookkeeping_after_their_first_recompute() -> None:
+    # NOTE [ Skipping only where it pays ] in sac.py.
+    torch.manual_seed(0)
+    x = torch.randn(4, 8, requires_grad=True)
+    for save, skips in (({"aten.tanh", "aten.addmm"}, True), ({"aten.addmm"}, False)):
+        mlp = Mlp()
+        reference = _grads(mlp, x)
+        install_checkpoint(mlp, label="ops", save_ops=frozenset(save))
+        try:
+            info = region_of(mlp)
+            assert info is not None
+            context_fn: Any = info.sac_contexts
+            assert context_fn.skips is None
+            for step in range(3):
+                _assert_same(_grads(mlp, x), reference)
+                # Learned at the forward after the first recompute.
+                assert context_fn.skips is (None if step == 0 else skips)
+                ledger = context_fn.last_policy.ledger
+                assert (ledger is not None) is (step == 0 or skips)
+                if step == 0 or skips:
+                    assert ledger.skipped == (4 if skips else 0)
+        finally:
+            uninstall(mlp)

@@ -45,6 +45,18 @@ NOTE [ Saved outputs mutated in place ]
     PREFER_RECOMPUTE leaves): the output is recomputed in backward from its
     inputs, exactly as if the save set had not named it, and its memory is
     released with the entry. Gradients equal the un-checkpointed model's.
+
+NOTE [ Skipping only where it pays ]
+    Dead-op skipping (NOTE [ Dead ops in recompute ] in dead_ops.py) costs a few
+    microseconds of bookkeeping per op of the region's forward, and most save sets
+    leave no dead op (a matmul or attention output kept: its inputs are packed
+    for its backward anyway). So each region's ``context_fn`` learns from its
+    first recompute: if it skipped nothing (or its ledger could not follow the
+    region), later forwards get stock SAC contexts, with no bookkeeping, and cost
+    what hand-written ``create_selective_checkpoint_contexts`` costs; if it skipped
+    some, every later forward keeps the ledger, which checks the dead calls anew
+    each step (nothing is assumed from earlier steps). A region whose later steps
+    would have dead ops its first did not merely misses the saving.
 """
 
 from __future__ import annotations
@@ -214,7 +226,9 @@ def sac_context_fn(save_ops: Iterable[str]) -> Callable[[], tuple[Any, Any]]:
     last one is ``context_fn.last_policy`` (its ``seen`` ops are checked by the region).
     Outside ``torch.compile`` the recompute skips dead ops (NOTE [ Dead ops in
     recompute ] in dead_ops.py) unless :func:`~remat.strategies.dead_ops.skipping_dead_ops`
-    turned it off.
+    turned it off, and only in regions where it pays (NOTE [ Skipping only where it
+    pays ]): ``context_fn.skips`` is ``None`` until the region's first recompute, then
+    whether that recompute skipped any op.
 
     Example:
         >>> fn = sac_context_fn({"aten.mm"})
@@ -223,8 +237,11 @@ def sac_context_fn(save_ops: Iterable[str]) -> Callable[[], tuple[Any, Any]]:
     entries = frozenset(save_ops)
 
     def context_fn() -> tuple[Any, Any]:
+        _learn_verdict(context_fn)
         policy = SavePolicy(entries)
-        if skip_dead_ops_enabled() and supported() and not torch.compiler.is_compiling():
+        if (context_fn.skips is not False  # type: ignore[attr-defined]
+                and skip_dead_ops_enabled() and supported()
+                and not torch.compiler.is_compiling()):
             forward_ctx, recompute_ctx, policy.ledger = dead_op_contexts(policy)
         else:
             forward_ctx, recompute_ctx = create_selective_checkpoint_contexts(policy)
@@ -233,4 +250,15 @@ def sac_context_fn(save_ops: Iterable[str]) -> Callable[[], tuple[Any, Any]]:
         return forward_ctx, recompute_ctx
 
     context_fn.last_policy = None  # type: ignore[attr-defined]
+    context_fn.skips = None  # type: ignore[attr-defined]
     return context_fn
+
+
+def _learn_verdict(context_fn: Any) -> None:
+    """NOTE [ Skipping only where it pays ]: after the first recompute of a region, set
+    ``context_fn.skips`` to whether that recompute skipped anything."""
+    if context_fn.skips is not None:
+        return
+    ledger = getattr(context_fn.last_policy, "ledger", None)
+    if ledger is not None and ledger.finished:
+        context_fn.skips = not ledger.broken and ledger.skipped > 0
