@@ -42,6 +42,8 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from remat.simulate._fast import FastContext
+from remat.simulate._plan_fast import fast_plan_rows
 from remat.simulate._point import per_rank, point, row_of
 from remat.simulate._setup import Setup
 from remat.simulate.result import SimulationRow
@@ -173,7 +175,8 @@ def _fsdp_plan_row(setup: Setup, batch_size: int, seq_len: int,
 def plan_rows(setup: Setup, batch_sizes: Sequence[int], seq_len: int,
               fixed: tuple[int, int, int],
               on_row: Callable[[SimulationRow], None] | None,
-              simulated: Sequence[SimulationRow] = ()) -> list[SimulationRow]:
+              simulated: Sequence[SimulationRow] = (),
+              fast: FastContext | None = None) -> list[SimulationRow]:
     """The ``"plan"`` row of every batch size (see NOTE [ Planner hook ]).
 
     Args:
@@ -181,13 +184,21 @@ def plan_rows(setup: Setup, batch_sizes: Sequence[int], seq_len: int,
         simulated: the strategies' rows. Where ``"none"``'s row fits the device, the
             plan row is that row: nothing recomputed is the cheapest plan there is, and
             its step was simulated already. Default: none given.
+        fast: the fast rows' context: plan rows from shallow steps where NOTE [ Fast plan
+            rows ] (in _plan_fast.py) applies, needing the ``"none"`` rows among
+            ``simulated``. Default: None (every row planned on the whole model).
     """
     make_row = _fsdp_plan_row if setup.sharding == "fsdp" else _plan_row
-    fitting_none = {r.batch_size: r for r in simulated if r.strategy == "none" and r.fits}
+    nones = {r.batch_size: r for r in simulated if r.strategy == "none"}
+    fitting_none = {b: r for b, r in nones.items() if r.fits}
+    planned = [b for b in batch_sizes if b not in fitting_none]
+    done = fast_plan_rows(fast, planned, seq_len, fixed, nones) \
+        if fast is not None and planned else {}
     rows: list[SimulationRow] = []
     for batch_size in batch_sizes:
         row = (dataclasses.replace(fitting_none[batch_size], strategy="plan")
-               if batch_size in fitting_none else make_row(setup, batch_size, seq_len, fixed))
+               if batch_size in fitting_none else done[batch_size] if batch_size in done
+               else make_row(setup, batch_size, seq_len, fixed))
         rows.append(row)
         if on_row is not None:
             on_row(row)

@@ -243,5 +243,5 @@ def _run(setup: Setup, labels: Sequence[str], sizes: Sequence[int], seq_len: int
                     on_row(row)
         if plan:
             fixed = fixed_bytes(setup, rows, sizes[0], seq_len)
-            rows.extend(plan_rows(setup, sizes, seq_len, fixed, on_row, rows))
+            rows.extend(plan_rows(setup, sizes, seq_len, fixed, on_row, rows, fast=fast))
     return rows

@@ -1,0 +1,265 @@
+"""The fast path of the ``"plan"`` rows: the planner's parts from shallow steps, the row composed.
+
+NOTE [ Fast plan rows ]
+The exact plan row (NOTE [ Planner hook ] in _planned.py) runs the planner once per
+batch size: a fake copy, every candidate measured (about 30 block runs for Llama),
+one whole step cut into memory windows, then a whole tracked step of the chosen plan
+(the closed loop), whose profile is the row. For a uniform stack (the condition of
+NOTE [ Fast rows ] in _fast.py) and sharding ``"none"`` or ``"ddp"`` the same peak
+model is built from cheaper parts, and the row is composed instead of measured:
+
+1. *Candidates* depend on a block and its inputs, not on the depth: they are measured
+   on the stack cut to two blocks, at the smallest and the largest batch size that
+   needs a plan. A size between gets every block run interpolated (both ends' runs
+   peak at the same moments, NOTE [ Peak moments ] in planning/_sim.py; each op's
+   FLOPs and bytes are affine in ``b``), and the planner's own selection (offers,
+   attention+MLP pairs, pruning) runs on the interpolated runs
+   (``measure_groups(run=...)``); a run that does not line up, or a selection asking
+   for a run the ends lack, has that size measured.
+2. *Windows*: NOTE [ Windows from shallow steps ] in _plan_windows.py; each shallow
+   depth shares one fake copy and one warm-up step across the sizes.
+3. *The row*: the peak model is the exact path's (same candidates, same windows), so
+   the solver picks the same choice. The peak model reproduces a measured step's
+   peak to the byte (NOTE [ Peak model ]; Llama-7B bf16 at batch 4 to 32: the closed
+   loop's measured peak equals the prediction), so the peak is the prediction, and
+   its phase is the phase at that window's peak (in a block's backward window, the
+   chosen candidate's). The step is the ``"none"`` row at that size plus what the
+   chosen candidates recompute: FLOPs, roofline time (the forward, backward and
+   optimizer ops are the same under any plan), and activations less what the
+   candidates do not keep. A size no choice fits gets the smallest predicted peak,
+   which is what the closed loop would measure.
+
+Anything else (FSDP, which plans in rounds against a tightened budget, stacks that
+are not uniform or too short, windows off the pattern, no ``"none"`` row) takes the
+exact path, per batch size where only that size fails; ``simulate(..., exact=True)``
+always does. tests/simulate/test_plan_fast.py compares the two row by row.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from remat.planning._sim import FakeSetup, StepWindows
+from remat.planning.block_run import BlockRun
+from remat.planning.candidates import BlockGroup, Candidate
+from remat.simulate._fast import FastContext, _cut
+from remat.simulate._plan_windows import SHALLOW, deepen_windows, interpolate_windows
+from remat.simulate._samples import NotAffine, affine
+from remat.simulate._setup import Setup
+from remat.simulate.result import SimulationRow
+
+__all__ = ["fast_plan_rows"]
+
+_CANDIDATE_DEPTH = 2  # blocks the stack is cut to for measuring candidates
+
+
+def _split(sizes: Sequence[int]) -> tuple[list[int], list[int], tuple[int, int]]:
+    """``(measured, between, ends)``: batch size 1 (off the line, NOTE [ Fast rows ] 4) and
+    the smallest and largest other size are measured, the sizes between interpolated."""
+    rest = sorted(b for b in sizes if b != 1)
+    ends = (rest[0], rest[-1]) if rest else (1, 1)
+    if len(rest) <= 2:
+        return sorted(sizes), [], ends
+    return [*(b for b in sizes if b == 1), *ends], rest[1:-1], ends
+
+
+@contextmanager
+def _fake_cut(ctx: FastContext, depth: int, *,
+              optimizer: bool) -> Iterator[tuple[Setup, FakeSetup]]:
+    """A fake copy of the model with its stack cut to ``depth`` blocks."""
+    from remat.planning._sim import fake_setup
+
+    assert ctx.stack is not None
+    with _cut(ctx.setup, ctx.stack, depth) as cut:
+        yield cut, fake_setup(cut.model, None, optimizer=cut.optimizer if optimizer else None,
+                              blocks=cut.blocks)
+
+
+def _rebatch(fake: FakeSetup, cut: Setup, batch_size: int, seq_len: int) -> None:
+    from remat.measure.fake import fake_batch
+
+    fake.batch = fake_batch(cut.batch_fn(batch_size, seq_len), fake.mode)
+
+
+def _windows(ctx: FastContext, sizes: Sequence[int], seq_len: int) -> dict[int, StepWindows]:
+    """Whole-depth windows per size (NOTE [ Fast plan rows ] 2); sizes off the pattern are
+    left out."""
+    from remat.planning._sim import run_windows
+
+    measured, between, ends = _split(sizes)
+    shallow: dict[int, dict[int, StepWindows]] = {b: {} for b in sizes}
+    for depth in SHALLOW:
+        with _fake_cut(ctx, depth, optimizer=True) as (cut, fake):
+            warm = True
+
+            def run(b: int) -> StepWindows:
+                nonlocal warm
+                _rebatch(fake, cut, b, seq_len)
+                out = run_windows(fake, loss_fn=cut.loss_fn, warm_up=warm)
+                warm = False  # NOTE [ Fast plan rows ] 2: one warm-up for all sizes
+                return out
+
+            for b in measured:
+                shallow[b][depth] = run(b)
+            for b in between:
+                try:
+                    shallow[b][depth] = interpolate_windows(
+                        shallow[ends[0]][depth], shallow[ends[1]][depth], ends, b)
+                except NotAffine:
+                    shallow[b][depth] = run(b)
+    assert ctx.stack is not None
+    out: dict[int, StepWindows] = {}
+    for b in sizes:
+        try:
+            out[b] = deepen_windows(shallow[b], len(ctx.stack[2]))
+        except NotAffine:
+            continue
+    return out
+
+
+def _mix_run(lo: BlockRun, hi: BlockRun, ends: tuple[int, int], batch_size: int) -> BlockRun:
+    """The block run at ``batch_size`` between two runs at ``ends`` (NOTE [ Peak moments ])."""
+    if lo.forward_peak_at is None or (lo.forward_peak_at, lo.backward_peak_at,
+                                      lo.backward_peak_phase, len(lo.ops)) != (
+            hi.forward_peak_at, hi.backward_peak_at, hi.backward_peak_phase, len(hi.ops)):
+        raise NotAffine
+    b1, b2 = ends
+
+    def line(a: int, b: int) -> int:
+        return affine(a, b, b1, b2, batch_size)
+
+    ops = []
+    for o1, o2 in zip(lo.ops, hi.ops, strict=True):
+        if (o1.name, o1.phase, o1.block, o1.dtype_bytes) != (o2.name, o2.phase, o2.block,
+                                                            o2.dtype_bytes):
+            raise NotAffine
+        ops.append(dataclasses.replace(
+            o1, flops=line(o1.flops, o2.flops), read_bytes=line(o1.read_bytes, o2.read_bytes),
+            write_bytes=line(o1.write_bytes, o2.write_bytes),
+            alloc_bytes=line(o1.alloc_bytes, o2.alloc_bytes)))
+    return dataclasses.replace(
+        lo, saved_bytes=line(lo.saved_bytes, hi.saved_bytes),
+        forward_peak_bytes=line(lo.forward_peak_bytes, hi.forward_peak_bytes),
+        backward_peak_bytes=line(lo.backward_peak_bytes, hi.backward_peak_bytes),
+        ops=tuple(ops))
+
+
+def _candidates(ctx: FastContext, sizes: Sequence[int],
+                seq_len: int) -> dict[int, tuple[Candidate, ...]]:
+    """Every size's candidates for the stack's one kind of block (NOTE [ Fast plan rows ] 1)."""
+    from remat.planning.block_run import run_block
+    from remat.planning.candidates import RunBlock, measure_groups
+
+    measured, between, ends = _split(sizes)
+    runs: dict[int, dict[Any, BlockRun]] = {}
+    out: dict[int, tuple[Candidate, ...]] = {}
+    with _fake_cut(ctx, _CANDIDATE_DEPTH, optimizer=False) as (cut, fake):
+        blocks = list(fake.blocks)
+
+        def groups(b: int, run: RunBlock) -> tuple[Candidate, ...]:
+            _rebatch(fake, cut, b, seq_len)
+            fake.blocks[:] = blocks
+            found = measure_groups(fake, ctx.setup.device, run=run)
+            if len(found) != 1 or len(found[0].names) != _CANDIDATE_DEPTH:
+                raise NotAffine  # not one kind of block after all
+            return found[0].candidates
+
+        def recording(b: int) -> RunBlock:
+            def run(*args: Any, **kwargs: Any) -> BlockRun:
+                result = run_block(*args, **kwargs)
+                runs.setdefault(b, {})[tuple(args[4])] = result
+                return result
+            return run
+
+        def interpolating(b: int) -> RunBlock:
+            def run(*args: Any, **kwargs: Any) -> BlockRun:
+                key = tuple(args[4])
+                if key not in runs[ends[0]] or key not in runs[ends[1]]:
+                    raise NotAffine  # the selection at b asks for a run the ends lack
+                return _mix_run(runs[ends[0]][key], runs[ends[1]][key], ends, b)
+            return run
+
+        for b in measured:
+            out[b] = groups(b, recording(b))
+        for b in between:
+            try:
+                out[b] = groups(b, interpolating(b))
+            except NotAffine:
+                out[b] = groups(b, run_block)
+    return out
+
+
+def _phase(model: Any, windows: StepWindows, choice: Sequence[int]) -> str | None:
+    """The phase at the predicted peak: the first window (in time) holding it."""
+    values = model.window_bytes(choice)
+    peak = max(values.values())
+    label = next(w for w in windows.order if values[w] == peak)
+    kind, _, index = label.partition(":")
+    if kind == "fwd":
+        return "forward"
+    if kind == "bwd":
+        return str(model.tables[int(index)][choice[int(index)]].backward_peak_phase)
+    return windows.phases.get(label)
+
+
+def _row(setup: Setup, batch_size: int, seq_len: int, fixed: tuple[int, int, int],
+         none: SimulationRow, windows: StepWindows,
+         candidates: tuple[Candidate, ...]) -> SimulationRow:
+    """The plan row composed from the peak model and the ``"none"`` row (NOTE [ Fast plan
+    rows ] 3)."""
+    from remat.blocks import named_blocks
+    from remat.planning.peak import PeakModel
+    from remat.planning.solver import min_peak_choice, solve
+    from remat.simulate._planned import _budget, _no_plan_row
+    from remat.simulate.sharding import shard_peak
+
+    names = [name for name, _ in named_blocks(setup.model, setup.blocks)]
+    model = PeakModel.calibrate([BlockGroup(tuple(names), candidates)], names, windows)
+    budget = _budget(setup, fixed)
+    choice = solve(model, budget)
+    if choice is None:
+        return _no_plan_row(setup, batch_size, seq_len, fixed,
+                            model.predict(min_peak_choice(model)), budget)
+    peak = model.predict(choice)
+    rank_peak = shard_peak(peak_bytes=peak, param_bytes=0, grad_bytes=0, optimizer_bytes=0,
+                           total_grad_bytes=fixed[1], sharding=setup.sharding,
+                           world_size=setup.world_size).peak_bytes
+    chosen = [model.tables[i][c] for i, c in enumerate(choice)]
+    recompute_ms = sum(c.recompute_ms for c in chosen)
+    recompute_flops = sum(c.recompute_flops for c in chosen)
+    dropped = sum(t[0].saved_bytes - c.saved_bytes for t, c in zip(model.tables, chosen,
+                                                                   strict=True))
+    step_ms = none.step_ms + recompute_ms
+    samples_per_s = batch_size * setup.world_size / (step_ms / 1e3) if step_ms > 0 else 0.0
+    return dataclasses.replace(
+        none, strategy="plan", peak_bytes=rank_peak,
+        fits=rank_peak <= setup.device.memory_bytes, step_ms=step_ms,
+        samples_per_s=samples_per_s, tokens_per_s=samples_per_s * seq_len,
+        single_device_peak_bytes=peak, activation_bytes=none.activation_bytes - dropped,
+        flops=none.flops + recompute_flops, recompute_flops=recompute_flops,
+        recompute_ms=recompute_ms, peak_phase=_phase(model, windows, choice))
+
+
+def fast_plan_rows(ctx: FastContext, sizes: Sequence[int], seq_len: int,
+                   fixed: tuple[int, int, int],
+                   none_rows: Mapping[int, SimulationRow]) -> dict[int, SimulationRow]:
+    """The plan rows of ``sizes`` the fast path gives (NOTE [ Fast plan rows ]); the sizes
+    left out take the exact path."""
+    from remat.planning.context import check_plannable
+
+    setup = ctx.setup
+    sizes = [b for b in sizes if b in none_rows]
+    if ctx.stack is None or setup.sharding == "fsdp" or not sizes \
+            or len(ctx.stack[2]) <= SHALLOW[-1]:
+        return {}
+    check_plannable(setup.model)  # the exact path's warnings
+    try:
+        candidates = _candidates(ctx, sizes, seq_len)
+    except NotAffine:
+        return {}
+    windows = _windows(ctx, sizes, seq_len)
+    return {b: _row(setup, b, seq_len, fixed, none_rows[b], windows[b], candidates[b])
+            for b in sizes if b in windows}
