@@ -14,8 +14,9 @@ model is built from cheaper parts, and the row is composed instead of measured:
    peak at the same moments, NOTE [ Peak moments ] in planning/_sim.py; each op's
    FLOPs and bytes are affine in ``b``), and the planner's own selection (offers,
    attention+MLP pairs, pruning) runs on the interpolated runs
-   (``measure_groups(run=...)``); a run that does not line up, or a selection asking
-   for a run the ends lack, has that size measured.
+   (``measure_groups(run=...)``); a run that does not line up (gpt-tiny in fp32: a
+   candidate whose backward peaks in recompute at batch 4 and after it at 16), or that
+   the selection at that size asks for and the ends lack, is measured at that size.
 2. *Windows*: NOTE [ Windows from shallow steps ] in _plan_windows.py; each shallow
    depth shares one fake copy and one warm-up step across the sizes.
 3. *The row*: the peak model is the exact path's (same candidates, same windows), so
@@ -43,7 +44,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from remat.planning._sim import FakeSetup, StepWindows
-from remat.planning.block_run import BlockRun
+from remat.planning.block_run import BlockRun, run_block
 from remat.planning.candidates import BlockGroup, Candidate
 from remat.simulate._fast import FastContext, _cut
 from remat.simulate._plan_windows import SHALLOW, deepen_windows, interpolate_windows
@@ -150,7 +151,6 @@ def _mix_run(lo: BlockRun, hi: BlockRun, ends: tuple[int, int], batch_size: int)
 def _candidates(ctx: FastContext, sizes: Sequence[int],
                 seq_len: int) -> dict[int, tuple[Candidate, ...]]:
     """Every size's candidates for the stack's one kind of block (NOTE [ Fast plan rows ] 1)."""
-    from remat.planning.block_run import run_block
     from remat.planning.candidates import RunBlock, measure_groups
 
     measured, between, ends = _split(sizes)
@@ -177,18 +177,16 @@ def _candidates(ctx: FastContext, sizes: Sequence[int],
         def interpolating(b: int) -> RunBlock:
             def run(*args: Any, **kwargs: Any) -> BlockRun:
                 key = tuple(args[4])
-                if key not in runs[ends[0]] or key not in runs[ends[1]]:
-                    raise NotAffine  # the selection at b asks for a run the ends lack
-                return _mix_run(runs[ends[0]][key], runs[ends[1]][key], ends, b)
+                try:  # a selection at b asking for a run the ends lack: KeyError
+                    return _mix_run(runs[ends[0]][key], runs[ends[1]][key], ends, b)
+                except (KeyError, NotAffine):
+                    return run_block(*args, **kwargs)  # this run measured at b
             return run
 
         for b in measured:
             out[b] = groups(b, recording(b))
         for b in between:
-            try:
-                out[b] = groups(b, interpolating(b))
-            except NotAffine:
-                out[b] = groups(b, run_block)
+            out[b] = groups(b, interpolating(b))
     return out
 
 
