@@ -5,7 +5,10 @@ NOTE [ Planner hook ]
 simulate=True) picks per-block decisions for the device budget, the plan is applied
 and simulated like a strategy. A batch size no plan fits gets a row with the smallest
 reachable peak (per rank) and no times; one whose ``"none"`` row fits gets that row
-(no recompute: nothing is cheaper), without planning.
+(no recompute: nothing is cheaper), without planning. By default the planner's parts
+are measured on the stack cut short and the row is composed (NOTE [ Fast plan rows ]
+in _plan_fast.py); ``exact=True``, and whatever that path cannot give, plans on the
+whole model as described here.
 
 NOTE [ Per-rank budgets ]
 The planner plans the one-device step, so the device's memory ``M`` (a per-rank

@@ -149,7 +149,9 @@ def simulate(
             and labels from ``model.config.vocab_size``.
         on_row: called with each row as soon as it is simulated (progress bars).
         exact: simulate the whole model's step for every row instead of extrapolating
-            from shallow steps (NOTE [ Fast rows ]). Default: ``False``.
+            from shallow steps (NOTE [ Fast rows ]), and run the whole planner and its
+            closed loop for every plan row instead of composing it from shallow steps
+            (NOTE [ Fast plan rows ] in _plan_fast.py). Default: ``False``.
 
     Returns:
         A :class:`SimulationResult`.
