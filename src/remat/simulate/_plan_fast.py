@@ -29,6 +29,16 @@ model is built from cheaper parts, and the row is composed instead of measured:
    optimizer ops are the same under any plan), and activations less what the
    candidates do not keep. A size no choice fits gets the smallest predicted peak,
    which is what the closed loop would measure.
+4. *Confirmed*: the peak model is exact where a block's candidates measured on their
+   own behave as in the step. Under autocast they do not (the block runs run outside
+   the autocast region): llama-small in amp-bf16 predicted 167.7 MB at batch 16 where
+   the step measures 218.9 MB, and the exact path's closed loop measures and corrects
+   (tightening, or no plan). So the prediction is
+   checked on fake steps of the warm copies of item 2, each running up to four of the
+   choice's distinct candidates in the order they appear in it (on two to four
+   blocks, the last repeated), against the peak model of that depth: a size whose
+   measured peak differs takes the exact path.
+   (Autocast is known to fail it and goes straight to the exact path.)
 
 Anything else (FSDP, which plans in rounds against a tightened budget, stacks that
 are not uniform or too short, windows off the pattern, no ``"none"`` row) takes the
@@ -39,13 +49,14 @@ always does. tests/simulate/test_plan_fast.py compares the two row by row.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
 from remat.planning._sim import FakeSetup, StepWindows
 from remat.planning.block_run import BlockRun, run_block
 from remat.planning.candidates import BlockGroup, Candidate
+from remat.planning.peak import PeakModel
 from remat.simulate._fast import FastContext, _cut
 from remat.simulate._plan_windows import SHALLOW, deepen_windows, interpolate_windows
 from remat.simulate._samples import NotAffine, affine
@@ -55,6 +66,10 @@ from remat.simulate.result import SimulationRow
 __all__ = ["fast_plan_rows"]
 
 _CANDIDATE_DEPTH = 2  # blocks the stack is cut to for measuring candidates
+
+#: ``(budget_bytes, no_plan)``: ``no_plan(batch_size, min_peak_bytes)`` is the row of a
+#: batch size no plan fits.
+Budget = tuple[int, Callable[[int, int], SimulationRow]]
 
 
 def _split(sizes: Sequence[int]) -> tuple[list[int], list[int], tuple[int, int]]:
@@ -85,23 +100,27 @@ def _rebatch(fake: FakeSetup, cut: Setup, batch_size: int, seq_len: int) -> None
     fake.batch = fake_batch(cut.batch_fn(batch_size, seq_len), fake.mode)
 
 
-def _windows(ctx: FastContext, sizes: Sequence[int], seq_len: int) -> dict[int, StepWindows]:
-    """Whole-depth windows per size (NOTE [ Fast plan rows ] 2); sizes off the pattern are
-    left out."""
+Copies = dict[int, tuple[Setup, FakeSetup]]
+"""Per :data:`SHALLOW` depth, the stack cut to it and a warm fake copy of that model."""
+
+
+def _windows(ctx: FastContext, sizes: Sequence[int],
+             seq_len: int) -> tuple[dict[int, dict[int, StepWindows]], Copies]:
+    """Per size, the windows of steps of the stack cut to each :data:`SHALLOW` depth (NOTE
+    [ Fast plan rows ] 2), and the warm fake copies they ran on."""
     from remat.planning._sim import run_windows
 
     measured, between, ends = _split(sizes)
     shallow: dict[int, dict[int, StepWindows]] = {b: {} for b in sizes}
+    copies: Copies = {}
     for depth in SHALLOW:
+        # The fake copy is the model's copy, not the model: it outlives the cut.
         with _fake_cut(ctx, depth, optimizer=True) as (cut, fake):
-            warm = True
+            copies[depth] = cut, fake
 
             def run(b: int) -> StepWindows:
-                nonlocal warm
-                _rebatch(fake, cut, b, seq_len)
-                out = run_windows(fake, loss_fn=cut.loss_fn, warm_up=warm)
-                warm = False  # NOTE [ Fast plan rows ] 2: one warm-up for all sizes
-                return out
+                _rebatch(fake, cut, b, seq_len)  # NOTE [ Fast plan rows ] 2: one warm-up
+                return run_windows(fake, loss_fn=cut.loss_fn, warm_up=b == measured[0])
 
             for b in measured:
                 shallow[b][depth] = run(b)
@@ -111,14 +130,7 @@ def _windows(ctx: FastContext, sizes: Sequence[int], seq_len: int) -> dict[int, 
                         shallow[ends[0]][depth], shallow[ends[1]][depth], ends, b)
                 except NotAffine:
                     shallow[b][depth] = run(b)
-    assert ctx.stack is not None
-    out: dict[int, StepWindows] = {}
-    for b in sizes:
-        try:
-            out[b] = deepen_windows(shallow[b], len(ctx.stack[2]))
-        except NotAffine:
-            continue
-    return out
+    return shallow, copies
 
 
 def _mix_run(lo: BlockRun, hi: BlockRun, ends: tuple[int, int], batch_size: int) -> BlockRun:
@@ -190,6 +202,43 @@ def _candidates(ctx: FastContext, sizes: Sequence[int],
     return out
 
 
+def _confirmed(seq_len: int, copies: Copies,
+               todo: Mapping[int, tuple[tuple[Candidate, ...], Mapping[int, StepWindows],
+                                        list[Candidate]]]) -> set[int]:
+    """The sizes whose choice's peak is confirmed on shallow steps (NOTE [ Fast plan
+    rows ] 4); ``todo`` holds per size its candidates, shallow windows and the chosen
+    candidate of each block."""
+    from remat.planning._sim import quiet, run_windows
+    from remat.planning.records import apply_spec
+    from remat.strategies import apply_decisions, preserved_strategy
+
+    def confirm(b: int, table: tuple[Candidate, ...], steps: Mapping[int, StepWindows],
+                chunk: list[Candidate]) -> bool:
+        depth = max(SHALLOW[0], len(chunk))
+        cut, fake = copies[depth]
+        names = [name for name, _ in fake.blocks]
+        pick = chunk + [chunk[-1]] * (depth - len(chunk))
+        model = PeakModel.calibrate([BlockGroup(tuple(names), table)], names,
+                                    deepen_windows(steps, depth))
+        decisions = {k: v for name, c in zip(names, pick, strict=True)
+                     for k, v in c.decisions_for(name).items()}
+        _rebatch(fake, cut, b, seq_len)
+        with preserved_strategy(fake.model), quiet():
+            apply_decisions(fake.model, decisions, blocks=apply_spec(decisions, names,
+                                                                     cut.blocks))
+            measured = run_windows(fake, loss_fn=cut.loss_fn, warm_up=False)
+        return measured.peak_bytes == model.predict([table.index(c) for c in pick])
+
+    width = SHALLOW[-1]
+    confirmed: set[int] = set()
+    for b, (table, steps, chosen) in todo.items():
+        distinct = list(dict.fromkeys(chosen))
+        if all(confirm(b, table, steps, distinct[i:i + width])
+               for i in range(0, len(distinct), width)):
+            confirmed.add(b)
+    return confirmed
+
+
 def _phase(model: Any, windows: StepWindows, choice: Sequence[int]) -> str | None:
     """The phase at the predicted peak: the first window (in time) holding it."""
     values = model.window_bytes(choice)
@@ -204,23 +253,12 @@ def _phase(model: Any, windows: StepWindows, choice: Sequence[int]) -> str | Non
 
 
 def _row(setup: Setup, batch_size: int, seq_len: int, fixed: tuple[int, int, int],
-         none: SimulationRow, windows: StepWindows,
-         candidates: tuple[Candidate, ...]) -> SimulationRow:
+         none: SimulationRow, windows: StepWindows, model: PeakModel,
+         choice: Sequence[int]) -> SimulationRow:
     """The plan row composed from the peak model and the ``"none"`` row (NOTE [ Fast plan
     rows ] 3)."""
-    from remat.blocks import named_blocks
-    from remat.planning.peak import PeakModel
-    from remat.planning.solver import min_peak_choice, solve
-    from remat.simulate._planned import _budget, _no_plan_row
     from remat.simulate.sharding import shard_peak
 
-    names = [name for name, _ in named_blocks(setup.model, setup.blocks)]
-    model = PeakModel.calibrate([BlockGroup(tuple(names), candidates)], names, windows)
-    budget = _budget(setup, fixed)
-    choice = solve(model, budget)
-    if choice is None:
-        return _no_plan_row(setup, batch_size, seq_len, fixed,
-                            model.predict(min_peak_choice(model)), budget)
     peak = model.predict(choice)
     rank_peak = shard_peak(peak_bytes=peak, param_bytes=0, grad_bytes=0, optimizer_bytes=0,
                            total_grad_bytes=fixed[1], sharding=setup.sharding,
@@ -242,22 +280,48 @@ def _row(setup: Setup, batch_size: int, seq_len: int, fixed: tuple[int, int, int
 
 
 def fast_plan_rows(ctx: FastContext, sizes: Sequence[int], seq_len: int,
-                   fixed: tuple[int, int, int],
-                   none_rows: Mapping[int, SimulationRow]) -> dict[int, SimulationRow]:
+                   fixed: tuple[int, int, int], none_rows: Mapping[int, SimulationRow],
+                   budget: Budget) -> dict[int, SimulationRow]:
     """The plan rows of ``sizes`` the fast path gives (NOTE [ Fast plan rows ]); the sizes
-    left out take the exact path."""
+    left out take the exact path.
+
+    Args:
+        fixed: one-device parameter, gradient and optimizer bytes.
+        none_rows: the ``"none"`` rows, per batch size.
+        budget: the one-device budget (NOTE [ Per-rank budgets ] in _planned.py) and the
+            row of a size no choice fits, from its smallest peak.
+    """
+    from remat.blocks import named_blocks
     from remat.planning.context import check_plannable
+    from remat.planning.solver import min_peak_choice, solve
 
     setup = ctx.setup
     sizes = [b for b in sizes if b in none_rows]
     if ctx.stack is None or setup.sharding == "fsdp" or not sizes \
-            or len(ctx.stack[2]) <= SHALLOW[-1]:
+            or len(ctx.stack[2]) <= SHALLOW[-1] or setup.precision.autocast_dtype is not None:
         return {}
     check_plannable(setup.model)  # the exact path's warnings
     try:
         candidates = _candidates(ctx, sizes, seq_len)
     except NotAffine:
         return {}
-    windows = _windows(ctx, sizes, seq_len)
-    return {b: _row(setup, b, seq_len, fixed, none_rows[b], windows[b], candidates[b])
-            for b in sizes if b in windows}
+    shallow, copies = _windows(ctx, sizes, seq_len)
+    names = [name for name, _ in named_blocks(setup.model, setup.blocks)]
+    budget_bytes, no_plan = budget
+    solved: dict[int, tuple[StepWindows, PeakModel, list[int], bool]] = {}
+    for b in sizes:
+        try:
+            windows = deepen_windows(shallow[b], len(names))
+        except NotAffine:
+            continue  # NOTE [ Windows from shallow steps ]: this size takes the exact path
+        model = PeakModel.calibrate([BlockGroup(tuple(names), candidates[b])], names, windows)
+        choice = solve(model, budget_bytes)
+        fits = choice is not None
+        solved[b] = (windows, model, choice if choice is not None else min_peak_choice(model),
+                     fits)
+    confirmed = _confirmed(seq_len, copies, {
+        b: (candidates[b], shallow[b], [model.tables[i][c] for i, c in enumerate(choice)])
+        for b, (_, model, choice, _) in solved.items()})
+    return {b: _row(setup, b, seq_len, fixed, none_rows[b], windows, model, choice) if fits
+            else no_plan(b, model.predict(choice))
+            for b, (windows, model, choice, fits) in solved.items() if b in confirmed}

@@ -195,8 +195,13 @@ def plan_rows(setup: Setup, batch_sizes: Sequence[int], seq_len: int,
     nones = {r.batch_size: r for r in simulated if r.strategy == "none"}
     fitting_none = {b: r for b, r in nones.items() if r.fits}
     planned = [b for b in batch_sizes if b not in fitting_none]
-    done = fast_plan_rows(fast, planned, seq_len, fixed, nones) \
-        if fast is not None and planned else {}
+    budget = _budget(setup, fixed)
+
+    def no_plan(batch_size: int, min_peak_bytes: int) -> SimulationRow:
+        return _no_plan_row(setup, batch_size, seq_len, fixed, min_peak_bytes, budget)
+
+    done = fast_plan_rows(fast, planned, seq_len, fixed, nones, (budget, no_plan)) \
+        if fast is not None and planned and setup.sharding != "fsdp" else {}
     rows: list[SimulationRow] = []
     for batch_size in batch_sizes:
         row = (dataclasses.replace(fitting_none[batch_size], strategy="plan")
