@@ -17,8 +17,9 @@ model is built from cheaper parts, and the row is composed instead of measured:
    (``measure_groups(run=...)``); a run that does not line up (gpt-tiny in fp32: a
    candidate whose backward peaks in recompute at batch 4 and after it at 16), or that
    the selection at that size asks for and the ends lack, is measured at that size.
-2. *Windows*: NOTE [ Windows from shallow steps ] in _plan_windows.py; each shallow
-   depth shares one fake copy and one warm-up step across the sizes.
+2. *Windows*: NOTE [ Windows from shallow steps ] in _plan_windows.py; one fake copy
+   of the stack cut to four blocks, warmed up once, is cut further in place for the
+   shallower steps (``_Shallow``), at every size.
 3. *The row*: the peak model is the exact path's (same candidates, same windows), so
    the solver picks the same choice. The peak model reproduces a measured step's
    peak to the byte (NOTE [ Peak model ]; Llama-7B bf16 at batch 4 to 32: the closed
@@ -34,7 +35,7 @@ model is built from cheaper parts, and the row is composed instead of measured:
    the autocast region): llama-small in amp-bf16 predicted 167.7 MB at batch 16 where
    the step measures 218.9 MB, and the exact path's closed loop measures and corrects
    (tightening, or no plan). So the prediction is
-   checked on fake steps of the warm copies of item 2, each running up to four of the
+   checked on fake steps of the warm copy of item 2, each running up to four of the
    choice's distinct candidates in the order they appear in it (on two to four
    blocks, the last repeated), against the peak model of that depth: a size whose
    measured peak differs takes the exact path.
@@ -52,6 +53,8 @@ import dataclasses
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
+
+from torch import nn
 
 from remat.planning._sim import FakeSetup, StepWindows
 from remat.planning.block_run import BlockRun, run_block
@@ -100,37 +103,76 @@ def _rebatch(fake: FakeSetup, cut: Setup, batch_size: int, seq_len: int) -> None
     fake.batch = fake_batch(cut.batch_fn(batch_size, seq_len), fake.mode)
 
 
-Copies = dict[int, tuple[Setup, FakeSetup]]
-"""Per :data:`SHALLOW` depth, the stack cut to it and a warm fake copy of that model."""
+class _Shallow:
+    """One fake copy of the model cut to ``SHALLOW[-1]`` blocks, warmed up once, whose stack
+    is cut further in place (NOTE [ Fast plan rows ] 2): each depth's optimizer keeps the
+    warm state of the parameters left, which is what a warm-up at that depth creates."""
+
+    def __init__(self, ctx: FastContext) -> None:
+        from remat.planning._sim import fake_setup
+
+        assert ctx.stack is not None
+        owner, self._attr, _ = ctx.stack
+        with _cut(ctx.setup, ctx.stack, SHALLOW[-1]) as cut:
+            # The fake copy is the model's copy, not the model: it outlives the cut.
+            self.cut = cut
+            self._fake = fake_setup(cut.model, None, optimizer=cut.optimizer,
+                                    blocks=cut.blocks)
+        path = next(name for name, m in ctx.setup.model.named_modules() if m is owner)
+        self._owner = self._fake.model.get_submodule(path)
+        self._stack = getattr(self._owner, self._attr)
+        self.warm = False
+
+    @contextmanager
+    def at(self, depth: int) -> Iterator[FakeSetup]:
+        """The copy with its stack cut to ``depth`` blocks."""
+        modules = list(self._stack)[:depth]
+        setattr(self._owner, self._attr, nn.ModuleList(modules)
+                if isinstance(self._stack, nn.ModuleList) else nn.Sequential(*modules))
+        full = optimizer = self._fake.optimizer
+        try:
+            if full is not None and depth < len(self._stack):
+                present = set(self._fake.model.parameters())
+                groups = [{**group, "params": [p for p in group["params"] if p in present]}
+                          for group in full.param_groups]  # each group's hyperparameters
+                cls: Any = type(full)  # torch.optim classes take groups alone
+                optimizer = cls([g for g in groups if g["params"]])
+                optimizer.state.update({p: full.state[p] for p in present if p in full.state})
+            yield dataclasses.replace(self._fake, optimizer=optimizer,
+                                      blocks=self._fake.blocks[:depth])
+        finally:
+            setattr(self._owner, self._attr, self._stack)
+            if full is not None and optimizer is not full:
+                assert optimizer is not None
+                full.state.update(optimizer.state)  # what a warm-up at this depth created
+
+    def windows(self, fake: FakeSetup, batch_size: int, seq_len: int) -> StepWindows:
+        """One windows step of ``fake`` (from :meth:`at`) at ``batch_size``."""
+        from remat.planning._sim import run_windows
+
+        _rebatch(fake, self.cut, batch_size, seq_len)
+        out = run_windows(fake, loss_fn=self.cut.loss_fn, warm_up=not self.warm)
+        self.warm = True
+        return out
 
 
-def _windows(ctx: FastContext, sizes: Sequence[int],
-             seq_len: int) -> tuple[dict[int, dict[int, StepWindows]], Copies]:
+def _windows(ctx: FastContext, shallow: _Shallow, sizes: Sequence[int],
+             seq_len: int) -> dict[int, dict[int, StepWindows]]:
     """Per size, the windows of steps of the stack cut to each :data:`SHALLOW` depth (NOTE
-    [ Fast plan rows ] 2), and the warm fake copies they ran on."""
-    from remat.planning._sim import run_windows
-
+    [ Fast plan rows ] 2)."""
     measured, between, ends = _split(sizes)
-    shallow: dict[int, dict[int, StepWindows]] = {b: {} for b in sizes}
-    copies: Copies = {}
-    for depth in SHALLOW:
-        # The fake copy is the model's copy, not the model: it outlives the cut.
-        with _fake_cut(ctx, depth, optimizer=True) as (cut, fake):
-            copies[depth] = cut, fake
-
-            def run(b: int) -> StepWindows:
-                _rebatch(fake, cut, b, seq_len)  # NOTE [ Fast plan rows ] 2: one warm-up
-                return run_windows(fake, loss_fn=cut.loss_fn, warm_up=b == measured[0])
-
+    steps: dict[int, dict[int, StepWindows]] = {b: {} for b in sizes}
+    for depth in reversed(SHALLOW):  # the deepest first: its warm-up serves all
+        with shallow.at(depth) as fake:
             for b in measured:
-                shallow[b][depth] = run(b)
+                steps[b][depth] = shallow.windows(fake, b, seq_len)
             for b in between:
                 try:
-                    shallow[b][depth] = interpolate_windows(
-                        shallow[ends[0]][depth], shallow[ends[1]][depth], ends, b)
+                    steps[b][depth] = interpolate_windows(
+                        steps[ends[0]][depth], steps[ends[1]][depth], ends, b)
                 except NotAffine:
-                    shallow[b][depth] = run(b)
-    return shallow, copies
+                    steps[b][depth] = shallow.windows(fake, b, seq_len)
+    return steps
 
 
 def _mix_run(lo: BlockRun, hi: BlockRun, ends: tuple[int, int], batch_size: int) -> BlockRun:
@@ -202,31 +244,30 @@ def _candidates(ctx: FastContext, sizes: Sequence[int],
     return out
 
 
-def _confirmed(seq_len: int, copies: Copies,
+def _confirmed(shallow: _Shallow, seq_len: int,
                todo: Mapping[int, tuple[tuple[Candidate, ...], Mapping[int, StepWindows],
                                         list[Candidate]]]) -> set[int]:
     """The sizes whose choice's peak is confirmed on shallow steps (NOTE [ Fast plan
     rows ] 4); ``todo`` holds per size its candidates, shallow windows and the chosen
     candidate of each block."""
-    from remat.planning._sim import quiet, run_windows
+    from remat.planning._sim import quiet
     from remat.planning.records import apply_spec
     from remat.strategies import apply_decisions, preserved_strategy
 
     def confirm(b: int, table: tuple[Candidate, ...], steps: Mapping[int, StepWindows],
                 chunk: list[Candidate]) -> bool:
         depth = max(SHALLOW[0], len(chunk))
-        cut, fake = copies[depth]
-        names = [name for name, _ in fake.blocks]
         pick = chunk + [chunk[-1]] * (depth - len(chunk))
-        model = PeakModel.calibrate([BlockGroup(tuple(names), table)], names,
-                                    deepen_windows(steps, depth))
-        decisions = {k: v for name, c in zip(names, pick, strict=True)
-                     for k, v in c.decisions_for(name).items()}
-        _rebatch(fake, cut, b, seq_len)
-        with preserved_strategy(fake.model), quiet():
-            apply_decisions(fake.model, decisions, blocks=apply_spec(decisions, names,
-                                                                     cut.blocks))
-            measured = run_windows(fake, loss_fn=cut.loss_fn, warm_up=False)
+        with shallow.at(depth) as fake:
+            names = [name for name, _ in fake.blocks]
+            model = PeakModel.calibrate([BlockGroup(tuple(names), table)], names,
+                                        deepen_windows(steps, depth))
+            decisions = {k: v for name, c in zip(names, pick, strict=True)
+                         for k, v in c.decisions_for(name).items()}
+            with preserved_strategy(fake.model), quiet():
+                apply_decisions(fake.model, decisions,
+                                blocks=apply_spec(decisions, names, shallow.cut.blocks))
+                measured = shallow.windows(fake, b, seq_len)
         return measured.peak_bytes == model.predict([table.index(c) for c in pick])
 
     width = SHALLOW[-1]
@@ -305,13 +346,14 @@ def fast_plan_rows(ctx: FastContext, sizes: Sequence[int], seq_len: int,
         candidates = _candidates(ctx, sizes, seq_len)
     except NotAffine:
         return {}
-    shallow, copies = _windows(ctx, sizes, seq_len)
+    shallow = _Shallow(ctx)
+    steps = _windows(ctx, shallow, sizes, seq_len)
     names = [name for name, _ in named_blocks(setup.model, setup.blocks)]
     budget_bytes, no_plan = budget
     solved: dict[int, tuple[StepWindows, PeakModel, list[int], bool]] = {}
     for b in sizes:
         try:
-            windows = deepen_windows(shallow[b], len(names))
+            windows = deepen_windows(steps[b], len(names))
         except NotAffine:
             continue  # NOTE [ Windows from shallow steps ]: this size takes the exact path
         model = PeakModel.calibrate([BlockGroup(tuple(names), candidates[b])], names, windows)
@@ -319,8 +361,8 @@ def fast_plan_rows(ctx: FastContext, sizes: Sequence[int], seq_len: int,
         fits = choice is not None
         solved[b] = (windows, model, choice if choice is not None else min_peak_choice(model),
                      fits)
-    confirmed = _confirmed(seq_len, copies, {
-        b: (candidates[b], shallow[b], [model.tables[i][c] for i, c in enumerate(choice)])
+    confirmed = _confirmed(shallow, seq_len, {
+        b: (candidates[b], steps[b], [model.tables[i][c] for i, c in enumerate(choice)])
         for b, (_, model, choice, _) in solved.items()})
     return {b: _row(setup, b, seq_len, fixed, none_rows[b], windows, model, choice) if fits
             else no_plan(b, model.predict(choice))
