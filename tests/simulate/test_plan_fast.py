@@ -187,3 +187,25 @@ def test_interpolate_windows_needs_the_same_peak_moments() -> None:
     moved = _windows({"pre": 30, "fwd:0": 60}, {"pre": (1, 1), "fwd:0": (2, 1)})
     with pytest.raises(NotAffine):
         interpolate_windows(lo, moved, (2, 4), 3)
+
+
+def test_autocast_fails_the_confirmation_and_takes_the_exact_path(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """NOTE [ Fast plan rows ] 4: under autocast the peak model is not exact; let the fast
+    path try anyway (it does not by default): the confirmation sends the size to the
+    exact path."""
+    kwargs, _ = _kwargs("llama-tiny", "amp-bf16")
+    kwargs["batch_sizes"] = [8]
+    exact = simulate(_factory("llama-tiny"), exact=True, **kwargs)
+    calls = _count_exact_rows(monkeypatch)
+    confirmed: list[set[int]] = []
+    real = plan_fast._confirmed
+
+    def spy(*args: Any) -> set[int]:
+        confirmed.append(real(*args))
+        return confirmed[-1]
+
+    monkeypatch.setattr(plan_fast, "_confirmed", spy)
+    monkeypatch.setattr(plan_fast, "_inexact", lambda setup: False)
+    _compare_plans(simulate(_factory("llama-tiny"), **kwargs), exact)
+    assert confirmed == [set()] and calls == [8]

@@ -32,14 +32,13 @@ model is built from cheaper parts, and the row is composed instead of measured:
    which is what the closed loop would measure.
 4. *Confirmed*: the peak model is exact where a block's candidates measured on their
    own behave as in the step. Under autocast they do not (the block runs run outside
-   the autocast region): llama-small in amp-bf16 predicted 167.7 MB at batch 16 where
-   the step measures 218.9 MB, and the exact path's closed loop measures and corrects
-   (tightening, or no plan). So the prediction is
-   checked on fake steps of the warm copy of item 2, each running up to four of the
-   choice's distinct candidates in the order they appear in it (on two to four
-   blocks, the last repeated), against the peak model of that depth: a size whose
-   measured peak differs takes the exact path.
-   (Autocast is known to fail it and goes straight to the exact path.)
+   the autocast region), and the exact path's closed loop measures and corrects
+   (tightening, or no plan). So the prediction is checked on fake steps of the warm
+   copy of item 2, each running up to four of the choice's distinct candidates in the
+   order they appear in it (on two to four blocks, the last repeated), against the
+   peak model of that depth: a size whose measured peak differs takes the exact path.
+   Autocast, which fails the check (tests/simulate/test_plan_fast.py), goes to the
+   exact path without trying.
 
 Anything else (FSDP, which plans in rounds against a tightened budget, stacks that
 are not uniform or too short, windows off the pattern, no ``"none"`` row) takes the
@@ -280,6 +279,11 @@ def _confirmed(shallow: _Shallow, seq_len: int,
     return confirmed
 
 
+def _inexact(setup: Setup) -> bool:
+    """Whether the peak model is known not to be exact (NOTE [ Fast plan rows ] 4)."""
+    return setup.precision.autocast_dtype is not None
+
+
 def _phase(model: Any, windows: StepWindows, choice: Sequence[int]) -> str | None:
     """The phase at the predicted peak: the first window (in time) holding it."""
     values = model.window_bytes(choice)
@@ -339,7 +343,7 @@ def fast_plan_rows(ctx: FastContext, sizes: Sequence[int], seq_len: int,
     setup = ctx.setup
     sizes = [b for b in sizes if b in none_rows]
     if ctx.stack is None or setup.sharding == "fsdp" or not sizes \
-            or len(ctx.stack[2]) <= SHALLOW[-1] or setup.precision.autocast_dtype is not None:
+            or len(ctx.stack[2]) <= SHALLOW[-1] or _inexact(setup):
         return {}
     check_plannable(setup.model)  # the exact path's warnings
     try:
