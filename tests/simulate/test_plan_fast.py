@@ -76,7 +76,7 @@ def test_fast_plan_rows_equal_exact_plan_rows(case: tuple[str, dict[str, Any], A
     calls = _count_exact_rows(monkeypatch)
     mixed: list[int] = []
     failed: list[int] = []
-    real_mix = plan_fast._mix_run
+    real_mix = plan_fast.mix_run
 
     def mix(*args: Any) -> Any:
         mixed.append(args[-1])
@@ -86,7 +86,7 @@ def test_fast_plan_rows_equal_exact_plan_rows(case: tuple[str, dict[str, Any], A
             failed.append(args[-1])
             raise
 
-    monkeypatch.setattr(plan_fast, "_mix_run", mix)
+    monkeypatch.setattr(plan_fast, "mix_run", mix)
     fast = simulate(_factory(preset), **kwargs)
     assert calls == []  # every plan row took the fast path
     # batch 8's block runs were interpolated (gpt-tiny measures a run whose backward
@@ -144,7 +144,7 @@ def test_runs_that_do_not_line_up_are_measured(case: tuple[str, dict[str, Any], 
         measured.append(args[4])
         return real_run_block(*args, **kwargs)
 
-    monkeypatch.setattr(plan_fast, "_mix_run", never)
+    monkeypatch.setattr(plan_fast, "mix_run", never)
     monkeypatch.setattr(plan_fast, "interpolate_windows", never)
     monkeypatch.setattr(plan_fast, "run_block", counted)
     _compare_plans(simulate(_factory(preset), **kwargs), exact)
@@ -209,3 +209,25 @@ def test_autocast_fails_the_confirmation_and_takes_the_exact_path(
     monkeypatch.setattr(plan_fast, "_inexact", lambda setup: False)
     _compare_plans(simulate(_factory("llama-tiny"), **kwargs), exact)
     assert confirmed == [set()] and calls == [8]
+
+
+def test_each_size_is_confirmed_alone_where_the_largest_lacks_a_choice(
+        case: tuple[str, dict[str, Any], Any, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """NOTE [ Fast plan rows ] 4: the choices are confirmed at once at the largest size,
+    or, where it did not measure them all, each size on its own."""
+    preset, kwargs, _, exact = case
+    if preset != CASES[0][0]:
+        pytest.skip("one model is enough")
+    calls = _count_exact_rows(monkeypatch)
+    confirmed: list[int] = []
+    real = plan_fast._confirmed
+
+    def spy(*args: Any) -> set[int]:
+        done = real(*args)
+        confirmed.extend(sorted(done))
+        return done
+
+    monkeypatch.setattr(plan_fast, "_confirmed_once", lambda *args: None)
+    monkeypatch.setattr(plan_fast, "_confirmed", spy)
+    _compare_plans(simulate(_factory(preset), **kwargs), exact)
+    assert calls == [] and confirmed == [4, 8, 16]

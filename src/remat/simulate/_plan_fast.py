@@ -34,11 +34,14 @@ model is built from cheaper parts, and the row is composed instead of measured:
    own behave as in the step. Under autocast they do not (the block runs run outside
    the autocast region), and the exact path's closed loop measures and corrects
    (tightening, or no plan). So the prediction is checked on fake steps of the warm
-   copy of item 2, each running up to four of the choice's distinct candidates in the
-   order they appear in it (on two to four blocks, the last repeated), against the
-   peak model of that depth: a size whose measured peak differs takes the exact path.
-   Autocast, which fails the check (tests/simulate/test_plan_fast.py), goes to the
-   exact path without trying.
+   copy of item 2, each running up to four distinct candidates in the order the
+   choices use them (on two to four blocks, the last repeated), against the peak
+   model of that depth; a mismatch sends the sizes concerned to the exact path.
+   Whether a candidate's numbers add up in the step is a property of the program, the
+   same at every batch size above 1 (NOTE [ Peak moments ]), so every candidate any
+   size chose is checked once, at the largest size; a size whose choices were not
+   all measured there is checked on its own. Autocast, which fails the check
+   (tests/simulate/test_plan_fast.py), goes to the exact path without trying.
 
 Anything else (FSDP, which plans in rounds against a tightened budget, stacks that
 are not uniform or too short, windows off the pattern, no ``"none"`` row) takes the
@@ -60,8 +63,8 @@ from remat.planning.block_run import BlockRun, run_block
 from remat.planning.candidates import BlockGroup, Candidate
 from remat.planning.peak import PeakModel
 from remat.simulate._fast import FastContext, _cut
-from remat.simulate._plan_windows import SHALLOW, deepen_windows, interpolate_windows
-from remat.simulate._samples import NotAffine, affine
+from remat.simulate._plan_windows import SHALLOW, deepen_windows, interpolate_windows, mix_run
+from remat.simulate._samples import NotAffine
 from remat.simulate._setup import Setup
 from remat.simulate.result import SimulationRow
 
@@ -117,6 +120,7 @@ class _Shallow:
             self.cut = cut
             self._fake = fake_setup(cut.model, None, optimizer=cut.optimizer,
                                     blocks=cut.blocks)
+        self.device = ctx.setup.device
         path = next(name for name, m in ctx.setup.model.named_modules() if m is owner)
         self._owner = self._fake.model.get_submodule(path)
         self._stack = getattr(self._owner, self._attr)
@@ -174,40 +178,18 @@ def _windows(ctx: FastContext, shallow: _Shallow, sizes: Sequence[int],
     return steps
 
 
-def _mix_run(lo: BlockRun, hi: BlockRun, ends: tuple[int, int], batch_size: int) -> BlockRun:
-    """The block run at ``batch_size`` between two runs at ``ends`` (NOTE [ Peak moments ])."""
-    if lo.forward_peak_at is None or (lo.forward_peak_at, lo.backward_peak_at,
-                                      lo.backward_peak_phase, len(lo.ops)) != (
-            hi.forward_peak_at, hi.backward_peak_at, hi.backward_peak_phase, len(hi.ops)):
-        raise NotAffine
-    b1, b2 = ends
-
-    def line(a: int, b: int) -> int:
-        return affine(a, b, b1, b2, batch_size)
-
-    ops = []
-    for o1, o2 in zip(lo.ops, hi.ops, strict=True):
-        if (o1.name, o1.phase, o1.block, o1.dtype_bytes) != (o2.name, o2.phase, o2.block,
-                                                            o2.dtype_bytes):
-            raise NotAffine
-        ops.append(dataclasses.replace(
-            o1, flops=line(o1.flops, o2.flops), read_bytes=line(o1.read_bytes, o2.read_bytes),
-            write_bytes=line(o1.write_bytes, o2.write_bytes),
-            alloc_bytes=line(o1.alloc_bytes, o2.alloc_bytes)))
-    return dataclasses.replace(
-        lo, saved_bytes=line(lo.saved_bytes, hi.saved_bytes),
-        forward_peak_bytes=line(lo.forward_peak_bytes, hi.forward_peak_bytes),
-        backward_peak_bytes=line(lo.backward_peak_bytes, hi.backward_peak_bytes),
-        ops=tuple(ops))
+Runs = dict[int, dict[Any, BlockRun]]
+"""Per measured batch size, its block runs by candidate parts."""
 
 
 def _candidates(ctx: FastContext, sizes: Sequence[int],
-                seq_len: int) -> dict[int, tuple[Candidate, ...]]:
-    """Every size's candidates for the stack's one kind of block (NOTE [ Fast plan rows ] 1)."""
+                seq_len: int) -> tuple[dict[int, tuple[Candidate, ...]], Runs]:
+    """Every size's candidates for the stack's one kind of block (NOTE [ Fast plan rows ] 1),
+    and the runs measured at the ends."""
     from remat.planning.candidates import RunBlock, measure_groups
 
     measured, between, ends = _split(sizes)
-    runs: dict[int, dict[Any, BlockRun]] = {}
+    runs: Runs = {}
     out: dict[int, tuple[Candidate, ...]] = {}
     with _fake_cut(ctx, _CANDIDATE_DEPTH, optimizer=False) as (cut, fake):
         blocks = list(fake.blocks)
@@ -231,7 +213,7 @@ def _candidates(ctx: FastContext, sizes: Sequence[int],
             def run(*args: Any, **kwargs: Any) -> BlockRun:
                 key = tuple(args[4])
                 try:  # a selection at b asking for a run the ends lack: KeyError
-                    return _mix_run(runs[ends[0]][key], runs[ends[1]][key], ends, b)
+                    return mix_run(runs[ends[0]][key], runs[ends[1]][key], ends, b)
                 except (KeyError, NotAffine):
                     return run_block(*args, **kwargs)  # this run measured at b
             return run
@@ -240,7 +222,7 @@ def _candidates(ctx: FastContext, sizes: Sequence[int],
             out[b] = groups(b, recording(b))
         for b in between:
             out[b] = groups(b, interpolating(b))
-    return out
+    return out, runs
 
 
 def _confirmed(shallow: _Shallow, seq_len: int,
@@ -277,6 +259,30 @@ def _confirmed(shallow: _Shallow, seq_len: int,
                for i in range(0, len(distinct), width)):
             confirmed.add(b)
     return confirmed
+
+
+def _confirmed_once(shallow: _Shallow, seq_len: int,
+                    candidates: Mapping[int, tuple[Candidate, ...]], runs: Runs,
+                    steps: Mapping[int, Mapping[int, StepWindows]],
+                    chosen: Mapping[int, list[Candidate]]) -> set[int] | None:
+    """Every size confirmed at once (NOTE [ Fast plan rows ] 4): every candidate any size
+    chose, at the largest size, where all of them were measured; None where they were not
+    (each size is confirmed on its own then)."""
+    from remat.planning.candidates import _candidate
+
+    if not chosen:
+        return set()
+    at = max(chosen)
+    known = {c.parts: c for c in candidates[at]}
+    for key, run in runs.get(at, {}).items():
+        found = _candidate(key, run, shallow.device, base=runs[at].get(()))
+        known.setdefault(found.parts, found)
+    union = list(dict.fromkeys(c.parts for cs in chosen.values() for c in cs))
+    if () not in known or any(parts not in known for parts in union):
+        return None
+    picked = [known[parts] for parts in union]
+    done = _confirmed(shallow, seq_len, {at: ((known[()], *picked), steps[at], picked)})
+    return set(chosen) if done else set()
 
 
 def _inexact(setup: Setup) -> bool:
@@ -347,7 +353,7 @@ def fast_plan_rows(ctx: FastContext, sizes: Sequence[int], seq_len: int,
         return {}
     check_plannable(setup.model)  # the exact path's warnings
     try:
-        candidates = _candidates(ctx, sizes, seq_len)
+        candidates, runs = _candidates(ctx, sizes, seq_len)
     except NotAffine:
         return {}
     shallow = _Shallow(ctx)
@@ -365,9 +371,12 @@ def fast_plan_rows(ctx: FastContext, sizes: Sequence[int], seq_len: int,
         fits = choice is not None
         solved[b] = (windows, model, choice if choice is not None else min_peak_choice(model),
                      fits)
-    confirmed = _confirmed(shallow, seq_len, {
-        b: (candidates[b], steps[b], [model.tables[i][c] for i, c in enumerate(choice)])
-        for b, (_, model, choice, _) in solved.items()})
+    chosen = {b: [model.tables[i][c] for i, c in enumerate(choice)]
+              for b, (_, model, choice, _) in solved.items()}
+    confirmed = _confirmed_once(shallow, seq_len, candidates, runs, steps, chosen)
+    if confirmed is None:
+        confirmed = _confirmed(shallow, seq_len, {b: (candidates[b], steps[b], chosen[b])
+                                                  for b in solved})
     return {b: _row(setup, b, seq_len, fixed, none_rows[b], windows, model, choice) if fits
             else no_plan(b, model.predict(choice))
             for b, (windows, model, choice, fits) in solved.items() if b in confirmed}

@@ -1,4 +1,5 @@
-"""The memory windows of a uniform stack's whole step, from steps of the stack cut short.
+"""The arithmetic of the fast plan rows: a uniform stack's memory windows from steps of the
+stack cut short, and windows and block runs between two batch sizes.
 
 NOTE [ Windows from shallow steps ]
 The planner calibrates its peak model on one whole step without checkpointing, cut
@@ -26,12 +27,14 @@ _sim.py), else measured.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 
 from remat.planning._sim import StepWindows
+from remat.planning.block_run import BlockRun
 from remat.simulate._samples import NotAffine, affine
 
-__all__ = ["SHALLOW", "deepen_windows", "interpolate_windows"]
+__all__ = ["SHALLOW", "deepen_windows", "interpolate_windows", "mix_run"]
 
 #: Stack lengths the windows are measured at: two to fit, the third to check.
 SHALLOW = (2, 3, 4)
@@ -124,3 +127,30 @@ def interpolate_windows(lo: StepWindows, hi: StepWindows, sizes: Sequence[int],
              for label in lo.order}
     return StepWindows(peaks, lo.order, max(peaks.values()), {}, (), {}, dict(lo.moments),
                        dict(lo.phases))
+
+
+def mix_run(lo: BlockRun, hi: BlockRun, ends: tuple[int, int], batch_size: int) -> BlockRun:
+    """The block run at ``batch_size`` between two runs at ``ends`` (NOTE [ Peak moments ])."""
+    if lo.forward_peak_at is None or (lo.forward_peak_at, lo.backward_peak_at,
+                                      lo.backward_peak_phase, len(lo.ops)) != (
+            hi.forward_peak_at, hi.backward_peak_at, hi.backward_peak_phase, len(hi.ops)):
+        raise NotAffine
+    b1, b2 = ends
+
+    def line(a: int, b: int) -> int:
+        return affine(a, b, b1, b2, batch_size)
+
+    ops = []
+    for o1, o2 in zip(lo.ops, hi.ops, strict=True):
+        if (o1.name, o1.phase, o1.block, o1.dtype_bytes) != (o2.name, o2.phase, o2.block,
+                                                            o2.dtype_bytes):
+            raise NotAffine
+        ops.append(dataclasses.replace(
+            o1, flops=line(o1.flops, o2.flops), read_bytes=line(o1.read_bytes, o2.read_bytes),
+            write_bytes=line(o1.write_bytes, o2.write_bytes),
+            alloc_bytes=line(o1.alloc_bytes, o2.alloc_bytes)))
+    return dataclasses.replace(
+        lo, saved_bytes=line(lo.saved_bytes, hi.saved_bytes),
+        forward_peak_bytes=line(lo.forward_peak_bytes, hi.forward_peak_bytes),
+        backward_peak_bytes=line(lo.backward_peak_bytes, hi.backward_peak_bytes),
+        ops=tuple(ops))
