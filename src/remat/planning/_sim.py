@@ -37,7 +37,7 @@ NOTE [ Peak moments ]
     and ``b2`` it is that moment's affine function on the whole of ``[b1, b2]``: at
     least that moment's bytes (it is the largest), at most the chord (convexity), and
     the two coincide. Values between are then interpolated exactly, without a third
-    run (simulate/_plan_fast.py).
+    run (simulate/_plan_windows.py).
 """
 
 from __future__ import annotations
