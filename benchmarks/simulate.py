@@ -56,8 +56,10 @@ MODEL = "llama-7b"
 # d 8192, 64 query / 8 key-value heads (grouped-query attention), SwiGLU 28672.
 LLAMA_70B = {"vocab_size": 32000, "n_layer": 80, "n_head": 64, "n_kv_head": 8, "d_model": 8192,
              "d_ff": 28672, "max_seq_len": 4096}
-# Rows spot-checked against the exact path (a full fake step each) in speed_check.
-SPOT_CHECKS = (("none", 32), ("full", 32), ("every:2", 4), ("sqrt", 8), ("ops", 16))
+# Rows spot-checked against the exact path (a full fake step each; plan rows: the whole
+# planner and its closed loop) in speed_check.
+SPOT_CHECKS = (("none", 32), ("full", 32), ("every:2", 4), ("sqrt", 8), ("ops", 16),
+               ("plan", 8), ("plan", 32))
 
 
 
@@ -99,18 +101,23 @@ def speed_check(seq_len: int, batch_sizes: list[int], device: str) -> list[str]:
              f"batch sizes) | {table_wall:.1f} | {table_cpu:.1f} | "
              f"{table_cpu / step_cpu:.1f} |"]
     print(lines[0], lines[1], sep="\n", flush=True)
-    _, plan_wall, plan_cpu = _timed(lambda: simulate(
+    planned, plan_wall, plan_cpu = _timed(lambda: simulate(
         MODEL, seq_len=seq_len, batch_sizes=batch_sizes, strategies=strategies,
         device=device, plan=True))
     lines.append(f"| the same with plan rows ({len(strategies) + 1} x {len(batch_sizes)}; "
-                 f"plan rows take the exact path) | {plan_wall:.1f} | {plan_cpu:.1f} | "
+                 f"fast plan rows) | {plan_wall:.1f} | {plan_cpu:.1f} | "
                  f"{plan_cpu / step_cpu:.1f} |")
     print(lines[-1], flush=True)
     errors = []
     for strategy, batch_size in SPOT_CHECKS:
-        exact = simulate(MODEL, seq_len=seq_len, batch_sizes=[batch_size],
-                         strategies=[strategy], device=device, exact=True).rows[0]
-        row = fast.row(strategy, batch_size)
+        if strategy == "plan":  # the whole planner and its closed loop (NOTE [ Planner hook ])
+            exact = simulate(MODEL, seq_len=seq_len, batch_sizes=[batch_size],
+                             strategies=["none"], device=device, plan=True,
+                             exact=True).row("plan", batch_size)
+        else:
+            exact = simulate(MODEL, seq_len=seq_len, batch_sizes=[batch_size],
+                             strategies=[strategy], device=device, exact=True).rows[0]
+        row = (planned if strategy == "plan" else fast).row(strategy, batch_size)
         errors.append(f"{strategy} batch {batch_size}: peak "
                       f"{row.peak_bytes / exact.peak_bytes - 1:+.2e}, step "
                       f"{row.step_ms / exact.step_ms - 1:+.2e}")
@@ -234,8 +241,9 @@ def main(argv: list[str] | None = None) -> int:
         "### Simulation speed (issue 11, goal 1)",
         "",
         "Fast rows (the default: shallow fake steps extrapolated in depth and batch, NOTE "
-        "[ Fast rows ] in src/remat/simulate/_fast.py) against one exact fake step; plan "
-        "rows still take the exact path. CPU time is this process's; wall time "
+        "[ Fast rows ] in src/remat/simulate/_fast.py; plan rows: NOTE [ Fast plan rows ] in "
+        "src/remat/simulate/_plan_fast.py) against one exact fake step. CPU time is this "
+        "process's; wall time "
         "depends on the machine's load.",
         "",
         *speed,

@@ -26,6 +26,18 @@ NOTE [ Gap windows ]
     block i keeps it, NOTE [ Who keeps a hidden state ] in block_run.py) cannot
     express. So a gap window's peak is taken after its ops and at its close (when
     the next window opens), not at its opening; the step's peak is unchanged.
+
+NOTE [ Peak moments ]
+    :class:`WindowRecorder` also notes *when* each window peaked: the number of ops
+    seen and of windows opened by then. Two runs of the same program (the same model
+    and strategy at two batch sizes ``b1 < b2``, both above 1) pass through the same
+    moments, and each moment's live bytes are affine in ``b`` (every tensor's size
+    is, NOTE [ Fast rows ] in simulate/_fast.py), so a window's peak, the largest of
+    its moments, is convex in ``b``. When it is reached at the same moment at ``b1``
+    and ``b2`` it is that moment's affine function on the whole of ``[b1, b2]``: at
+    least that moment's bytes (it is the largest), at most the chord (convexity), and
+    the two coincide. Values between are then interpolated exactly, without a third
+    run (simulate/_plan_windows.py).
 """
 
 from __future__ import annotations
@@ -111,8 +123,20 @@ class WindowRecorder:
         self.label: str | None = None
         self.starts: dict[str, int] = {}
         self.peaks: dict[str, int] = {}
+        #: Per window, the moment of its peak (ops seen, windows opened; see NOTE [ Peak
+        #: moments ]) and the phase then ("recompute" while recomputing).
+        self.moments: dict[str, tuple[int, int]] = {}
+        self.phases: dict[str, str] = {}
         self._at_close: set[str] = set()
+        self._ops = 0
+        self._opens = 0
         tracker.after_op = self._after_op
+
+    def _raise(self, label: str, current: int) -> None:
+        if label not in self.moments or current > self.peaks[label]:
+            self.peaks[label] = current
+            self.moments[label] = (self._ops, self._opens)
+            self.phases[label] = "recompute" if is_recomputing() else self._tracker.phase
 
     def open(self, label: str, *, count_start: bool = True) -> None:
         """Make ``label`` the current window (its start is the first time it opens).
@@ -122,12 +146,13 @@ class WindowRecorder:
         [ Gap windows ].
         """
         current = self._tracker.current_bytes
+        self._opens += 1
         if self.label in self._at_close:
-            self.peaks[self.label] = max(self.peaks[self.label], current)
+            self._raise(self.label, current)
         self.label = label
         self.starts.setdefault(label, current)
         if count_start:
-            self.peaks[label] = max(self.peaks.get(label, current), current)
+            self._raise(label, current)
         else:
             self._at_close.add(label)
             self.peaks.setdefault(label, 0)
@@ -137,11 +162,12 @@ class WindowRecorder:
         return {label: peak or self.starts[label] for label, peak in self.peaks.items()}
 
     def _after_op(self) -> None:
+        self._ops += 1
         label = self.label
         if label is not None:
             current = self._tracker.current_bytes
             if current > self.peaks[label]:
-                self.peaks[label] = current
+                self._raise(label, current)
 
 
 @dataclass(frozen=True)
@@ -155,6 +181,8 @@ class StepWindows:
         peak_breakdown: bytes per kind at the peak.
         ops: every op of the step (with ``record_ops``; else empty).
         static: bytes registered before the step, per kind (params, batch, ...).
+        moments: per window, the moment of its peak (NOTE [ Peak moments ]).
+        phases: per window, the phase at its peak.
     """
 
     peaks: Mapping[str, int]
@@ -163,10 +191,12 @@ class StepWindows:
     peak_breakdown: Mapping[str, int]
     ops: tuple[OpRecord, ...]
     static: Mapping[str, int]
+    moments: Mapping[str, tuple[int, int]] = field(default_factory=dict)
+    phases: Mapping[str, str] = field(default_factory=dict)
 
 
 def run_windows(setup: FakeSetup, *, loss_fn: LossFn | None,
-                record_ops: bool = False) -> StepWindows:
+                record_ops: bool = False, warm_up: bool = True) -> StepWindows:
     """Run one tracked step of ``setup``'s model as :func:`remat.profile` does, with windows.
 
     Same sequence as ``profile(simulate=True)``: an untracked warm-up step that creates
@@ -174,10 +204,12 @@ def run_windows(setup: FakeSetup, *, loss_fn: LossFn | None,
     step with parameters, buffers, optimizer state and batch registered first. The peak
     model needs only the bytes; ``record_ops=True`` also records every op (FLOPs and
     bytes moved, in ``StepWindows.ops``; otherwise empty), a tenth of the step's time.
+    ``warm_up=False`` skips the warm-up, for a copy a previous call left warm (the
+    optimizer state does not depend on the batch).
     """
     model, batch, optimizer = setup.model, setup.batch, setup.optimizer
     with setup.mode:
-        if optimizer is not None:  # fake steps have no other lazy state to warm up
+        if optimizer is not None and warm_up:  # fake steps have no other lazy state
             run_step(model, batch, loss_fn=loss_fn, optimizer=optimizer)
             clear_grads(model)
         tracker = MemoryTracker(device=setup.device, blocks=setup.blocks, record_ops=record_ops)
@@ -205,7 +237,7 @@ def run_windows(setup: FakeSetup, *, loss_fn: LossFn | None,
         clear_grads(model)
     order = tuple(windows.starts)
     return StepWindows(windows.finished_peaks(), order, tracker.peak_bytes, tracker.peak_breakdown,
-                       tracker.ops, static)
+                       tracker.ops, static, dict(windows.moments), dict(windows.phases))
 
 
 def _window_hooks(blocks: Sequence[tuple[str, nn.Module]], windows: WindowRecorder,

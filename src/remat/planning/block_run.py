@@ -29,12 +29,16 @@ __all__ = ["BlockRun", "apply_parts", "record_graphs", "run_block"]
 
 @dataclass(frozen=True)
 class BlockRun:
-    """What one block's tracked forward and backward measured (bytes; its ops)."""
+    """What one block's tracked forward and backward measured (bytes; its ops), and when
+    each pass peaked (NOTE [ Peak moments ] in _sim.py) and in which phase backward did."""
 
     saved_bytes: int
     forward_peak_bytes: int
     backward_peak_bytes: int
     ops: tuple[OpRecord, ...]
+    forward_peak_at: tuple[int, int] | None = None
+    backward_peak_at: tuple[int, int] | None = None
+    backward_peak_phase: str = "backward"
 
 
 def apply_parts(model: nn.Module, name: str, parts: Sequence[Part],
@@ -141,6 +145,9 @@ def run_block(setup: FakeSetup, name: str, block: nn.Module,
             forward_peak_bytes=windows.peaks["fwd"] - windows.starts["fwd"],
             backward_peak_bytes=windows.peaks["bwd"] - windows.starts["bwd"] + saved,
             ops=tracker.ops,
+            forward_peak_at=windows.moments["fwd"],
+            backward_peak_at=windows.moments["bwd"],
+            backward_peak_phase=windows.phases["bwd"],
         )
     finally:
         remove(setup.model)

@@ -44,7 +44,7 @@ NOTE [ Candidate decisions ]
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,6 +72,7 @@ from remat.strategies.base import BlockStrategy
 __all__ = [
     "BlockGroup",
     "Candidate",
+    "RunBlock",
     "measure_groups",
     "parts_label",
     "prune_candidates",
@@ -97,6 +98,8 @@ class Candidate:
         recompute_ms: cost of the decision per step, ms: roofline time of the recomputed
             ops on the cost device (offload: exposed transfer time).
         recompute_bytes: bytes read and written by the recomputed ops.
+        backward_peak_phase: the phase at the backward's high-water mark (``"backward"``
+            or ``"recompute"``).
     """
 
     parts: tuple[Part, ...]
@@ -106,6 +109,7 @@ class Candidate:
     recompute_flops: int
     recompute_ms: float
     recompute_bytes: int = 0
+    backward_peak_phase: str = "backward"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "parts", tuple((p, d) for p, d in self.parts
@@ -173,6 +177,10 @@ class BlockGroup:
     candidates: tuple[Candidate, ...]
 
 
+#: How a candidate's block run is obtained: :func:`~remat.planning.block_run.run_block`, or
+#: (simulate/_plan_fast.py) interpolated from runs at two other batch sizes.
+RunBlock = Callable[..., BlockRun]
+
 # ---- all candidates of all groups ---------------------------------------------------------
 
 def _candidate(parts: Sequence[Part], run: BlockRun, device: DeviceSpec,
@@ -189,6 +197,7 @@ def _candidate(parts: Sequence[Part], run: BlockRun, device: DeviceSpec,
         recompute_flops=sum(op.flops for op in recompute),
         recompute_ms=ms,
         recompute_bytes=sum(op.bytes_moved for op in recompute),
+        backward_peak_phase=run.backward_peak_phase,
     )
 
 
@@ -281,7 +290,8 @@ def _pairs(singles: dict[str, list[tuple[Part, BlockRun]]], none_run: BlockRun,
 
 
 def _measure_kind(setup: FakeSetup, rep: str, block: nn.Module, inputs: BlockInputs,
-                  device: DeviceSpec, max_composites: int) -> list[Candidate]:
+                  device: DeviceSpec, max_composites: int,
+                  run_block: RunBlock = run_block) -> list[Candidate]:
     """Every candidate of one kind of block (NOTE [ Candidate decisions ])."""
     subs = _sublayers(block)
     attribution = [(rep, block), *((f"{rep}.{path}", m) for path, m in subs.values())]
@@ -327,7 +337,8 @@ def _measure_kind(setup: FakeSetup, rep: str, block: nn.Module, inputs: BlockInp
 
 
 def measure_groups(setup: FakeSetup, device: DeviceSpec, *, prune: bool = True,
-                   max_composites: int = 8, share: bool = True) -> list[BlockGroup]:
+                   max_composites: int = 8, share: bool = True,
+                   run: RunBlock = run_block) -> list[BlockGroup]:
     """Measure every candidate of every kind of block in ``setup``'s model.
 
     Args:
@@ -341,6 +352,8 @@ def measure_groups(setup: FakeSetup, device: DeviceSpec, *, prune: bool = True,
             measures every block on its own inputs: the exact path the shared one is
             tested against (a 32-layer stack then costs 32 times the block runs).
             Default: True.
+        run: how each candidate's block run is obtained (same arguments as
+            :func:`~remat.planning.block_run.run_block`). Default: ``run_block``.
 
     Returns:
         One :class:`BlockGroup` per kind of block (per block without ``share``), in order
@@ -357,7 +370,7 @@ def measure_groups(setup: FakeSetup, device: DeviceSpec, *, prune: bool = True,
     for names in groups.values():
         rep = names[0]
         candidates = _measure_kind(setup, rep, modules[rep], inputs[rep], device,
-                                   max_composites)
+                                   max_composites, run)
         if prune:
             candidates = prune_candidates(candidates)
         result.append(BlockGroup(tuple(names), tuple(candidates)))

@@ -5,7 +5,10 @@ NOTE [ Planner hook ]
 simulate=True) picks per-block decisions for the device budget, the plan is applied
 and simulated like a strategy. A batch size no plan fits gets a row with the smallest
 reachable peak (per rank) and no times; one whose ``"none"`` row fits gets that row
-(no recompute: nothing is cheaper), without planning.
+(no recompute: nothing is cheaper), without planning. By default the planner's parts
+are measured on the stack cut short and the row is composed (NOTE [ Fast plan rows ]
+in _plan_fast.py); ``exact=True``, and whatever that path cannot give, plans on the
+whole model as described here.
 
 NOTE [ Per-rank budgets ]
 The planner plans the one-device step, so the device's memory ``M`` (a per-rank
@@ -42,6 +45,8 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from remat.simulate._fast import FastContext
+from remat.simulate._plan_fast import fast_plan_rows
 from remat.simulate._point import per_rank, point, row_of
 from remat.simulate._setup import Setup
 from remat.simulate.result import SimulationRow
@@ -173,7 +178,8 @@ def _fsdp_plan_row(setup: Setup, batch_size: int, seq_len: int,
 def plan_rows(setup: Setup, batch_sizes: Sequence[int], seq_len: int,
               fixed: tuple[int, int, int],
               on_row: Callable[[SimulationRow], None] | None,
-              simulated: Sequence[SimulationRow] = ()) -> list[SimulationRow]:
+              simulated: Sequence[SimulationRow] = (),
+              fast: FastContext | None = None) -> list[SimulationRow]:
     """The ``"plan"`` row of every batch size (see NOTE [ Planner hook ]).
 
     Args:
@@ -181,13 +187,26 @@ def plan_rows(setup: Setup, batch_sizes: Sequence[int], seq_len: int,
         simulated: the strategies' rows. Where ``"none"``'s row fits the device, the
             plan row is that row: nothing recomputed is the cheapest plan there is, and
             its step was simulated already. Default: none given.
+        fast: the fast rows' context: plan rows from shallow steps where NOTE [ Fast plan
+            rows ] (in _plan_fast.py) applies, needing the ``"none"`` rows among
+            ``simulated``. Default: None (every row planned on the whole model).
     """
     make_row = _fsdp_plan_row if setup.sharding == "fsdp" else _plan_row
-    fitting_none = {r.batch_size: r for r in simulated if r.strategy == "none" and r.fits}
+    nones = {r.batch_size: r for r in simulated if r.strategy == "none"}
+    fitting_none = {b: r for b, r in nones.items() if r.fits}
+    planned = [b for b in batch_sizes if b not in fitting_none]
+    budget = _budget(setup, fixed)
+
+    def no_plan(batch_size: int, min_peak_bytes: int) -> SimulationRow:
+        return _no_plan_row(setup, batch_size, seq_len, fixed, min_peak_bytes, budget)
+
+    done = fast_plan_rows(fast, planned, seq_len, fixed, nones, (budget, no_plan)) \
+        if fast is not None and planned and setup.sharding != "fsdp" else {}
     rows: list[SimulationRow] = []
     for batch_size in batch_sizes:
         row = (dataclasses.replace(fitting_none[batch_size], strategy="plan")
-               if batch_size in fitting_none else make_row(setup, batch_size, seq_len, fixed))
+               if batch_size in fitting_none else done[batch_size] if batch_size in done
+               else make_row(setup, batch_size, seq_len, fixed))
         rows.append(row)
         if on_row is not None:
             on_row(row)

@@ -149,7 +149,9 @@ def simulate(
             and labels from ``model.config.vocab_size``.
         on_row: called with each row as soon as it is simulated (progress bars).
         exact: simulate the whole model's step for every row instead of extrapolating
-            from shallow steps (NOTE [ Fast rows ]). Default: ``False``.
+            from shallow steps (NOTE [ Fast rows ]), and run the whole planner and its
+            closed loop for every plan row instead of composing it from shallow steps
+            (NOTE [ Fast plan rows ] in _plan_fast.py). Default: ``False``.
 
     Returns:
         A :class:`SimulationResult`.
@@ -243,5 +245,5 @@ def _run(setup: Setup, labels: Sequence[str], sizes: Sequence[int], seq_len: int
                     on_row(row)
         if plan:
             fixed = fixed_bytes(setup, rows, sizes[0], seq_len)
-            rows.extend(plan_rows(setup, sizes, seq_len, fixed, on_row, rows))
+            rows.extend(plan_rows(setup, sizes, seq_len, fixed, on_row, rows, fast=fast))
     return rows
