@@ -32,6 +32,7 @@ import os
 import platform
 import resource
 import shlex
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -81,33 +82,50 @@ def _timed(fn: Any) -> tuple[Any, float, float]:
     return out, time.perf_counter() - wall, time.process_time() - cpu
 
 
-def speed_check(seq_len: int, batch_sizes: list[int], device: str) -> list[str]:
+def speed_check(seq_len: int, batch_sizes: list[int], device: str,
+                repeats: int = 3) -> list[str]:
     """Issue #11 goal 1: the fast table against one exact fake step, and the 70B table.
 
-    Returns the markdown lines; prints each figure as it comes.
+    The exact step, the table and the table with plan rows run interleaved ``repeats``
+    times (A B C A B C ...), so the machine's load hits them alike; each figure is the
+    median, and the ratio is that of the medians. Returns the markdown lines; prints each
+    figure as it comes.
     """
     from remat.models import Llama, LlamaConfig
 
     strategies = list(DEFAULT_STRATEGIES)
-    _, step_wall, step_cpu = _timed(lambda: simulate(
-        MODEL, seq_len=seq_len, batch_sizes=[1], strategies=["none"], device=device,
-        exact=True))
-    fast, table_wall, table_cpu = _timed(lambda: simulate(
-        MODEL, seq_len=seq_len, batch_sizes=batch_sizes, strategies=strategies,
-        device=device))
+    runs: dict[str, Any] = {
+        "step": lambda: simulate(MODEL, seq_len=seq_len, batch_sizes=[1], strategies=["none"],
+                                 device=device, exact=True),
+        "table": lambda: simulate(MODEL, seq_len=seq_len, batch_sizes=batch_sizes,
+                                  strategies=strategies, device=device),
+        "plan": lambda: simulate(MODEL, seq_len=seq_len, batch_sizes=batch_sizes,
+                                 strategies=strategies, device=device, plan=True),
+    }
+    walls: dict[str, list[float]] = {name: [] for name in runs}
+    cpus: dict[str, list[float]] = {name: [] for name in runs}
+    results: dict[str, Any] = {}
+    for i in range(repeats):
+        for name, run in runs.items():
+            results[name], wall, cpu = _timed(run)
+            walls[name].append(wall)
+            cpus[name].append(cpu)
+            print(f"repeat {i + 1}/{repeats} {name}: {wall:.1f} s wall, {cpu:.1f} s CPU",
+                  flush=True)
+    fast, planned = results["table"], results["plan"]
+    step_wall, step_cpu = statistics.median(walls["step"]), statistics.median(cpus["step"])
+    table_wall, table_cpu = statistics.median(walls["table"]), statistics.median(cpus["table"])
+    plan_wall, plan_cpu = statistics.median(walls["plan"]), statistics.median(cpus["plan"])
+    spread = ", ".join(f"{p / s:.1f}x" for p, s in zip(cpus["plan"], cpus["step"], strict=True))
     lines = [f"| one exact fake step ({MODEL}, none, batch 1) | {step_wall:.1f} | "
              f"{step_cpu:.1f} | 1.0 |",
              f"| fast table ({MODEL}, {len(strategies)} strategies x {len(batch_sizes)} "
              f"batch sizes) | {table_wall:.1f} | {table_cpu:.1f} | "
-             f"{table_cpu / step_cpu:.1f} |"]
-    print(lines[0], lines[1], sep="\n", flush=True)
-    planned, plan_wall, plan_cpu = _timed(lambda: simulate(
-        MODEL, seq_len=seq_len, batch_sizes=batch_sizes, strategies=strategies,
-        device=device, plan=True))
-    lines.append(f"| the same with plan rows ({len(strategies) + 1} x {len(batch_sizes)}; "
-                 f"fast plan rows) | {plan_wall:.1f} | {plan_cpu:.1f} | "
-                 f"{plan_cpu / step_cpu:.1f} |")
-    print(lines[-1], flush=True)
+             f"{table_cpu / step_cpu:.1f} |",
+             f"| the same with plan rows ({len(strategies) + 1} x {len(batch_sizes)}; "
+             f"fast plan rows) | {plan_wall:.1f} | {plan_cpu:.1f} | "
+             f"{plan_cpu / step_cpu:.1f} (per repeat: {spread}) |"]
+    print(*lines, sep="\n", flush=True)
     errors = []
     for strategy, batch_size in SPOT_CHECKS:
         if strategy == "plan":  # the whole planner and its closed loop (NOTE [ Planner hook ])
@@ -131,7 +149,8 @@ def speed_check(seq_len: int, batch_sizes: list[int], device: str) -> list[str]:
                  f"{big_cpu:.1f} | - |")
     print(lines[-1], flush=True)
     largest = ", ".join(f"{k} {v}" for k, v in big.largest_batches.items())
-    return ["| Run | Wall (s) | CPU (s) | CPU / one step |", "|---|---:|---:|---:|", *lines, "",
+    return [f"Medians of {repeats} interleaved repeats.", "",
+            "| Run | Wall (s) | CPU (s) | CPU / one step |", "|---|---:|---:|---:|", *lines, "",
             "Fast rows vs exact rows (relative error): " + "; ".join(errors) + ".", "",
             f"70B-class largest batch per rank on {device}: {largest}."]
 
@@ -192,6 +211,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="h100-80gb", help="device from the device table")
     parser.add_argument("--no-plan", action="store_true", help="skip the planner's rows")
     parser.add_argument("--no-estimate", action="store_true", help="skip the formula table")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="interleaved repeats of the speed check's timings (default 3)")
     parser.add_argument("--speed-only", action="store_true",
                         help="only the fast-vs-exact timings (issue 11), printed, no RESULTS.md")
     args = parser.parse_args(argv)
@@ -200,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
 
     batch_sizes = [int(b) for b in args.batch.split(",")]
-    speed = speed_check(args.seq, batch_sizes, args.device)
+    speed = speed_check(args.seq, batch_sizes, args.device, args.repeats)
     if args.speed_only:
         return 0
     elapsed, rss, check = performance_check(2048)
