@@ -28,11 +28,13 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import json
 import os
 import platform
 import resource
 import shlex
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -82,37 +84,59 @@ def _timed(fn: Any) -> tuple[Any, float, float]:
     return out, time.perf_counter() - wall, time.process_time() - cpu
 
 
+def _run_kind(kind: str, seq_len: int, batch_sizes: list[int], device: str) -> SimulationResult:
+    """One of the speed check's runs: ``step``, ``table``, ``plan`` or ``70b``."""
+    from remat.models import Llama, LlamaConfig
+
+    strategies = list(DEFAULT_STRATEGIES)
+    if kind == "step":
+        return simulate(MODEL, seq_len=seq_len, batch_sizes=[1], strategies=["none"],
+                        device=device, exact=True)
+    if kind in ("table", "plan"):
+        return simulate(MODEL, seq_len=seq_len, batch_sizes=batch_sizes, strategies=strategies,
+                        device=device, plan=kind == "plan")
+    if kind == "70b":
+        return simulate(lambda: Llama(LlamaConfig(**LLAMA_70B)), seq_len=4096,
+                        batch_sizes=[1, 2, 4, 8], strategies=strategies, device=device,
+                        world_size=8, sharding="fsdp")
+    raise ValueError(f"unknown run {kind!r}")
+
+
+def _cold(kind: str, seq_len: int, batch_sizes: list[int], device: str) -> dict[str, Any]:
+    """``_run_kind`` in a fresh process, as a user's ``remat simulate`` runs: ``{"wall",
+    "cpu", "largest"}`` of the ``simulate`` call alone (imports not counted). In one
+    process, later runs reuse FakeTensorMode's dispatch cache (a class attribute) and read
+    up to 40% faster than the first."""
+    out = subprocess.run(
+        [sys.executable, __file__, "--time-one", kind, "--seq", str(seq_len), "--batch",
+         ",".join(map(str, batch_sizes)), "--device", device],
+        check=True, capture_output=True, text=True)
+    return dict(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
 def speed_check(seq_len: int, batch_sizes: list[int], device: str,
                 repeats: int = 3) -> list[str]:
     """Issue #11 goal 1: the fast table against one exact fake step, and the 70B table.
 
-    The exact step, the table and the table with plan rows run interleaved ``repeats``
-    times (A B C A B C ...), so the machine's load hits them alike; each figure is the
-    median, and the ratio is that of the medians. Returns the markdown lines; prints each
-    figure as it comes.
+    The exact step, the table and the table with plan rows each run in a fresh process
+    (:func:`_cold`), interleaved ``repeats`` times (A B C A B C ...) so the machine's load
+    hits them alike; each figure is the median, the ratio that of the medians. The spot
+    checks compare rows of one more run of each with exact rows. Returns the markdown
+    lines; prints each figure as it comes.
     """
-    from remat.models import Llama, LlamaConfig
-
     strategies = list(DEFAULT_STRATEGIES)
-    runs: dict[str, Any] = {
-        "step": lambda: simulate(MODEL, seq_len=seq_len, batch_sizes=[1], strategies=["none"],
-                                 device=device, exact=True),
-        "table": lambda: simulate(MODEL, seq_len=seq_len, batch_sizes=batch_sizes,
-                                  strategies=strategies, device=device),
-        "plan": lambda: simulate(MODEL, seq_len=seq_len, batch_sizes=batch_sizes,
-                                 strategies=strategies, device=device, plan=True),
-    }
-    walls: dict[str, list[float]] = {name: [] for name in runs}
-    cpus: dict[str, list[float]] = {name: [] for name in runs}
-    results: dict[str, Any] = {}
+    kinds = ("step", "table", "plan")
+    walls: dict[str, list[float]] = {name: [] for name in kinds}
+    cpus: dict[str, list[float]] = {name: [] for name in kinds}
     for i in range(repeats):
-        for name, run in runs.items():
-            results[name], wall, cpu = _timed(run)
-            walls[name].append(wall)
-            cpus[name].append(cpu)
-            print(f"repeat {i + 1}/{repeats} {name}: {wall:.1f} s wall, {cpu:.1f} s CPU",
-                  flush=True)
-    fast, planned = results["table"], results["plan"]
+        for name in kinds:
+            timed = _cold(name, seq_len, batch_sizes, device)
+            walls[name].append(timed["wall"])
+            cpus[name].append(timed["cpu"])
+            print(f"repeat {i + 1}/{repeats} {name}: {timed['wall']:.1f} s wall, "
+                  f"{timed['cpu']:.1f} s CPU", flush=True)
+    fast = _run_kind("table", seq_len, batch_sizes, device)
+    planned = _run_kind("plan", seq_len, batch_sizes, device)
     step_wall, step_cpu = statistics.median(walls["step"]), statistics.median(cpus["step"])
     table_wall, table_cpu = statistics.median(walls["table"]), statistics.median(cpus["table"])
     plan_wall, plan_cpu = statistics.median(walls["plan"]), statistics.median(cpus["plan"])
@@ -140,16 +164,14 @@ def speed_check(seq_len: int, batch_sizes: list[int], device: str,
                       f"{row.peak_bytes / exact.peak_bytes - 1:+.2e}, step "
                       f"{row.step_ms / exact.step_ms - 1:+.2e}")
         print("spot check", errors[-1], flush=True)
-    fast_70b = strategies
-    big, big_wall, big_cpu = _timed(lambda: simulate(
-        lambda: Llama(LlamaConfig(**LLAMA_70B)), seq_len=4096, batch_sizes=[1, 2, 4, 8],
-        strategies=fast_70b, device=device, world_size=8, sharding="fsdp"))
+    big = _cold("70b", seq_len, batch_sizes, device)
     lines.append(f"| 70B-class table (80 layers, d 8192, GQA 64/8, seq 4096, FSDP x 8; "
-                 f"{len(fast_70b)} strategies x 4 batch sizes) | {big_wall:.1f} | "
-                 f"{big_cpu:.1f} | - |")
+                 f"{len(strategies)} strategies x 4 batch sizes) | {big['wall']:.1f} | "
+                 f"{big['cpu']:.1f} | - |")
     print(lines[-1], flush=True)
-    largest = ", ".join(f"{k} {v}" for k, v in big.largest_batches.items())
-    return [f"Medians of {repeats} interleaved repeats.", "",
+    largest = ", ".join(f"{k} {v}" for k, v in big["largest"].items())
+    return [f"Each run in a fresh process (as a user's `remat simulate`); medians of {repeats} "
+            "interleaved repeats.", "",
             "| Run | Wall (s) | CPU (s) | CPU / one step |", "|---|---:|---:|---:|", *lines, "",
             "Fast rows vs exact rows (relative error): " + "; ".join(errors) + ".", "",
             f"70B-class largest batch per rank on {device}: {largest}."]
@@ -215,7 +237,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="interleaved repeats of the speed check's timings (default 3)")
     parser.add_argument("--speed-only", action="store_true",
                         help="only the fast-vs-exact timings (issue 11), printed, no RESULTS.md")
+    parser.add_argument("--time-one", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.time_one:  # one timed run for _cold, in this fresh process
+        sizes = [int(b) for b in args.batch.split(",")]
+        result, wall, cpu = _timed(lambda: _run_kind(args.time_one, args.seq, sizes,
+                                                     args.device))
+        print(json.dumps({"wall": wall, "cpu": cpu, "largest": result.largest_batches}))
+        return 0
     command = "taskset -c 0,1 .venv/bin/python benchmarks/simulate.py" + (
         " " + shlex.join(sys.argv[1:]) if sys.argv[1:] else "")
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
