@@ -169,7 +169,8 @@ def speed_check(seq_len: int, batch_sizes: list[int], device: str,
                  f"{len(strategies)} strategies x 4 batch sizes) | {big['wall']:.1f} | "
                  f"{big['cpu']:.1f} | - |")
     print(lines[-1], flush=True)
-    largest = ", ".join(f"{k} {v}" for k, v in big["largest"].items())
+    largest = ", ".join(f"{k} {v if v is not None else 'none fits'}"
+                        for k, v in big["largest"].items())
     return [f"Each run in a fresh process (as a user's `remat simulate`); medians of {repeats} "
             "interleaved repeats.", "",
             "| Run | Wall (s) | CPU (s) | CPU / one step |", "|---|---:|---:|---:|", *lines, "",
