@@ -20,7 +20,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from remat.strategies.dead_ops import Ledger, classify
-from remat.strategies.sac import op_name, parse_entry
+from remat.strategies.sac import op_name, split_entries
 
 __all__ = ["OpGraph", "block_graphs"]
 
@@ -39,14 +39,7 @@ class OpGraph:
     def freed(self, entries: Iterable[str]) -> list[tuple[str, int]]:
         """``(op name, call index)`` of the calls that become dead when ``entries`` are
         cached (and nothing else is)."""
-        names: set[str] = set()
-        calls: set[tuple[str, int]] = set()
-        for entry in entries:
-            name, index = parse_entry(entry)
-            if index is None:
-                names.add(name)
-            else:
-                calls.add((name, index))
+        names, calls = split_entries(entries)
         keys = [c[:2] for c in self.ledger.calls]
 
         def cached(call: int) -> bool:

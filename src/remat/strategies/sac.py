@@ -79,6 +79,7 @@ __all__ = [
     "make_policy",
     "parse_entry",
     "sac_context_fn",
+    "split_entries",
 ]
 
 #: aten overload packets that do the heavy math, as seen by the dispatcher
@@ -138,6 +139,24 @@ def parse_entry(entry: str) -> tuple[str, int | None]:
     return name, int(index) if sep else None
 
 
+def split_entries(entries: Iterable[str]) -> tuple[frozenset[str], frozenset[tuple[str, int]]]:
+    """``(op names, (op name, call index) pairs)`` of save-set entries (:func:`parse_entry`).
+
+    Example:
+        >>> split_entries({"aten.addmm", "aten.mm#1"})
+        (frozenset({'aten.addmm'}), frozenset({('aten.mm', 1)}))
+    """
+    names: set[str] = set()
+    calls: set[tuple[str, int]] = set()
+    for entry in entries:
+        name, index = parse_entry(entry)
+        if index is None:
+            names.add(name)
+        else:
+            calls.add((name, index))
+    return frozenset(names), frozenset(calls)
+
+
 class SavePolicy:
     """A SAC policy: save the outputs of the named ops and op calls, recompute the rest.
 
@@ -149,18 +168,8 @@ class SavePolicy:
     """
 
     def __init__(self, save_ops: Iterable[str]) -> None:
-        self.names: frozenset[str] = frozenset()
-        calls: set[tuple[str, int]] = set()
-        names: set[str] = set()
-        for entry in save_ops:
-            name, index = parse_entry(entry)
-            if index is None:
-                names.add(name)
-            else:
-                calls.add((name, index))
-        self.names = frozenset(names)
-        self.calls = frozenset(calls)
-        self._counted = frozenset(n for n, _ in calls)
+        self.names, self.calls = split_entries(save_ops)
+        self._counted = frozenset(n for n, _ in self.calls)
         self._counts: dict[bool, dict[str, int]] = {False: {}, True: {}}
         #: SAC's cache of saved outputs (set by :func:`sac_context_fn`); see NOTE [ Saved
         #: outputs mutated in place ].
