@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     close_loop = planner.close_loop
     planner.close_loop = report  # type: ignore[assignment]  # stop after the first choice
     try:
-        simulate(factory, strategies=["none"], device=device, plan=True, **kwargs)
+        simulate(factory, strategies=["none"], device=device, plan=True, exact=True, **kwargs)
     except Done:
         return 0
     finally:
