@@ -304,21 +304,55 @@ def simulated_steps(step: Step, batches: Sequence[Any], *,
     """
     if not batches:
         raise ValueError(f"{_API}: simulated_steps needs at least one batch, got none")
-    check_fake_device(device)
-    fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
-    fmodel, replaced = fake_copy_with_map(step.model, fake_mode, device=device)
-    fopt = fake_optimizer(step.optimizer, replaced) if step.optimizer is not None else None
-    fsteps = [step.with_model(fmodel, fopt, fake_batch(b, fake_mode, device=device))
-              for b in batches]
-    named = fsteps[0].blocks_found(api=_API, required=False)
-    out = []
-    with fake_mode:
-        try:
-            fsteps[0].run()  # warm-up, as for real
-        except DynamicOutputShapeException as error:  # NOTE [ Data-dependent shapes ]
-            raise shadow.data_dependent_error(error.func, error) from error
-        for fstep in fsteps:
-            clear_grads(fmodel)
-            out.append(_build(tracked_step(fstep, named), named, simulated=True,
-                              device=fstep.device))
-    return out
+    return WarmFake(step, batches[0], device=device).profiles(batches)
+
+
+class WarmFake:
+    """A fake copy of a step's model and optimizer, warmed up once, to profile many steps.
+
+    :func:`simulated_steps` profiles the model as it is; ``remat.simulate``'s fast rows
+    also apply one strategy after another to :attr:`model` (the fake copy) between
+    :meth:`profiles` calls, so every strategy at one depth shares one warm-up (the
+    optimizer state a warm-up makes does not depend on the strategy).
+
+    Args:
+        step: the model (real or meta; never run), loss, optimizer and blocks.
+        batch: the warm-up step's batch.
+        device: as for :func:`profile_simulated`. Default: each tensor's own device.
+        bare: take remat's strategies off the copy before the warm-up (the fast rows
+            apply their own). Default: False (the copy runs as the model is).
+    """
+
+    def __init__(self, step: Step, batch: Any, *,
+                 device: torch.device | str | None = None, bare: bool = False) -> None:
+        check_fake_device(device)
+        self.step, self.device = step, device
+        self.mode = FakeTensorMode(allow_non_fake_inputs=True)
+        self.model, replaced = fake_copy_with_map(step.model, self.mode, device=device)
+        if bare:
+            from remat.strategies import remove
+
+            remove(self.model)
+        self.optimizer = (fake_optimizer(step.optimizer, replaced)
+                          if step.optimizer is not None else None)
+        with self.mode:
+            try:  # warm-up, as for real
+                self._step(batch).run()
+            except DynamicOutputShapeException as error:  # NOTE [ Data-dependent shapes ]
+                raise shadow.data_dependent_error(error.func, error) from error
+
+    def _step(self, batch: Any) -> Step:
+        return self.step.with_model(self.model, self.optimizer,
+                                    fake_batch(batch, self.mode, device=self.device))
+
+    def profiles(self, batches: Sequence[Any]) -> list[Profile]:
+        """A tracked step of the fake copy as it is now on each of ``batches``, in order."""
+        fsteps = [self._step(b) for b in batches]
+        named = fsteps[0].blocks_found(api=_API, required=False) if fsteps else []
+        out = []
+        with self.mode:
+            for fstep in fsteps:
+                clear_grads(self.model)
+                out.append(_build(tracked_step(fstep, named), named, simulated=True,
+                                  device=fstep.device))
+        return out

@@ -64,6 +64,7 @@ from contextlib import contextmanager
 
 from torch import nn
 
+from remat.measure.profile import WarmFake
 from remat.simulate._point import shard
 from remat.simulate._samples import (
     NotAffine,
@@ -172,26 +173,50 @@ class FastContext:
     def __init__(self, setup: Setup) -> None:
         self.setup = setup
         self.stack = _stack(setup)
+        #: per depth: the cut stack's warm fake copy and its blocks, shared by every
+        #: strategy (NOTE [ Fast rows ], 4)
+        self.warm: dict[int, tuple[WarmFake, Setup, list[nn.Module]]] = {}
+
+    def warm_copy(self, depth: int, seq_len: int,
+                  first: int) -> tuple[WarmFake, Setup, list[nn.Module]]:
+        """The stack cut to ``depth`` blocks as a warm fake copy (warmed up on batch size
+        ``first``), the cut setup on that copy, and the copy's blocks."""
+        from remat.measure.step import Step
+
+        if depth not in self.warm:
+            assert self.stack is not None
+            owner, attr, _ = self.stack
+            path = {id(m): n for n, m in self.setup.model.named_modules()}[id(owner)]
+            with _cut(self.setup, self.stack, depth) as cut:
+                step = Step(cut.model, cut.batch_fn(first, seq_len), loss_fn=cut.loss_fn,
+                            optimizer=cut.optimizer, blocks=cut.blocks)
+                warm = WarmFake(step, step.batch, bare=True)
+            blocks = list(getattr(warm.model.get_submodule(path), attr))
+            on_copy = dataclasses.replace(cut, model=warm.model, optimizer=warm.optimizer)
+            self.warm[depth] = (warm, on_copy, blocks)
+        return self.warm[depth]
 
 
 def _measure(ctx: FastContext, label: str, depth: int, sizes: Sequence[int],
              seq_len: int) -> dict[int, Sample]:
-    """Samples of ``label``'s step (optimizer included) at ``depth`` blocks, one warm-up
-    step for all sizes (:func:`remat.measure.profile.simulated_steps`)."""
-    from remat.simulate._point import profile_points
+    """Samples of ``label``'s step (optimizer included) at ``depth`` blocks, on the warm
+    fake copy every strategy at that depth shares (NOTE [ Fast rows ], 4)."""
+    from remat.measure.step import check_runnable
+    from remat.measure.tracked import check_trainable
     from remat.strategies import remove
 
     assert ctx.stack is not None
     if not sizes:
         return {}
-    with _cut(ctx.setup, ctx.stack, depth) as cut:
-        _apply(cut, label, ctx.stack[2][:depth], len(ctx.stack[2]))
-        try:
-            profs = profile_points(cut, [cut.batch_fn(b, seq_len) for b in sizes],
-                                   cut.optimizer)
-        finally:
-            remove(cut.model)
-    return {b: sample_of(prof, cut.device) for b, prof in zip(sizes, profs, strict=True)}
+    check_trainable(ctx.setup.model)
+    check_runnable(ctx.setup.model, api="remat.simulate", simulate=True)
+    warm, on_copy, blocks = ctx.warm_copy(depth, seq_len, sizes[0])
+    _apply(on_copy, label, blocks, len(ctx.stack[2]))
+    try:
+        profs = warm.profiles([on_copy.batch_fn(b, seq_len) for b in sizes])
+    finally:
+        remove(on_copy.model)
+    return {b: sample_of(prof, on_copy.device) for b, prof in zip(sizes, profs, strict=True)}
 
 
 def _level(ctx: FastContext, label: str, depth: int, sizes: Sequence[int],
