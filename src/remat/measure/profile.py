@@ -30,7 +30,7 @@ NOTE [ What a profile runs ]
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -319,20 +319,20 @@ class WarmFake:
         step: the model (real or meta; never run), loss, optimizer and blocks.
         batch: the warm-up step's batch.
         device: as for :func:`profile_simulated`. Default: each tensor's own device.
-        bare: take remat's strategies off the copy before the warm-up (the fast rows
-            apply their own). Default: False (the copy runs as the model is).
+        prepare: called on the copy before the warm-up (the fast rows pass
+            ``remat.strategies.remove``: they apply each strategy themselves). Default: None
+            (the copy runs as the model is).
     """
 
     def __init__(self, step: Step, batch: Any, *,
-                 device: torch.device | str | None = None, bare: bool = False) -> None:
+                 device: torch.device | str | None = None,
+                 prepare: Callable[[nn.Module], Any] | None = None) -> None:
         check_fake_device(device)
         self.step, self.device = step, device
         self.mode = FakeTensorMode(allow_non_fake_inputs=True)
         self.model, replaced = fake_copy_with_map(step.model, self.mode, device=device)
-        if bare:
-            from remat.strategies import remove
-
-            remove(self.model)
+        if prepare is not None:
+            prepare(self.model)
         self.optimizer = (fake_optimizer(step.optimizer, replaced)
                           if step.optimizer is not None else None)
         with self.mode:

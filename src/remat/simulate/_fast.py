@@ -182,6 +182,7 @@ class FastContext:
         """The stack cut to ``depth`` blocks as a warm fake copy (warmed up on batch size
         ``first``), the cut setup on that copy, and the copy's blocks."""
         from remat.measure.step import Step
+        from remat.strategies import remove
 
         if depth not in self.warm:
             assert self.stack is not None
@@ -190,7 +191,7 @@ class FastContext:
             with _cut(self.setup, self.stack, depth) as cut:
                 step = Step(cut.model, cut.batch_fn(first, seq_len), loss_fn=cut.loss_fn,
                             optimizer=cut.optimizer, blocks=cut.blocks)
-                warm = WarmFake(step, step.batch, bare=True)
+                warm = WarmFake(step, step.batch, prepare=remove)
             blocks = list(getattr(warm.model.get_submodule(path), attr))
             on_copy = dataclasses.replace(cut, model=warm.model, optimizer=warm.optimizer)
             self.warm[depth] = (warm, on_copy, blocks)
