@@ -106,7 +106,7 @@ def _cold(kind: str, seq_len: int, batch_sizes: list[int], device: str) -> dict[
     """``_run_kind`` in a fresh process, as a user's ``remat simulate`` runs: ``{"wall",
     "cpu", "largest"}`` of the ``simulate`` call alone (imports not counted). In one
     process, later runs reuse FakeTensorMode's dispatch cache (a class attribute) and read
-    up to 40% faster than the first."""
+    faster than the first."""
     out = subprocess.run(
         [sys.executable, __file__, "--time-one", kind, "--seq", str(seq_len), "--batch",
          ",".join(map(str, batch_sizes)), "--device", device],

@@ -34,8 +34,9 @@ NOTE [ Compiled FLOPs per step ]
     graph runs ] in compiled_graphs.py), so graphs compiled for shapes or
     signatures the step does not use count nothing, and blocks that share a
     backend and call it with several signatures (a tensor, then ``None``) count
-    the graphs they ran: a two-block toy model read 23.1 MFLOP (twice its eager
-    11.5) before runs were counted. Where runs cannot be counted (a callable that
+    the graphs they ran (before runs were counted, each block was credited with
+    every graph of the shared log; tests/measure/test_compiled.py's two-signature
+    toy now reads its eager FLOPs). Where runs cannot be counted (a callable that
     takes no weak reference) a graph counts once per region compiled with it. A
     backend's runs are split evenly between the regions that share it: step totals
     are exact, per-block figures are even shares.
@@ -247,9 +248,8 @@ def _runs_per_region(per_region: dict[str, tuple[CountingBackend | None,
         counted = {id(g) for g, a in backend.log.artifacts() if a is not None} \
             if backend is not None else set()
         k = sharing.get(id(backend), 1)
-        out[name] = tuple((g, runs.get(id(g), 0) if id(g) in counted else k)
-                          for g in graphs)
-        out[name] = tuple((g, n) for g, n in out[name] if n)
+        ran = ((g, runs.get(id(g), 0) if id(g) in counted else k) for g in graphs)
+        out[name] = tuple((g, n) for g, n in ran if n)
     return out
 
 

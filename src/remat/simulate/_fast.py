@@ -34,8 +34,10 @@ a constant or proportional to the micro-batch ``b`` (no ``b**2`` term: attention
    at ``b >= 2`` is a free view at ``b = 1`` (the causal-LM loss flattens the shifted
    logits ``logits[:, :-1]``: a view at ``b = 1``, a copy of the logits above).
    Size 1 is sampled at both depths on its own, and the chord runs through the
-   sizes above it. All sizes at one depth share one warm-up step
-   (:func:`remat.measure.profile.simulated_steps`). The chord is checked at both
+   sizes above it. All sizes and all strategies at one depth share one fake copy of
+   the cut stack and its one warm-up step (:class:`remat.measure.profile.WarmFake`;
+   the copy starts without strategies, each is applied to it and removed again: the
+   optimizer state a warm-up makes does not depend on the strategy). The chord is checked at both
    depths: a stack's peak can move in ``b`` at one depth and not at the other.
 5. *The peak's moment can change with depth*: with few blocks the largest moment
    may be the loss's (at the start of backward, logits and their gradient alive)
@@ -181,11 +183,14 @@ class FastContext:
                   first: int) -> tuple[WarmFake, Setup, list[nn.Module]]:
         """The stack cut to ``depth`` blocks as a warm fake copy (warmed up on batch size
         ``first``), the cut setup on that copy, and the copy's blocks."""
-        from remat.measure.step import Step
+        from remat.measure.step import Step, check_runnable
+        from remat.measure.tracked import check_trainable
         from remat.strategies import remove
 
         if depth not in self.warm:
             assert self.stack is not None
+            check_trainable(self.setup.model)
+            check_runnable(self.setup.model, api="remat.simulate", simulate=True)
             owner, attr, _ = self.stack
             path = {id(m): n for n, m in self.setup.model.named_modules()}[id(owner)]
             with _cut(self.setup, self.stack, depth) as cut:
@@ -202,15 +207,11 @@ def _measure(ctx: FastContext, label: str, depth: int, sizes: Sequence[int],
              seq_len: int) -> dict[int, Sample]:
     """Samples of ``label``'s step (optimizer included) at ``depth`` blocks, on the warm
     fake copy every strategy at that depth shares (NOTE [ Fast rows ], 4)."""
-    from remat.measure.step import check_runnable
-    from remat.measure.tracked import check_trainable
     from remat.strategies import remove
 
     assert ctx.stack is not None
     if not sizes:
         return {}
-    check_trainable(ctx.setup.model)
-    check_runnable(ctx.setup.model, api="remat.simulate", simulate=True)
     warm, on_copy, blocks = ctx.warm_copy(depth, seq_len, sizes[0])
     _apply(on_copy, label, blocks, len(ctx.stack[2]))
     try:

@@ -30,7 +30,7 @@ from remat.simulate._setup import Setup
 from remat.simulate.result import SimulationRow
 from remat.simulate.sharding import ShardedPeak, shard_peak
 
-__all__ = ["fixed_bytes", "per_rank", "point", "profile_point", "profile_points", "row_of"]
+__all__ = ["fixed_bytes", "per_rank", "point", "profile_point", "row_of"]
 
 
 def shard(breakdown: Mapping[str, int], grad_total_bytes: int, setup: Setup) -> ShardedPeak:
@@ -58,21 +58,6 @@ def profile_point(setup: Setup, batch: Any, optimizer: torch.optim.Optimizer | N
 
     return profile(setup.model, batch, loss_fn=setup.loss_fn, optimizer=optimizer,
                    simulate=True, blocks=setup.blocks)
-
-
-def profile_points(setup: Setup, batches: Sequence[Any],
-                   optimizer: torch.optim.Optimizer | None) -> list[Any]:
-    """:func:`profile_point` on each of ``batches``, sharing one fake copy and one warm-up
-    (:func:`remat.measure.profile.simulated_steps`)."""
-    from remat.measure.profile import simulated_steps
-    from remat.measure.step import Step, check_runnable
-    from remat.measure.tracked import check_trainable
-
-    check_trainable(setup.model)
-    check_runnable(setup.model, api="remat.simulate", simulate=True)
-    step = Step(setup.model, batches[0], loss_fn=setup.loss_fn, optimizer=optimizer,
-                blocks=setup.blocks)
-    return simulated_steps(step, batches)
 
 
 def per_rank(setup: Setup, nbytes: int) -> int:
