@@ -49,3 +49,30 @@ def test_profile_ops_carry_dtype_and_bytes(toy):
     assert mm.dtype_bytes == 2
     assert mm.read_bytes == 8 * 64 * 2 + 64 * 64 * 2 and mm.write_bytes == 8 * 64 * 2
     assert roofline_ms(prof.ops, DEV) > roofline_ms(prof.ops, DEV, phases=["forward"]) > 0
+
+
+def test_gqa_attention_flops_when_the_formula_asserts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Torch < 2.13's SDPA formula asserts on grouped KV heads; op_flops widens them."""
+    from torch.utils import flop_counter
+
+    from remat.measure import flops
+
+    op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    formula = flops.flop_formula(op)
+    assert formula is not None
+    q, k, v = torch.randn(2, 8, 16, 4), torch.randn(2, 2, 16, 4), torch.randn(2, 2, 16, 4)
+    out = torch.randn(2, 8, 16, 4)
+    expected = formula(q, k.repeat_interleave(4, 1), v.repeat_interleave(4, 1), out_val=out)
+    assert expected == 2 * 2 * (2 * 8) * 16 * 16 * 4  # two bmm: q k^T and p v
+
+    def old_formula(*args: object, out_val: object = None, **kwargs: object) -> int:
+        shapes = [flop_counter.get_shape(a) for a in args[:3]]
+        if shapes[0][1] != shapes[1][1]:  # the pre-2.13 check
+            raise AssertionError("sdpa_flop_count: query/key/value shapes are incompatible")
+        return int(formula(*args, out_val=out_val, **kwargs))
+
+    monkeypatch.setitem(flops._EXTRA_FORMULAS, op, old_formula)
+    monkeypatch.delitem(flop_counter.flop_registry, op, raising=False)
+    assert flops.op_flops(op, (q, k, v), {}, out) == expected
+    with pytest.raises(AssertionError):  # not a head mismatch: the error stays
+        flops.op_flops(op, (q, torch.randn(2, 3, 16, 4), v), {}, out)

@@ -18,6 +18,18 @@ NOTE [ CPU attention ]
     them to a private table instead of registering them globally, so importing
     remat never changes ``FlopCounterMode``'s results.
 
+NOTE [ Grouped-query attention ]
+    PyTorch's attention formulas before 2.13 assert that key and value have as
+    many heads as the query (``sdpa_flop_count: query/key/value shapes are
+    incompatible``), so a grouped-query model (``enable_gqa=True``, e.g. Llama
+    with fewer KV heads) failed to profile on torch 2.6-2.12. The kernels
+    broadcast the KV heads to the query's, and torch 2.13's formula counts
+    exactly that, so on an ``AssertionError`` we call the formula again with
+    every ``(b, h, s, d)`` argument whose ``h`` divides the largest head count
+    widened to it (shapes only: the formulas read shapes, and a ``torch.Size``
+    passes through their ``get_shape`` unchanged). On torch 2.13 the retry never
+    runs.
+
 NOTE [ Bytes moved ]
     ``read_bytes`` is the sum of ``nbytes`` of the op's tensor inputs and
     ``write_bytes`` of its tensor outputs, except that ops which move no data
@@ -134,7 +146,29 @@ def op_flops(packet: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: An
     formula = flop_formula(packet)
     if formula is None:
         return 0
-    return int(formula(*args, **kwargs, out_val=out))
+    try:
+        return int(formula(*args, **kwargs, out_val=out))
+    except AssertionError:  # NOTE [ Grouped-query attention ]
+        widened = _gqa_widened(args)
+        if widened is None:
+            raise
+        return int(formula(*widened, **kwargs, out_val=out))
+
+
+def _gqa_widened(args: tuple[Any, ...]) -> tuple[Any, ...] | None:
+    """``args`` with grouped KV heads widened to the query's, as shapes (or None)."""
+    shapes = [a.shape for a in args if isinstance(a, torch.Tensor) and a.dim() == 4]
+    if not shapes:
+        return None
+    heads = max(int(s[1]) for s in shapes)
+    if all(int(s[1]) == heads or heads % int(s[1]) for s in shapes):
+        return None  # nothing to widen: the assertion is about something else
+    return tuple(
+        torch.Size((a.shape[0], heads, *a.shape[2:]))
+        if isinstance(a, torch.Tensor) and a.dim() == 4 and heads % int(a.shape[1]) == 0
+        else a
+        for a in args
+    )
 
 
 @dataclass(frozen=True)
