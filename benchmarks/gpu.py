@@ -5,11 +5,17 @@ One command on a CUDA machine records, for a ~1B model (``llama-1b``, bfloat16, 
 1. predicted vs ``torch.cuda.max_memory_allocated`` peaks of ``none``, ``full`` and the
    plan (predictions: a simulated profile for the manual strategies, the peak model's
    for the plan);
-2. predicted (roofline, cost.py NOTE [ Step-time model ]) vs measured step times;
+2. predicted vs measured step times: the roofline of each strategy's simulated step on the
+   device's spec (cost.py NOTE [ Step-time model ]) for every row, and for the plan also
+   the planner's own figure (on CUDA it times the plan's step itself);
 3. tokens/s of ``none`` / ``full`` / plan at a fixed memory cap (``--cap-gib``; a
    strategy whose measured peak is over the cap is reported as not fitting);
-4. the ``offload`` strategy's overlap: the share of its host copies
-   (``2 x saved bytes / host link``) hidden behind compute,
+4. the ``offload`` strategy (every block): the host link measured with pinned copies of
+   1 GiB each way, the bytes it moves (simulated ``none`` minus ``offload`` activation
+   bytes), its step time against the planner's model (NOTE [ Offload copies in the step
+   time ] in planning/candidates.py: ``none`` plus the copies out beyond the forward's
+   roofline, plus the copies back), and the overlap: the
+   share of the copies (``2 x moved bytes / measured link``) hidden behind compute,
    ``1 - (offload_ms - none_ms) / copy_ms``, clipped to [0, 1].
 
 ``--dry-run`` runs the same path on CPU with ``llama-tiny`` (float32, batch 2, bytes
@@ -35,8 +41,10 @@ import torch
 
 import remat
 from remat.devices import get_device
+from remat.measure import roofline_ms
 from remat.measure.timing import time_step
 from remat.models import build_model, make_batch
+from remat.planning.cost import step_ms
 from remat.strategies import preserved_strategy
 from remat.units import format_bytes
 
@@ -49,6 +57,7 @@ class Row:
     predicted_peak_bytes: int
     measured_peak_bytes: int
     predicted_step_ms: float | None
+    roofline_step_ms: float
     measured_step_ms: float
     tokens_per_s: float
     fits: bool
@@ -69,6 +78,25 @@ def _peak_and_ms(model: torch.nn.Module, batch: Any, optimizer: torch.optim.Opti
     return peak, times.step_ms
 
 
+def _host_link_bytes_per_s(device: torch.device, nbytes: int = 2**30,
+                           repeats: int = 5) -> dict[str, float]:
+    """Median pinned-copy bandwidth each way, bytes/s (CUDA events around each copy)."""
+    src = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+    out: dict[str, float] = {}
+    for name, dst, what in (("d2h", host, src), ("h2d", src, host)):
+        times = []
+        for _ in range(repeats + 1):  # the first is a warm-up
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            dst.copy_(what, non_blocking=True)
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        out[name] = nbytes / (sorted(times[1:])[repeats // 2] / 1e3)
+    return out
+
+
 def run(*, preset: str, batch_size: int, seq: int | None, cap_bytes: int | None,
         dry_run: bool, repeats: int) -> dict[str, Any]:
     """Every measurement of the module docstring; returns them as a JSON-able dict."""
@@ -87,7 +115,8 @@ def run(*, preset: str, batch_size: int, seq: int | None, cap_bytes: int | None,
         if isinstance(batch, dict) else batch_size
 
     started = time.perf_counter()
-    none_sim = remat.profile(model, batch, optimizer=optimizer, simulate=True).peak_bytes
+    none_prof = remat.profile(model, batch, optimizer=optimizer, simulate=True)
+    none_sim = none_prof.peak_bytes
     if cap_bytes is None:  # half-way between full and none
         with preserved_strategy(model):
             remat.apply(model, "full")
@@ -96,30 +125,45 @@ def run(*, preset: str, batch_size: int, seq: int | None, cap_bytes: int | None,
     plan = remat.plan(model, batch, optimizer=optimizer, budget=cap_bytes)
     plan_s = time.perf_counter() - started
 
+    spec = get_device(plan.cost_device) if cuda else get_device("h100-80gb")
     rows: list[Row] = []
     for name in ("none", "full", "plan"):
         strategy: Any = plan if name == "plan" else name
         with preserved_strategy(model):
             remat.apply(model, strategy)
-            predicted = plan.predicted_peak_bytes if name == "plan" else remat.profile(
-                model, batch, optimizer=optimizer, simulate=True).peak_bytes
+            sim = remat.profile(model, batch, optimizer=optimizer, simulate=True)
+            predicted = plan.predicted_peak_bytes if name == "plan" else sim.peak_bytes
             peak, ms = _peak_and_ms(model, batch, optimizer, device, repeats)
         rows.append(Row(name, predicted, peak,
-                        plan.predicted_step_ms if name == "plan" else None, ms,
-                        tokens / (ms / 1e3), peak <= cap_bytes))
+                        plan.predicted_step_ms if name == "plan" else None,
+                        step_ms(sim.ops, spec), ms, tokens / (ms / 1e3), peak <= cap_bytes))
 
     offload: dict[str, Any] = {"skipped": "no CUDA (dry run)"}
     if cuda:
-        spec = get_device(plan.cost_device)
+        link = _host_link_bytes_per_s(device)
         with preserved_strategy(model):
             remat.apply(model, "offload")
-            _, offload_ms = _peak_and_ms(model, batch, optimizer, device, repeats)
-        saved = remat.profile(model, batch, optimizer=optimizer, timing=False).activation_bytes
-        copy_ms = 2 * saved / spec.host_link_bytes_per_s * 1e3
+            offload_prof = remat.profile(model, batch, optimizer=optimizer, simulate=True)
+            moved = none_prof.activation_bytes - offload_prof.activation_bytes
+            offload_peak, offload_ms = _peak_and_ms(model, batch, optimizer, device, repeats)
         none_ms = rows[0].measured_step_ms
-        overlap = 1.0 - (offload_ms - none_ms) / copy_ms if copy_ms else 1.0
-        offload = {"offload_step_ms": offload_ms, "none_step_ms": none_ms,
-                   "copy_ms": copy_ms, "overlap": min(1.0, max(0.0, overlap))}
+        transfer_ms = moved / spec.host_link_bytes_per_s * 1e3
+        forward_ms = roofline_ms(none_prof.ops, spec, phases=("forward",))
+        measured_link = min(link.values())
+        copy_ms = 2 * moved / measured_link * 1e3
+        overlap = 1.0 - (offload_ms - none_ms) / copy_ms if copy_ms > 0 else None
+        offload = {
+            "predicted_peak_bytes": offload_prof.peak_bytes,
+            "measured_peak_bytes": offload_peak, "moved_bytes": moved,
+            "link_d2h_gb_per_s": link["d2h"] / 1e9,
+            "link_h2d_gb_per_s": link["h2d"] / 1e9,
+            "spec_link_gb_per_s": spec.host_link_bytes_per_s / 1e9,
+            "none_step_ms": none_ms, "offload_step_ms": offload_ms,
+            "predicted_offload_step_ms": none_ms + max(transfer_ms - forward_ms, 0.0)
+            + transfer_ms,
+            "copy_ms": copy_ms,
+            "overlap": None if overlap is None else min(1.0, max(0.0, overlap)),
+        }
     return {
         "device": torch.cuda.get_device_name() if cuda else "cpu (dry run)",
         "preset": preset, "batch_size": batch_size, "tokens_per_step": tokens,
@@ -132,12 +176,13 @@ def render(result: dict[str, Any]) -> str:
     """A markdown table of ``run``'s result."""
     lines = [f"{result['preset']} on {result['device']}, batch {result['batch_size']}, "
              f"cap {format_bytes(result['cap_bytes'])}, planned in {result['plan_s']:.1f} s",
-             "", "| Strategy | Predicted peak | Measured peak | Predicted step | Measured step "
-             "| Tokens/s | Fits |", "|---|---|---|---|---|---|---|"]
+             "", "| Strategy | Predicted peak | Measured peak | Planner's step | Roofline step "
+             "| Measured step | Tokens/s | Fits |", "|---|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
         pred_ms = "-" if r["predicted_step_ms"] is None else f"{r['predicted_step_ms']:.1f} ms"
         lines.append(f"| {r['strategy']} | {format_bytes(r['predicted_peak_bytes'])} | "
                      f"{format_bytes(r['measured_peak_bytes'])} | {pred_ms} | "
+                     f"{r['roofline_step_ms']:.1f} ms | "
                      f"{r['measured_step_ms']:.1f} ms | {r['tokens_per_s']:.0f} | "
                      f"{'yes' if r['fits'] else 'no'} |")
     lines.append("")

@@ -202,13 +202,20 @@ def _candidate(parts: Sequence[Part], run: BlockRun, device: DeviceSpec,
 
 
 def _offload_exposed_ms(run: BlockRun, base: BlockRun, device: DeviceSpec) -> float:
-    """Transfer time not hidden behind the block's compute (copies out in forward, in in
-    backward, each overlapping that pass's kernels)."""
+    """Time the block's offload copies add to a step: out beyond its forward, back in full.
+
+    NOTE [ Offload copies in the step time ]
+        The ``offload`` strategy (NOTE [ Asynchronous offload ] in strategies/offload.py)
+        copies a block's saved tensors out on a side stream while the block's forward
+        kernels run, and waits for them at the block's end: what the forward kernels do
+        not cover is exposed. It copies them back at the block's first unpack in
+        backward, with the compute stream waiting: all exposed. Measured on an H100 by
+        ``benchmarks/gpu.py`` (benchmarks/RESULTS.md, GPU section).
+    """
     moved = max(base.saved_bytes - run.saved_bytes, 0)
     transfer_ms = moved / device.host_link_bytes_per_s * 1e3
     fwd_ms = sum(op_roofline_ms(op, device) for op in base.ops if op.phase == "forward")
-    bwd_ms = sum(op_roofline_ms(op, device) for op in base.ops if op.phase == "backward")
-    return max(transfer_ms - fwd_ms, 0.0) + max(transfer_ms - bwd_ms, 0.0)
+    return max(transfer_ms - fwd_ms, 0.0) + transfer_ms
 
 
 def prune_candidates(candidates: Sequence[Candidate]) -> list[Candidate]:

@@ -2,7 +2,7 @@
 
 A region replaces a module's *instance* ``forward`` with one that runs the
 original forward under non-reentrant ``torch.utils.checkpoint`` (or under
-``save_on_cpu`` for offload). Nothing is wrapped or renamed, so
+:func:`~remat.strategies.offload.offloading` for offload). Nothing is wrapped or renamed, so
 ``state_dict()`` keys, ``named_parameters()``, ``find_blocks`` and FSDP2's
 per-module hooks see exactly the modules they saw before.
 
@@ -49,6 +49,7 @@ from torch.utils.checkpoint import (
 from remat.errors import RematError
 from remat.recompute import recomputing
 from remat.strategies.dead_ops import mark_region_outputs
+from remat.strategies.offload import offloading
 from remat.strategies.runtime import (
     BoundForward,
     HookWatch,
@@ -255,10 +256,9 @@ def _offload_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
     first = _first_tensor(args, kwargs)
     if not torch.is_grad_enabled() or first is None or first.device.type in ("cpu", "meta"):
         return inner(*args, **kwargs)
-    # Pinned host memory makes the copies asynchronous; fake tensors (the planner's
-    # measurements) have no memory to pin, and the bytes moved are the same either way.
-    pin = not isinstance(first, FakeTensor)
-    with torch.autograd.graph.save_on_cpu(pin_memory=pin):
+    # NOTE [ Asynchronous offload ]: fake tensors (the planner's measurements) take the
+    # same steps without streams, so the tracker sees the bytes the real run holds.
+    with offloading(self, first.device, fake=isinstance(first, FakeTensor)):
         return inner(*args, **kwargs)
 
 

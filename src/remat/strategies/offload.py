@@ -1,0 +1,165 @@
+"""Offload a region's saved tensors to pinned host memory, the copies on a side stream.
+
+NOTE [ Asynchronous offload ]
+    ``torch.autograd.graph.save_on_cpu`` copies each saved tensor with a blocking
+    ``copy_`` on the compute stream when it is packed: on an H100 (``benchmarks/gpu.py``,
+    llama-1b, every block offloaded) that added 1507 ms to a 375 ms step for 1036 ms of
+    transfers at the measured 55 GB/s: no copy hidden, plus a host sync per tensor. It
+    also copies weights (saved by every matmul, alive anyway) and copies a tensor once
+    per op that saves it (a norm's output saved by q, k and v: three copies, three
+    device copies back in backward). :func:`offloading` does this instead, per call of
+    the region:
+
+    1. **pack** (forward): a saved tensor of the region's own parameters or buffers (or
+       a view of one) is kept as it is; any other is copied to pinned host memory on a
+       side stream, after the compute stream's work so far. The device tensor is held
+       until the region's forward ends. A tensor saved by several ops is copied once.
+    2. **region end**: the host waits for the region's copies, then drops the device
+       tensors. The bytes leave the device when the region's forward ends rather than
+       as each tensor is packed, so a block's forward peak is its un-offloaded one; the
+       copies overlap the region's own kernels.
+    3. **first unpack** (backward): every tensor of the region is copied back on the
+       side stream and the compute stream waits for them: these copies are not hidden.
+       The region drops its reference to each device copy after that tensor's last
+       unpack; autograd's own references free it as usual. A second backward through a
+       retained graph copies again from the host.
+
+    On fake tensors (the planner's measurements) and other devices' tensors the same
+    steps run without streams, so the tracker sees the bytes the real run holds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+from torch.multiprocessing.reductions import StorageWeakRef
+
+__all__ = ["offloading"]
+
+_STREAMS: dict[int, Any] = {}
+
+
+def _side_stream(device: torch.device) -> Any:
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _STREAMS:
+        _STREAMS[index] = torch.cuda.Stream(device=index)
+    return _STREAMS[index]
+
+
+@dataclass
+class _Region:
+    """One call of an offloaded region: its copies out, then its copies back."""
+
+    device: torch.device
+    asynchronous: bool
+    kept: set[StorageWeakRef]  # the storages of the region's parameters and buffers
+    held: dict[int, torch.Tensor] = field(default_factory=dict)  # id -> device tensor
+    host: dict[int, torch.Tensor] = field(default_factory=dict)  # id -> host copy
+    uses: dict[int, int] = field(default_factory=dict)  # id -> packs not yet unpacked
+    back: dict[int, torch.Tensor] | None = None  # id -> device copy, after the first unpack
+    copied: Any = None  # the side stream's event after the copies out
+
+    def pack(self, t: torch.Tensor) -> Any:
+        if self._keep(t):
+            return t
+        key = id(t)
+        if key not in self.held:
+            self.held[key] = t
+            self.host[key] = self._copy_out(t)
+        self.uses[key] = self.uses.get(key, 0) + 1
+        return _Packed(self, key)
+
+    def _keep(self, t: torch.Tensor) -> bool:
+        if t.device.type != self.device.type or isinstance(t, nn.Parameter):
+            return True
+        return StorageWeakRef(t.untyped_storage()) in self.kept
+
+    @torch.no_grad()
+    def _copy_out(self, t: torch.Tensor) -> torch.Tensor:
+        if not self.asynchronous:
+            return t.to("cpu")
+        host = torch.empty(t.size(), dtype=t.dtype, pin_memory=True)
+        stream = _side_stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            host.copy_(t, non_blocking=True)
+        return host
+
+    def close(self) -> None:
+        """Region end: wait for the copies out, then let the device tensors go."""
+        if self.asynchronous and self.held:
+            self.copied = _side_stream(self.device).record_event()
+            self.copied.synchronize()
+        self.held.clear()
+
+    def unpack(self, key: int) -> torch.Tensor:
+        if self.back is None:
+            self.back = self._copy_back()
+        tensor = self.back.get(key)
+        if tensor is None:  # a second backward through a retained graph
+            with torch.no_grad():
+                return self.host[key].to(self.device)
+        self.uses[key] -= 1
+        if self.uses[key] == 0:
+            del self.back[key]
+        return tensor
+
+    @torch.no_grad()
+    def _copy_back(self) -> dict[int, torch.Tensor]:
+        if not self.asynchronous:
+            return {k: h.to(self.device) for k, h in self.host.items()}
+        compute = torch.cuda.current_stream(self.device)
+        stream = _side_stream(self.device)
+        back = {k: torch.empty(h.size(), dtype=h.dtype, device=self.device)
+                for k, h in self.host.items()}
+        stream.wait_stream(compute)  # the empty tensors' memory may be reused memory
+        with torch.cuda.stream(stream):
+            for k, h in self.host.items():
+                back[k].copy_(h, non_blocking=True)
+        compute.wait_stream(stream)
+        return back
+
+
+@dataclass(frozen=True)
+class _Packed:
+    region: _Region
+    key: int
+
+
+def _unpack(packed: Any) -> torch.Tensor:
+    if isinstance(packed, _Packed):
+        return packed.region.unpack(packed.key)
+    return packed  # type: ignore[no-any-return]
+
+
+@contextlib.contextmanager
+def offloading(module: nn.Module, device: torch.device, *, fake: bool) -> Iterator[None]:
+    """Run a region's forward with its saved tensors offloaded (NOTE [ Asynchronous offload ]).
+
+    The trade-off: the region's saved activations leave device memory when its forward
+    ends, for a copy each way over the host link (out: overlapped with the region's
+    kernels; back: not hidden).
+
+    Args:
+        module: the region's module; its parameters and buffers are never copied.
+        device: the device the region runs on.
+        fake: the region runs on fake tensors (no streams, no pinned memory).
+
+    Example:
+        >>> with offloading(block, torch.device("cuda"), fake=False):
+        ...     out = block(x)
+    """
+    asynchronous = not fake and device.type == "cuda"
+    kept = {StorageWeakRef(t.untyped_storage())
+            for t in (*module.parameters(), *module.buffers())}
+    region = _Region(device, asynchronous, kept)
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(region.pack, _unpack):
+            yield
+    finally:
+        region.close()
