@@ -185,8 +185,16 @@ def render(result: dict[str, Any]) -> str:
                      f"{r['roofline_step_ms']:.1f} ms | "
                      f"{r['measured_step_ms']:.1f} ms | {r['tokens_per_s']:.0f} | "
                      f"{'yes' if r['fits'] else 'no'} |")
+    off = result["offload"]
+    if "offload_step_ms" in off:
+        ms = off["offload_step_ms"]
+        lines.append(f"| offload (every block) | {format_bytes(off['predicted_peak_bytes'])} | "
+                     f"{format_bytes(off['measured_peak_bytes'])} | "
+                     f"{off['predicted_offload_step_ms']:.1f} ms | - | {ms:.1f} ms | "
+                     f"{result['tokens_per_step'] / (ms / 1e3):.0f} | "
+                     f"{'yes' if off['measured_peak_bytes'] <= result['cap_bytes'] else 'no'} |")
     lines.append("")
-    lines.append(f"offload: {json.dumps(result['offload'])}")
+    lines.append(f"offload: {json.dumps(off)}")
     return "\n".join(lines)
 
 
