@@ -31,10 +31,14 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
+import shlex
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -47,6 +51,9 @@ from remat.models import build_model, make_batch
 from remat.planning.cost import step_ms
 from remat.strategies import preserved_strategy
 from remat.units import format_bytes
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _results import RESULTS, replace_section  # noqa: E402 (benchmarks/ is on sys.path)
 
 
 @dataclass
@@ -98,7 +105,7 @@ def _host_link_bytes_per_s(device: torch.device, nbytes: int = 2**30,
 
 
 def run(*, preset: str, batch_size: int, seq: int | None, cap_bytes: int | None,
-        dry_run: bool, repeats: int) -> dict[str, Any]:
+        dry_run: bool, repeats: int, argv: Sequence[str] = ()) -> dict[str, Any]:
     """Every measurement of the module docstring; returns them as a JSON-able dict."""
     cuda = torch.cuda.is_available() and not dry_run
     if not cuda and not dry_run:
@@ -165,6 +172,9 @@ def run(*, preset: str, batch_size: int, seq: int | None, cap_bytes: int | None,
             "overlap": None if overlap is None else min(1.0, max(0.0, overlap)),
         }
     return {
+        "command": "python benchmarks/gpu.py " + shlex.join(argv),
+        "date": f"{dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC",
+        "torch": torch.__version__,
         "device": torch.cuda.get_device_name() if cuda else "cpu (dry run)",
         "preset": preset, "batch_size": batch_size, "tokens_per_step": tokens,
         "cap_bytes": cap_bytes, "plan_s": plan_s, "plan": plan.summary(),
@@ -176,7 +186,9 @@ def render(result: dict[str, Any]) -> str:
     """A markdown table of ``run``'s result."""
     lines = [f"{result['preset']} on {result['device']}, batch {result['batch_size']}, "
              f"cap {format_bytes(result['cap_bytes'])}, planned in {result['plan_s']:.1f} s",
-             "", "| Strategy | Predicted peak | Measured peak | Planner's step | Roofline step "
+             "", f"Command: `{result.get('command', '?')}` (torch {result.get('torch', '?')}, "
+             f"{result.get('date', '?')})", "",
+             "| Strategy | Predicted peak | Measured peak | Planner's step | Roofline step "
              "| Measured step | Tokens/s | Fits |", "|---|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
         pred_ms = "-" if r["predicted_step_ms"] is None else f"{r['predicted_step_ms']:.1f} ms"
@@ -193,9 +205,20 @@ def render(result: dict[str, Any]) -> str:
                      f"{off['predicted_offload_step_ms']:.1f} ms | - | {ms:.1f} ms | "
                      f"{result['tokens_per_step'] / (ms / 1e3):.0f} | "
                      f"{'yes' if off['measured_peak_bytes'] <= result['cap_bytes'] else 'no'} |")
-    lines.append("")
-    lines.append(f"offload: {json.dumps(off)}")
+    lines += ["", "The plan:", "", "```", result["plan"], "```", "",
+              f"offload: `{json.dumps(off)}`"]
     return "\n".join(lines)
+
+
+def write_section(paths: Sequence[str]) -> None:
+    """Render the results saved with ``--json`` into RESULTS.md's ``gpu`` section."""
+    results = [json.loads(Path(p).read_text()) for p in paths]
+    body = "\n\n".join(render(r) for r in results)
+    body = (f"## On a GPU: predicted vs measured\n\nRendered by `.venv/bin/python "
+            f"benchmarks/gpu.py --render {' '.join(paths)}` from the JSON each run wrote "
+            f"on the GPU machine.\n\n" + body)
+    RESULTS.write_text(replace_section(RESULTS.read_text() if RESULTS.exists() else "",
+                                       "gpu", body))
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -208,12 +231,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         help="memory cap; default: half-way between full and none")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--json", default=None, help="also write the result here")
+    parser.add_argument("--render", nargs="+", default=None, metavar="JSON",
+                        help="run nothing: write these saved results into RESULTS.md")
     args = parser.parse_args(argv)
+    if args.render:
+        write_section(args.render)
+        return {}
     preset = args.preset or ("llama-tiny" if args.dry_run else "llama-1b")
     batch = args.batch or (2 if args.dry_run else 4)
     cap = None if args.cap_gib is None else int(args.cap_gib * 2**30)
     result = run(preset=preset, batch_size=batch, seq=args.seq, cap_bytes=cap,
-                 dry_run=args.dry_run, repeats=args.repeats)
+                 dry_run=args.dry_run, repeats=args.repeats, argv=list(argv or []))
     print(render(result))
     if args.json:
         with open(args.json, "w") as f:

@@ -26,3 +26,4 @@ def test_gpu_benchmark_dry_run(tmp_path: Path) -> None:
         assert row["tokens_per_s"] > 0
     assert rows["plan"]["fits"] and rows["plan"]["measured_peak_bytes"] <= result["cap_bytes"]
     assert result["offload"] == {"skipped": "no CUDA (dry run)"}
+    assert "Command: `python benchmarks/gpu.py --dry-run" in module.render(result)

@@ -51,13 +51,21 @@ def _side_stream(device: torch.device) -> Any:
     return _STREAMS[index]
 
 
+def _storage(t: torch.Tensor) -> StorageWeakRef | None:
+    """A key for ``t``'s storage; None for tensor subclasses that have none (DTensor)."""
+    try:
+        return StorageWeakRef(t.untyped_storage())
+    except (RuntimeError, NotImplementedError, TypeError):
+        return None
+
+
 @dataclass
 class _Region:
     """One call of an offloaded region: its copies out, then its copies back."""
 
     device: torch.device
     asynchronous: bool
-    kept: set[StorageWeakRef]  # the storages of the region's parameters and buffers
+    kept: set[StorageWeakRef | None]  # the storages of the region's parameters and buffers
     held: dict[int, torch.Tensor] = field(default_factory=dict)  # id -> device tensor
     host: dict[int, torch.Tensor] = field(default_factory=dict)  # id -> host copy
     uses: dict[int, int] = field(default_factory=dict)  # id -> packs not yet unpacked
@@ -77,7 +85,8 @@ class _Region:
     def _keep(self, t: torch.Tensor) -> bool:
         if t.device.type != self.device.type or isinstance(t, nn.Parameter):
             return True
-        return StorageWeakRef(t.untyped_storage()) in self.kept
+        ref = _storage(t)
+        return ref is None or ref in self.kept  # a subclass without storage stays
 
     @torch.no_grad()
     def _copy_out(self, t: torch.Tensor) -> torch.Tensor:
@@ -155,8 +164,7 @@ def offloading(module: nn.Module, device: torch.device, *, fake: bool) -> Iterat
         ...     out = block(x)
     """
     asynchronous = not fake and device.type == "cuda"
-    kept = {StorageWeakRef(t.untyped_storage())
-            for t in (*module.parameters(), *module.buffers())}
+    kept = {_storage(t) for t in (*module.parameters(), *module.buffers())} - {None}
     region = _Region(device, asynchronous, kept)
     try:
         with torch.autograd.graph.saved_tensors_hooks(region.pack, _unpack):
