@@ -15,12 +15,16 @@ a constant or proportional to the micro-batch ``b`` (no ``b**2`` term: attention
    with integer arithmetic.
 2. *Batch*: at a fixed depth, each moment's live bytes, each op's FLOPs and bytes
    moved are affine in ``b``, so the peak (the largest moment) is convex in ``b``.
-   Two sizes ``b1 < b2`` give the chord; a third ``b1 < bm < b2`` checks it: a
-   convex function that meets its chord inside the interval is affine on all of it.
-   When the check fails (the peak moves, e.g. from the end of backward to the
-   loss as ``b`` grows), every size is simulated at both depths instead. Roofline
-   times are summed per op from the op's interpolated FLOPs and bytes, so an op
-   that turns compute-bound at larger ``b`` is priced exactly.
+   Two sizes ``b1 < b2`` give the chord. Where both peak at the same moments (each
+   phase's peak reached at the same op, or a phase below the chosen one at both:
+   ``same_moments``), every size between is on it (NOTE [ Peak moments ] in
+   planning/_sim.py) and none is simulated. Else a third ``b1 < bm < b2`` is, and
+   checks the chord: a convex function that meets its chord inside the interval is
+   affine on all of it. When that fails too (the peak moves, e.g. from the end of
+   backward to the loss as ``b`` grows), each half, ``[b1, bm]`` and ``[bm, b2]``,
+   is treated the same way. Roofline times are summed per op from the op's
+   interpolated FLOPs and bytes, so an op that turns compute-bound at larger ``b``
+   is priced exactly.
 3. *Two moments*: each shallow step runs with the optimizer and reports each
    phase's own peak (:attr:`remat.measure.Profile.phase_peaks`): the
    forward/backward moment (the largest of the forward, backward and recompute
@@ -72,7 +76,9 @@ from remat.simulate._samples import (
     NotAffine,
     Sample,
     deepen,
+    mix,
     on_chord,
+    same_moments,
     sample_at,
     sample_of,
 )
@@ -224,19 +230,46 @@ def _measure(ctx: FastContext, label: str, depth: int, sizes: Sequence[int],
 def _level(ctx: FastContext, label: str, depth: int, sizes: Sequence[int],
            seq_len: int) -> dict[int, Sample]:
     """Samples at one depth that give every size (NOTE [ Fast rows ], 2 and 4): batch
-    size 1 on its own, the smallest and largest size above it, and a middle size that
-    checks their chord; every size measured when the check fails."""
+    size 1 on its own, the smallest and largest size above it, and the sizes between
+    from them (:func:`_between`)."""
     ones = [b for b in sizes if b == 1]
     affine = [b for b in sizes if b != 1]
-    if len(affine) <= 3:
+    if len(affine) <= 2:
         return _measure(ctx, label, depth, sizes, seq_len)
-    ends = [affine[0], affine[-1]]
-    middle = affine[len(affine) // 2]
-    samples = _measure(ctx, label, depth, [*ones, *ends, middle], seq_len)
-    if not on_chord(samples, ends, middle, ctx.setup.device):
-        samples.update(_measure(ctx, label, depth, [b for b in sizes if b not in samples],
-                                seq_len))
+    samples = _measure(ctx, label, depth, [*ones, affine[0], affine[-1]], seq_len)
+    _between(ctx, label, depth, affine, samples, seq_len)
     return samples
+
+
+def _between(ctx: FastContext, label: str, depth: int, span: Sequence[int],
+             samples: dict[int, Sample], seq_len: int) -> None:
+    """Add to ``samples`` (which hold ``span``'s ends) every size of ``span`` between its
+    ends (NOTE [ Fast rows ], 2): interpolated where the ends peak at the same moments
+    (NOTE [ Peak moments ] in planning/_sim.py), or on the chord of the ends checked at
+    a middle size, which is measured; else each half on its own."""
+    lo, hi, inner = span[0], span[-1], list(span[1:-1])
+    if not inner:
+        return
+    device = ctx.setup.device
+
+    def chord(skip: int | None = None) -> dict[int, Sample] | None:
+        try:
+            return {b: mix(samples[lo], samples[hi], lo, hi, b, device=device)
+                    for b in inner if b != skip}
+        except NotAffine:
+            return None
+
+    if same_moments(samples[lo], samples[hi]) and (mixed := chord()) is not None:
+        samples.update(mixed)
+        return
+    middle = inner[len(inner) // 2]
+    samples.update(_measure(ctx, label, depth, [middle], seq_len))
+    if on_chord(samples, (lo, hi), middle, device) and (mixed := chord(middle)) is not None:
+        samples.update(mixed)
+        return
+    cut = list(span).index(middle)
+    _between(ctx, label, depth, span[:cut + 1], samples, seq_len)
+    _between(ctx, label, depth, span[cut:], samples, seq_len)
 
 
 def fast_rows(ctx: FastContext, label: str, sizes: Sequence[int],

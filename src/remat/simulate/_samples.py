@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = ["COMPUTE", "INTS", "NotAffine", "Sample", "affine", "deepen", "mix", "on_chord",
-           "roofline_times", "sample_at", "sample_of"]
+           "roofline_times", "same_moments", "sample_at",
+           "sample_of"]
 
 COMPUTE = ("forward", "backward", "recompute")
 INTS = ("peak_bytes", "opt_peak_bytes", "activation_bytes", "param_bytes", "grad_bytes",
@@ -24,6 +25,8 @@ class Sample:
 
     ``peak_bytes`` / ``phase`` / ``breakdown`` are the forward/backward moment's,
     ``opt_peak_bytes`` / ``opt_breakdown`` the optimizer step's (0 / empty without one).
+    ``moments``: per phase, its peak bytes and when they were first reached
+    (``PhasePeak.order``), for a measured step; empty once interpolated or extrapolated.
     """
 
     peak_bytes: int
@@ -42,6 +45,7 @@ class Sample:
     compute_ms: float  # roofline of forward, backward and recompute
     recompute_ms: float
     optimizer_ms: float
+    moments: tuple[tuple[str, int, int], ...] = ()
 
 
 def roofline_times(ops: Sequence[Any], device: Any) -> dict[str, float]:
@@ -64,7 +68,9 @@ def sample_of(prof: Any, device: Any) -> Sample:
                   int(prof.grad_bytes), int(prof.optimizer_bytes), int(prof.batch_bytes),
                   int(prof.flops), int(prof.recompute_flops), phase, dict(fwd.breakdown),
                   dict(opt.breakdown) if opt is not None else {}, ops,
-                  **roofline_times(ops, device))
+                  **roofline_times(ops, device),
+                  moments=tuple(sorted((p, int(m.peak_bytes), m.order)
+                                       for p, m in prof.phase_peaks.items())))
 
 
 class NotAffine(Exception):
@@ -135,6 +141,26 @@ def on_chord(samples: dict[int, Sample], ends: Sequence[int], middle: int,
         {k: v for k, v in getattr(chord, key).items() if v}
         == {k: v for k, v in getattr(seen, key).items() if v}
         for key in ("breakdown", "opt_breakdown"))
+
+
+def same_moments(lo: Sample, hi: Sample) -> bool:
+    """Whether two measured samples of one program (at batch sizes ``lo < hi``) take each
+    figure at the same moment, so that every size between is their chord (NOTE [ Peak
+    moments ] in planning/_sim.py): the optimizer's peak and the peak of the phase that
+    holds the forward/backward moment are reached at the same moments, and every other
+    phase peaks either at its same moment too or below that phase at both ends (its peak
+    is convex in ``b``, so below the chosen phase's line between them)."""
+    a, b = ({phase: (peak, order) for phase, peak, order in s.moments} for s in (lo, hi))
+    chosen = lo.phase
+    if not a or a.keys() != b.keys() or chosen != hi.phase or chosen not in a:
+        return False
+    for phase in a:
+        if a[phase][1] == b[phase][1]:
+            continue
+        if phase in ("optimizer", chosen) \
+                or not (a[phase][0] < a[chosen][0] and b[phase][0] < b[chosen][0]):
+            return False
+    return True
 
 
 def deepen(s1: Sample, s2: Sample, depths: tuple[int, int], n_blocks: int) -> Sample:
