@@ -11,8 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = ["COMPUTE", "INTS", "NotAffine", "Sample", "affine", "deepen", "mix", "on_chord",
-           "roofline_times", "same_moments", "sample_at",
-           "sample_of"]
+           "roofline_times", "same_moments", "sample_at", "sample_of"]
 
 COMPUTE = ("forward", "backward", "recompute")
 INTS = ("peak_bytes", "opt_peak_bytes", "activation_bytes", "param_bytes", "grad_bytes",
@@ -94,7 +93,7 @@ def mix(s1: Sample, s2: Sample, x1: int, x2: int, x: int, *,
     With ``device`` (the batch direction) each op's FLOPs and bytes are interpolated
     and the times summed from them; without (the depth direction) the times are.
     """
-    ints = {k: affine(getattr(s1, k), getattr(s2, k), x1, x2, x) for k in INTS}
+    ints: dict[str, Any] = {k: affine(getattr(s1, k), getattr(s2, k), x1, x2, x) for k in INTS}
     breakdown, opt_breakdown = (
         {k: affine(a.get(k, 0), b.get(k, 0), x1, x2, x) for k in a.keys() | b.keys()}
         for a, b in ((s1.breakdown, s2.breakdown), (s1.opt_breakdown, s2.opt_breakdown)))
