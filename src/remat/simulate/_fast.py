@@ -67,6 +67,7 @@ import dataclasses
 import inspect
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from typing import Any
 
 from torch import nn
 
@@ -175,55 +176,110 @@ def _cut(setup: Setup, stack: tuple[nn.Module, str, list[nn.Module]],
         setattr(owner, attr, original)
 
 
-class FastContext:
-    """What every strategy's fast rows share: the setup and its one uniform stack."""
+@contextmanager
+def cut_copy(model: nn.Module, path: str, attr: str, modules: Sequence[nn.Module],
+             optimizer: Any, depth: int) -> Iterator[Any]:
+    """A fake copy's stack (``attr`` of its submodule ``path``, holding ``modules``) cut
+    in place to its first ``depth`` blocks, and an optimizer over the parameters left,
+    each group's hyperparameters and each parameter's warm state kept (NOTE [ Fast rows
+    ], 4); the state a step at this depth adds goes back to ``optimizer``."""
+    owner = model.get_submodule(path)
+    stack = getattr(owner, attr)
+    setattr(owner, attr, nn.ModuleList(modules[:depth])
+            if isinstance(stack, nn.ModuleList) else nn.Sequential(*modules[:depth]))
+    sub = optimizer
+    try:
+        if optimizer is not None and depth < len(modules):
+            present = set(model.parameters())
+            groups = [{**group, "params": [p for p in group["params"] if p in present]}
+                      for group in optimizer.param_groups]
+            cls: Any = type(optimizer)  # torch.optim classes take groups alone
+            sub = cls([g for g in groups if g["params"]])
+            sub.state.update({p: optimizer.state[p] for p in present if p in optimizer.state})
+        yield sub
+    finally:
+        setattr(owner, attr, stack)
+        if sub is not optimizer:
+            optimizer.state.update(sub.state)  # what a step at this depth created
 
-    def __init__(self, setup: Setup) -> None:
+
+class FastContext:
+    """What every strategy's fast rows share: the setup, its one uniform stack, and warm
+    fake copies of the stack cut short (NOTE [ Fast rows ], 4).
+
+    Args:
+        labels: the strategies to come; the first copy is cut to the deepest of their
+            first depth pairs, and serves every depth up to it. Default: none (a copy
+            per depth, each serving the depths below it too).
+    """
+
+    def __init__(self, setup: Setup, labels: Sequence[str] = ()) -> None:
         self.setup = setup
         self.stack = _stack(setup)
-        #: per depth: the cut stack's warm fake copy and its blocks, shared by every
-        #: strategy (NOTE [ Fast rows ], 4)
-        self.warm: dict[int, tuple[WarmFake, Setup, list[nn.Module]]] = {}
+        n_blocks = len(self.stack[2]) if self.stack is not None else 0
+        cuts = [cut for cut in (_depths(label, n_blocks) for label in labels) if cut]
+        self.depth = max((first + step for first, step in cuts), default=0)
+        #: per depth, a warm fake copy of the stack cut to it and the copy's blocks
+        self._copies: dict[int, tuple[WarmFake, list[nn.Module]]] = {}
 
+    @contextmanager
     def warm_copy(self, depth: int, seq_len: int,
-                  first: int) -> tuple[WarmFake, Setup, list[nn.Module]]:
-        """The stack cut to ``depth`` blocks as a warm fake copy (warmed up on batch size
-        ``first``), the cut setup on that copy, and the copy's blocks."""
+                  first: int) -> Iterator[tuple[WarmFake, Setup, list[nn.Module]]]:
+        """The stack cut to ``depth`` blocks as a warm fake copy (one copy at this depth or
+        deeper, warmed up on batch size ``first`` once, cut in place), the setup on that
+        copy (its optimizer over the parameters left), and the copy's blocks left."""
+        assert self.stack is not None
+        deep = min((d for d in self._copies if d >= depth), default=None)
+        if deep is None:
+            deep = max(depth, self.depth)
+            self._copies[deep] = self._copy(deep, seq_len, first)
+        warm, blocks = self._copies[deep]
+        full = warm.optimizer
+        with cut_copy(warm.model, self._owner_path(), self.stack[1], blocks, full,
+                      depth) as optimizer:
+            warm.optimizer = optimizer
+            try:
+                yield (warm, dataclasses.replace(self.setup, model=warm.model,
+                                                 optimizer=optimizer), blocks[:depth])
+            finally:
+                warm.optimizer = full
+
+    def _owner_path(self) -> str:
+        assert self.stack is not None
+        paths: dict[int, str] = {id(m): n for n, m in self.setup.model.named_modules()}
+        return paths[id(self.stack[0])]
+
+    def _copy(self, depth: int, seq_len: int, first: int) -> tuple[WarmFake, list[nn.Module]]:
         from remat.measure.step import Step, check_runnable
         from remat.measure.tracked import check_trainable
         from remat.strategies import remove
 
-        if depth not in self.warm:
-            assert self.stack is not None
-            check_trainable(self.setup.model)
-            check_runnable(self.setup.model, api="remat.simulate", simulate=True)
-            owner, attr, _ = self.stack
-            path = {id(m): n for n, m in self.setup.model.named_modules()}[id(owner)]
-            with _cut(self.setup, self.stack, depth) as cut:
-                step = Step(cut.model, cut.batch_fn(first, seq_len), loss_fn=cut.loss_fn,
-                            optimizer=cut.optimizer, blocks=cut.blocks)
-                warm = WarmFake(step, step.batch, prepare=remove)
-            blocks = list(getattr(warm.model.get_submodule(path), attr))
-            on_copy = dataclasses.replace(cut, model=warm.model, optimizer=warm.optimizer)
-            self.warm[depth] = (warm, on_copy, blocks)
-        return self.warm[depth]
+        assert self.stack is not None
+        check_trainable(self.setup.model)
+        check_runnable(self.setup.model, api="remat.simulate", simulate=True)
+        with _cut(self.setup, self.stack, depth) as cut:
+            step = Step(cut.model, cut.batch_fn(first, seq_len), loss_fn=cut.loss_fn,
+                        optimizer=cut.optimizer, blocks=cut.blocks)
+            warm = WarmFake(step, step.batch, prepare=remove)
+        owner = warm.model.get_submodule(self._owner_path())
+        return warm, list(getattr(owner, self.stack[1]))
 
 
 def _measure(ctx: FastContext, label: str, depth: int, sizes: Sequence[int],
              seq_len: int) -> dict[int, Sample]:
     """Samples of ``label``'s step (optimizer included) at ``depth`` blocks, on the warm
-    fake copy every strategy at that depth shares (NOTE [ Fast rows ], 4)."""
+    fake copy every strategy shares (NOTE [ Fast rows ], 4)."""
     from remat.strategies import remove
 
     assert ctx.stack is not None
     if not sizes:
         return {}
-    warm, on_copy, blocks = ctx.warm_copy(depth, seq_len, sizes[0])
-    _apply(on_copy, label, blocks, len(ctx.stack[2]))
-    try:
-        profs = warm.profiles([on_copy.batch_fn(b, seq_len) for b in sizes])
-    finally:
-        remove(on_copy.model)
+    with ctx.warm_copy(depth, seq_len, sizes[0]) as (warm, on_copy, blocks):
+        _apply(on_copy, label, blocks, len(ctx.stack[2]))
+        try:
+            profs = warm.profiles([on_copy.batch_fn(b, seq_len) for b in sizes])
+        finally:
+            remove(on_copy.model)
     return {b: sample_of(prof, on_copy.device) for b, prof in zip(sizes, profs, strict=True)}
 
 
