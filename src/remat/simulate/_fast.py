@@ -38,11 +38,14 @@ a constant or proportional to the micro-batch ``b`` (no ``b**2`` term: attention
    at ``b >= 2`` is a free view at ``b = 1`` (the causal-LM loss flattens the shifted
    logits ``logits[:, :-1]``: a view at ``b = 1``, a copy of the logits above).
    Size 1 is sampled at both depths on its own, and the chord runs through the
-   sizes above it. All sizes and all strategies at one depth share one fake copy of
-   the cut stack and its one warm-up step (:class:`remat.measure.profile.WarmFake`;
-   the copy starts without strategies, each is applied to it and removed again: the
-   optimizer state a warm-up makes does not depend on the strategy). The chord is checked at both
-   depths: a stack's peak can move in ``b`` at one depth and not at the other.
+   sizes above it. All sizes, strategies and depths share one fake copy of the
+   stack cut to the deepest first depth pair of any strategy, warmed up once
+   (:class:`remat.measure.profile.WarmFake`) and cut further in place (``cut_copy``:
+   each depth's optimizer keeps the warm state of the parameters left, which is what
+   a warm-up at that depth makes; the copy starts without strategies, each is
+   applied to it and removed again: that state does not depend on the strategy).
+   Each depth has its own chord: a stack's peak can move in ``b`` at one depth and
+   not at the other.
 5. *The peak's moment can change with depth*: with few blocks the largest moment
    may be the loss's (at the start of backward, logits and their gradient alive)
    while with more it is a recomputation late in backward, where the gradients
@@ -205,13 +208,8 @@ def cut_copy(model: nn.Module, path: str, attr: str, modules: Sequence[nn.Module
 
 class FastContext:
     """What every strategy's fast rows share: the setup, its one uniform stack, and warm
-    fake copies of the stack cut short (NOTE [ Fast rows ], 4).
-
-    Args:
-        labels: the strategies to come; the first copy is cut to the deepest of their
-            first depth pairs, and serves every depth up to it. Default: none (a copy
-            per depth, each serving the depths below it too).
-    """
+    fake copies of it cut short (NOTE [ Fast rows ], 4); the first is cut to the deepest
+    first depth pair of the strategies to come, ``labels``, and serves every depth."""
 
     def __init__(self, setup: Setup, labels: Sequence[str] = ()) -> None:
         self.setup = setup
@@ -219,6 +217,8 @@ class FastContext:
         n_blocks = len(self.stack[2]) if self.stack is not None else 0
         cuts = [cut for cut in (_depths(label, n_blocks) for label in labels) if cut]
         self.depth = max((first + step for first, step in cuts), default=0)
+        self._path = next((n for n, m in setup.model.named_modules()
+                           if self.stack is not None and m is self.stack[0]), "")
         #: per depth, a warm fake copy of the stack cut to it and the copy's blocks
         self._copies: dict[int, tuple[WarmFake, list[nn.Module]]] = {}
 
@@ -235,7 +235,7 @@ class FastContext:
             self._copies[deep] = self._copy(deep, seq_len, first)
         warm, blocks = self._copies[deep]
         full = warm.optimizer
-        with cut_copy(warm.model, self._owner_path(), self.stack[1], blocks, full,
+        with cut_copy(warm.model, self._path, self.stack[1], blocks, full,
                       depth) as optimizer:
             warm.optimizer = optimizer
             try:
@@ -243,11 +243,6 @@ class FastContext:
                                                  optimizer=optimizer), blocks[:depth])
             finally:
                 warm.optimizer = full
-
-    def _owner_path(self) -> str:
-        assert self.stack is not None
-        paths: dict[int, str] = {id(m): n for n, m in self.setup.model.named_modules()}
-        return paths[id(self.stack[0])]
 
     def _copy(self, depth: int, seq_len: int, first: int) -> tuple[WarmFake, list[nn.Module]]:
         from remat.measure.step import Step, check_runnable
@@ -261,7 +256,7 @@ class FastContext:
             step = Step(cut.model, cut.batch_fn(first, seq_len), loss_fn=cut.loss_fn,
                         optimizer=cut.optimizer, blocks=cut.blocks)
             warm = WarmFake(step, step.batch, prepare=remove)
-        owner = warm.model.get_submodule(self._owner_path())
+        owner = warm.model.get_submodule(self._path)
         return warm, list(getattr(owner, self.stack[1]))
 
 

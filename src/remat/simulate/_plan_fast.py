@@ -17,9 +17,9 @@ model is built from cheaper parts, and the row is composed instead of measured:
    (``measure_groups(run=...)``); a run that does not line up (gpt-tiny in fp32: a
    candidate whose backward peaks in recompute at batch 4 and after it at 16), or that
    the selection at that size asks for and the ends lack, is measured at that size.
-2. *Windows*: NOTE [ Windows from shallow steps ] in _plan_windows.py; one fake copy
-   of the stack cut to four blocks, warmed up once, is cut further in place for the
-   shallower steps (``_Shallow``), at every size.
+2. *Windows*: NOTE [ Windows from shallow steps ] in _plan_windows.py; the fast
+   rows' warm fake copy (NOTE [ Fast rows ] 4) is cut in place to each shallow depth
+   (``_Shallow``), at every size.
 3. *The row*: the peak model is the exact path's (same candidates, same windows), so
    the solver picks the same choice. The peak model reproduces a measured step's
    peak to the byte (NOTE [ Peak model ]; Llama-7B bf16 at batch 4 to 32: the closed
