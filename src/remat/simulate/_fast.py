@@ -15,12 +15,16 @@ a constant or proportional to the micro-batch ``b`` (no ``b**2`` term: attention
    with integer arithmetic.
 2. *Batch*: at a fixed depth, each moment's live bytes, each op's FLOPs and bytes
    moved are affine in ``b``, so the peak (the largest moment) is convex in ``b``.
-   Two sizes ``b1 < b2`` give the chord; a third ``b1 < bm < b2`` checks it: a
-   convex function that meets its chord inside the interval is affine on all of it.
-   When the check fails (the peak moves, e.g. from the end of backward to the
-   loss as ``b`` grows), every size is simulated at both depths instead. Roofline
-   times are summed per op from the op's interpolated FLOPs and bytes, so an op
-   that turns compute-bound at larger ``b`` is priced exactly.
+   Two sizes ``b1 < b2`` give the chord. Where both peak at the same moments (each
+   phase's peak reached at the same op, or a phase below the chosen one at both:
+   ``same_moments``), every size between is on it (NOTE [ Peak moments ] in
+   planning/_sim.py) and none is simulated. Else a third ``b1 < bm < b2`` is, and
+   checks the chord: a convex function that meets its chord inside the interval is
+   affine on all of it. When that fails too (the peak moves, e.g. from the end of
+   backward to the loss as ``b`` grows), each half, ``[b1, bm]`` and ``[bm, b2]``,
+   is treated the same way. Roofline times are summed per op from the op's
+   interpolated FLOPs and bytes, so an op that turns compute-bound at larger ``b``
+   is priced exactly.
 3. *Two moments*: each shallow step runs with the optimizer and reports each
    phase's own peak (:attr:`remat.measure.Profile.phase_peaks`): the
    forward/backward moment (the largest of the forward, backward and recompute
@@ -34,11 +38,14 @@ a constant or proportional to the micro-batch ``b`` (no ``b**2`` term: attention
    at ``b >= 2`` is a free view at ``b = 1`` (the causal-LM loss flattens the shifted
    logits ``logits[:, :-1]``: a view at ``b = 1``, a copy of the logits above).
    Size 1 is sampled at both depths on its own, and the chord runs through the
-   sizes above it. All sizes and all strategies at one depth share one fake copy of
-   the cut stack and its one warm-up step (:class:`remat.measure.profile.WarmFake`;
-   the copy starts without strategies, each is applied to it and removed again: the
-   optimizer state a warm-up makes does not depend on the strategy). The chord is checked at both
-   depths: a stack's peak can move in ``b`` at one depth and not at the other.
+   sizes above it. All sizes, strategies and depths share one fake copy of the
+   stack cut to the deepest first depth pair of any strategy, warmed up once
+   (:class:`remat.measure.profile.WarmFake`) and cut further in place (``cut_copy``:
+   each depth's optimizer keeps the warm state of the parameters left, which is what
+   a warm-up at that depth makes; the copy starts without strategies, each is
+   applied to it and removed again: that state does not depend on the strategy).
+   Each depth has its own chord: a stack's peak can move in ``b`` at one depth and
+   not at the other.
 5. *The peak's moment can change with depth*: with few blocks the largest moment
    may be the loss's (at the start of backward, logits and their gradient alive)
    while with more it is a recomputation late in backward, where the gradients
@@ -63,6 +70,7 @@ import dataclasses
 import inspect
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from typing import Any
 
 from torch import nn
 
@@ -72,7 +80,9 @@ from remat.simulate._samples import (
     NotAffine,
     Sample,
     deepen,
+    mix,
     on_chord,
+    same_moments,
     sample_at,
     sample_of,
 )
@@ -169,74 +179,148 @@ def _cut(setup: Setup, stack: tuple[nn.Module, str, list[nn.Module]],
         setattr(owner, attr, original)
 
 
-class FastContext:
-    """What every strategy's fast rows share: the setup and its one uniform stack."""
+@contextmanager
+def cut_copy(model: nn.Module, path: str, attr: str, modules: Sequence[nn.Module],
+             optimizer: Any, depth: int) -> Iterator[Any]:
+    """A fake copy's stack (``attr`` of its submodule ``path``, holding ``modules``) cut
+    in place to its first ``depth`` blocks, and an optimizer over the parameters left,
+    each group's hyperparameters and each parameter's warm state kept (NOTE [ Fast rows
+    ], 4); the state a step at this depth adds goes back to ``optimizer``."""
+    owner = model.get_submodule(path)
+    stack = getattr(owner, attr)
+    setattr(owner, attr, nn.ModuleList(modules[:depth])
+            if isinstance(stack, nn.ModuleList) else nn.Sequential(*modules[:depth]))
+    sub = optimizer
+    try:
+        if optimizer is not None and depth < len(modules):
+            present = set(model.parameters())
+            groups = [{**group, "params": [p for p in group["params"] if p in present]}
+                      for group in optimizer.param_groups]
+            cls: Any = type(optimizer)  # torch.optim classes take groups alone
+            sub = cls([g for g in groups if g["params"]])
+            sub.state.update({p: optimizer.state[p] for p in present if p in optimizer.state})
+        yield sub
+    finally:
+        setattr(owner, attr, stack)
+        if sub is not optimizer:
+            optimizer.state.update(sub.state)  # what a step at this depth created
 
-    def __init__(self, setup: Setup) -> None:
+
+class FastContext:
+    """What every strategy's fast rows share: the setup, its one uniform stack, and warm
+    fake copies of it cut short (NOTE [ Fast rows ], 4); the first is cut to the deepest
+    first depth pair of the strategies to come, ``labels``, and serves every depth."""
+
+    def __init__(self, setup: Setup, labels: Sequence[str] = ()) -> None:
         self.setup = setup
         self.stack = _stack(setup)
-        #: per depth: the cut stack's warm fake copy and its blocks, shared by every
-        #: strategy (NOTE [ Fast rows ], 4)
-        self.warm: dict[int, tuple[WarmFake, Setup, list[nn.Module]]] = {}
+        n_blocks = len(self.stack[2]) if self.stack is not None else 0
+        cuts = [cut for cut in (_depths(label, n_blocks) for label in labels) if cut]
+        self.depth = max((first + step for first, step in cuts), default=0)
+        self._path = next((n for n, m in setup.model.named_modules()
+                           if self.stack is not None and m is self.stack[0]), "")
+        #: per depth, a warm fake copy of the stack cut to it and the copy's blocks
+        self._copies: dict[int, tuple[WarmFake, list[nn.Module]]] = {}
 
+    @contextmanager
     def warm_copy(self, depth: int, seq_len: int,
-                  first: int) -> tuple[WarmFake, Setup, list[nn.Module]]:
-        """The stack cut to ``depth`` blocks as a warm fake copy (warmed up on batch size
-        ``first``), the cut setup on that copy, and the copy's blocks."""
+                  first: int) -> Iterator[tuple[WarmFake, Setup, list[nn.Module]]]:
+        """The stack cut to ``depth`` blocks as a warm fake copy (one copy at this depth or
+        deeper, warmed up on batch size ``first`` once, cut in place), the setup on that
+        copy (its optimizer over the parameters left), and the copy's blocks left."""
+        assert self.stack is not None
+        deep = min((d for d in self._copies if d >= depth), default=None)
+        if deep is None:
+            deep = max(depth, self.depth)
+            self._copies[deep] = self._copy(deep, seq_len, first)
+        warm, blocks = self._copies[deep]
+        full = warm.optimizer
+        with cut_copy(warm.model, self._path, self.stack[1], blocks, full,
+                      depth) as optimizer:
+            warm.optimizer = optimizer
+            try:
+                yield (warm, dataclasses.replace(self.setup, model=warm.model,
+                                                 optimizer=optimizer), blocks[:depth])
+            finally:
+                warm.optimizer = full
+
+    def _copy(self, depth: int, seq_len: int, first: int) -> tuple[WarmFake, list[nn.Module]]:
         from remat.measure.step import Step, check_runnable
         from remat.measure.tracked import check_trainable
         from remat.strategies import remove
 
-        if depth not in self.warm:
-            assert self.stack is not None
-            check_trainable(self.setup.model)
-            check_runnable(self.setup.model, api="remat.simulate", simulate=True)
-            owner, attr, _ = self.stack
-            path = {id(m): n for n, m in self.setup.model.named_modules()}[id(owner)]
-            with _cut(self.setup, self.stack, depth) as cut:
-                step = Step(cut.model, cut.batch_fn(first, seq_len), loss_fn=cut.loss_fn,
-                            optimizer=cut.optimizer, blocks=cut.blocks)
-                warm = WarmFake(step, step.batch, prepare=remove)
-            blocks = list(getattr(warm.model.get_submodule(path), attr))
-            on_copy = dataclasses.replace(cut, model=warm.model, optimizer=warm.optimizer)
-            self.warm[depth] = (warm, on_copy, blocks)
-        return self.warm[depth]
+        assert self.stack is not None
+        check_trainable(self.setup.model)
+        check_runnable(self.setup.model, api="remat.simulate", simulate=True)
+        with _cut(self.setup, self.stack, depth) as cut:
+            step = Step(cut.model, cut.batch_fn(first, seq_len), loss_fn=cut.loss_fn,
+                        optimizer=cut.optimizer, blocks=cut.blocks)
+            warm = WarmFake(step, step.batch, prepare=remove)
+        owner = warm.model.get_submodule(self._path)
+        return warm, list(getattr(owner, self.stack[1]))
 
 
 def _measure(ctx: FastContext, label: str, depth: int, sizes: Sequence[int],
              seq_len: int) -> dict[int, Sample]:
     """Samples of ``label``'s step (optimizer included) at ``depth`` blocks, on the warm
-    fake copy every strategy at that depth shares (NOTE [ Fast rows ], 4)."""
+    fake copy every strategy shares (NOTE [ Fast rows ], 4)."""
     from remat.strategies import remove
 
     assert ctx.stack is not None
     if not sizes:
         return {}
-    warm, on_copy, blocks = ctx.warm_copy(depth, seq_len, sizes[0])
-    _apply(on_copy, label, blocks, len(ctx.stack[2]))
-    try:
-        profs = warm.profiles([on_copy.batch_fn(b, seq_len) for b in sizes])
-    finally:
-        remove(on_copy.model)
+    with ctx.warm_copy(depth, seq_len, sizes[0]) as (warm, on_copy, blocks):
+        _apply(on_copy, label, blocks, len(ctx.stack[2]))
+        try:
+            profs = warm.profiles([on_copy.batch_fn(b, seq_len) for b in sizes])
+        finally:
+            remove(on_copy.model)
     return {b: sample_of(prof, on_copy.device) for b, prof in zip(sizes, profs, strict=True)}
 
 
 def _level(ctx: FastContext, label: str, depth: int, sizes: Sequence[int],
            seq_len: int) -> dict[int, Sample]:
     """Samples at one depth that give every size (NOTE [ Fast rows ], 2 and 4): batch
-    size 1 on its own, the smallest and largest size above it, and a middle size that
-    checks their chord; every size measured when the check fails."""
+    size 1 on its own, the smallest and largest size above it, and the sizes between
+    from them (:func:`_between`)."""
     ones = [b for b in sizes if b == 1]
     affine = [b for b in sizes if b != 1]
-    if len(affine) <= 3:
+    if len(affine) <= 2:
         return _measure(ctx, label, depth, sizes, seq_len)
-    ends = [affine[0], affine[-1]]
-    middle = affine[len(affine) // 2]
-    samples = _measure(ctx, label, depth, [*ones, *ends, middle], seq_len)
-    if not on_chord(samples, ends, middle, ctx.setup.device):
-        samples.update(_measure(ctx, label, depth, [b for b in sizes if b not in samples],
-                                seq_len))
+    samples = _measure(ctx, label, depth, [*ones, affine[0], affine[-1]], seq_len)
+    _between(ctx, label, depth, affine, samples, seq_len)
     return samples
+
+
+def _between(ctx: FastContext, label: str, depth: int, span: Sequence[int],
+             samples: dict[int, Sample], seq_len: int) -> None:
+    """Add to ``samples`` (which hold ``span``'s ends) every size of ``span`` between its
+    ends (NOTE [ Fast rows ], 2): interpolated where the ends peak at the same moments
+    (NOTE [ Peak moments ] in planning/_sim.py), or on the chord of the ends checked at
+    a middle size, which is measured; else each half on its own."""
+    lo, hi, inner = span[0], span[-1], list(span[1:-1])
+    if not inner:
+        return
+    device = ctx.setup.device
+
+    def chord(skip: int | None = None) -> dict[int, Sample] | None:
+        try:
+            return {b: mix(samples[lo], samples[hi], lo, hi, b, device=device)
+                    for b in inner if b != skip}
+        except NotAffine:
+            return None
+
+    if same_moments(samples[lo], samples[hi]) and (mixed := chord()) is not None:
+        samples.update(mixed)
+        return
+    middle = inner[len(inner) // 2]
+    samples.update(_measure(ctx, label, depth, [middle], seq_len))
+    if on_chord(samples, (lo, hi), middle, device) and (mixed := chord(middle)) is not None:
+        samples.update(mixed)
+        return
+    cut = list(span).index(middle)
+    _between(ctx, label, depth, span[:cut + 1], samples, seq_len)
+    _between(ctx, label, depth, span[cut:], samples, seq_len)
 
 
 def fast_rows(ctx: FastContext, label: str, sizes: Sequence[int],

@@ -17,9 +17,9 @@ model is built from cheaper parts, and the row is composed instead of measured:
    (``measure_groups(run=...)``); a run that does not line up (gpt-tiny in fp32: a
    candidate whose backward peaks in recompute at batch 4 and after it at 16), or that
    the selection at that size asks for and the ends lack, is measured at that size.
-2. *Windows*: NOTE [ Windows from shallow steps ] in _plan_windows.py; one fake copy
-   of the stack cut to four blocks, warmed up once, is cut further in place for the
-   shallower steps (``_Shallow``), at every size.
+2. *Windows*: NOTE [ Windows from shallow steps ] in _plan_windows.py; the fast
+   rows' warm fake copy (NOTE [ Fast rows ] 4) is cut in place to each shallow depth
+   (``_Shallow``), at every size.
 3. *The row*: the peak model is the exact path's (same candidates, same windows), so
    the solver picks the same choice. The peak model reproduces a measured step's
    peak to the byte (NOTE [ Peak model ]; Llama-7B bf16 at batch 4 to 32: the closed
@@ -55,8 +55,6 @@ import dataclasses
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
-
-from torch import nn
 
 from remat.planning._sim import FakeSetup, StepWindows
 from remat.planning.block_run import BlockRun, run_block
@@ -106,57 +104,32 @@ def _rebatch(fake: FakeSetup, cut: Setup, batch_size: int, seq_len: int) -> None
 
 
 class _Shallow:
-    """One fake copy of the model cut to ``SHALLOW[-1]`` blocks, warmed up once, whose stack
-    is cut further in place (NOTE [ Fast plan rows ] 2): each depth's optimizer keeps the
-    warm state of the parameters left, which is what a warm-up at that depth creates."""
+    """The fast rows' warm fake copy (:meth:`FastContext.warm_copy`), its stack cut to each
+    :data:`SHALLOW` depth in place (NOTE [ Fast plan rows ] 2): each depth's optimizer
+    keeps the warm state of the parameters left, which is what a warm-up at that depth
+    creates."""
 
-    def __init__(self, ctx: FastContext) -> None:
-        from remat.planning._sim import fake_setup
-
-        assert ctx.stack is not None
-        owner, self._attr, _ = ctx.stack
-        with _cut(ctx.setup, ctx.stack, SHALLOW[-1]) as cut:
-            # The fake copy is the model's copy, not the model: it outlives the cut.
-            self.cut = cut
-            self._fake = fake_setup(cut.model, None, optimizer=cut.optimizer,
-                                    blocks=cut.blocks)
-        self.device = ctx.setup.device
-        path = next(name for name, m in ctx.setup.model.named_modules() if m is owner)
-        self._owner = self._fake.model.get_submodule(path)
-        self._stack = getattr(self._owner, self._attr)
-        self.warm = False
+    def __init__(self, ctx: FastContext, seq_len: int, first: int) -> None:
+        self.ctx, self.cut, self.device = ctx, ctx.setup, ctx.setup.device
+        self._seq_len, self._first = seq_len, first
 
     @contextmanager
     def at(self, depth: int) -> Iterator[FakeSetup]:
         """The copy with its stack cut to ``depth`` blocks."""
-        modules = list(self._stack)[:depth]
-        setattr(self._owner, self._attr, nn.ModuleList(modules)
-                if isinstance(self._stack, nn.ModuleList) else nn.Sequential(*modules))
-        full = optimizer = self._fake.optimizer
-        try:
-            if full is not None and depth < len(self._stack):
-                present = set(self._fake.model.parameters())
-                groups = [{**group, "params": [p for p in group["params"] if p in present]}
-                          for group in full.param_groups]  # each group's hyperparameters
-                cls: Any = type(full)  # torch.optim classes take groups alone
-                optimizer = cls([g for g in groups if g["params"]])
-                optimizer.state.update({p: full.state[p] for p in present if p in full.state})
-            yield dataclasses.replace(self._fake, optimizer=optimizer,
-                                      blocks=self._fake.blocks[:depth])
-        finally:
-            setattr(self._owner, self._attr, self._stack)
-            if full is not None and optimizer is not full:
-                assert optimizer is not None
-                full.state.update(optimizer.state)  # what a warm-up at this depth created
+        from remat.blocks import named_blocks
+        from remat.measure.step import model_device
+
+        with self.ctx.warm_copy(depth, self._seq_len, self._first) as (warm, on_copy, _):
+            named = named_blocks(warm.model, self.cut.blocks, api="remat.plan")
+            yield FakeSetup(warm.mode, warm.model, None, on_copy.optimizer, named,
+                            model_device(warm.model))
 
     def windows(self, fake: FakeSetup, batch_size: int, seq_len: int) -> StepWindows:
         """One windows step of ``fake`` (from :meth:`at`) at ``batch_size``."""
         from remat.planning._sim import run_windows
 
         _rebatch(fake, self.cut, batch_size, seq_len)
-        out = run_windows(fake, loss_fn=self.cut.loss_fn, warm_up=not self.warm)
-        self.warm = True
-        return out
+        return run_windows(fake, loss_fn=self.cut.loss_fn, warm_up=False)
 
 
 def _windows(ctx: FastContext, shallow: _Shallow, sizes: Sequence[int],
@@ -356,7 +329,7 @@ def fast_plan_rows(ctx: FastContext, sizes: Sequence[int], seq_len: int,
         candidates, runs = _candidates(ctx, sizes, seq_len)
     except NotAffine:
         return {}
-    shallow = _Shallow(ctx)
+    shallow = _Shallow(ctx, seq_len, sizes[0])
     steps = _windows(ctx, shallow, sizes, seq_len)
     names = [name for name, _ in named_blocks(setup.model, setup.blocks)]
     budget_bytes, no_plan = budget

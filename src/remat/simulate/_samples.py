@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = ["COMPUTE", "INTS", "NotAffine", "Sample", "affine", "deepen", "mix", "on_chord",
-           "roofline_times", "sample_at", "sample_of"]
+           "roofline_times", "same_moments", "sample_at", "sample_of"]
 
 COMPUTE = ("forward", "backward", "recompute")
 INTS = ("peak_bytes", "opt_peak_bytes", "activation_bytes", "param_bytes", "grad_bytes",
@@ -24,6 +24,8 @@ class Sample:
 
     ``peak_bytes`` / ``phase`` / ``breakdown`` are the forward/backward moment's,
     ``opt_peak_bytes`` / ``opt_breakdown`` the optimizer step's (0 / empty without one).
+    ``moments``: per phase, its peak bytes and when they were first reached
+    (``PhasePeak.order``), for a measured step; empty once interpolated or extrapolated.
     """
 
     peak_bytes: int
@@ -42,6 +44,7 @@ class Sample:
     compute_ms: float  # roofline of forward, backward and recompute
     recompute_ms: float
     optimizer_ms: float
+    moments: tuple[tuple[str, int, int], ...] = ()
 
 
 def roofline_times(ops: Sequence[Any], device: Any) -> dict[str, float]:
@@ -64,7 +67,9 @@ def sample_of(prof: Any, device: Any) -> Sample:
                   int(prof.grad_bytes), int(prof.optimizer_bytes), int(prof.batch_bytes),
                   int(prof.flops), int(prof.recompute_flops), phase, dict(fwd.breakdown),
                   dict(opt.breakdown) if opt is not None else {}, ops,
-                  **roofline_times(ops, device))
+                  **roofline_times(ops, device),
+                  moments=tuple(sorted((p, int(m.peak_bytes), m.order)
+                                       for p, m in prof.phase_peaks.items())))
 
 
 class NotAffine(Exception):
@@ -88,7 +93,7 @@ def mix(s1: Sample, s2: Sample, x1: int, x2: int, x: int, *,
     With ``device`` (the batch direction) each op's FLOPs and bytes are interpolated
     and the times summed from them; without (the depth direction) the times are.
     """
-    ints = {k: affine(getattr(s1, k), getattr(s2, k), x1, x2, x) for k in INTS}
+    ints: dict[str, Any] = {k: affine(getattr(s1, k), getattr(s2, k), x1, x2, x) for k in INTS}
     breakdown, opt_breakdown = (
         {k: affine(a.get(k, 0), b.get(k, 0), x1, x2, x) for k in a.keys() | b.keys()}
         for a, b in ((s1.breakdown, s2.breakdown), (s1.opt_breakdown, s2.opt_breakdown)))
@@ -135,6 +140,26 @@ def on_chord(samples: dict[int, Sample], ends: Sequence[int], middle: int,
         {k: v for k, v in getattr(chord, key).items() if v}
         == {k: v for k, v in getattr(seen, key).items() if v}
         for key in ("breakdown", "opt_breakdown"))
+
+
+def same_moments(lo: Sample, hi: Sample) -> bool:
+    """Whether two measured samples of one program (at batch sizes ``lo < hi``) take each
+    figure at the same moment, so that every size between is their chord (NOTE [ Peak
+    moments ] in planning/_sim.py): the optimizer's peak and the peak of the phase that
+    holds the forward/backward moment are reached at the same moments, and every other
+    phase peaks either at its same moment too or below that phase at both ends (its peak
+    is convex in ``b``, so below the chosen phase's line between them)."""
+    a, b = ({phase: (peak, order) for phase, peak, order in s.moments} for s in (lo, hi))
+    chosen = lo.phase
+    if not a or a.keys() != b.keys() or chosen != hi.phase or chosen not in a:
+        return False
+    for phase in a:
+        if a[phase][1] == b[phase][1]:
+            continue
+        if phase in ("optimizer", chosen) \
+                or not (a[phase][0] < a[chosen][0] and b[phase][0] < b[chosen][0]):
+            return False
+    return True
 
 
 def deepen(s1: Sample, s2: Sample, depths: tuple[int, int], n_blocks: int) -> Sample:

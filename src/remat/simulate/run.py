@@ -231,7 +231,7 @@ def _run(setup: Setup, labels: Sequence[str], sizes: Sequence[int], seq_len: int
         if hf_masks and is_hf_model(setup.inner):
             stack.enter_context(unpacked_sequences())  # NOTE [ HF masks under FakeTensorMode ]
         stack.callback(remove, setup.model)
-        fast = None if exact else FastContext(setup)
+        fast = None if exact else FastContext(setup, labels)
         for label in labels:
             fast_done = fast_rows(fast, label, sizes, seq_len) if fast is not None else None
             done: list[SimulationRow | None] = (
