@@ -186,8 +186,8 @@ def render(result: dict[str, Any]) -> str:
     """A markdown table of ``run``'s result."""
     lines = [f"{result['preset']} on {result['device']}, batch {result['batch_size']}, "
              f"cap {format_bytes(result['cap_bytes'])}, planned in {result['plan_s']:.1f} s",
-             "", f"Command: `{result.get('command', '?')}` (torch {result.get('torch', '?')}, "
-             f"{result.get('date', '?')})", "",
+             "", *([f"Command: `{result['command']}` (torch {result['torch']}, "
+                    f"{result['date']})", ""] if "command" in result else []),
              "| Strategy | Predicted peak | Measured peak | Planner's step | Roofline step "
              "| Measured step | Tokens/s | Fits |", "|---|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
@@ -198,7 +198,7 @@ def render(result: dict[str, Any]) -> str:
                      f"{r['measured_step_ms']:.1f} ms | {r['tokens_per_s']:.0f} | "
                      f"{'yes' if r['fits'] else 'no'} |")
     off = result["offload"]
-    if "offload_step_ms" in off:
+    if "measured_peak_bytes" in off:  # runs before the offload row have only the JSON
         ms = off["offload_step_ms"]
         lines.append(f"| offload (every block) | {format_bytes(off['predicted_peak_bytes'])} | "
                      f"{format_bytes(off['measured_peak_bytes'])} | "
@@ -212,8 +212,8 @@ def render(result: dict[str, Any]) -> str:
 
 def write_section(paths: Sequence[str]) -> None:
     """Render the results saved with ``--json`` into RESULTS.md's ``gpu`` section."""
-    results = [json.loads(Path(p).read_text()) for p in paths]
-    body = "\n\n".join(render(r) for r in results)
+    body = "\n\n".join(f"### `{p}`\n\n" + render(json.loads(Path(p).read_text()))
+                         for p in paths)
     body = (f"## On a GPU: predicted vs measured\n\nRendered by `.venv/bin/python "
             f"benchmarks/gpu.py --render {' '.join(paths)}` from the JSON each run wrote "
             f"on the GPU machine.\n\n" + body)

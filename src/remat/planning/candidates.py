@@ -209,8 +209,12 @@ def _offload_exposed_ms(run: BlockRun, base: BlockRun, device: DeviceSpec) -> fl
         copies a block's saved tensors out on a side stream while the block's forward
         kernels run, and waits for them at the block's end: what the forward kernels do
         not cover is exposed. It copies them back at the block's first unpack in
-        backward, with the compute stream waiting: all exposed. Measured on an H100 by
-        ``benchmarks/gpu.py`` (benchmarks/RESULTS.md, GPU section).
+        backward, with the compute stream waiting: all exposed. On an H100
+        (``benchmarks/gpu.py``, llama-1b, every block offloaded; benchmarks/gpu_h100.json)
+        the step took 1194 ms more than ``none`` for 1242 ms of copies at the link it
+        measured, and this model predicted 950 ms at the spec's 55 GB/s (the run measured
+        46 GB/s out and 52 GB/s in): transformer blocks move far more bytes than their
+        forward kernels can hide.
     """
     moved = max(base.saved_bytes - run.saved_bytes, 0)
     transfer_ms = moved / device.host_link_bytes_per_s * 1e3
