@@ -18,8 +18,11 @@ __all__ = ["Offload"]
 class Offload(BlockStrategy):
     """Move what each block saves for backward to host memory and back (no recompute).
 
-    Costs transfer time over the host link, hidden where it overlaps compute. Offered to
-    the planner only on CUDA; on CPU there is no separate host memory.
+    Costs a copy each way over the host link: out on a side stream, overlapping the
+    block's forward, and back at the block's backward, not hidden (NOTE [ Asynchronous
+    offload ] in strategies/offload.py). The bytes leave the device when the block's
+    forward ends; weights stay. Offered to the planner only on CUDA; on CPU there is no
+    separate host memory.
 
     Example:
         >>> remat.apply(model, "offload")
