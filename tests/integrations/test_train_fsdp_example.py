@@ -13,7 +13,10 @@ SCRIPT = ROOT / "examples" / "train_fsdp.py"
 
 
 def _torchrun(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    # CPU ranks (gloo) even on a GPU machine: the script takes a GPU per rank when it sees
+    # CUDA, and a one-GPU machine has none for rank 1 ("invalid device ordinal").
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore",
+           "CUDA_VISIBLE_DEVICES": ""}
     return subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
          "2", str(SCRIPT), *args],

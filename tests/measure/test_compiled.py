@@ -24,7 +24,13 @@ from remat.measure.compiled import (
     measure_compiled,
     profile_compiled,
 )
-from remat.measure.compiled_graphs import CompiledGraph, CountingBackend, backend_of
+from remat.measure.compiled_graphs import (
+    CompiledGraph,
+    CountingBackend,
+    GraphLog,
+    backend_of,
+    counting_runs,
+)
 from remat.measure.step import clear_grads, run_step
 from tiny_nets import Block, D
 from tiny_nets import net as _net
@@ -268,3 +274,26 @@ def test_graph_runs_are_counted_not_assumed() -> None:
     assert got.profile.flops == eager.flops
     assert sum(b.forward_flops for b in got.profile.blocks) == eager.forward_flops
     assert got.counted
+
+
+def test_a_graph_compiled_to_a_plain_function_is_logged_uncounted() -> None:
+    # Inductor returns make_boxed_func(gm.forward) for a graph without ops (torch 2.11's
+    # partitioner left one in the mlp@1 candidate): patching the built-in function type's
+    # __call__ raised TypeError, and remat.plan(compile=True) dropped the candidate.
+    class Compiled:
+        def __call__(self, args: list[torch.Tensor]) -> list[torch.Tensor]:
+            return args
+
+    def boxed(args: list[torch.Tensor]) -> list[torch.Tensor]:
+        return args
+
+    graph = CompiledGraph(label="m", kind="backward", flops=0, recompute_flops=0,
+                          saved_bytes=0, budget=1.0, nodes=0, uncounted_ops=0)
+    compiled, log = Compiled(), GraphLog()
+    log.append(graph, boxed)
+    log.append(graph, compiled)
+    assert [a for _, a in log.artifacts()] == [None, compiled]
+    with counting_runs([log]) as runs:
+        boxed([])
+        compiled([])
+    assert runs == {id(graph): 1}

@@ -109,6 +109,22 @@ def test_shadow_knows_floats_made_from_known_values_only() -> None:
             bool((weight > 0).all())
 
 
+def _ops_of(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> set[object]:
+    """The aten overloads one real forward of ``model`` runs."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    seen: set[object] = set()
+
+    class Ops(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            seen.add(func)
+            return func(*args, **(kwargs or {}))
+
+    with torch.no_grad(), Ops():
+        model(**batch)
+    return seen
+
+
 def test_bart_default_decoder_mask_simulates_like_the_real_step() -> None:
     # BartDecoder builds torch.ones(batch, seq) (float) when no decoder mask is given, and
     # transformers skips the causal mask after checking it is all ones: the fake step must
@@ -122,4 +138,8 @@ def test_bart_default_decoder_mask_simulates_like_the_real_step() -> None:
     model = transformers.BartForConditionalGeneration(config).train()
     batch = {"input_ids": torch.randint(1, 128, (2, 16)),
              "labels": torch.randint(1, 128, (2, 8))}
+    if torch.ops.aten.rand.default in _ops_of(model, batch):
+        pytest.skip("this transformers' BART draws torch.rand([]) for LayerDrop in every "
+                    "training forward, even at layerdrop 0 (5.17 does; 5.23 does not), and "
+                    "branches on it: a random value fake tensors cannot have")
     assert_same_bytes(profile(model, batch, timing=False), profile(model, batch, simulate=True))

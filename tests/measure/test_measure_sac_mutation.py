@@ -50,6 +50,33 @@ def test_mutated_saved_output_is_recomputed(save_ops: set[str]) -> None:
     assert torch.equal(x.grad, expected[0]) and torch.equal(w.grad, expected[1])  # type: ignore[arg-type]
 
 
+def _three_mms(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    a = torch.mm(x, w)
+    b = torch.mm(a, w)
+    b.mul_(0.5)  # only the middle call's output is mutated
+    c = torch.mm(b, w)
+    return (a.sin() * b.cos() * c.tanh()).sum()
+
+
+@pytest.mark.parametrize("save_ops", [{"aten.mm"}, {"aten.mm#1", "aten.mm#2"},
+                                      {"aten.mm#0", "aten.mm#1"}])
+def test_a_mutated_call_between_saved_calls_of_the_same_op(save_ops: set[str]) -> None:
+    # Before torch.utils.checkpoint._RECOMPUTE, SAC keeps one list per op, popped in order
+    # in recompute: the mutated entry must leave the list and its call be recomputed, or the
+    # calls after it get the wrong cached outputs.
+    torch.manual_seed(0)
+    x = torch.randn(4, 8, requires_grad=True)
+    w = torch.randn(8, 8, requires_grad=True)
+    _three_mms(x, w).backward()
+    expected = (x.grad.clone(), w.grad.clone())  # type: ignore[union-attr]
+    x.grad = w.grad = None
+    context_fn = sac_context_fn(save_ops)
+    loss = checkpoint(_three_mms, x, w, use_reentrant=False, context_fn=context_fn)
+    loss.backward()
+    assert torch.equal(x.grad, expected[0]) and torch.equal(w.grad, expected[1])  # type: ignore[arg-type]
+    assert context_fn.last_policy.seen["aten.mm"] == 3  # type: ignore[attr-defined]
+
+
 def test_deberta_v2_saved_adds_keep_gradients() -> None:
     pytest.importorskip("transformers")
     hf_tiny = _load("hf_tiny")

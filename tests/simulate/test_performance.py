@@ -7,6 +7,9 @@ import json
 import subprocess
 import sys
 
+# This process's own peak RSS: Linux carries ru_maxrss over fork and exec, so it reported
+# the pytest worker's RSS when that was larger (1.51 GiB under xdist with torch 2.11+cu130,
+# whose import alone is 0.26 GiB more than 2.13+cpu's); /proc's VmHWM starts at the exec.
 _SCRIPT = """
 import json, resource, time
 start = time.perf_counter()
@@ -14,9 +17,15 @@ from remat.models import build_model
 from remat.simulate.run import simulate
 result = simulate(lambda: build_model("llama-7b", n_layer=4), seq_len=2048, batch_sizes=[1],
                   dtype="bf16", optimizer="adamw", strategies=["none", "full"])
+try:
+    with open("/proc/self/status") as status:
+        hwm = next(line for line in status if line.startswith("VmHWM:"))
+    rss = int(hwm.split()[1]) * 1024
+except (OSError, StopIteration):  # not Linux: getrusage's figure
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 print(json.dumps({
     "elapsed_s": time.perf_counter() - start,
-    "max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+    "max_rss_bytes": rss,
     "peaks": [r.peak_bytes for r in result.rows],
     "params": result.n_params,
 }))

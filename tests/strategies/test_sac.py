@@ -11,7 +11,8 @@ import remat
 from remat.models import build_model, make_batch
 from remat.planning.plans import NamedBlocks
 from remat.strategies import BlockDecision, apply_decisions, remove
-from remat.strategies.sac import SavePolicy, call_entry, parse_entry
+from remat.strategies.dead_ops import supported
+from remat.strategies.sac import SavePolicy, call_entry, parse_entry, sac_context_fn
 
 
 @given(name=st.from_regex(r"aten\.[a-z_]{1,12}", fullmatch=True),
@@ -114,3 +115,30 @@ def test_any_save_set_leaves_gradients_unchanged(calls: set[int], names: set[str
     for got, want in zip((p.grad for p in model.parameters()), reference, strict=True):
         assert got is not None
         assert torch.equal(got, want)
+
+
+@pytest.mark.skipif(supported(), reason="this PyTorch's SAC supports dead-op skipping "
+                    "(storage by call index, torch.utils.checkpoint._RECOMPUTE)")
+def test_without_storage_by_call_index_regions_fall_back_to_stock_sac() -> None:
+    # remat.strategies.dead_ops.supported() is False (torch <= 2.12): skipping stays on by
+    # default, yet every region gets SAC's own contexts and no ledger, and recomputes all.
+    fn = sac_context_fn({"aten.tanh", "aten.addmm"})
+    forward_ctx, recompute_ctx = fn()
+    assert type(forward_ctx).__name__ == "_CachingTorchDispatchMode"
+    assert type(recompute_ctx).__name__ == "_CachedTorchDispatchMode"
+    assert fn.last_policy.ledger is None  # type: ignore[attr-defined]
+    torch.manual_seed(0)
+    model = build_model("gpt-tiny", dropout=0.1)
+    batch = make_batch(model, 2)
+    torch.manual_seed(1)
+    model(**batch).loss.backward()
+    reference = [p.grad.clone() for p in model.parameters() if p.grad is not None]
+    model.zero_grad(set_to_none=True)
+    remat.apply(model, "ops")
+    torch.manual_seed(1)
+    model(**batch).loss.backward()
+    remove(model)
+    got = [p.grad for p in model.parameters() if p.grad is not None]
+    assert len(got) == len(reference)
+    for g, want in zip(got, reference, strict=True):
+        assert torch.equal(g, want)

@@ -72,22 +72,26 @@ def notices() -> Iterator[None]:
 
     from remat.errors import RematWarning
 
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", RematWarning)
-        try:
+    caught: list[warnings.WarningMessage] = []
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", RematWarning)
             yield
-        finally:
-            seen: set[str] = set()
-            for item in caught:
-                if not issubclass(item.category, RematWarning):
-                    warnings.showwarning(item.message, item.category, item.filename,
-                                         item.lineno)
-                    continue
-                text = str(item.message)
-                if text not in seen:
-                    seen.add(text)
-                    err_console.print(f"[yellow]Note:[/yellow] {text}", highlight=False,
-                                      soft_wrap=True)
+    finally:
+        # Shown after catch_warnings has exited: inside it, showwarning appends to the
+        # very list being read, so one foreign warning (torch 2.11's profiler warns on
+        # its first cycle) made this loop grow the list until memory ran out.
+        seen: set[str] = set()
+        for item in caught:
+            if not issubclass(item.category, RematWarning):
+                warnings.showwarning(item.message, item.category, item.filename,
+                                     item.lineno)
+                continue
+            text = str(item.message)
+            if text not in seen:
+                seen.add(text)
+                err_console.print(f"[yellow]Note:[/yellow] {text}", highlight=False,
+                                  soft_wrap=True)
 
 
 def parse_strategies(value: str) -> list[str]:

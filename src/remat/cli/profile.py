@@ -185,6 +185,7 @@ def export_trace(model: Any, batch: Any, path: str | Path, *, optimizer: Any = N
     from torch.profiler import ProfilerActivity, record_function
 
     from remat.measure import run_step
+    from remat.measure.allocator import no_cycle_warning
     from remat.native import silenced
 
     out = Path(path)
@@ -206,7 +207,8 @@ def export_trace(model: Any, batch: Any, path: str | Path, *, optimizer: Any = N
     model.zero_grad(set_to_none=True)
     prof = torch.profiler.profile(activities=activities, record_shapes=True,
                                   profile_memory=True)
-    with silenced(2):  # kineto prints "USDT ... profiler_start" lines on stderr
+    # kineto prints "USDT ... profiler_start" lines on stderr
+    with silenced(2), no_cycle_warning():
         prof.__enter__()
     try:
         try:

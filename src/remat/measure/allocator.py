@@ -47,6 +47,7 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
+import warnings
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -137,6 +138,21 @@ def quiet_profiler() -> Iterator[None]:
                     if not any(marker in line for marker in _NOISE)]
             if kept:
                 sys.stderr.write("".join(kept))
+
+
+@contextmanager
+def no_cycle_warning() -> Iterator[None]:
+    """Drop torch.profiler's "Profiler clears events at the end of each cycle" warning.
+
+    Torch 2.11 (and earlier) warns on the first cycle of every ``profile`` object, not
+    only when a second cycle drops the first's events (2.13 warns only then); remat's
+    profilers run one cycle each, so the warning tells the user nothing to act on.
+    Enter it around the profiler's start only.
+    """
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Warning: Profiler clears events",
+                                category=UserWarning)
+        yield
 
 
 def mark(name: str) -> None:
@@ -251,9 +267,14 @@ def _peak_cpu(step: Callable[[], object], device: torch.device) -> AllocatorPeak
     with quiet_profiler():
         _active.append(_cpu_mark)
         try:
-            with profile(activities=[ProfilerActivity.CPU], profile_memory=True,
-                         record_shapes=False, with_stack=False) as prof:
+            prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True,
+                           record_shapes=False, with_stack=False)
+            with no_cycle_warning():
+                prof.__enter__()
+            try:
                 step()
+            finally:
+                prof.__exit__(None, None, None)
         finally:
             _active.pop()
         events = _cpu_events(prof, device)

@@ -126,6 +126,18 @@ class CompiledGraph:
                              f"got {self.budget}")
 
 
+def _patchable(cls: type) -> bool:
+    """Whether :func:`counting_runs` can patch ``cls.__call__``: a class defined in Python.
+
+    Inductor hands back a plain function (``make_boxed_func``) for a graph without ops;
+    a built-in type's attributes cannot be set, so such a graph's runs are not counted
+    (NOTE [ Compiled FLOPs per step ] in compiled.py). Seen on torch 2.11, whose
+    partitioner left such a graph in a ``remat.plan(compile=True)`` candidate.
+    """
+    heap_type, immutable = 1 << 9, 1 << 8  # Py_TPFLAGS_HEAPTYPE, Py_TPFLAGS_IMMUTABLETYPE
+    return bool(cls.__flags__ & heap_type) and not cls.__flags__ & immutable
+
+
 class GraphLog:
     """The graphs a backend compiled, in compile order (thread-safe appends), and what
     inductor compiled each into (see NOTE [ Counting graph runs ])."""
@@ -138,7 +150,8 @@ class GraphLog:
     def append(self, graph: CompiledGraph, artifact: Any = None) -> None:
         """Log ``graph``; ``artifact`` is the callable it compiled to (weakly held)."""
         try:
-            ref = weakref.ref(artifact) if artifact is not None else None
+            ref = (weakref.ref(artifact) if artifact is not None
+                   and _patchable(type(artifact)) else None)
         except TypeError:  # not weak-referenceable: its runs cannot be counted
             ref = None
         with self._lock:

@@ -46,6 +46,15 @@ NOTE [ Saved outputs mutated in place ]
     inputs, exactly as if the save set had not named it, and its memory is
     released with the entry. Gradients equal the un-checkpointed model's.
 
+    PyTorch before ``_RECOMPUTE`` existed (2.12 and older; found on 2.11) keeps
+    a list per op instead, appended in forward and popped in order in recompute,
+    where it asks the policy again (``ctx.is_recompute``) before it runs (not
+    after) each op. There the entry is taken out of its list, and the policy
+    answers PREFER_RECOMPUTE for that call in recompute, so the lists stay
+    aligned with the calls that pop them (:meth:`SavePolicy._forget_listed`).
+    Under ``torch.compile`` those releases store and pop every op whatever the
+    policy says, so nothing is taken out there.
+
 NOTE [ Skipping only where it pays ]
     Dead-op skipping (NOTE [ Dead ops in recompute ] in dead_ops.py) costs a few
     microseconds of bookkeeping per op of the region's forward, and most save sets
@@ -157,6 +166,25 @@ def split_entries(entries: Iterable[str]) -> tuple[frozenset[str], frozenset[tup
     return frozenset(names), frozenset(calls)
 
 
+#: SAC keeps a list per op, popped in order, and asks the policy again in recompute
+#: (PyTorch without ``torch.utils.checkpoint._RECOMPUTE``, 2.12 and older).
+_LISTED_STORAGE = not hasattr(_checkpoint, "_RECOMPUTE")
+
+
+def _compiling(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """SAC's own test for tracing under ``torch.compile`` (it then stores every op)."""
+    check = getattr(_checkpoint, "_is_compiling", None)
+    return bool(check(func, args, kwargs)) if check is not None else False
+
+
+def _written(entry: Any, written: list[Any]) -> bool:
+    """Whether a SAC cache entry holds a tensor in one of the ``written`` storages."""
+    leaves = entry if isinstance(entry, (tuple, list)) else (entry,)
+    return any(isinstance(getattr(leaf, "val", None), Tensor)
+               and any(leaf.val.untyped_storage() is st for st in written)
+               for leaf in leaves)
+
+
 class SavePolicy:
     """A SAC policy: save the outputs of the named ops and op calls, recompute the rest.
 
@@ -180,11 +208,17 @@ class SavePolicy:
         #: How many times each op ran in the forward (not the recompute): what a save
         #: set can name in this region (regions.py checks it once).
         self.seen: dict[str, int] = {}
+        # SAC storage as lists (NOTE [ Saved outputs mutated in place ], last paragraph):
+        # per overload (by id) and phase, calls so far; the forward calls whose outputs sit
+        # in the overload's list, in order; the (overload id, call) pairs taken out.
+        self._calls: dict[bool, dict[int, int]] = {False: {}, True: {}}
+        self._listed: dict[int, list[int]] = {}
+        self._forgotten: set[tuple[int, int]] = set()
 
     def _forget_mutated(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         # NOTE [ Saved outputs mutated in place ].
         recompute = getattr(_checkpoint, "_RECOMPUTE", None)
-        if recompute is None or not isinstance(self.cache, dict):
+        if not isinstance(self.cache, dict):
             return
         written = []
         for i, arg in enumerate(func._schema.arguments):
@@ -196,19 +230,28 @@ class SavePolicy:
                 written.append(value.untyped_storage())
         if not written:
             return
+        if recompute is None:
+            self._forget_listed(written)
+            return
         for entries in self.cache.values():
             if not isinstance(entries, dict):
                 continue
             for idx, entry in entries.items():
-                leaves = entry if isinstance(entry, (tuple, list)) else (entry,)
-                if any(isinstance(getattr(leaf, "val", None), Tensor)
-                       and any(leaf.val.untyped_storage() is st for st in written)
-                       for leaf in leaves):
+                if _written(entry, written):
                     entries[idx] = recompute
 
-    def __call__(self, ctx: Any, func: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
-        if self.cache is not None and func._schema.is_mutable:
-            self._forget_mutated(func, args, kwargs)
+    def _forget_listed(self, written: list[Any]) -> None:
+        """Take mutated entries out of SAC's per-op lists (storage before ``_RECOMPUTE``)."""
+        for key, entries in self.cache.items():
+            listed = self._listed.get(id(key))
+            if not isinstance(entries, list) or listed is None or len(listed) != len(entries):
+                continue  # not one this policy can follow: SAC's own check stays
+            for pos in range(len(entries) - 1, -1, -1):
+                if _written(entries[pos], written):
+                    del entries[pos]
+                    self._forgotten.add((id(key), listed.pop(pos)))
+
+    def _decide(self, ctx: Any, func: Any) -> CheckpointPolicy:
         name = op_name(func)
         if not getattr(ctx, "is_recompute", False):
             self.seen[name] = self.seen.get(name, 0) + 1
@@ -221,6 +264,23 @@ class SavePolicy:
             if (name, index) in self.calls:
                 return CheckpointPolicy.MUST_SAVE
         return CheckpointPolicy.PREFER_RECOMPUTE
+
+    def __call__(self, ctx: Any, func: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+        if (self.cache is not None and func._schema.is_mutable
+                and not getattr(ctx, "is_recompute", False)):  # forward mutations only
+            self._forget_mutated(func, args, kwargs)
+        policy = self._decide(ctx, func)
+        if _LISTED_STORAGE and self.cache is not None and not _compiling(func, args, kwargs):
+            recompute = bool(getattr(ctx, "is_recompute", False))
+            calls = self._calls[recompute]
+            index = calls.get(id(func), 0)
+            calls[id(func)] = index + 1
+            if recompute:
+                if (id(func), index) in self._forgotten:
+                    return CheckpointPolicy.PREFER_RECOMPUTE
+            elif policy == CheckpointPolicy.MUST_SAVE:  # SAC appends the output next
+                self._listed.setdefault(id(func), []).append(index)
+        return policy
 
 
 def make_policy(save_ops: Iterable[str]) -> Callable[..., CheckpointPolicy]:
