@@ -79,6 +79,7 @@ from torch import Tensor
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
 from remat.strategies.dead_ops import dead_op_contexts, skip_dead_ops_enabled, supported
+from remat.strategies.sac_rng import names_random_op, rng_replay
 
 __all__ = [
     "COMPUTE_HEAVY_OPS",
@@ -208,6 +209,8 @@ class SavePolicy:
         #: How many times each op ran in the forward (not the recompute): what a save
         #: set can name in this region (regions.py checks it once).
         self.seen: dict[str, int] = {}
+        #: The decision for the op that runs next (read by sac_rng's forward mode).
+        self.last: CheckpointPolicy | None = None
         # SAC storage as lists (NOTE [ Saved outputs mutated in place ], last paragraph):
         # per overload (by id) and phase, calls so far; the forward calls whose outputs sit
         # in the overload's list, in order; the (overload id, call) pairs taken out.
@@ -280,6 +283,7 @@ class SavePolicy:
                     return CheckpointPolicy.PREFER_RECOMPUTE
             elif policy == CheckpointPolicy.MUST_SAVE:  # SAC appends the output next
                 self._listed.setdefault(id(func), []).append(index)
+        self.last = policy  # NOTE [ Kept random ops and the RNG ] in sac_rng.py
         return policy
 
 
@@ -304,22 +308,33 @@ def sac_context_fn(save_ops: Iterable[str]) -> Callable[[], tuple[Any, Any]]:
         >>> fwd_ctx, recompute_ctx = fn()
     """
     entries = frozenset(save_ops)
+    keeps_random = names_random_op(parse_entry(e)[0] for e in entries)
 
     def context_fn() -> tuple[Any, Any]:
         _learn_verdict(context_fn)
         policy = SavePolicy(entries)
+        compiling = torch.compiler.is_compiling()
         if (context_fn.skips is not False  # type: ignore[attr-defined]
-                and skip_dead_ops_enabled() and supported()
-                and not torch.compiler.is_compiling()):
+                and skip_dead_ops_enabled() and supported() and not compiling):
             forward_ctx, recompute_ctx, policy.ledger = dead_op_contexts(policy)
         else:
             forward_ctx, recompute_ctx = create_selective_checkpoint_contexts(policy)
         policy.cache = getattr(forward_ctx, "storage", None)
         context_fn.last_policy = policy  # type: ignore[attr-defined]
+        # NOTE [ Kept random ops and the RNG ] in sac_rng.py: until a first forward
+        # showed that no kept random op moves a generator.
+        log = context_fn.rng_log  # type: ignore[attr-defined]
+        if log is not None and log.done and not log.matters:
+            context_fn.replays = False  # type: ignore[attr-defined]
+        if keeps_random and context_fn.replays and not compiling:  # type: ignore[attr-defined]
+            forward_ctx, recompute_ctx, context_fn.rng_log = rng_replay(  # type: ignore[attr-defined]
+                forward_ctx, recompute_ctx, policy)
         return forward_ctx, recompute_ctx
 
     context_fn.last_policy = None  # type: ignore[attr-defined]
     context_fn.skips = None  # type: ignore[attr-defined]
+    context_fn.rng_log = None  # type: ignore[attr-defined]
+    context_fn.replays = True  # type: ignore[attr-defined]
     return context_fn
 
 

@@ -1,0 +1,154 @@
+"""Random ops that selective checkpointing keeps: replay the RNG they consumed.
+
+NOTE [ Kept random ops and the RNG ]
+    Non-reentrant checkpointing restores the RNG states the region's forward started
+    from before it recomputes, so a random op recomputed draws what it drew in the
+    forward. A random op whose output SAC keeps is not run again, so the generator is
+    not advanced past it, and every random op recomputed after it draws from an earlier
+    point of the stream than in the forward: a different dropout mask, wrong gradients
+    (a CPU reproduction: ``rand_like`` kept, a later ``rand_like`` recomputed; tests/
+    strategies/test_sac_rng.py). Every fused attention kernel is such an op (tagged
+    ``nondeterministic_seeded``: its dropout draws from the generator), and the default
+    ``ops`` save set keeps attention, so on CUDA, where SDPA with ``dropout_p > 0`` runs
+    the efficient-attention kernel, ``ops`` on a model with attention dropout gave
+    gradient errors of order 1 (seen on an H100, torch 2.11; the same code path in 2.13),
+    as does hand-written SAC with the same save set.
+
+    When a region's save set names a random op, :func:`rng_replay` adds a dispatch mode
+    on top of SAC's two: in the forward it records the state of the op's device
+    generator after each random op; in the recompute it sets that state after the same
+    (k-th) random op, kept or re-run, so whatever follows draws what it drew in the
+    forward. A re-run op leaves the generator where the record says anyway; a kept one
+    no longer leaves it behind. Fake tensors (the planner's measurements) have no
+    generator to follow and are passed through. The mode stays only where it matters:
+    after the region's first forward, a region where no kept random op moved a
+    generator (attention without dropout; dropout recomputed, matmuls kept) gets SAC's
+    contexts alone, like NOTE [ Skipping only where it pays ] in sac.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensor
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+from torch.utils.checkpoint import CheckpointPolicy
+
+__all__ = ["RngLog", "names_random_op", "rng_replay"]
+
+_SEEDED = torch.Tag.nondeterministic_seeded
+
+
+def names_random_op(names: Iterable[str]) -> bool:
+    """Whether any of these op names (``"aten.mm"``) has an overload tagged random."""
+    for name in names:
+        namespace, _, op = name.partition(".")
+        packet = getattr(getattr(torch.ops, namespace, None), op, None)
+        if packet is None:
+            continue
+        for overload in packet.overloads():
+            if _SEEDED in getattr(packet, overload).tags:
+                return True
+    return False
+
+
+def _device_of(args: Any, kwargs: Any, out: Any) -> torch.device | None:
+    for t in tree_leaves((out, args, kwargs)):
+        if isinstance(t, torch.Tensor):
+            return None if isinstance(t, FakeTensor) else t.device
+    return None
+
+
+def _get_state(device: torch.device) -> torch.Tensor:
+    if device.type == "cpu":
+        return torch.get_rng_state()
+    module = torch.get_device_module(device.type)
+    return module.get_rng_state(device)  # type: ignore[no-any-return]
+
+
+def _set_state(device: torch.device, state: torch.Tensor) -> None:
+    if device.type == "cpu":
+        torch.set_rng_state(state)
+    else:
+        torch.get_device_module(device.type).set_rng_state(state, device)
+
+
+@dataclass
+class RngLog:
+    """The generator states after each random op of one region's forward."""
+
+    states: list[tuple[torch.device, torch.Tensor] | None] = field(default_factory=list)
+    matters: bool = False  # a random op the policy kept advanced its generator
+    done: bool = False  # the forward has ended
+
+
+class _Record(TorchDispatchMode):
+    def __init__(self, log: RngLog, policy: Any) -> None:
+        super().__init__()
+        self.log = log
+        self.policy = policy
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        kwargs = kwargs or {}
+        if _SEEDED not in func.tags:
+            return func(*args, **kwargs)
+        device = _device_of(args, kwargs, None)
+        before = _get_state(device) if device is not None else None
+        out = func(*args, **kwargs)
+        if device is None or before is None:
+            self.log.states.append(None)
+            return out
+        after = _get_state(device)
+        if getattr(self.policy, "last", None) == CheckpointPolicy.MUST_SAVE:
+            self.log.matters |= not torch.equal(before, after)
+        self.log.states.append((device, after))
+        return out
+
+
+class _Replay(TorchDispatchMode):
+    def __init__(self, log: RngLog) -> None:
+        super().__init__()
+        self.log = log
+        self.index = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        out = func(*args, **(kwargs or {}))
+        if _SEEDED in func.tags:
+            k, self.index = self.index, self.index + 1
+            if k < len(self.log.states) and (entry := self.log.states[k]) is not None:
+                _set_state(*entry)
+        return out
+
+
+@contextlib.contextmanager
+def _stacked(inner: Any, mode: TorchDispatchMode, log: RngLog | None = None) -> Iterator[None]:
+    with inner, mode:  # the mode on top of SAC's: it sees each op first, SAC runs it
+        yield
+    if log is not None:
+        log.done = True
+
+
+def rng_replay(forward_ctx: Any, recompute_ctx: Any, policy: Any) -> tuple[Any, Any, RngLog]:
+    """SAC's two contexts with NOTE [ Kept random ops and the RNG ]'s modes on top.
+
+    Args:
+        forward_ctx: SAC's forward context (its caching mode).
+        recompute_ctx: SAC's recompute context.
+        policy: the region call's policy; its ``last`` decision says whether SAC keeps
+            the op that just ran.
+
+    Returns:
+        The forward context, the recompute context and the region call's log (whose
+        ``matters`` says, once ``done``, whether a kept random op moved a generator).
+
+    Example:
+        >>> fwd, rec, log = rng_replay(*create_selective_checkpoint_contexts(policy), policy)
+    """
+    log = RngLog()
+    return (_stacked(forward_ctx, _Record(log, policy), log),
+            _stacked(recompute_ctx, _Replay(log)), log)
