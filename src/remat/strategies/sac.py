@@ -321,10 +321,10 @@ def sac_context_fn(save_ops: Iterable[str]) -> Callable[[], tuple[Any, Any]]:
             forward_ctx, recompute_ctx = create_selective_checkpoint_contexts(policy)
         policy.cache = getattr(forward_ctx, "storage", None)
         context_fn.last_policy = policy  # type: ignore[attr-defined]
-        # NOTE [ Kept random ops and the RNG ] in sac_rng.py: until a first forward
-        # showed that no kept random op moves a generator.
+        # NOTE [ Kept random ops and the RNG ] in sac_rng.py: until a first call showed
+        # that no kept random op moves a generator.
         log = context_fn.rng_log  # type: ignore[attr-defined]
-        if log is not None and log.done and not log.matters:
+        if log is not None and log.settled_without_replay():
             context_fn.replays = False  # type: ignore[attr-defined]
         if keeps_random and context_fn.replays and not compiling:  # type: ignore[attr-defined]
             forward_ctx, recompute_ctx, context_fn.rng_log = rng_replay(  # type: ignore[attr-defined]

@@ -16,14 +16,16 @@ NOTE [ Kept random ops and the RNG ]
 
     When a region's save set names a random op, :func:`rng_replay` adds a dispatch mode
     on top of SAC's two: in the forward it records the state of the op's device
-    generator after each random op; in the recompute it sets that state after the same
-    (k-th) random op, kept or re-run, so whatever follows draws what it drew in the
-    forward. A re-run op leaves the generator where the record says anyway; a kept one
-    no longer leaves it behind. Fake tensors (the planner's measurements) have no
-    generator to follow and are passed through. The mode stays only where it matters:
-    after the region's first forward, a region where no kept random op moved a
-    generator (attention without dropout; dropout recomputed, matmuls kept) gets SAC's
-    contexts alone, like NOTE [ Skipping only where it pays ] in sac.py.
+    generator after each random op the policy keeps; in the recompute it sets that
+    state after the same (k-th) random op, so whatever follows draws what it drew in
+    the forward. A random op re-run needs nothing: the generator is right before it, so
+    after it too. Fake tensors (the planner's measurements) have no generator to follow
+    and are passed through. The CPU state is a 5056-byte tensor taken through
+    ``torch.get_rng_state``, so the tracker counts it (NOTE [ RNG states saved by
+    checkpoint ] in measure/outside.py). The mode stays only where it matters: a region
+    whose first forward kept no random op, or whose first recompute found every kept
+    one had left its generator where it was (attention without dropout), gets SAC's
+    contexts alone from then on, like NOTE [ Skipping only where it pays ] in sac.py.
 """
 
 from __future__ import annotations
@@ -35,13 +37,14 @@ from typing import Any
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils._pytree import tree_leaves
 from torch.utils.checkpoint import CheckpointPolicy
 
 __all__ = ["RngLog", "names_random_op", "rng_replay"]
 
 _SEEDED = torch.Tag.nondeterministic_seeded
+_KEPT = CheckpointPolicy.MUST_SAVE
 
 
 def names_random_op(names: Iterable[str]) -> bool:
@@ -80,11 +83,18 @@ def _set_state(device: torch.device, state: torch.Tensor) -> None:
 
 @dataclass
 class RngLog:
-    """The generator states after each random op of one region's forward."""
+    """One region call: the generator state after each random op the policy kept."""
 
-    states: list[tuple[torch.device, torch.Tensor] | None] = field(default_factory=list)
-    matters: bool = False  # a random op the policy kept advanced its generator
-    done: bool = False  # the forward has ended
+    states: dict[int, tuple[torch.device, torch.Tensor]] = field(default_factory=dict)
+    forward_done: bool = False
+    recompute_done: bool = False
+    matters: bool = False  # in the recompute, a kept random op had moved its generator
+
+    def settled_without_replay(self) -> bool:
+        """The region's random ops need no replay: none kept, or none of those moved."""
+        if self.forward_done and not self.states:
+            return True
+        return self.recompute_done and not self.matters
 
 
 class _Record(TorchDispatchMode):
@@ -92,21 +102,16 @@ class _Record(TorchDispatchMode):
         super().__init__()
         self.log = log
         self.policy = policy
+        self.index = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         kwargs = kwargs or {}
-        if _SEEDED not in func.tags:
-            return func(*args, **kwargs)
-        device = _device_of(args, kwargs, None)
-        before = _get_state(device) if device is not None else None
         out = func(*args, **kwargs)
-        if device is None or before is None:
-            self.log.states.append(None)
-            return out
-        after = _get_state(device)
-        if getattr(self.policy, "last", None) == CheckpointPolicy.MUST_SAVE:
-            self.log.matters |= not torch.equal(before, after)
-        self.log.states.append((device, after))
+        if _SEEDED in func.tags:
+            k, self.index = self.index, self.index + 1
+            device = _device_of(args, kwargs, out)
+            if device is not None and getattr(self.policy, "last", None) == _KEPT:
+                self.log.states[k] = (device, _get_state(device))
         return out
 
 
@@ -120,17 +125,22 @@ class _Replay(TorchDispatchMode):
         out = func(*args, **(kwargs or {}))
         if _SEEDED in func.tags:
             k, self.index = self.index, self.index + 1
-            if k < len(self.log.states) and (entry := self.log.states[k]) is not None:
-                _set_state(*entry)
+            entry = self.log.states.get(k)
+            if entry is not None:  # kept: the generator is where the op found it
+                device, state = entry
+                with _disable_current_modes():  # not an op of the region
+                    self.log.matters |= not torch.equal(_get_state(device), state)
+                _set_state(device, state)
         return out
 
 
 @contextlib.contextmanager
-def _stacked(inner: Any, mode: TorchDispatchMode, log: RngLog | None = None) -> Iterator[None]:
-    with inner, mode:  # the mode on top of SAC's: it sees each op first, SAC runs it
-        yield
-    if log is not None:
-        log.done = True
+def _stacked(inner: Any, mode: TorchDispatchMode, log: RngLog, attr: str) -> Iterator[None]:
+    try:
+        with inner, mode:  # the mode on top of SAC's: it sees each op first, SAC runs it
+            yield
+    finally:  # a recompute stops early by raising once backward has what it needs
+        setattr(log, attr, True)
 
 
 def rng_replay(forward_ctx: Any, recompute_ctx: Any, policy: Any) -> tuple[Any, Any, RngLog]:
@@ -144,11 +154,11 @@ def rng_replay(forward_ctx: Any, recompute_ctx: Any, policy: Any) -> tuple[Any, 
 
     Returns:
         The forward context, the recompute context and the region call's log (whose
-        ``matters`` says, once ``done``, whether a kept random op moved a generator).
+        ``settled_without_replay()`` says whether later calls can do without it).
 
     Example:
         >>> fwd, rec, log = rng_replay(*create_selective_checkpoint_contexts(policy), policy)
     """
     log = RngLog()
-    return (_stacked(forward_ctx, _Record(log, policy), log),
-            _stacked(recompute_ctx, _Replay(log)), log)
+    return (_stacked(forward_ctx, _Record(log, policy), log, "forward_done"),
+            _stacked(recompute_ctx, _Replay(log), log, "recompute_done"), log)
