@@ -9,6 +9,7 @@ import importlib.util
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 import torch
@@ -38,15 +39,20 @@ def _region(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 @pytest.mark.parametrize("save_ops", [{"aten.mm"}, {"aten.mm#0"}])
 def test_mutated_saved_output_is_recomputed(save_ops: set[str]) -> None:
+    # Raised "Tensor cached during selective activation checkpoint has been mutated"
+    # before the fix.
+    _assert_checkpointed_grads_equal(_region, sac_context_fn(save_ops))
+
+
+def _assert_checkpointed_grads_equal(fn: Any, context_fn: Any) -> None:
+    """``fn(x, w)``'s gradients, checkpointed with ``context_fn``, equal the plain ones."""
     torch.manual_seed(0)
     x = torch.randn(4, 8, requires_grad=True)
     w = torch.randn(8, 8, requires_grad=True)
-    _region(x, w).backward()
+    fn(x, w).backward()
     expected = (x.grad.clone(), w.grad.clone())  # type: ignore[union-attr]
     x.grad = w.grad = None
-    loss = checkpoint(_region, x, w, use_reentrant=False, context_fn=sac_context_fn(save_ops))
-    loss.backward()  # raised "Tensor cached during selective activation checkpoint has been
-    # mutated" before the fix
+    checkpoint(fn, x, w, use_reentrant=False, context_fn=context_fn).backward()
     assert torch.equal(x.grad, expected[0]) and torch.equal(w.grad, expected[1])  # type: ignore[arg-type]
 
 
@@ -64,16 +70,8 @@ def test_a_mutated_call_between_saved_calls_of_the_same_op(save_ops: set[str]) -
     # Before torch.utils.checkpoint._RECOMPUTE, SAC keeps one list per op, popped in order
     # in recompute: the mutated entry must leave the list and its call be recomputed, or the
     # calls after it get the wrong cached outputs.
-    torch.manual_seed(0)
-    x = torch.randn(4, 8, requires_grad=True)
-    w = torch.randn(8, 8, requires_grad=True)
-    _three_mms(x, w).backward()
-    expected = (x.grad.clone(), w.grad.clone())  # type: ignore[union-attr]
-    x.grad = w.grad = None
     context_fn = sac_context_fn(save_ops)
-    loss = checkpoint(_three_mms, x, w, use_reentrant=False, context_fn=context_fn)
-    loss.backward()
-    assert torch.equal(x.grad, expected[0]) and torch.equal(w.grad, expected[1])  # type: ignore[arg-type]
+    _assert_checkpointed_grads_equal(_three_mms, context_fn)
     assert context_fn.last_policy.seen["aten.mm"] == 3  # type: ignore[attr-defined]
 
 
