@@ -313,7 +313,9 @@ def sac_context_fn(save_ops: Iterable[str]) -> Callable[[], tuple[Any, Any]]:
     def context_fn() -> tuple[Any, Any]:
         _learn_verdict(context_fn)
         policy = SavePolicy(entries)
-        compiling = torch.compiler.is_compiling()
+        # Dynamo's own flag, or AOTAutograd tracing the region (torch 2.11 calls
+        # context_fn there with the flag down): SAC's contexts must stay modes alone.
+        compiling = torch.compiler.is_compiling() or _compiling(None, (), {})
         if (context_fn.skips is not False  # type: ignore[attr-defined]
                 and skip_dead_ops_enabled() and supported() and not compiling):
             forward_ctx, recompute_ctx, policy.ledger = dead_op_contexts(policy)
