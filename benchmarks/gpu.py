@@ -48,6 +48,7 @@ from remat.devices import get_device
 from remat.measure import roofline_ms
 from remat.measure.timing import time_step
 from remat.models import build_model, make_batch
+from remat.planning.candidates import offload_exposed_ms
 from remat.planning.cost import step_ms
 from remat.strategies import preserved_strategy
 from remat.units import format_bytes
@@ -83,6 +84,14 @@ def _peak_and_ms(model: torch.nn.Module, batch: Any, optimizer: torch.optim.Opti
         times = time_step(model, batch, optimizer=optimizer, repeats=repeats)
         peak = remat.profile(model, batch, optimizer=optimizer, timing=False).peak_bytes
     return peak, times.step_ms
+
+
+def _simulated(model: torch.nn.Module, batch: Any, optimizer: torch.optim.Optimizer,
+               strategy: Any) -> Any:
+    """The simulated profile of a step with ``strategy`` applied (the model restored)."""
+    with preserved_strategy(model):
+        remat.apply(model, strategy)
+        return remat.profile(model, batch, optimizer=optimizer, simulate=True)
 
 
 def _host_link_bytes_per_s(device: torch.device, nbytes: int = 2**30,
@@ -121,14 +130,11 @@ def run(*, preset: str, batch_size: int, seq: int | None, cap_bytes: int | None,
     tokens = batch_size * int(next(iter(batch.values())).shape[-1]) \
         if isinstance(batch, dict) else batch_size
 
-    started = time.perf_counter()
-    none_prof = remat.profile(model, batch, optimizer=optimizer, simulate=True)
-    none_sim = none_prof.peak_bytes
+    sims = {name: _simulated(model, batch, optimizer, name) for name in ("none", "full")}
+    none_prof = sims["none"]
     if cap_bytes is None:  # half-way between full and none
-        with preserved_strategy(model):
-            remat.apply(model, "full")
-            full_sim = remat.profile(model, batch, optimizer=optimizer, simulate=True)
-        cap_bytes = (full_sim.peak_bytes + none_sim) // 2
+        cap_bytes = (sims["full"].peak_bytes + none_prof.peak_bytes) // 2
+    started = time.perf_counter()
     plan = remat.plan(model, batch, optimizer=optimizer, budget=cap_bytes)
     plan_s = time.perf_counter() - started
 
@@ -136,10 +142,10 @@ def run(*, preset: str, batch_size: int, seq: int | None, cap_bytes: int | None,
     rows: list[Row] = []
     for name in ("none", "full", "plan"):
         strategy: Any = plan if name == "plan" else name
+        sim = sims.get(name) or _simulated(model, batch, optimizer, strategy)
+        predicted = plan.predicted_peak_bytes if name == "plan" else sim.peak_bytes
         with preserved_strategy(model):
             remat.apply(model, strategy)
-            sim = remat.profile(model, batch, optimizer=optimizer, simulate=True)
-            predicted = plan.predicted_peak_bytes if name == "plan" else sim.peak_bytes
             peak, ms = _peak_and_ms(model, batch, optimizer, device, repeats)
         rows.append(Row(name, predicted, peak,
                         plan.predicted_step_ms if name == "plan" else None,
@@ -148,13 +154,12 @@ def run(*, preset: str, batch_size: int, seq: int | None, cap_bytes: int | None,
     offload: dict[str, Any] = {"skipped": "no CUDA (dry run)"}
     if cuda:
         link = _host_link_bytes_per_s(device)
+        offload_prof = _simulated(model, batch, optimizer, "offload")
+        moved = none_prof.activation_bytes - offload_prof.activation_bytes
         with preserved_strategy(model):
             remat.apply(model, "offload")
-            offload_prof = remat.profile(model, batch, optimizer=optimizer, simulate=True)
-            moved = none_prof.activation_bytes - offload_prof.activation_bytes
             offload_peak, offload_ms = _peak_and_ms(model, batch, optimizer, device, repeats)
         none_ms = rows[0].measured_step_ms
-        transfer_ms = moved / spec.host_link_bytes_per_s * 1e3
         forward_ms = roofline_ms(none_prof.ops, spec, phases=("forward",))
         measured_link = min(link.values())
         copy_ms = 2 * moved / measured_link * 1e3
@@ -166,8 +171,7 @@ def run(*, preset: str, batch_size: int, seq: int | None, cap_bytes: int | None,
             "link_h2d_gb_per_s": link["h2d"] / 1e9,
             "spec_link_gb_per_s": spec.host_link_bytes_per_s / 1e9,
             "none_step_ms": none_ms, "offload_step_ms": offload_ms,
-            "predicted_offload_step_ms": none_ms + max(transfer_ms - forward_ms, 0.0)
-            + transfer_ms,
+            "predicted_offload_step_ms": none_ms + offload_exposed_ms(moved, forward_ms, spec),
             "copy_ms": copy_ms,
             "overlap": None if overlap is None else min(1.0, max(0.0, overlap)),
         }

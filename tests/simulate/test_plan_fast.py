@@ -58,6 +58,14 @@ def _compare_plans(fast: Any, exact: Any) -> None:
                                 abs_tol=1e-12), f"plan at batch {b}: {key}"
 
 
+def _first_case_only(case: tuple[str, dict[str, Any], Any, Any]) -> tuple[str, dict[str, Any], Any]:
+    """``(preset, kwargs, exact)`` of the first case; the others skip (one model is enough)."""
+    preset, kwargs, _, exact = case
+    if preset != CASES[0][0]:
+        pytest.skip("one model is enough")
+    return preset, kwargs, exact
+
+
 def _count_exact_rows(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     calls: list[int] = []
     real = planned._plan_row
@@ -112,9 +120,7 @@ def test_fast_plan_rows_under_ddp_equal_exact() -> None:
 
 def test_windows_off_the_pattern_fall_back_to_the_exact_path(
         case: tuple[str, dict[str, Any], Any, Any], monkeypatch: pytest.MonkeyPatch) -> None:
-    preset, kwargs, _, exact = case
-    if preset != CASES[0][0]:
-        pytest.skip("one model is enough")
+    preset, kwargs, exact = _first_case_only(case)
     kwargs = {**kwargs, "batch_sizes": [8]}
     calls = _count_exact_rows(monkeypatch)
     failed: list[int] = []
@@ -130,9 +136,7 @@ def test_windows_off_the_pattern_fall_back_to_the_exact_path(
 
 def test_runs_that_do_not_line_up_are_measured(case: tuple[str, dict[str, Any], Any, Any],
                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    preset, kwargs, _, exact = case
-    if preset != CASES[0][0]:
-        pytest.skip("one model is enough")
+    preset, kwargs, exact = _first_case_only(case)
     calls = _count_exact_rows(monkeypatch)
     measured: list[Any] = []
     real_run_block = plan_fast.run_block
@@ -215,9 +219,7 @@ def test_each_size_is_confirmed_alone_where_the_largest_lacks_a_choice(
         case: tuple[str, dict[str, Any], Any, Any], monkeypatch: pytest.MonkeyPatch) -> None:
     """NOTE [ Fast plan rows ] 4: the choices are confirmed at once at the largest size,
     or, where it did not measure them all, each size on its own."""
-    preset, kwargs, _, exact = case
-    if preset != CASES[0][0]:
-        pytest.skip("one model is enough")
+    preset, kwargs, exact = _first_case_only(case)
     calls = _count_exact_rows(monkeypatch)
     confirmed: list[int] = []
     real = plan_fast._confirmed

@@ -74,6 +74,7 @@ __all__ = [
     "Candidate",
     "RunBlock",
     "measure_groups",
+    "offload_exposed_ms",
     "parts_label",
     "prune_candidates",
 ]
@@ -217,9 +218,20 @@ def _offload_exposed_ms(run: BlockRun, base: BlockRun, device: DeviceSpec) -> fl
         forward kernels can hide.
     """
     moved = max(base.saved_bytes - run.saved_bytes, 0)
-    transfer_ms = moved / device.host_link_bytes_per_s * 1e3
     fwd_ms = sum(op_roofline_ms(op, device) for op in base.ops if op.phase == "forward")
-    return max(transfer_ms - fwd_ms, 0.0) + transfer_ms
+    return offload_exposed_ms(moved, fwd_ms, device)
+
+
+def offload_exposed_ms(moved_bytes: int, forward_ms: float, device: DeviceSpec) -> float:
+    """Step time that offloading ``moved_bytes`` adds (NOTE [ Offload copies in the step
+    time ]): the copy out beyond ``forward_ms`` of forward kernels, plus the copy back.
+
+    Example:
+        >>> offload_exposed_ms(2**30, 5.0, get_device("h100-80gb"))  # 19.5 ms each way
+        34.04...
+    """
+    transfer_ms = moved_bytes / device.host_link_bytes_per_s * 1e3
+    return max(transfer_ms - forward_ms, 0.0) + transfer_ms
 
 
 def prune_candidates(candidates: Sequence[Candidate]) -> list[Candidate]:

@@ -73,12 +73,11 @@ class _Region:
 
     device: torch.device
     asynchronous: bool
-    kept: set[StorageWeakRef | None]  # the storages of the region's parameters and buffers
+    kept: set[StorageWeakRef]  # the storages of the region's parameters and buffers
     held: dict[int, torch.Tensor] = field(default_factory=dict)  # id -> device tensor
     host: dict[int, torch.Tensor] = field(default_factory=dict)  # id -> host copy
     uses: dict[int, int] = field(default_factory=dict)  # id -> packs not yet unpacked
     back: dict[int, torch.Tensor] | None = None  # id -> device copy, after the first unpack
-    copied: Any = None  # the side stream's event after the copies out
 
     def pack(self, t: torch.Tensor) -> Any:
         if self._keep(t):
@@ -110,8 +109,7 @@ class _Region:
     def close(self) -> None:
         """Region end: wait for the copies out, then let the device tensors go."""
         if self.asynchronous and self.held:
-            self.copied = _side_stream(self.device).record_event()
-            self.copied.synchronize()
+            _side_stream(self.device).record_event().synchronize()
         self.held.clear()
 
     def unpack(self, key: int) -> torch.Tensor:
@@ -172,7 +170,8 @@ def offloading(module: nn.Module, device: torch.device, *, fake: bool) -> Iterat
         ...     out = block(x)
     """
     asynchronous = not fake and device.type == "cuda"
-    kept = {_storage(t) for t in (*module.parameters(), *module.buffers())} - {None}
+    kept = {ref for t in (*module.parameters(), *module.buffers())
+            if (ref := _storage(t)) is not None}
     region = _Region(device, asynchronous, kept)
     try:
         with torch.autograd.graph.saved_tensors_hooks(region.pack, _unpack):

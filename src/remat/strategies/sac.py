@@ -301,7 +301,9 @@ def sac_context_fn(save_ops: Iterable[str]) -> Callable[[], tuple[Any, Any]]:
     recompute ] in dead_ops.py) unless :func:`~remat.strategies.dead_ops.skipping_dead_ops`
     turned it off, and only in regions where it pays (NOTE [ Skipping only where it
     pays ]): ``context_fn.skips`` is ``None`` until the region's first recompute, then
-    whether that recompute skipped any op.
+    whether that recompute skipped any op. A save set naming a random op also replays the
+    generator states the kept ones leave (NOTE [ Kept random ops and the RNG ] in
+    sac_rng.py) until ``context_fn.replays`` turns False.
 
     Example:
         >>> fn = sac_context_fn({"aten.mm"})
@@ -323,11 +325,6 @@ def sac_context_fn(save_ops: Iterable[str]) -> Callable[[], tuple[Any, Any]]:
             forward_ctx, recompute_ctx = create_selective_checkpoint_contexts(policy)
         policy.cache = getattr(forward_ctx, "storage", None)
         context_fn.last_policy = policy  # type: ignore[attr-defined]
-        # NOTE [ Kept random ops and the RNG ] in sac_rng.py: until a first call showed
-        # that no kept random op moves a generator.
-        log = context_fn.rng_log  # type: ignore[attr-defined]
-        if log is not None and log.settled_without_replay():
-            context_fn.replays = False  # type: ignore[attr-defined]
         if keeps_random and context_fn.replays and not compiling:  # type: ignore[attr-defined]
             forward_ctx, recompute_ctx, context_fn.rng_log = rng_replay(  # type: ignore[attr-defined]
                 forward_ctx, recompute_ctx, policy)
@@ -342,7 +339,12 @@ def sac_context_fn(save_ops: Iterable[str]) -> Callable[[], tuple[Any, Any]]:
 
 def _learn_verdict(context_fn: Any) -> None:
     """NOTE [ Skipping only where it pays ]: after the first recompute of a region, set
-    ``context_fn.skips`` to whether that recompute skipped anything."""
+    ``context_fn.skips`` to whether that recompute skipped anything; and ``replays`` to
+    False once a call showed the RNG replay is not needed (NOTE [ Kept random ops and the
+    RNG ] in sac_rng.py)."""
+    log = context_fn.rng_log  # NOTE [ Kept random ops and the RNG ] in sac_rng.py
+    if log is not None and log.settled_without_replay():
+        context_fn.replays = False
     if context_fn.skips is not None:
         return
     ledger = getattr(context_fn.last_policy, "ledger", None)
