@@ -130,11 +130,11 @@ def run(*, preset: str, batch_size: int, seq: int | None, cap_bytes: int | None,
     tokens = batch_size * int(next(iter(batch.values())).shape[-1]) \
         if isinstance(batch, dict) else batch_size
 
+    started = time.perf_counter()  # plan_s: the two simulated steps and remat.plan
     sims = {name: _simulated(model, batch, optimizer, name) for name in ("none", "full")}
     none_prof = sims["none"]
     if cap_bytes is None:  # half-way between full and none
         cap_bytes = (sims["full"].peak_bytes + none_prof.peak_bytes) // 2
-    started = time.perf_counter()
     plan = remat.plan(model, batch, optimizer=optimizer, budget=cap_bytes)
     plan_s = time.perf_counter() - started
 
