@@ -140,6 +140,45 @@ def test_an_output_a_cached_op_saves_for_backward_is_recomputed() -> None:
     assert {"aten.mul", "aten.add"} <= set(ops_on.computed())
 
 
+class Heads(nn.Module):
+    """A projection viewed into heads, then ``act``; the shape Llama's attention has."""
+
+    def __init__(self, act: Callable[[Tensor], Tensor]) -> None:
+        super().__init__()
+        self.q, self.act = nn.Linear(8, 8, bias=False), act
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.act(self.q(x).view(4, 2, 4).transpose(0, 1)).sum(0)
+
+
+def _rotary(q: Tensor) -> Tensor:
+    return (q * 2.0 + torch.cat((-q[..., 2:], q[..., :2]), dim=-1)).square()
+
+
+def test_a_projection_whose_views_feed_only_dead_ops_is_skipped() -> None:
+    # With the rotary add cached, the mul, neg and cat before it are dead, and the
+    # views of the projection run on a placeholder: the matmul is dead too (item 5).
+    torch.manual_seed(0)
+    module, x = Heads(_rotary), torch.randn(4, 8, requires_grad=True)
+    reference = _grads(module, x)
+    on, ops_on, skipped = _run(module, x, {"aten.add"}, skip=True)
+    off, ops_off, _ = _run(module, x, {"aten.add"}, skip=False)
+    _assert_same(on, reference)
+    _assert_same(off, reference)
+    assert skipped == 4
+    assert "aten.mm" in ops_off.computed() and "aten.mm" not in ops_on.computed()
+
+
+def test_a_view_autograd_saves_keeps_its_base_live() -> None:
+    # sin saves its input, a view of the projection: the matmul must run again.
+    torch.manual_seed(0)
+    module, x = Heads(torch.sin), torch.randn(4, 8, requires_grad=True)
+    reference = _grads(module, x)
+    on, ops_on, skipped = _run(module, x, {"aten.sin"}, skip=True)
+    _assert_same(on, reference)
+    assert skipped == 0 and "aten.mm" in ops_on.computed()
+
+
 def test_random_ops_in_a_dead_chain_still_run_so_later_masks_match() -> None:
     torch.manual_seed(0)
     mlp = Mlp(act=lambda h: torch.tanh(nn.functional.dropout(h, 0.3) * 2.0) * h, dropout=0.2)
@@ -246,8 +285,8 @@ def test_any_save_set_gives_the_same_gradients_with_skipping_on_and_off(
         calls: set[int], names: set[str]) -> None:
     save = {call_entry("aten.mul", i) for i in calls} | names
 
-    def act(h: Tensor) -> Tensor:  # gelu_new, then an RMSNorm
-        g = gelu_new(h)
+    def act(h: Tensor) -> Tensor:  # gelu_new on heads (views), then an RMSNorm
+        g = gelu_new(h.view(4, 4, 8).transpose(1, 2)).transpose(1, 2).reshape(4, 32)
         return g * torch.rsqrt(g.pow(2).mean(-1, keepdim=True) + 1e-6)
 
     torch.manual_seed(0)

@@ -45,6 +45,15 @@ NOTE [ Dead ops in recompute ]
        tensor without storage, a PyTorch whose SAC internals differ (storage
        entries by call index, ``_RECOMPUTE``). Under ``torch.compile`` stock
        SAC contexts are used (AOT's partitioner decides recompute there).
+    5. Views run but pass liveness on only when used. A pure view (schema alias,
+       nothing written, or an op whose outputs all share an input's storage, such
+       as ``_unsafe_view``) costs nothing and is never skipped, but it needs its
+       input's *values* only if its own output is packed, escapes, or is read by a
+       live call. Otherwise it runs on the placeholder of a dead input (same
+       size, stride and dtype, so the view's metadata is the same). Llama's
+       ``q_proj(x).view(...).transpose(1, 2)`` feeds only the rotary embedding; with
+       the rotary output cached the projection is dead, where before its view kept
+       it live.
     Values read outside the dispatcher (``Tensor.numpy()``, ``tolist()`` on CPU)
     are invisible to the ledger; a region that branches on such a value of an
     op it would skip must turn skipping off (:func:`skipping_dead_ops`).
@@ -124,9 +133,20 @@ def _skippable_kind(func: Any) -> bool:
                    or "Generator" in str(a.type) for a in schema.arguments)
 
 
+def _view_kind(func: Any) -> bool:
+    """A pure view (item 5 of NOTE [ Dead ops in recompute ]): every output aliases an
+    input, nothing is written, nothing random."""
+    schema = func._schema
+    if (getattr(func, "namespace", None) != "aten" or schema.is_mutable or not schema.returns
+            or torch.Tag.nondeterministic_seeded in func.tags):
+        return False
+    return all(r.alias_info is not None and not r.alias_info.is_write
+               and str(r.type) == "Tensor" for r in schema.returns)
+
+
 # What the forward's ledger does with an op (by ``id`` of the overload: hashing an
 # OpOverload runs Python code).
-_LIVE, _SKIPPABLE, _METADATA, _UNKNOWN = 0, 1, 2, 3
+_LIVE, _SKIPPABLE, _METADATA, _UNKNOWN, _VIEW = 0, 1, 2, 3, 4
 
 
 def _kind(func: Any) -> int:
@@ -137,15 +157,17 @@ def _kind(func: Any) -> int:
         elif not isinstance(func, torch._ops.OpOverload):
             kind = _UNKNOWN  # a higher-order op: SAC keys it differently
         else:
-            kind = _SKIPPABLE if _skippable_kind(func) else _LIVE
+            kind = (_SKIPPABLE if _skippable_kind(func)
+                    else _VIEW if _view_kind(func) else _LIVE)
         _kinds[id(func)] = kind
     return kind
 
 
 def classify(func: Any) -> str:
-    """How the forward's ledger treats ``func``: ``"skippable"``, ``"live"`` (never
-    skipped), ``"metadata"`` (not recorded) or ``"unknown"`` (turns skipping off)."""
-    return ("live", "skippable", "metadata", "unknown")[_kind(func)]
+    """How the forward's ledger treats ``func``: ``"skippable"``, ``"view"`` (runs, but
+    needs its input only if its own output is needed), ``"live"`` (never skipped),
+    ``"metadata"`` (not recorded) or ``"unknown"`` (turns skipping off)."""
+    return ("live", "skippable", "metadata", "unknown", "view")[_kind(func)]
 
 
 class _Placeholder:
@@ -186,6 +208,7 @@ class Ledger:
         self.producer: dict[int, int] = {}  # storage id -> the op call that wrote it last
         self.packed: set[int] = set()
         self.escaped: set[int] = set()
+        self.views: set[int] = set()  # calls whose outputs all alias their inputs (item 5)
         self.broken = False
         self.finished = False
         self.skipped = 0
@@ -222,8 +245,11 @@ class Ledger:
         self._hooks = self._pack = None
 
     def record(self, skippable: bool, key: Any, index: int, args: tuple[Any, ...],
-               kwargs: dict[str, Any], out: Any) -> None:
-        """Note one op call of the forward (item 1 of the NOTE); kept lean, it runs per op."""
+               kwargs: dict[str, Any], out: Any, *, view: bool = False) -> None:
+        """Note one op call of the forward (item 1 of the NOTE); kept lean, it runs per op.
+
+        ``view``: the op is a pure view by its schema (item 5); skippable ops whose
+        outputs all alias an input (``_unsafe_view``) count as views too."""
         top = _top_hooks(False)
         if top is None or top[0] is not self._pack:
             self.broken = True  # item 4: someone else's saved-tensors hook
@@ -244,12 +270,16 @@ class Ledger:
                 read[p] = True
         single = isinstance(out, Tensor)
         meta: Any = [] if skippable else None
+        aliased = view or skippable
         for t in (out,) if single else out if isinstance(out, (tuple, list)) else ():
             if not isinstance(t, Tensor):
                 meta = None
+                aliased = False
                 continue
             st = t.untyped_storage()._cdata
             producer[st] = call
+            if aliased and st not in inputs:
+                aliased = False
             if meta is not None:
                 if (st in inputs or t.layout != torch.strided or t.storage_offset() != 0
                         or (type(t) is not Tensor and not isinstance(t, FakeTensor))):
@@ -259,6 +289,8 @@ class Ledger:
                                  getattr(t, "fake_mode", None)))
         if not meta or not (single or isinstance(out, tuple)):
             meta = None
+        if aliased and (single or isinstance(out, tuple)) and out is not None:
+            self.views.add(call)
         self.calls.append((key, index, reads, None if meta is None else (single, meta)))
         read.append(False)
 
@@ -280,8 +312,11 @@ class Ledger:
             if cached(call):
                 continue  # not run: makes nothing live
             key, _, reads, meta = self.calls[call]
-            if (meta is None or key is None or needed[call] or call in self.packed
-                    or call in self.escaped or not self.read[call]):
+            used = (needed[call] or call in self.packed or call in self.escaped
+                    or not self.read[call])
+            if call in self.views and key is not None and not used:
+                continue  # runs, on whatever its input is (item 5)
+            if meta is None or key is None or used:
                 for p in reads:
                     needed[p] = True
             else:
@@ -306,7 +341,7 @@ class Ledger:
                 storage[key][index] = _placeholders(meta)
                 self.skipped += 1
         self.calls, self.read = [], []
-        self.producer, self.packed, self.escaped = {}, set(), set()
+        self.producer, self.packed, self.escaped, self.views = {}, set(), set(), set()
 
 
 if supported():
@@ -351,7 +386,8 @@ if supported():
                 key, index = func, self.counts.get(id(func), 0)
                 self.counts[id(func)] = index + 1
             try:
-                ledger.record(kind == _SKIPPABLE, key, index, args, kwargs, out)
+                ledger.record(kind == _SKIPPABLE, key, index, args, kwargs, out,
+                              view=kind == _VIEW)
             except Exception:  # e.g. a tensor without storage (item 4)
                 ledger.broken = True
             return out

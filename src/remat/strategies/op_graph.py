@@ -68,7 +68,8 @@ class _Recorder(TorchDispatchMode):
         index = self.counts.get(name, 0)
         self.counts[name] = index + 1
         try:
-            self.ledger.record(kind == "skippable", name, index, args, kwargs, out)
+            self.ledger.record(kind == "skippable", name, index, args, kwargs, out,
+                               view=kind == "view")
         except Exception:  # what the recompute's ledger gives up on (tensors without storage)
             self.ledger.broken = True
         return out
@@ -90,6 +91,7 @@ def _region(ledger: Ledger, start: int, end: int) -> OpGraph:
                 if call >= end:
                     part.escaped.add(p - start)
     part.packed = {c - start for c in ledger.packed if start <= c < end}
+    part.views = {c - start for c in ledger.views if start <= c < end}
     part.escaped |= {c - start for c in ledger.escaped if start <= c < end}
     return OpGraph(part)
 

@@ -24,6 +24,7 @@ from remat.strategies.decision import BlockDecision
 from remat.strategies.op_graph import OpGraph
 from remat.strategies.regions import install_checkpoint
 from remat.strategies.sac import COMPUTE_HEAVY_OPS, call_entry, default_save_ops, parse_entry
+from remat.strategies.save_cuts import with_cut_sets
 
 __all__ = ["SelectiveOps", "save_set_chain"]
 
@@ -59,13 +60,23 @@ class SelectiveOps(BlockStrategy):
                                max_light_ops=_MAX_LIGHT_OPS_BLOCK,
                                recomputed=context.recomputed.get(""),
                                graph=context.graphs.get(""))
+        chain = _with_cuts(context, "", context.forward_ops, chain)
         offers = [Offer((("", BlockDecision(self.name, s)),)) for s in chain]
         for kind, (path, ops) in context.sublayers.items():
-            for s in save_set_chain(ops, context.cost_device, exhaustive_up_to=_EXHAUSTIVE,
-                                    recomputed=context.recomputed.get(kind),
-                                    graph=context.graphs.get(kind)):
+            sets = save_set_chain(ops, context.cost_device, exhaustive_up_to=_EXHAUSTIVE,
+                                  recomputed=context.recomputed.get(kind),
+                                  graph=context.graphs.get(kind))
+            for s in _with_cuts(context, kind, ops, sets):
                 offers.append(Offer(((path, BlockDecision(self.name, s)),), sublayer=kind))
         return offers
+
+
+def _with_cuts(context: BlockContext, region: str, ops: Sequence[OpRecord],
+               chain: list[frozenset[str]]) -> list[frozenset[str]]:
+    """The chain with the region's minimum-cut save sets (NOTE [ Save sets as minimum
+    cuts ]), less the sets another beats."""
+    return with_cut_sets(context.graphs.get(region), ops, context.cost_device, chain,
+                         recomputed=context.recomputed.get(region))
 
 
 def _is_attention(op_name: str) -> bool:
