@@ -29,12 +29,9 @@ NOTE [ Candidate decisions ]
        time plus that of the calls caching them frees, which the recompute skips
        (NOTE [ Dead ops in recompute ]: caching gelu_new's tanh frees the pow,
        mul, add, mul before it; ``BlockContext.graphs``, one recorded forward).
-       Next to each chain, the save sets on the lower convex hull of kept bytes vs
-       recompute, one minimum cut of the op graph per vertex (NOTE [ Save sets as
-       minimum cuts ] in strategies/save_cuts.py): they keep calls one by one
-       (an RMSNorm's inner ``mul`` without its outer one, Llama's rotary outputs
-       without the projections feeding them). Sets another beats in both
-       numbers under that model are not offered.
+       Next to each chain, the minimum-cut save sets (NOTE [ Save sets as minimum
+       cuts ]: the hull of kept bytes vs recompute, call by call); sets another
+       beats in both numbers under that model are not offered.
     4. ``offload`` when the model is on a device with separate host memory
        (CUDA); never on CPU, where it is a no-op.
     5. Decisions on the attention and MLP sub-layers together (e.g. attention
@@ -75,15 +72,8 @@ from remat.strategies import (
 )
 from remat.strategies.base import BlockStrategy
 
-__all__ = [
-    "BlockGroup",
-    "Candidate",
-    "RunBlock",
-    "measure_groups",
-    "offload_exposed_ms",
-    "parts_label",
-    "prune_candidates",
-]
+__all__ = ["BlockGroup", "Candidate", "RunBlock", "measure_groups", "offload_exposed_ms",
+           "parts_label", "prune_candidates"]
 
 
 @dataclass(frozen=True)

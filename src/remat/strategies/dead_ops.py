@@ -72,9 +72,10 @@ from torch import Tensor
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._pytree import tree_leaves
 
+from remat.strategies.op_kinds import DETACH, METADATA, SKIPPABLE, UNKNOWN, VIEW, op_kind
+
 __all__ = [
     "Ledger",
-    "classify",
     "dead_op_contexts",
     "mark_region_outputs",
     "skip_dead_ops_enabled",
@@ -83,14 +84,9 @@ __all__ = [
 ]
 
 _RECOMPUTE: Any = getattr(_checkpoint, "_RECOMPUTE", None)
-_IGNORED: frozenset[Any] = frozenset(getattr(_checkpoint, "SAC_IGNORED_OPS", ()))
-_DETACH = torch.ops.aten.detach.default
 _top_hooks: Callable[[bool], Any] = torch._C._autograd._top_saved_tensors_default_hooks
-_RANDOM_ARGS = frozenset({"dropout", "dropout_p", "dropout_state", "seed", "offset",
-                          "philox_seed", "philox_offset"})
 
 _enabled = True
-_kinds: dict[int, int] = {}
 
 
 def skip_dead_ops_enabled() -> bool:
@@ -118,56 +114,6 @@ def supported() -> bool:
     """Whether this PyTorch's SAC keeps entries by call index (what skipping relies on)."""
     modes = ("_CachingTorchDispatchMode", "_CachedTorchDispatchMode")
     return _RECOMPUTE is not None and all(hasattr(_checkpoint, m) for m in modes)
-
-
-def _skippable_kind(func: Any) -> bool:
-    """Item 3 of NOTE [ Dead ops in recompute ], once per overload."""
-    schema = getattr(func, "_schema", None)
-    if (schema is None or getattr(func, "namespace", None) != "aten" or schema.is_mutable
-            or func in _IGNORED or torch.Tag.nondeterministic_seeded in func.tags
-            or not schema.returns):
-        return False
-    if any(r.alias_info is not None or str(r.type) != "Tensor" for r in schema.returns):
-        return False
-    return not any(a.alias_info is not None or a.name in _RANDOM_ARGS
-                   or "Generator" in str(a.type) for a in schema.arguments)
-
-
-def _view_kind(func: Any) -> bool:
-    """A pure view (item 5 of NOTE [ Dead ops in recompute ]): every output aliases an
-    input, nothing is written, nothing random."""
-    schema = func._schema
-    if (getattr(func, "namespace", None) != "aten" or schema.is_mutable or not schema.returns
-            or torch.Tag.nondeterministic_seeded in func.tags):
-        return False
-    return all(r.alias_info is not None and not r.alias_info.is_write
-               and str(r.type) == "Tensor" for r in schema.returns)
-
-
-# What the forward's ledger does with an op (by ``id`` of the overload: hashing an
-# OpOverload runs Python code).
-_LIVE, _SKIPPABLE, _METADATA, _UNKNOWN, _VIEW = 0, 1, 2, 3, 4
-
-
-def _kind(func: Any) -> int:
-    kind = _kinds.get(id(func))
-    if kind is None:
-        if func in _IGNORED:
-            kind = _LIVE if func is _DETACH else _METADATA
-        elif not isinstance(func, torch._ops.OpOverload):
-            kind = _UNKNOWN  # a higher-order op: SAC keys it differently
-        else:
-            kind = (_SKIPPABLE if _skippable_kind(func)
-                    else _VIEW if _view_kind(func) else _LIVE)
-        _kinds[id(func)] = kind
-    return kind
-
-
-def classify(func: Any) -> str:
-    """How the forward's ledger treats ``func``: ``"skippable"``, ``"view"`` (runs, but
-    needs its input only if its own output is needed), ``"live"`` (never skipped),
-    ``"metadata"`` (not recorded) or ``"unknown"`` (turns skipping off)."""
-    return ("live", "skippable", "metadata", "unknown", "view")[_kind(func)]
 
 
 class _Placeholder:
@@ -375,19 +321,19 @@ if supported():
             ledger = self.ledger
             if ledger.broken:
                 return out
-            kind = _kind(func)
-            if kind == _METADATA:
+            kind = op_kind(func)
+            if kind == METADATA:
                 return out  # a placeholder answers the same
-            if kind == _UNKNOWN:
+            if kind == UNKNOWN:
                 ledger.broken = True  # item 4
                 return out
             key, index = None, -1
-            if func is not _DETACH:  # SAC's func_counter, without hashing func
+            if func is not DETACH:  # SAC's func_counter, without hashing func
                 key, index = func, self.counts.get(id(func), 0)
                 self.counts[id(func)] = index + 1
             try:
-                ledger.record(kind == _SKIPPABLE, key, index, args, kwargs, out,
-                              view=kind == _VIEW)
+                ledger.record(kind == SKIPPABLE, key, index, args, kwargs, out,
+                              view=kind == VIEW)
             except Exception:  # e.g. a tensor without storage (item 4)
                 ledger.broken = True
             return out

@@ -19,7 +19,8 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from remat.strategies.dead_ops import Ledger, classify
+from remat.strategies.dead_ops import Ledger
+from remat.strategies.op_kinds import classify
 from remat.strategies.sac import op_name, split_entries
 
 __all__ = ["OpGraph", "block_graphs"]
