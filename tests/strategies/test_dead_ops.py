@@ -151,15 +151,22 @@ class Heads(nn.Module):
         return self.act(self.q(x).view(4, 2, 4).transpose(0, 1)).sum(0)
 
 
-def _rotary(q: Tensor) -> Tensor:
+def _rotary(q: Tensor) -> Tensor:  # halves by slicing (Hugging Face Llama)
     return (q * 2.0 + torch.cat((-q[..., 2:], q[..., :2]), dim=-1)).square()
 
 
-def test_a_projection_whose_views_feed_only_dead_ops_is_skipped() -> None:
+def _rotary_split(q: Tensor) -> Tensor:  # halves by split: a view returning a list
+    first, second = q.split(2, dim=-1)
+    return (q * 2.0 + torch.cat((-second, first), dim=-1)).square()
+
+
+@pytest.mark.parametrize("rotary", [_rotary, _rotary_split], ids=["slice", "split"])
+def test_a_projection_whose_views_feed_only_dead_ops_is_skipped(
+        rotary: Callable[[Tensor], Tensor]) -> None:
     # With the rotary add cached, the mul, neg and cat before it are dead, and the
     # views of the projection run on a placeholder: the matmul is dead too (item 5).
     torch.manual_seed(0)
-    module, x = Heads(_rotary), torch.randn(4, 8, requires_grad=True)
+    module, x = Heads(rotary), torch.randn(4, 8, requires_grad=True)
     reference = _grads(module, x)
     on, ops_on, skipped = _run(module, x, {"aten.add"}, skip=True)
     off, ops_off, _ = _run(module, x, {"aten.add"}, skip=False)

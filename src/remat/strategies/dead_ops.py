@@ -46,8 +46,8 @@ NOTE [ Dead ops in recompute ]
        entries by call index, ``_RECOMPUTE``). Under ``torch.compile`` stock
        SAC contexts are used (AOT's partitioner decides recompute there).
     5. Views run but pass liveness on only when used. A pure view (schema alias,
-       nothing written, or an op whose outputs all share an input's storage, such
-       as ``_unsafe_view``) costs nothing and is never skipped, but it needs its
+       nothing written, ``split``'s list included, or an op whose outputs all share
+       an input's storage, such as ``_unsafe_view``) costs nothing and is never skipped, but it needs its
        input's *values* only if its own output is packed, escapes, or is read by a
        live call. Otherwise it runs on the placeholder of a dead input (same
        size, stride and dtype, so the view's metadata is the same). Llama's
@@ -235,7 +235,7 @@ class Ledger:
                                  getattr(t, "fake_mode", None)))
         if not meta or not (single or isinstance(out, tuple)):
             meta = None
-        if aliased and (single or isinstance(out, tuple)) and out is not None:
+        if aliased and (single or (isinstance(out, (tuple, list)) and len(out) > 0)):
             self.views.add(call)
         self.calls.append((key, index, reads, None if meta is None else (single, meta)))
         read.append(False)

@@ -33,13 +33,14 @@ def _skippable_kind(func: Any) -> bool:
 
 def _view_kind(func: Any) -> bool:
     """A pure view (item 5 of NOTE [ Dead ops in recompute ]): every output aliases an
-    input, nothing is written, nothing random."""
+    input (``split`` and ``unbind`` return lists of them), nothing is written, nothing
+    random."""
     schema = func._schema
     if (getattr(func, "namespace", None) != "aten" or schema.is_mutable or not schema.returns
             or torch.Tag.nondeterministic_seeded in func.tags):
         return False
     return all(r.alias_info is not None and not r.alias_info.is_write
-               and str(r.type) == "Tensor" for r in schema.returns)
+               and str(r.type) in ("Tensor", "List[Tensor]") for r in schema.returns)
 
 
 #: What the forward's ledger does with an op (by ``id`` of the overload: hashing an
