@@ -89,16 +89,24 @@ def _assert_same(got: tuple[Tensor, list[Tensor]], want: tuple[Tensor, list[Tens
         assert torch.equal(g, w)
 
 
+def _on_and_off(module: nn.Module, x: Tensor, save: set[str], seed: int = 0
+                ) -> tuple[RecomputedOps, RecomputedOps, int]:
+    """Recompute with skipping on and off, both with the un-checkpointed gradients:
+    the ops each ran and how many calls skipping skipped."""
+    reference = _grads(module, x, seed=seed)
+    on, ops_on, skipped = _run(module, x, save, skip=True, seed=seed)
+    off, ops_off, _ = _run(module, x, save, skip=False, seed=seed)
+    _assert_same(on, reference)
+    _assert_same(off, reference)
+    return ops_on, ops_off, skipped
+
+
 def test_gelu_new_chain_before_a_cached_tanh_is_not_recomputed() -> None:
     torch.manual_seed(0)
     mlp, x = Mlp(), torch.randn(4, 8, requires_grad=True)
-    reference = _grads(mlp, x)
-    on, ops_on, skipped = _run(mlp, x, {"aten.tanh", "aten.addmm"}, skip=True)
-    off, ops_off, none = _run(mlp, x, {"aten.tanh", "aten.addmm"}, skip=False)
-    _assert_same(on, reference)
-    _assert_same(off, reference)
+    ops_on, ops_off, skipped = _on_and_off(mlp, x, {"aten.tanh", "aten.addmm"})
     # pow, mul (0.044715 x^3), add, mul (c * ...) feed only the cached tanh.
-    assert (skipped, none) == (4, 0)
+    assert skipped == 4
     assert ops_off.computed().count("aten.pow") == 1
     assert "aten.pow" not in ops_on.computed()
     assert len(ops_on.computed()) == len(ops_off.computed()) - 4
@@ -167,11 +175,7 @@ def test_a_projection_whose_views_feed_only_dead_ops_is_skipped(
     # views of the projection run on a placeholder: the matmul is dead too (item 5).
     torch.manual_seed(0)
     module, x = Heads(rotary), torch.randn(4, 8, requires_grad=True)
-    reference = _grads(module, x)
-    on, ops_on, skipped = _run(module, x, {"aten.add"}, skip=True)
-    off, ops_off, _ = _run(module, x, {"aten.add"}, skip=False)
-    _assert_same(on, reference)
-    _assert_same(off, reference)
+    ops_on, ops_off, skipped = _on_and_off(module, x, {"aten.add"})
     assert skipped == 4
     assert "aten.mm" in ops_off.computed() and "aten.mm" not in ops_on.computed()
 
@@ -190,11 +194,7 @@ def test_random_ops_in_a_dead_chain_still_run_so_later_masks_match() -> None:
     torch.manual_seed(0)
     mlp = Mlp(act=lambda h: torch.tanh(nn.functional.dropout(h, 0.3) * 2.0) * h, dropout=0.2)
     x = torch.randn(4, 8, requires_grad=True)
-    reference = _grads(mlp, x, seed=7)
-    on, ops_on, skipped = _run(mlp, x, {"aten.tanh"}, skip=True, seed=7)
-    off, ops_off, _ = _run(mlp, x, {"aten.tanh"}, skip=False, seed=7)
-    _assert_same(on, reference)
-    _assert_same(off, reference)
+    ops_on, ops_off, skipped = _on_and_off(mlp, x, {"aten.tanh"}, seed=7)
     # On CPU dropout is empty_like, bernoulli_, div_, mul: the mask is drawn again,
     # the mul applying it and the `* 2.0` after it are skipped.
     assert skipped == 2
@@ -212,11 +212,7 @@ def test_an_in_place_op_after_a_cached_op_keeps_its_inputs_live() -> None:
 
     torch.manual_seed(0)
     mlp, x = Mlp(act=act), torch.randn(4, 8, requires_grad=True)
-    reference = _grads(mlp, x)
-    on, ops_on, skipped = _run(mlp, x, {"aten.add"}, skip=True)
-    off, ops_off, _ = _run(mlp, x, {"aten.add"}, skip=False)
-    _assert_same(on, reference)
-    _assert_same(off, reference)
+    ops_on, ops_off, skipped = _on_and_off(mlp, x, {"aten.add"})
     assert skipped == 0
     assert ops_on.computed() == ops_off.computed()
 
@@ -298,11 +294,7 @@ def test_any_save_set_gives_the_same_gradients_with_skipping_on_and_off(
 
     torch.manual_seed(0)
     mlp, x = Mlp(act=act, dropout=0.1), torch.randn(4, 8, requires_grad=True)
-    reference = _grads(mlp, x)
-    on, ops_on, _ = _run(mlp, x, save, skip=True)
-    off, ops_off, _ = _run(mlp, x, save, skip=False)
-    _assert_same(on, reference)
-    _assert_same(off, reference)
+    ops_on, ops_off, _ = _on_and_off(mlp, x, save)
     assert len(ops_on.computed()) <= len(ops_off.computed())
 
 
