@@ -76,6 +76,11 @@ SECTION = "planner"
 RUNS: tuple[tuple[str, int], ...] = (("gpt-small", 8), ("llama-small", 8))
 HF_RUNS: tuple[tuple[str, int], ...] = (("hf-llama", 4), ("hf-qwen2", 4), ("hf-gpt-neox", 4),
                                         ("hf-phi", 4))
+#: More held-out decoders (``--models hf-more``): dropout on (GPT-2, OPT), no bias (Mistral),
+#: GeGLU and a scaled embedding (Gemma), q/k norms (Qwen3), partial rotary (StableLM).
+HF_MORE_RUNS: tuple[tuple[str, int], ...] = tuple(
+    (name, 4) for name in ("hf-gpt2", "hf-mistral", "hf-gemma", "hf-opt", "hf-qwen3",
+                           "hf-stablelm"))
 HF_SEQ = 128
 FRACTIONS = (0.25, 0.5, 0.75)
 
@@ -129,6 +134,22 @@ def hf_model(name: str) -> torch.nn.Module:
         model = tf.GPTNeoXForCausalLM(tf.GPTNeoXConfig(**common))
     elif name == "hf-phi":
         model = tf.PhiForCausalLM(tf.PhiConfig(**common))
+    elif name == "hf-gpt2":
+        model = tf.GPT2LMHeadModel(tf.GPT2Config(vocab_size=1024, n_embd=128, n_layer=6,
+                                                 n_head=4, n_positions=HF_SEQ))
+    elif name == "hf-mistral":
+        model = tf.MistralForCausalLM(tf.MistralConfig(num_key_value_heads=2, **common))
+    elif name == "hf-gemma":
+        model = tf.GemmaForCausalLM(tf.GemmaConfig(num_key_value_heads=2, head_dim=32,
+                                                   **common))
+    elif name == "hf-opt":
+        model = tf.OPTForCausalLM(tf.OPTConfig(
+            vocab_size=1024, hidden_size=128, num_hidden_layers=6, num_attention_heads=4,
+            ffn_dim=344, max_position_embeddings=HF_SEQ, word_embed_proj_dim=128))
+    elif name == "hf-qwen3":
+        model = tf.Qwen3ForCausalLM(tf.Qwen3Config(num_key_value_heads=2, head_dim=32, **common))
+    elif name == "hf-stablelm":
+        model = tf.StableLmForCausalLM(tf.StableLmConfig(num_key_value_heads=2, **common))
     else:
         raise ValueError(name)
     model.config.use_cache = False
@@ -366,8 +387,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--simulate", action="store_true",
                         help="measure under FakeTensorMode (same bytes on CPU, faster)")
-    parser.add_argument("--models", choices=("builtin", "hf", "all", "none"), default="all",
-                        help="built-in presets, held-out HF decoders, or both")
+    parser.add_argument("--models", choices=("builtin", "hf", "hf-more", "all", "none"),
+                        default="all", help="built-in presets, held-out HF decoders, or both "
+                        "(hf-more: six more HF decoders, not part of all)")
     parser.add_argument("--results", type=Path, default=RESULTS,
                         help="the markdown file whose planner section is replaced")
     parser.add_argument("--timings", default="16,32",
@@ -381,7 +403,8 @@ def main() -> None:
     rows: list[Row] = []
     fronts: list[Frontier] = []
     log: list[str] = []
-    runs = {"builtin": RUNS, "hf": HF_RUNS, "all": RUNS + HF_RUNS, "none": ()}[args.models]
+    runs = {"builtin": RUNS, "hf": HF_RUNS, "hf-more": HF_MORE_RUNS, "all": RUNS + HF_RUNS,
+            "none": ()}[args.models]
     for preset, batch_size in runs:
         model_rows, front = run_model(preset, batch_size, simulate=args.simulate, log=log)
         rows += model_rows
