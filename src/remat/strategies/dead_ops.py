@@ -47,13 +47,13 @@ NOTE [ Dead ops in recompute ]
        SAC contexts are used (AOT's partitioner decides recompute there).
     5. Views run but pass liveness on only when used. A pure view (schema alias,
        nothing written, ``split``'s list included, or an op whose outputs all share
-       an input's storage, such as ``_unsafe_view``) costs nothing and is never skipped, but it needs its
-       input's *values* only if its own output is packed, escapes, or is read by a
-       live call. Otherwise it runs on the placeholder of a dead input (same
-       size, stride and dtype, so the view's metadata is the same). Llama's
-       ``q_proj(x).view(...).transpose(1, 2)`` feeds only the rotary embedding; with
-       the rotary output cached the projection is dead, where before its view kept
-       it live.
+       an input's storage, such as ``_unsafe_view``) costs nothing and is never
+       skipped, but it needs its input's *values* only if its own output is packed,
+       escapes, or is read by a live call. Otherwise it runs on the placeholder of
+       a dead input (same size, stride and dtype, so the view's metadata is the
+       same). Llama's ``q_proj(x).view(...).transpose(1, 2)`` feeds only the rotary
+       embedding; with the rotary output cached the projection is dead, where
+       before its view kept it live.
     Values read outside the dispatcher (``Tensor.numpy()``, ``tolist()`` on CPU)
     are invisible to the ledger; a region that branches on such a value of an
     op it would skip must turn skipping off (:func:`skipping_dead_ops`).
