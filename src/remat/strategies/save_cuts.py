@@ -154,13 +154,13 @@ def cut_graph(graph: OpGraph, forward_ops: Sequence[OpRecord], device: DeviceSpe
     """The region's :class:`CutGraph`, or ``None`` when the op graph and the tracked ops
     do not line up (a call the tracker did not see)."""
     calls: dict[str, list[OpRecord]] = {}
-    for op in forward_ops:
-        calls.setdefault(op.name, []).append(op)
+    for record in forward_ops:
+        calls.setdefault(record.name, []).append(record)
     redone: dict[str, int] | None = None
     if recomputed is not None:
         redone = {}
-        for op in recomputed:
-            redone[op.name] = redone.get(op.name, 0) + 1
+        for record in recomputed:
+            redone[record.name] = redone.get(record.name, 0) + 1
     ledger = graph.ledger
     counts: dict[str, int] = {}
     for name, *_ in ledger.calls:
@@ -174,31 +174,25 @@ def cut_graph(graph: OpGraph, forward_ops: Sequence[OpRecord], device: DeviceSpe
     needed: set[int] = set()
     keepable: set[int] = set()
     for call, (name, index, call_reads, meta) in enumerate(ledger.calls):
+        op: OpRecord | None = None  # ``detach`` (no name): runs, reads, costs nothing
+        if name is not None:
+            ops = calls.get(name, [])
+            if counts[name] > len(ops):
+                return None  # the tracker missed a call (it sees more: the block run's loss)
+            if redone is not None and index >= redone.get(name, 0):
+                continue  # early stop: recompute never reaches it
+            op = ops[index]
         node = len(names)
         kept_index[call] = node
         reads.append(tuple(kept_index[p] for p in call_reads if p in kept_index))
         used = call in ledger.packed or call in ledger.escaped or not ledger.read[call]
-        if used or name is None or (meta is None and call not in ledger.views):
+        if used or op is None or (meta is None and call not in ledger.views):
             needed.add(node)
-        if name is None:  # ``detach``: runs, reads its input, costs nothing
-            names.append(("", index))
-            out_bytes.append(0)
-            cost_ms.append(0.0)
-            continue
-        ops = calls.get(name, [])
-        if counts[name] > len(ops):
-            return None  # the tracker missed a call (it may see more: the block run's loss)
-        if redone is not None and index >= redone.get(name, 0):
-            del kept_index[call]  # early stop: recompute never reaches it
-            needed.discard(node)
-            reads.pop()
-            continue
-        op = ops[index]
-        names.append((name, index))
-        out_bytes.append(op.write_bytes)
-        cost_ms.append(op_roofline_ms(op, device))
-        if (op.write_bytes > 0 and op.read_bytes > 0 and not name.endswith("_")
-                and call not in ledger.views):
+        names.append((name or "", index))
+        out_bytes.append(0 if op is None else op.write_bytes)
+        cost_ms.append(0.0 if op is None else op_roofline_ms(op, device))
+        if (op is not None and op.write_bytes > 0 and op.read_bytes > 0
+                and not name.endswith("_") and call not in ledger.views):
             keepable.add(node)
     return CutGraph(tuple(names), tuple(out_bytes), tuple(cost_ms), tuple(reads),
                     frozenset(needed), frozenset(keepable))
@@ -226,8 +220,12 @@ def cut_save_sets(graph: OpGraph, forward_ops: Sequence[OpRecord], device: Devic
         frozenset({'aten.mm#0', 'aten.mm#1', 'aten.mm#2', ...})
     """
     cut = cut_graph(graph, forward_ops, device, recomputed)
-    if cut is None:
-        return []
+    return [] if cut is None else _hull_sets(cut, max_sets)
+
+
+def _hull_sets(cut: CutGraph, max_sets: int) -> list[frozenset[str]]:
+    """Up to ``max_sets`` hull vertices that keep something and recompute something, as
+    save sets, fewest kept bytes first."""
     useful = [(kept, nbytes, ms) for kept, nbytes, ms in cut.hull() if kept and ms > 0]
     if len(useful) > max_sets:
         picks = {round(i * (len(useful) - 1) / (max_sets - 1)) for i in range(max_sets)}
@@ -280,8 +278,7 @@ def with_cut_sets(graph: OpGraph | None, forward_ops: Sequence[OpRecord], device
     cut = None if graph is None else cut_graph(graph, forward_ops, device, recomputed)
     if cut is None:
         return list(chain)
-    sets = list(chain) + cut_save_sets(graph, forward_ops, device,  # type: ignore[arg-type]
-                                       recomputed=recomputed, max_sets=max_sets)
+    sets = list(chain) + _hull_sets(cut, max_sets)
     priced: list[tuple[frozenset[str], frozenset[int], tuple[int, float]]] = []
     for entries in sets:
         kept = _calls(cut, entries)
