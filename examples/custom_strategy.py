@@ -18,7 +18,7 @@ from typing import ClassVar
 from torch import nn
 
 import remat
-from remat.strategies import BlockContext, BlockDecision, BlockStrategy, Offer
+from remat.strategies import BlockContext, BlockStrategy, Offer
 from remat.strategies.regions import install_checkpoint
 
 
@@ -30,15 +30,15 @@ class CheckpointFirstHalf(BlockStrategy):
     name: ClassVar[str] = "halves"
     summary: ClassVar[str] = "checkpoint the first half of each block's children"
 
-    def install_block(self, block: nn.Module, decision: BlockDecision) -> list[nn.Module]:
+    def install_block(self, block: nn.Module) -> list[nn.Module]:
         children = [c for c in block.children() if any(p.requires_grad for p in c.parameters())]
         first = children[: max(1, len(children) // 2)]
         for child in first:
-            install_checkpoint(child, label=decision.label())
+            install_checkpoint(child, label=self.label())
         return first
 
     def offers(self, context: BlockContext) -> list[Offer]:
-        return [Offer((("", BlockDecision(self.name)),))]  # one planner candidate per block
+        return [Offer((("", self),))]  # one planner candidate per block
 
 
 def main() -> None:

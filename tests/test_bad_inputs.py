@@ -25,7 +25,7 @@ import remat
 from remat.models import build_model, make_batch
 from remat.planning import Plan
 from remat.planning.fingerprint import fingerprint_of
-from remat.strategies import BlockDecision
+from remat.strategies.builtin import Full
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,7 @@ def _plan_file(mutate: Callable[[dict[str, Any]], Any]) -> Callable[[], Any]:
     def call() -> Any:
         model = _model()
         names = tuple(n for n, _ in remat.blocks.named_blocks(model))
-        plan = Plan(decisions={names[0]: BlockDecision("full")}, block_names=names,
+        plan = Plan(decisions={names[0]: Full()}, block_names=names,
                     budget_bytes=1, predicted_peak_bytes=1,
                     fingerprint=fingerprint_of(model, names))
         data = json.loads(plan.to_json())
@@ -81,7 +81,7 @@ def _jax(data: dict[str, Any]) -> None:
 def _other_model() -> Any:
     small = _model(n_layer=2)
     names = tuple(n for n, _ in remat.blocks.named_blocks(small))
-    plan = Plan(decisions={n: BlockDecision("full") for n in names}, block_names=names,
+    plan = Plan(decisions={n: Full() for n in names}, block_names=names,
                 budget_bytes=1, predicted_peak_bytes=1, fingerprint=fingerprint_of(small, names))
     return remat.apply(_model(n_layer=6), Plan.from_json(plan.to_json()))
 
@@ -140,7 +140,7 @@ CASES = [
          r"write plans with plan.to_json\(\)"),
     Case("plan for jax", _plan_file(_jax), ValueError, r"remat.jax.Plan.from_json"),
     Case("plan save_ops a string", _plan_file(_save_ops_string), ValueError,
-         r"must be a list of op names: \['aten.mm'\]"),
+         r"write a list of op names: \['aten.mm'\]"),
     Case("plan for another model", _other_model, remat.StrategyError,
          r"made for another model.*remat.plan\(model, batch"),
     # models and batches

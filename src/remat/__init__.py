@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 _EXPORTS: dict[str, str] = {
-    "BlockDecision": "remat.strategies.decision",
+    "BlockStrategy": "remat.strategies.base",
     "BlocksNotFound": "remat.errors",
     "BudgetTooSmall": "remat.errors",
     "ParityError": "remat.errors",
@@ -79,8 +79,7 @@ if TYPE_CHECKING:
     from remat.planning.plans import Plan
     from remat.recompute import is_recomputing
     from remat.strategies.apply import apply, remove
-    from remat.strategies.base import Strategy
-    from remat.strategies.decision import BlockDecision
+    from remat.strategies.base import BlockStrategy, Strategy
     from remat.strategies.registry import STRATEGIES, register_strategy
     from remat.units import format_bytes, parse_bytes
     from remat.validation.parity import ParityReport, validate

@@ -232,9 +232,9 @@ class _FakePlan:
     blocks = None
 
     def __init__(self) -> None:
-        from remat.strategies import BlockDecision
+        from remat.strategies.builtin import Full
 
-        self.decisions = {"model.layers.1": BlockDecision("full")}
+        self.decisions = {"model.layers.1": Full()}
 
 
 def test_budget_plans_on_a_plain_dict_batch_then_applies(monkeypatch: pytest.MonkeyPatch

@@ -18,7 +18,7 @@ from torch.utils.checkpoint import checkpoint
 import remat
 from remat.blocks import named_blocks
 from remat.strategies.apply import apply_decisions
-from remat.strategies.decision import BlockDecision
+from remat.strategies.builtin import SelectiveOps
 from remat.strategies.sac import sac_context_fn
 
 
@@ -86,7 +86,7 @@ def test_deberta_v2_saved_adds_keep_gradients() -> None:
     expected = [p.grad.clone() for p in model.parameters() if p.grad is not None]
     model.zero_grad(set_to_none=True)
     names = [n for n, _ in named_blocks(model)]
-    apply_decisions(model, {n: BlockDecision("ops", frozenset({"aten.add", "aten.bmm"}))
+    apply_decisions(model, {n: SelectiveOps(frozenset({"aten.add", "aten.bmm"}))
                             for n in names})
     model(**batch).loss.backward()
     got = [p.grad for p in model.parameters() if p.grad is not None]

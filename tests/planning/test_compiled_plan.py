@@ -25,17 +25,17 @@ from remat.planning.compiled_candidates import (
 )
 from remat.planning.compiled_plan import plan_compiled, predict_peak
 from remat.planning.options import PlanOptions
-from remat.planning.plans import Plan
-from remat.strategies import BlockDecision
+from remat.planning.plans import PLAN_FORMAT_VERSION, Plan
 from remat.strategies.apply import applied
+from remat.strategies.builtin import Full, NoCheckpoint
 from tiny_nets import D, Net
 from tiny_nets import net as _net
 
 BATCH = torch.randn(256, D, generator=torch.Generator().manual_seed(1))
 CANDIDATES = (
-    CompiledCandidate(BlockDecision("none"), 1.0),
-    CompiledCandidate(BlockDecision("none"), 0.5),
-    CompiledCandidate(BlockDecision("full"), 1.0),
+    CompiledCandidate(NoCheckpoint(), 1.0),
+    CompiledCandidate(NoCheckpoint(), 0.5),
+    CompiledCandidate(Full(), 1.0),
 )
 
 
@@ -98,7 +98,7 @@ def test_apply_of_loaded_plan_compiles_and_keeps_gradients(model: Net,
     assert plan.compiled is not None and plan.measured_peak_bytes is not None
     assert plan.measured_peak_bytes <= budget
     data = json.loads(plan.to_json())
-    assert data["compiled"] == dict(plan.compiled) and data["version"] == 1
+    assert data["compiled"] == dict(plan.compiled) and data["version"] == PLAN_FORMAT_VERSION
     loaded = Plan.from_json(plan.to_json())
     assert loaded.compiled == plan.compiled and loaded.decisions == plan.decisions
 

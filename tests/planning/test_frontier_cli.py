@@ -12,6 +12,7 @@ from remat.cli import app
 from remat.compare.frontier import add_plan_row, frontier, manual_strategies
 from remat.compare.runner import compare_preset
 from remat.planning import Plan, plan
+from remat.planning.plans import PLAN_FORMAT_VERSION
 from remat.report.frontier import frontier_markdown, plot_frontier
 
 from .conftest import Prepared
@@ -72,7 +73,7 @@ def test_cli_plan_prints_plan_and_frontier_and_writes_files(tmp_path: Path) -> N
     assert saved.measured_peak_bytes is not None
     assert saved.measured_peak_bytes <= saved.budget_bytes
     run = json.loads(data.read_text())
-    assert run["meta"]["model"] == "gpt-tiny" and run["plan"]["version"] == 1
+    assert run["meta"]["model"] == "gpt-tiny" and run["plan"]["version"] == PLAN_FORMAT_VERSION
     assert {p["name"] for p in run["frontier"]["points"]} >= {"none", "full", "plan"}
     assert plot.read_bytes()[:8] == PNG
 

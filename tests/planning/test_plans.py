@@ -11,7 +11,7 @@ from rich.console import Console
 
 from remat.planning import PLAN_FORMAT_VERSION, NamedBlocks, Plan, ThroughputRow
 from remat.planning.display import decision_runs, plan_text
-from remat.strategies import BlockDecision
+from remat.strategies.builtin import Full, NoCheckpoint, SelectiveOps
 
 NAMES = ("blocks.0", "blocks.1", "blocks.2", "blocks.3")
 
@@ -19,11 +19,11 @@ NAMES = ("blocks.0", "blocks.1", "blocks.2", "blocks.3")
 def make_plan(**overrides: object) -> Plan:
     fields: dict[str, object] = dict(
         decisions={
-            "blocks.0": BlockDecision("full"),
-            "blocks.1": BlockDecision("none"),
-            "blocks.2.mlp": BlockDecision("ops", frozenset({"aten.mm"})),
-            "blocks.2.attn": BlockDecision("full"),
-            "blocks.3": BlockDecision("ops", frozenset({"aten.addmm", "aten.bmm"})),
+            "blocks.0": Full(),
+            "blocks.1": NoCheckpoint(),
+            "blocks.2.mlp": SelectiveOps(frozenset({"aten.mm"})),
+            "blocks.2.attn": Full(),
+            "blocks.3": SelectiveOps(frozenset({"aten.addmm", "aten.bmm"})),
         },
         block_names=NAMES,
         budget_bytes=1000,
@@ -45,8 +45,8 @@ def make_plan(**overrides: object) -> Plan:
 def test_none_decisions_are_dropped_and_order_follows_the_blocks() -> None:
     plan = make_plan()
     assert list(plan.decisions) == ["blocks.0", "blocks.2.attn", "blocks.2.mlp", "blocks.3"]
-    assert plan.decision("blocks.1") == BlockDecision("none")
-    assert plan.decision("blocks.2.mlp").kind == "ops"
+    assert plan.decision("blocks.1") == NoCheckpoint()
+    assert plan.decision("blocks.2.mlp").name == "ops"
     assert plan.label_of("blocks.2") == "attn=full; mlp=ops[aten.mm]"
     assert plan.label_of("blocks.3") == "ops[aten.addmm,aten.bmm]"
     assert plan.label() == "1 full, 1 none, 1 attn=full; mlp=ops[aten.mm], " \
@@ -57,7 +57,7 @@ def test_none_decisions_are_dropped_and_order_follows_the_blocks() -> None:
 
 
 def test_empty_plan() -> None:
-    plan = make_plan(decisions={"blocks.1": BlockDecision("none")}, blocks=None)
+    plan = make_plan(decisions={"blocks.1": NoCheckpoint()}, blocks=None)
     assert plan.is_empty and dict(plan.decisions) == {}
     assert plan.summary().startswith("Empty plan")
 
@@ -67,8 +67,9 @@ def test_json_round_trip_is_exact() -> None:
     text = plan.to_json()
     data = json.loads(text)
     assert data["format"] == "remat.plan" and data["version"] == PLAN_FORMAT_VERSION
-    assert data["decisions"]["blocks.3"] == {"kind": "ops",
-                                             "save_ops": ["aten.addmm", "aten.bmm"]}
+    assert data["decisions"]["blocks.3"] == {"name": "ops",
+                                             "fields": {"save_ops": ["aten.addmm", "aten.bmm"]}}
+    assert data["decisions"]["blocks.0"] == {"name": "full", "fields": {}}
     back = Plan.from_json(text)
     assert back == plan
     assert back.blocks == plan.blocks  # the names that select the decided modules
@@ -83,11 +84,11 @@ def test_plans_pickle_and_copy() -> None:
     assert back == plan and back.blocks == plan.blocks
     assert copy.deepcopy(plan) == plan
     with pytest.raises(TypeError):
-        plan.decisions["blocks.1"] = BlockDecision("full")  # type: ignore[index]
+        plan.decisions["blocks.1"] = Full()  # type: ignore[index]
 
 
 def test_custom_blocks_spec_is_stored_as_names() -> None:
-    plan = make_plan(decisions={"blocks.0": BlockDecision("full")},
+    plan = make_plan(decisions={"blocks.0": Full()},
                      blocks=lambda name, module: name.startswith("blocks."))
     back = Plan.from_json(plan.to_json())
     assert back.blocks == NamedBlocks(NAMES)
@@ -98,7 +99,7 @@ def test_from_json_rejects_unknown_versions_and_non_plans() -> None:
     data = make_plan().to_dict()
     data["version"] = PLAN_FORMAT_VERSION + 1
     with pytest.raises(ValueError, match=rf"version {PLAN_FORMAT_VERSION + 1} is not "
-                                         rf"supported; this remat reads version "
+                                         rf"supported\nthis remat reads versions 1, "
                                          rf"{PLAN_FORMAT_VERSION}"):
         Plan.from_json(json.dumps(data))
     with pytest.raises(ValueError, match="not a remat plan"):
@@ -115,8 +116,8 @@ def test_from_json_rejects_unknown_versions_and_non_plans() -> None:
     ("budget_bytes", -1, "budget_bytes must be an int >= 0"),
     ("measured_peak_bytes", 1.5, "measured_peak_bytes must be an int >= 0"),
     ("recompute_ms", float("nan"), "recompute_ms must be a finite number >= 0"),
-    ("decisions", {"head": BlockDecision("full")}, "neither one of block_names"),
-    ("decisions", {"blocks.0": "full"}, "must be a BlockDecision"),
+    ("decisions", {"head": Full()}, "neither one of block_names"),
+    ("decisions", {"blocks.0": "full"}, "must be a block-level strategy"),
     ("block_names", ("a", "a"), "duplicates"),
 ])
 def test_invalid_plans_are_rejected(field: str, value: object, match: str) -> None:

@@ -14,13 +14,13 @@ from hypothesis import strategies as st
 from remat.planning.candidates import Candidate
 from remat.planning.peak import PeakModel, Window
 from remat.planning.solver import choice_cost_ps, min_peak_choice, solve
-from remat.strategies import BlockDecision
+from remat.strategies.builtin import Full, Mlp, SelectiveOps
 
 # Per candidate: kept bytes, forward and backward working sets, recompute ms.
 NONE = Candidate((), 100, 110, 150, 0, 0.0)
-OPS = Candidate((("", BlockDecision("ops", frozenset({"aten.mm"}))),), 40, 110, 150, 5, 1.0)
-MLP = Candidate((("", BlockDecision("mlp")),), 60, 100, 140, 7, 0.6)
-FULL = Candidate((("", BlockDecision("full")),), 10, 90, 150, 9, 2.0)
+OPS = Candidate((("", SelectiveOps(frozenset({"aten.mm"}))),), 40, 110, 150, 5, 1.0)
+MLP = Candidate((("", Mlp()),), 60, 100, 140, 7, 0.6)
+FULL = Candidate((("", Full()),), 10, 90, 150, 9, 2.0)
 TABLE = (NONE, OPS, MLP, FULL)
 L = 3
 
@@ -98,9 +98,9 @@ def test_more_budget_never_costs_more(a: int, b: int) -> None:
 
 def test_candidate_validation_and_labels() -> None:
     assert NONE.is_none and NONE.label() == "none"
-    assert FULL.label() == "full" and FULL.decisions_for("b.0") == {"b.0": BlockDecision("full")}
-    pair = Candidate((("attn", BlockDecision("full")),
-                      ("mlp", BlockDecision("ops", frozenset({"aten.mm"})))), 1, 1, 1, 1, 0.1)
+    assert FULL.label() == "full" and FULL.decisions_for("b.0") == {"b.0": Full()}
+    pair = Candidate((("attn", Full()),
+                      ("mlp", SelectiveOps(frozenset({"aten.mm"})))), 1, 1, 1, 1, 0.1)
     assert pair.label() == "attn=full; mlp=ops[aten.mm]"
     assert set(pair.decisions_for("b.1")) == {"b.1.attn", "b.1.mlp"}
     assert FULL.dominates(FULL) and not NONE.dominates(FULL)
@@ -126,7 +126,7 @@ def _random_model(rng: random.Random, blocks: int, kinds: int) -> PeakModel:
         table = [Candidate((), rng.randint(50, 120), rng.randint(80, 130),
                            rng.randint(120, 180), 0, 0.0)]
         for k in range(rng.randint(1, 6)):
-            table.append(Candidate((("", BlockDecision("full" if k == 0 else "mlp")),),
+            table.append(Candidate((("", (Full() if k == 0 else Mlp())),),
                                    rng.randint(0, 120), rng.randint(60, 130),
                                    rng.randint(100, 200), 1, round(rng.uniform(0.01, 3), 3)))
         tables.append(tuple(table))

@@ -72,10 +72,11 @@ def test_costs_are_the_extra_work_each_candidate_runs() -> None:
     assert all(cost >= 0 for cost in costs.values())
     # Checkpointing the whole block replays its whole forward: nothing costs more.
     assert costs["full"] == max(costs.values()) > 0
-    assert 0 < costs["attn"] < costs["full"] and 0 < costs["mlp"] < costs["full"]
+    # The sub-layers offered as modules of their own (the attn / mlp strategies' offers).
+    assert 0 < costs["attn=full"] < costs["full"] and 0 < costs["mlp=full"] < costs["full"]
     # A save set holding more runs a subset of the ops again, never more.
     block_ops = [c for c in group.candidates if len(c.parts) == 1 and c.parts[0][0] == ""
-                 and c.parts[0][1].kind == "ops"]
+                 and c.parts[0][1].name == "ops"]
     for small in block_ops:
         for large in block_ops:
             small_set, large_set = small.parts[0][1].save_ops, large.parts[0][1].save_ops

@@ -16,7 +16,6 @@ from remat.blocks import find_blocks, find_sublayer
 from remat.errors import BlocksNotFound, RematError, StrategyError
 from remat.models import build_model, make_batch
 from remat.strategies import (
-    BlockDecision,
     applied,
     apply,
     apply_decisions,
@@ -24,6 +23,7 @@ from remat.strategies import (
     remove,
     sqrt_segments,
 )
+from remat.strategies.builtin import Full, Mlp, SelectiveOps
 from remat.strategies.regions import region_of
 from remat.validation import validate
 
@@ -251,13 +251,13 @@ def test_unknown_strategy_lists_valid_ones() -> None:
 def test_plan_with_foreign_block_names_is_refused() -> None:
     model = build_model("gpt-tiny")
     with pytest.raises(StrategyError, match="plan names blocks this model does not have"):
-        apply_decisions(model, {"layers.0": BlockDecision("full")})
+        apply_decisions(model, {"layers.0": Full()})
 
 
 def test_plan_like_object_is_applied() -> None:
     class FakePlan:
-        decisions = {"blocks.0": BlockDecision("ops", frozenset({"aten.addmm"})),
-                     "blocks.1": BlockDecision("mlp")}
+        decisions = {"blocks.0": SelectiveOps(frozenset({"aten.addmm"})),
+                     "blocks.1": Mlp()}
         blocks = None
 
     model = build_model("gpt-tiny", n_layer=2)

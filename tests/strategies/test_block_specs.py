@@ -20,7 +20,6 @@ import remat
 from remat.blocks import named_blocks
 from remat.measure import profile
 from remat.models import build_model, make_batch
-from remat.strategies import BlockDecision
 from remat.strategies.base import BlockStrategy
 from remat.strategies.regions import region_of
 from remat.strategies.registry import unregister_strategy
@@ -83,7 +82,7 @@ class _InstallsNothing(BlockStrategy):
     name: ClassVar[str] = "installsnothing"
     summary: ClassVar[str] = "a buggy strategy that installs no region"
 
-    def install_block(self, block: nn.Module, decision: BlockDecision) -> list[nn.Module]:
+    def install_block(self, block: nn.Module) -> list[nn.Module]:
         return []
 
 

@@ -20,7 +20,8 @@ from torch.utils.checkpoint import checkpoint
 from remat.models import build_model, make_batch
 from remat.planning.plans import NamedBlocks
 from remat.recompute import is_recomputing
-from remat.strategies import BlockDecision, apply_decisions, remove
+from remat.strategies import apply_decisions, remove
+from remat.strategies.builtin import SelectiveOps
 from remat.strategies.dead_ops import dead_op_contexts, skipping_dead_ops, supported
 from remat.strategies.regions import install_checkpoint, region_of, uninstall
 from remat.strategies.sac import SavePolicy, call_entry, sac_context_fn
@@ -252,7 +253,7 @@ def _model_grads(model: nn.Module, batch: dict[str, Tensor], save: frozenset[str
                  skip: bool) -> tuple[list[Tensor], list[str]]:
     blocks = tuple(f"blocks.{i}" for i in range(len(model.blocks)))  # type: ignore[arg-type]
     if save is not None:
-        apply_decisions(model, {b: BlockDecision("ops", save) for b in blocks},
+        apply_decisions(model, {b: SelectiveOps(save) for b in blocks},
                         blocks=NamedBlocks(blocks))
     torch.manual_seed(1)  # same dropout masks in every run
     model.zero_grad(set_to_none=True)

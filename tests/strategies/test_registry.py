@@ -18,7 +18,6 @@ from remat.errors import StrategyError
 from remat.models import build_model, make_batch
 from remat.strategies import (
     BlockContext,
-    BlockDecision,
     BlockStrategy,
     Offer,
     default_strategies,
@@ -37,15 +36,15 @@ class CheckpointFirstHalf(BlockStrategy):
     name: ClassVar[str] = "halves"
     summary: ClassVar[str] = "checkpoint the first half of each block's children"
 
-    def install_block(self, block: nn.Module, decision: BlockDecision) -> list[nn.Module]:
+    def install_block(self, block: nn.Module) -> list[nn.Module]:
         children = [c for c in block.children() if any(p.requires_grad for p in c.parameters())]
         first = children[: max(1, len(children) // 2)]
         for child in first:
-            install_checkpoint(child, label=decision.label())
+            install_checkpoint(child, label=self.label())
         return first
 
     def offers(self, context: BlockContext) -> list[Offer]:
-        return [Offer((("", BlockDecision(self.name)),))]
+        return [Offer((("", self),))]
 
 
 @pytest.fixture
@@ -95,9 +94,12 @@ def test_registration_is_checked() -> None:
             name: ClassVar[str] = "Bad Name"
     with pytest.raises(StrategyError, match="built in"):
         unregister_strategy("full")
-    with pytest.raises(StrategyError, match="not a per-block decision kind"):
-        remat.apply(build_model("gpt-tiny"), remat.Plan(
-            {"blocks.0": BlockDecision("halves")}, ("blocks.0", "blocks.1"), 1, 1))
+    with pytest.raises(ValueError, match="block-level strategy"):
+        remat.Plan({"blocks.0": parse_strategy("every:2")}, ("blocks.0", "blocks.1"), 1, 1)
+    text = remat.Plan({"blocks.0": remat.strategies.parse_strategy("full")},
+                      ("blocks.0", "blocks.1"), 1, 1).to_json().replace('"full"', '"halves"')
+    with pytest.raises(ValueError, match="'halves', which is not a registered"):
+        remat.Plan.from_json(text)
 
 
 def test_a_strategy_registered_here_applies_and_keeps_gradients(halves: type) -> None:
@@ -142,7 +144,7 @@ def test_a_strategy_registered_here_is_a_planner_candidate(halves: type) -> None
 def test_a_plan_holding_a_registered_kind_round_trips_and_applies(halves: type) -> None:
     model = build_model("gpt-tiny")
     names = tuple(name for name, _ in named_blocks(model))
-    plan = remat.Plan({names[0]: BlockDecision("halves")}, names, 10**9, 10**8)
+    plan = remat.Plan({names[0]: CheckpointFirstHalf()}, names, 10**9, 10**8)
     again = remat.Plan.from_json(plan.to_json())
     assert again == plan
     remat.apply(model, again)
@@ -171,3 +173,123 @@ def test_installed_packages_register_strategies_through_entry_points(
         assert "halves" in remat.STRATEGIES
     finally:
         unregister_strategy("halves")
+
+
+# ---- a registered strategy with a field: the instance travels whole ----------------------
+
+#: Every ``count`` a FirstChildren instance was installed with, in order.
+INSTALLED_COUNTS: list[int] = []
+
+
+@dataclass(frozen=True)
+class FirstChildren(BlockStrategy):
+    """Checkpoint the first ``count`` trainable children of each block, one region each:
+    the field changes how many bytes a block keeps."""
+
+    name: ClassVar[str] = "firstk"
+    summary: ClassVar[str] = "checkpoint each block's first count children"
+
+    count: int = 1
+
+    def __post_init__(self) -> None:
+        if isinstance(self.count, bool) or not isinstance(self.count, int) or self.count < 1:
+            raise ValueError(f"FirstChildren: count must be an int >= 1, got {self.count!r}")
+
+    def install_block(self, block: nn.Module) -> list[nn.Module]:
+        INSTALLED_COUNTS.append(self.count)
+        children = [c for c in block.children() if any(p.requires_grad for p in c.parameters())]
+        for child in children[: self.count]:
+            install_checkpoint(child, label=self.label())
+        return children[: self.count]
+
+    def offers(self, context: BlockContext) -> list[Offer]:
+        return [Offer((("", FirstChildren(count)),)) for count in (1, 3)]
+
+
+@pytest.fixture
+def firstk() -> Iterator[type[FirstChildren]]:
+    remat.register_strategy(FirstChildren)
+    INSTALLED_COUNTS.clear()
+    try:
+        yield FirstChildren
+    finally:
+        unregister_strategy("firstk")
+
+
+def _activation_bytes(model: nn.Module, batch: object, strategy: object) -> int:
+    remat.apply(model, strategy)
+    try:
+        return remat.profile(model, batch, timing=False).activation_bytes
+    finally:
+        remat.remove(model)
+
+
+def test_a_field_survives_apply(firstk: type) -> None:
+    model = build_model("gpt-tiny")
+    batch = make_batch(model, 2)
+    one = _activation_bytes(model, batch, FirstChildren(count=1))
+    three = _activation_bytes(model, batch, FirstChildren(count=3))
+    assert three < one  # more children checkpointed: fewer bytes kept
+    INSTALLED_COUNTS.clear()
+    remat.apply(model, FirstChildren(count=3))
+    blocks = len(named_blocks(model))
+    assert INSTALLED_COUNTS == [3] * blocks
+    applied = remat.strategies.applied(model)
+    assert applied is not None and applied.strategy == "firstk(count=3)"
+    assert {label for _, label in applied.decisions} == {"firstk(count=3)"}
+
+
+def test_a_field_survives_plan_json_and_validate(firstk: type) -> None:
+    model = build_model("gpt-tiny")
+    batch = make_batch(model, 2)
+    names = tuple(name for name, _ in named_blocks(model))
+    plan = remat.Plan({n: FirstChildren(count=3) for n in names}, names, 10**9, 10**8)
+    data = json.loads(plan.to_json())
+    assert data["version"] == 2
+    assert data["decisions"][names[0]] == {"name": "firstk", "fields": {"count": 3}}
+    again = remat.Plan.from_json(plan.to_json())
+    assert again == plan and again.decisions[names[0]] == FirstChildren(count=3)
+    direct = _activation_bytes(model, batch, FirstChildren(count=3))
+    assert _activation_bytes(model, batch, again) == direct  # same bytes, to the byte
+    INSTALLED_COUNTS.clear()
+    report = remat.validate(model, batch, FirstChildren(count=3))
+    assert report.passed and report.strategy == "firstk(count=3)"
+    assert set(INSTALLED_COUNTS) == {3}
+    INSTALLED_COUNTS.clear()
+    assert remat.validate(model, batch, again).passed
+    assert set(INSTALLED_COUNTS) == {3}
+
+
+def test_a_field_survives_the_planner(firstk: type) -> None:
+    from remat.devices import get_device
+    from remat.planning._sim import fake_setup
+    from remat.planning.candidates import measure_groups
+
+    model = build_model("gpt-tiny")
+    setup = fake_setup(model, make_batch(model, 2), optimizer=None, blocks=None)
+    groups = measure_groups(setup, get_device("h100-80gb"), prune=False)
+    found = {c.label(): c for g in groups for c in g.candidates}
+    one, three = found["firstk"], found["firstk(count=3)"]
+    assert three.parts == (("", FirstChildren(count=3)),)
+    assert three.saved_bytes < one.saved_bytes
+
+
+def test_plans_written_by_remat_0_1_still_load() -> None:
+    old = {
+        "format": "remat.plan", "version": 1, "block_names": ["blocks.0", "blocks.1"],
+        "decisions": {"blocks.0": {"kind": "ops", "save_ops": ["aten.addmm"]},
+                      "blocks.1.attn": {"kind": "full", "save_ops": None},
+                      "blocks.1.mlp": "full"},
+        "budget_bytes": 10, "predicted_peak_bytes": 9,
+        "blocks": {"names": ["blocks.0", "blocks.1.attn", "blocks.1.mlp"]},
+    }
+    plan = remat.Plan.from_dict(old)
+    from remat.strategies.builtin import Full, SelectiveOps
+
+    assert dict(plan.decisions) == {"blocks.0": SelectiveOps(frozenset({"aten.addmm"})),
+                                    "blocks.1.attn": Full(), "blocks.1.mlp": Full()}
+    assert json.loads(plan.to_json())["decisions"]["blocks.0"] == {
+        "name": "ops", "fields": {"save_ops": ["aten.addmm"]}}
+    model = build_model("gpt-tiny")
+    batch = make_batch(model, 2)
+    assert remat.validate(model, batch, plan).passed

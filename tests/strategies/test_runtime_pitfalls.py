@@ -119,12 +119,13 @@ def test_a_meta_model_asks_for_simulate() -> None:
 
 
 def test_a_save_set_naming_ops_the_region_never_runs_warns_with_the_ops_it_runs() -> None:
-    from remat.strategies import BlockDecision, apply_decisions
+    from remat.strategies import apply_decisions
+    from remat.strategies.builtin import Full, SelectiveOps
 
     model = build_model("gpt-tiny")
     batch = make_batch(model, 2)
-    decision = BlockDecision("ops", frozenset({"aten.convolution", "aten.addmm", "aten.addmm#999"}))
-    apply_decisions(model, {"blocks.0": decision, "blocks.1": BlockDecision("full")})
+    decision = SelectiveOps(frozenset({"aten.convolution", "aten.addmm", "aten.addmm#999"}))
+    apply_decisions(model, {"blocks.0": decision, "blocks.1": Full()})
     with pytest.warns(remat.RematWarning,
                       match=r"names \['aten.addmm#999', 'aten.convolution'\], which its "
                             r"forward never runs \(it runs: .*aten.addmm x4"):
@@ -134,6 +135,6 @@ def test_a_save_set_naming_ops_the_region_never_runs_warns_with_the_ops_it_runs(
         model(**batch).loss.backward()  # checked once
         remat.apply(model, "ops")  # the default set names kernels this region never runs:
         model(**batch).loss.backward()  # fine, some of them run
-    apply_decisions(model, {"blocks.0": BlockDecision("ops", frozenset({"aten.convolution"}))})
+    apply_decisions(model, {"blocks.0": SelectiveOps(frozenset({"aten.convolution"}))})
     with pytest.warns(remat.RematWarning, match=r"names \['aten.convolution'\]"):
         model(**batch).loss.backward()  # saves nothing at all

@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 import remat
 from remat.models import build_model, make_batch
 from remat.planning.plans import NamedBlocks
-from remat.strategies import BlockDecision, apply_decisions, remove
+from remat.strategies import apply_decisions, remove
+from remat.strategies.builtin import SelectiveOps
 from remat.strategies.dead_ops import supported
 from remat.strategies.sac import SavePolicy, call_entry, parse_entry, sac_context_fn
 
@@ -26,8 +27,8 @@ def test_call_entries_round_trip(name: str, index: int) -> None:
 def test_bad_entries_are_refused_with_the_form_expected(entry: str) -> None:
     with pytest.raises(ValueError, match="aten.mm#2"):
         parse_entry(entry)
-    with pytest.raises(ValueError, match="BlockDecision"):
-        BlockDecision("ops", frozenset({entry}))
+    with pytest.raises(ValueError, match="SelectiveOps"):
+        SelectiveOps(frozenset({entry}))
 
 
 def _mlp_step(model: torch.nn.Module, batch: dict[str, torch.Tensor],
@@ -36,7 +37,7 @@ def _mlp_step(model: torch.nn.Module, batch: dict[str, torch.Tensor],
     remove(model)
     if save_ops is not None:
         names = tuple(f"blocks.{i}.mlp" for i in range(len(model.blocks)))
-        apply_decisions(model, {n: BlockDecision("ops", save_ops) for n in names},
+        apply_decisions(model, {n: SelectiveOps(save_ops) for n in names},
                         blocks=NamedBlocks(names))
     prof = remat.profile(model, batch, timing=False)
     model.zero_grad(set_to_none=True)
@@ -106,7 +107,7 @@ def test_any_save_set_leaves_gradients_unchanged(calls: set[int], names: set[str
     reference = [p.grad.clone() for p in model.parameters()]
     save = frozenset({call_entry("aten.mm", i) for i in calls} | names)
     blocks = tuple(f"blocks.{i}" for i in range(len(model.blocks)))
-    apply_decisions(model, {b: BlockDecision("ops", save) for b in blocks},
+    apply_decisions(model, {b: SelectiveOps(save) for b in blocks},
                     blocks=NamedBlocks(blocks))
     torch.manual_seed(1)
     model.zero_grad(set_to_none=True)

@@ -22,6 +22,7 @@ from remat.planning._sim import FakeSetup, WindowRecorder, quiet
 from remat.planning.capture import BlockInputs, fresh_inputs, tensors_in
 from remat.planning.plans import NamedBlocks
 from remat.strategies import Part, apply_decisions, remove
+from remat.strategies.builtin import NoCheckpoint
 from remat.strategies.op_graph import OpGraph, block_graphs
 
 __all__ = ["BlockRun", "apply_parts", "record_graphs", "run_block"]
@@ -44,7 +45,8 @@ class BlockRun:
 def apply_parts(model: nn.Module, name: str, parts: Sequence[Part],
                 block_names: Sequence[str]) -> None:
     """Apply a candidate's ``parts`` to block ``name`` of ``model`` (undo with ``remove``)."""
-    decisions = {f"{name}.{path}" if path else name: d for path, d in parts if d.kind != "none"}
+    decisions = {f"{name}.{path}" if path else name: d for path, d in parts
+                 if not isinstance(d, NoCheckpoint)}
     if any(key != name for key in decisions):
         spec = NamedBlocks(tuple(decisions))
     else:

@@ -62,15 +62,8 @@ from remat.planning._sim import FakeSetup
 from remat.planning.block_run import BlockRun, record_graphs, run_block
 from remat.planning.capture import BlockInputs, capture_inputs, group_key, in_call_order
 from remat.progress import report
-from remat.strategies import (
-    BlockContext,
-    BlockDecision,
-    Offer,
-    Part,
-    check_decision,
-    registered,
-)
-from remat.strategies.base import BlockStrategy
+from remat.strategies import BlockContext, BlockStrategy, Offer, Part, Strategy, registered
+from remat.strategies.builtin import Full, NoCheckpoint
 
 __all__ = ["BlockGroup", "Candidate", "RunBlock", "measure_groups", "offload_exposed_ms",
            "parts_label", "prune_candidates"]
@@ -81,9 +74,10 @@ class Candidate:
     """One way to checkpoint one kind of block, measured.
 
     Args:
-        parts: the decisions, ``()`` for none (keep everything), ``(("", d),)`` for a
-            block-level decision ``d``, or ``(("attn", d1), ("mlp", d2))`` for decisions on
-            the block's sub-layers (paths relative to the block).
+        parts: what each module of the block gets, ``()`` for none (keep everything),
+            ``(("", s),)`` for a block-level strategy ``s`` on the block, or
+            ``(("attn", s1), ("mlp", s2))`` for strategies on the block's sub-layers (paths
+            relative to the block).
         saved_bytes: bytes the block's forward leaves alive for backward: its input or
             output only if its own graph keeps them (NOTE [ Who keeps a hidden state ] in
             block_run.py).
@@ -110,7 +104,7 @@ class Candidate:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "parts", tuple((p, d) for p, d in self.parts
-                                                if d.kind != "none"))
+                                                if not isinstance(d, NoCheckpoint)))
         for name in ("saved_bytes", "forward_peak_bytes", "backward_peak_bytes",
                      "recompute_flops", "recompute_bytes"):
             value = getattr(self, name)
@@ -135,8 +129,8 @@ class Candidate:
         """``none``, a decision's label (``full``, ``ops[aten.mm]``), or ``attn=...; mlp=...``."""
         return parts_label(self.parts)
 
-    def decisions_for(self, block_name: str) -> dict[str, BlockDecision]:
-        """The decisions to apply, keyed by qualified module name, for block ``block_name``."""
+    def decisions_for(self, block_name: str) -> dict[str, BlockStrategy]:
+        """What to install, keyed by qualified module name, for block ``block_name``."""
         return {f"{block_name}.{path}" if path else block_name: d for path, d in self.parts}
 
     def dominates(self, other: Candidate) -> bool:
@@ -148,12 +142,12 @@ class Candidate:
 
 
 def _moves_to_host(parts: Sequence[Part]) -> bool:
-    return any(check_decision(d).moves_to_host for _, d in parts)
+    return any(d.moves_to_host for _, d in parts)
 
 
 def parts_label(parts: Sequence[Part]) -> str:
     """Label of a candidate's parts (see :meth:`Candidate.label`)."""
-    live = [(p, d) for p, d in parts if d.kind != "none"]
+    live = [(p, d) for p, d in parts if not isinstance(d, NoCheckpoint)]
     if not live:
         return "none"
     if len(live) == 1 and live[0][0] == "":
@@ -278,12 +272,9 @@ def collect_offers(context: BlockContext) -> list[Offer]:
     offers: list[tuple[tuple[int, int, int], int, Offer]] = []
     kinds = list(context.sublayers)
     for rank, cls in enumerate(registered()):
-        if not issubclass(cls, BlockStrategy):
+        if cls.offers is Strategy.offers:  # offers nothing (and may need an argument)
             continue
-        strategy = cls.parse(None)
-        if not isinstance(strategy, BlockStrategy):
-            continue
-        for offer in strategy.offers(context):
+        for offer in cls.parse(None).offers(context):
             group = (0, 0) if offer.sublayer is None else (1, kinds.index(offer.sublayer))
             offers.append(((*group, rank), len(offers), offer))
     return [offer for _, _, offer in sorted(offers, key=lambda item: (item[0], item[1]))]
@@ -317,7 +308,7 @@ def _measure_kind(setup: FakeSetup, rep: str, block: nn.Module, inputs: BlockInp
     none_run = run_block(setup, rep, block, inputs, (), attribution)
     measured: dict[tuple[Part, ...], Candidate] = {(): _candidate((), none_run, device)}
     # Each region fully checkpointed: which of its ops backward recomputes.
-    full = BlockDecision("full")
+    full = Full()
     probes: dict[str, tuple[Part, ...]] = {
         "": (("", full),), **{kind: ((path, full),) for kind, (path, _) in subs.items()}}
     runs = {parts: run_block(setup, rep, block, inputs, parts) for parts in probes.values()}
@@ -332,7 +323,7 @@ def _measure_kind(setup: FakeSetup, rep: str, block: nn.Module, inputs: BlockInp
                              {kind: module for kind, (_, module) in subs.items()}),
     )
     singles: dict[str, list[tuple[Part, BlockRun]]] = {
-        kind: [((path, BlockDecision("none")), none_run)] for kind, (path, _) in subs.items()}
+        kind: [((path, NoCheckpoint()), none_run)] for kind, (path, _) in subs.items()}
     offers = collect_offers(context)
     for done, offer in enumerate(offers):
         report(f"{rep}: {parts_label(offer.parts)}", done, len(offers))
@@ -348,7 +339,7 @@ def _measure_kind(setup: FakeSetup, rep: str, block: nn.Module, inputs: BlockInp
             continue
         measured[offer.parts] = _candidate(offer.parts, run, device, base=none_run)
         if offer.sublayer in singles:
-            singles[offer.sublayer].append((offer.paired, run))
+            singles[offer.sublayer].append((offer.parts[0], run))
     for pair in _pairs(singles, none_run, list(measured.values()), device, max_composites):
         run = run_block(setup, rep, block, inputs, pair)
         measured[pair] = _candidate(pair, run, device, base=none_run)

@@ -34,8 +34,9 @@ from remat.blocks import find_sublayer
 from remat.errors import BlocksNotFound, RematError, RematWarning, StrategyError
 from remat.measure.compiled import CompiledMeasurement, measure_compiled
 from remat.measure.step import Step
-from remat.strategies import BlockDecision
+from remat.strategies import BlockStrategy, parse_strategy
 from remat.strategies.apply import apply_decisions, preserved_strategy
+from remat.strategies.builtin import Full, NoCheckpoint, SelectiveOps
 from remat.strategies.compiled import WHOLE_MODEL, BackendCache, compile_plan, uncompile
 
 __all__ = ["DEFAULT_COMPILED_CANDIDATES", "WHOLE_MODEL_BUDGETS", "CompiledCandidate",
@@ -54,7 +55,7 @@ class CompiledCandidate:
         compiler_budget: the block's ``activation_memory_budget`` in [0, 1].
     """
 
-    decision: BlockDecision
+    decision: BlockStrategy
     compiler_budget: float
 
     def label(self) -> str:
@@ -65,13 +66,13 @@ class CompiledCandidate:
 #: The compiler alone at five budgets, then remat's full checkpoint and default SAC set.
 #: (SAC at a budget below 1.0 is not offered: inductor 2.13 fails an assertion on it.)
 DEFAULT_COMPILED_CANDIDATES: tuple[CompiledCandidate, ...] = (
-    CompiledCandidate(BlockDecision("none"), 1.0),
-    CompiledCandidate(BlockDecision("none"), 0.75),
-    CompiledCandidate(BlockDecision("none"), 0.5),
-    CompiledCandidate(BlockDecision("none"), 0.25),
-    CompiledCandidate(BlockDecision("none"), 0.0),
-    CompiledCandidate(BlockDecision("full"), 1.0),
-    CompiledCandidate(BlockDecision("ops"), 1.0),
+    CompiledCandidate(NoCheckpoint(), 1.0),
+    CompiledCandidate(NoCheckpoint(), 0.75),
+    CompiledCandidate(NoCheckpoint(), 0.5),
+    CompiledCandidate(NoCheckpoint(), 0.25),
+    CompiledCandidate(NoCheckpoint(), 0.0),
+    CompiledCandidate(Full(), 1.0),
+    CompiledCandidate(SelectiveOps(), 1.0),
 )
 
 
@@ -151,7 +152,7 @@ def measure_whole(step: Step, names: Sequence[str], budget: float) -> CompiledMe
     return _measure(step, decisions, {WHOLE_MODEL: budget}, {}, 64)
 
 
-def _measure(step: Step, decisions: dict[str, BlockDecision], budgets: dict[str, float],
+def _measure(step: Step, decisions: dict[str, BlockStrategy], budgets: dict[str, float],
              backends: BackendCache, entries: int) -> CompiledMeasurement:
     model = step.model
     before = {m: m._compiled_call_impl for m in model.modules()
@@ -187,7 +188,9 @@ def default_candidates(step: Step) -> tuple[CompiledCandidate, ...]:
                 find_sublayer(block, kind)  # type: ignore[arg-type]
         except (BlocksNotFound, StrategyError, ValueError):
             continue
-        extra.append(CompiledCandidate(BlockDecision(kind), 1.0))
+        strategy = parse_strategy(kind)
+        if isinstance(strategy, BlockStrategy):
+            extra.append(CompiledCandidate(strategy, 1.0))
     return DEFAULT_COMPILED_CANDIDATES + tuple(extra)
 
 

@@ -25,7 +25,7 @@ from remat.planning.peak import PeakModel
 from remat.planning.plans import COST_SOURCES
 from remat.planning.timed import time_groups
 from remat.progress import report
-from remat.strategies import BlockDecision
+from remat.strategies import BlockStrategy
 from remat.strategies.pitfalls import check_model, warn_pitfalls
 
 __all__ = ["PlanContext", "batch_size_of", "check_plannable", "prepare", "prepare_step",
@@ -73,9 +73,10 @@ class PlanContext:
         """The blocks' qualified names, in forward order."""
         return self.peak_model.block_names
 
-    def decisions(self, choice: Sequence[int]) -> dict[str, BlockDecision]:
-        """Decisions of a choice (candidate index per block), ``"none"`` left out."""
-        out: dict[str, BlockDecision] = {}
+    def decisions(self, choice: Sequence[int]) -> dict[str, BlockStrategy]:
+        """What each module gets under a choice (candidate index per block), ``"none"``
+        left out."""
+        out: dict[str, BlockStrategy] = {}
         for name, table, c in zip(self.block_names, self.peak_model.tables, choice, strict=True):
             out.update(table[c].decisions_for(name))
         return out

@@ -30,7 +30,8 @@ from remat.planning.cost import recompute_ms, step_ms
 from remat.planning.plans import Plan, apply_spec, decisions_label
 from remat.planning.solver import min_peak_choice, solve
 from remat.progress import report
-from remat.strategies import BlockDecision, apply_decisions, preserved_strategy
+from remat.strategies import BlockStrategy, apply_decisions, preserved_strategy
+from remat.strategies.builtin import Full
 from remat.units import format_bytes
 
 __all__ = ["close_loop", "measure_decisions", "measure_on_copy", "timed_step_ms"]
@@ -44,7 +45,7 @@ _KIND_NAMES = {
 }
 
 
-def measure_decisions(step: Step, decisions: Mapping[str, BlockDecision], *,
+def measure_decisions(step: Step, decisions: Mapping[str, BlockStrategy], *,
                       simulate: bool = False, timing: bool = False) -> Profile:
     """Profile one step with ``decisions`` applied, then restore the model.
 
@@ -60,7 +61,7 @@ def measure_decisions(step: Step, decisions: Mapping[str, BlockDecision], *,
         return profile_step(step, simulate=simulate, timing=timing and not simulate, repeats=3)
 
 
-def measure_on_copy(step: Step, ctx: PlanContext, decisions: Mapping[str, BlockDecision]
+def measure_on_copy(step: Step, ctx: PlanContext, decisions: Mapping[str, BlockStrategy]
                   ) -> Profile | None:
     """One tracked step of the context's fake copy with ``decisions`` applied, or
     ``None`` where NOTE [ Closed loop on the fake copy ] does not apply. Each set of
@@ -74,7 +75,7 @@ def measure_on_copy(step: Step, ctx: PlanContext, decisions: Mapping[str, BlockD
     return setup.profiles[key]
 
 
-def _measure_on_copy(step: Step, setup: FakeSetup, decisions: Mapping[str, BlockDecision]
+def _measure_on_copy(step: Step, setup: FakeSetup, decisions: Mapping[str, BlockStrategy]
                      ) -> Profile | None:
     fstep = step.with_model(setup.model, setup.optimizer, setup.batch)
     names = step.block_names(api="remat.plan")
@@ -93,7 +94,7 @@ def _measure_on_copy(step: Step, setup: FakeSetup, decisions: Mapping[str, Block
     return _build_profile(tracked, named, simulated=True, device=fstep.device)
 
 
-def timed_step_ms(step: Step, decisions: Mapping[str, BlockDecision], *,
+def timed_step_ms(step: Step, decisions: Mapping[str, BlockStrategy], *,
                   repeats: int = 3) -> float:
     """Median time of a real training step with ``decisions`` applied, ms; model restored."""
     names = step.block_names(api="remat.plan")
@@ -174,7 +175,7 @@ def _too_small(ctx: PlanContext, budget_bytes: int, choice: Sequence[int],
 def _lowest_choices(ctx: PlanContext) -> list[list[int]]:
     """Choices that keep the least: the smallest predicted peak, every block fully
     checkpointed, and every block's candidate that keeps the fewest bytes."""
-    full = BlockDecision("full")
+    full = Full()
     choices = [min_peak_choice(ctx.peak_model)]
     tables = ctx.peak_model.tables
     all_full = [next((i for i, c in enumerate(t) if c.parts == (("", full),)), None)

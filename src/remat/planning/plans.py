@@ -8,9 +8,12 @@ frozen value: measuring it again or searching batch sizes returns a new plan
 training script.
 
 NOTE [ Plan JSON format ]
-    ``{"format": "remat.plan", "version": 1, ...}``. The version changes whenever
+    ``{"format": "remat.plan", "version": 2, ...}``. The version changes whenever
     a field changes meaning; :meth:`Plan.from_json` reads only versions it knows
-    and says which it read otherwise. Custom ``blocks=`` specs (classes or
+    and says which it read otherwise. Version 2 stores what each module gets as the
+    strategy's name and fields, ``{"name": "ops", "fields": {"save_ops": [...]}}``, so
+    a registered strategy's fields survive the file; version 1 (remat 0.1) stored
+    ``{"kind": ..., "save_ops": ...}`` and still reads. Custom ``blocks=`` specs (classes or
     predicates) are not serialisable, so the file stores the block names and
     reads back a :class:`NamedBlocks` selecting exactly those modules. Fields
     added later with a default that keeps the old meaning (``cost_source``,
@@ -38,22 +41,23 @@ from remat.planning.records import (
     apply_spec,
     check_float,
     check_int,
-    decision_from_dict,
-    decision_to_dict,
     decisions_label,
     opt_float,
     opt_int,
     owner_block,
     print_from_dict,
 )
-from remat.strategies import BlockDecision
+from remat.strategies import BlockStrategy, strategy_from_dict, strategy_to_dict
+from remat.strategies.builtin import NoCheckpoint
 from remat.strategies.compiled import check_compiled
 
 __all__ = ["COST_SOURCES", "PLAN_FORMAT_VERSION", "NamedBlocks", "Plan", "ThroughputRow",
            "apply_spec", "decisions_label"]
 
 #: Version of the JSON written by :meth:`Plan.to_json` (see NOTE [ Plan JSON format ]).
-PLAN_FORMAT_VERSION = 1
+PLAN_FORMAT_VERSION = 2
+#: Versions :meth:`Plan.from_json` reads (1: remat 0.1's decisions as kind and save set).
+_READS = (1, 2)
 _FORMAT = "remat.plan"
 #: Where a plan's costs come from: op counts on a device spec, or timed runs.
 COST_SOURCES: tuple[str, ...] = ("roofline", "measured")
@@ -68,11 +72,12 @@ class Plan:
     their activations (``"none"``); a plan with no decision is the *empty plan*.
 
     Args:
-        decisions: per qualified module name, its :class:`~remat.strategies.BlockDecision`
-            (``"full"``, ``"attn"``, ``"mlp"``, ``"ops"`` with a save set, or ``"offload"``).
-            Keys are blocks, or sub-layers inside a block (``"blocks.3.mlp"``) when the
-            plan decides on a block's attention and MLP separately. ``"none"`` entries are
-            dropped.
+        decisions: per qualified module name, the block-level strategy *instance* it
+            gets (:class:`~remat.strategies.BlockStrategy`: ``Full()``,
+            ``SelectiveOps(save_ops=...)``, ``Offload()``, or a registered strategy with
+            its fields). Keys are blocks, or modules inside a block (``"blocks.3.mlp"``)
+            when the plan decides on a sub-layer: the one spelling remat writes for a
+            sub-layer choice. ``"none"`` entries are dropped.
         block_names: every block of the model, in forward order.
         budget_bytes: the peak-memory budget the plan was made for, bytes.
         predicted_peak_bytes: the step's peak the peak model predicts, bytes.
@@ -115,7 +120,7 @@ class Plan:
             (the compiler's own setting won); ``None``: an eager plan. Default: ``None``.
     """
 
-    decisions: Mapping[str, BlockDecision]
+    decisions: Mapping[str, BlockStrategy]
     block_names: tuple[str, ...]
     budget_bytes: int
     predicted_peak_bytes: int
@@ -139,17 +144,18 @@ class Plan:
         object.__setattr__(self, "block_names", names)
         if len(set(names)) != len(names):
             raise ValueError(f"Plan: block_names has duplicates: {sorted(names)}")
-        decisions: dict[str, BlockDecision] = {}
+        decisions: dict[str, BlockStrategy] = {}
         for name, decision in dict(self.decisions).items():
-            if not isinstance(decision, BlockDecision):
-                raise ValueError(f"Plan: decision for {name!r} must be a BlockDecision, got "
-                                 f"{type(decision).__name__}")
+            if not isinstance(decision, BlockStrategy):
+                raise ValueError(f"Plan: what {name!r} gets must be a block-level strategy "
+                                 f"instance (remat.BlockStrategy)\nfound: {decision!r} "
+                                 f"({type(decision).__name__})")
             if owner_block(name, names) is None:
                 raise ValueError(
                     f"Plan: decision for {name!r}, which is neither one of block_names "
                     f"({', '.join(names[:4])}{' ...' if len(names) > 4 else ''}) nor inside one"
                 )
-            if decision.kind != "none":
+            if not isinstance(decision, NoCheckpoint):
                 decisions[name] = decision
         order = {n: i for i, n in enumerate(names)}
         ordered = dict(sorted(decisions.items(),
@@ -202,7 +208,7 @@ class Plan:
 
     # ---- reading -------------------------------------------------------------------------
 
-    def decision(self, name: str) -> BlockDecision:
+    def decision(self, name: str) -> BlockStrategy:
         """The decision for module ``name`` (``"none"`` when the plan leaves it alone).
 
         ``name`` is a block, or a sub-layer the plan decides on (``"blocks.3.mlp"``);
@@ -215,9 +221,9 @@ class Plan:
         if owner_block(name, self.block_names) is None:
             raise KeyError(f"Plan.decision: no block {name!r}; blocks: "
                            f"{', '.join(self.block_names[:6])}")
-        return self.decisions.get(name, BlockDecision("none"))
+        return self.decisions.get(name, NoCheckpoint())
 
-    def block_decisions(self, block: str) -> dict[str, BlockDecision]:
+    def block_decisions(self, block: str) -> dict[str, BlockStrategy]:
         """The decisions on ``block`` and on modules inside it, by qualified name."""
         if block not in self.block_names:
             raise KeyError(f"Plan.block_decisions: no block {block!r}")
@@ -256,7 +262,7 @@ class Plan:
             "format": _FORMAT,
             "version": PLAN_FORMAT_VERSION,
             "block_names": list(self.block_names),
-            "decisions": {n: decision_to_dict(d) for n, d in self.decisions.items()},
+            "decisions": {n: strategy_to_dict(d) for n, d in self.decisions.items()},
             "budget_bytes": self.budget_bytes,
             "predicted_peak_bytes": self.predicted_peak_bytes,
             "measured_peak_bytes": self.measured_peak_bytes,
@@ -304,16 +310,17 @@ class Plan:
                 f"plans. Load it with remat.{framework}.Plan.from_json(...)"
             )
         version = data.get("version")
-        if version != PLAN_FORMAT_VERSION:
+        if version not in _READS:
             raise ValueError(
-                f"remat.Plan.from_json: plan format version {version!r} is not supported; this "
-                f"remat reads version {PLAN_FORMAT_VERSION}. Re-create the plan with "
-                "remat.plan(...) using this remat version, or install the remat version that "
-                "wrote it."
+                f"remat.Plan.from_json: plan format version {version!r} is not supported\n"
+                f"this remat reads versions {', '.join(map(str, _READS))}\n"
+                "re-create the plan with remat.plan(...) using this remat version, or install "
+                "the remat version that wrote it"
             )
         try:
             names = tuple(str(n) for n in data["block_names"])
-            decisions = {str(n): decision_from_dict(d, repr(n))
+            decisions = {str(n): strategy_from_dict(d, where=repr(n),
+                                                    api="remat.Plan.from_json")
                          for n, d in dict(data.get("decisions") or {}).items()}
             blocks = data.get("blocks")
             return cls(

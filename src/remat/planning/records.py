@@ -11,11 +11,10 @@ from torch import nn
 
 from remat.blocks import BlocksSpec
 from remat.planning.fingerprint import BlockPrint
-from remat.strategies import BlockDecision
+from remat.strategies import BlockStrategy
 
 __all__ = ["NamedBlocks", "ThroughputRow", "apply_spec", "check_float", "check_int",
-           "decision_from_dict", "decision_to_dict", "decisions_label", "opt_float", "opt_int",
-           "owner_block", "print_from_dict"]
+           "decisions_label", "opt_float", "opt_int", "owner_block", "print_from_dict"]
 
 
 @dataclass(frozen=True)
@@ -116,7 +115,7 @@ def owner_block(name: str, blocks: Sequence[str]) -> str | None:
     return None
 
 
-def apply_spec(decisions: Mapping[str, BlockDecision], block_names: Sequence[str],
+def apply_spec(decisions: Mapping[str, BlockStrategy], block_names: Sequence[str],
                blocks: BlocksSpec) -> BlocksSpec:
     """The ``blocks=`` that makes ``remat.apply`` find every module ``decisions`` names.
 
@@ -130,36 +129,6 @@ def apply_spec(decisions: Mapping[str, BlockDecision], block_names: Sequence[str
 
 
 # ---- JSON pieces of a Plan (NOTE [ Plan JSON format ] in plans.py) ---------------------------
-
-
-def decision_to_dict(decision: BlockDecision) -> dict[str, Any]:
-    save_ops = None if decision.save_ops is None else sorted(decision.save_ops)
-    return {"kind": decision.kind, "save_ops": save_ops}
-
-
-def decision_from_dict(data: Any, where: str) -> BlockDecision:
-    """The decision a plan file holds for module ``where``.
-
-    Raises:
-        ValueError: not ``{"kind": ..., "save_ops": [...] | null}``, or a bad op name.
-    """
-    api = "remat.Plan.from_json"
-    if isinstance(data, str):
-        data = {"kind": data}
-    if not isinstance(data, Mapping) or "kind" not in data:
-        raise ValueError(f"{api}: decision for {where} must be an object with 'kind', "
-                         f"got {data!r}")
-    save_ops = data.get("save_ops")
-    if isinstance(save_ops, str):
-        raise ValueError(f"{api}: save_ops of the decision for {where} is the string "
-                         f"{save_ops!r}; it must be a list of op names: [{save_ops!r}]")
-    if save_ops is not None and not isinstance(save_ops, list):
-        raise ValueError(f"{api}: save_ops of the decision for {where} must be a list of op "
-                         f"names such as [\"aten.mm\"], got {save_ops!r}")
-    try:
-        return BlockDecision(data["kind"], None if save_ops is None else frozenset(save_ops))
-    except ValueError as exc:
-        raise ValueError(f"{api}: decision for {where}: {exc}") from None
 
 
 def print_from_dict(data: Any) -> BlockPrint:

@@ -2,7 +2,7 @@
 
 Each strategy is one module (``builtin/``) holding a frozen config, how it installs, and
 the planner candidates it offers; :mod:`~remat.strategies.registry` knows them all by
-name. :func:`apply` puts a strategy or a plan's per-block decisions on a model.
+name. :func:`apply` puts a strategy, or a plan's strategy per block, on a model.
 """
 
 from remat.recompute import is_recomputing, recomputing
@@ -16,15 +16,14 @@ from remat.strategies.apply import (
 )
 from remat.strategies.base import BlockContext, BlockStrategy, Offer, Part, Strategy
 from remat.strategies.builtin.sqrt import sqrt_segments
-from remat.strategies.decision import BlockDecision
 from remat.strategies.registry import (
     STRATEGIES,
-    block_strategy,
-    check_decision,
     default_strategies,
     parse_strategy,
     register_strategy,
     registered,
+    strategy_from_dict,
+    strategy_to_dict,
     unregister_strategy,
 )
 from remat.strategies.sac import COMPUTE_HEAVY_OPS, default_save_ops
@@ -34,7 +33,6 @@ __all__ = [
     "STRATEGIES",
     "AppliedStrategy",
     "BlockContext",
-    "BlockDecision",
     "BlockStrategy",
     "Offer",
     "Part",
@@ -42,8 +40,6 @@ __all__ = [
     "applied",
     "apply",
     "apply_decisions",
-    "block_strategy",
-    "check_decision",
     "default_save_ops",
     "default_strategies",
     "is_recomputing",
@@ -54,5 +50,7 @@ __all__ = [
     "registered",
     "remove",
     "sqrt_segments",
+    "strategy_from_dict",
+    "strategy_to_dict",
     "unregister_strategy",
 ]

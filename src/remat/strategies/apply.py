@@ -12,11 +12,10 @@ from torch import nn
 
 from remat.blocks import BlocksSpec, named_blocks
 from remat.errors import RematWarning, StrategyError
-from remat.strategies.base import Strategy
-from remat.strategies.decision import BlockDecision
+from remat.strategies.base import BlockStrategy, Strategy
 from remat.strategies.pitfalls import check_model, check_regions, warn_pitfalls
 from remat.strategies.regions import region_of, uninstall
-from remat.strategies.registry import check_decision, parse_strategy
+from remat.strategies.registry import parse_strategy
 
 __all__ = [
     "AppliedStrategy",
@@ -33,7 +32,6 @@ _APPLIED = "_remat_applied"
 _COMPILED_BY_PLAN = "_remat_compiled_by_plan"
 #: Instance attributes remat installs on a module (regions.py and ``_APPLIED``).
 _INSTALLED_KEYS = ("forward", "_remat_region", "_remat_prev_forward", _APPLIED)
-_NONE = BlockDecision("none")
 
 
 @dataclass(frozen=True)
@@ -42,7 +40,7 @@ class AppliedStrategy:
 
     Args:
         strategy: the strategy string, or ``"plan"``.
-        decisions: per block qualified name, the decision label.
+        decisions: per block qualified name, the label of the strategy it got.
     """
 
     strategy: str
@@ -73,8 +71,8 @@ def remove(model: M) -> M:
     return model
 
 
-def _offload_notice(model: nn.Module, decisions: Mapping[str, BlockDecision]) -> None:
-    if not any(check_decision(d).moves_to_host for d in decisions.values()):
+def _offload_notice(model: nn.Module, decisions: Mapping[str, BlockStrategy]) -> None:
+    if not any(d.moves_to_host for d in decisions.values()):
         return
     devices = {p.device.type for p in model.parameters()}
     if devices <= {"cpu", "meta"}:
@@ -103,15 +101,16 @@ def _no_region_notice(model: nn.Module, label: str, blocks: list[str]) -> None:
     )
 
 
-def apply_decisions(model: M, decisions: Mapping[str, BlockDecision], *,
+def apply_decisions(model: M, decisions: Mapping[str, BlockStrategy], *,
                     blocks: BlocksSpec = None, label: str = "plan") -> M:
-    """Apply one decision per block, by qualified block name (how a Plan is applied).
+    """Install one block-level strategy per block, by qualified block name (how a Plan is
+    applied).
 
-    Blocks missing from ``decisions`` get ``"none"``.
+    Blocks missing from ``decisions`` get nothing (``"none"``).
 
     Raises:
         StrategyError: a name in ``decisions`` is not one of the model's blocks, or a
-            decision's kind is not a registered per-block strategy.
+            value is not a block-level strategy.
     """
     remove(model)
     named = named_blocks(model, blocks, api="remat.apply")
@@ -123,26 +122,34 @@ def apply_decisions(model: M, decisions: Mapping[str, BlockDecision], *,
             f"The model's blocks are {sorted(known)[:5]}{' ...' if len(known) > 5 else ''}. "
             "Was the plan made for another model or with another blocks= setting?"
         )
-    strategies = {name: check_decision(d) for name, d in decisions.items()}
+    wrong = {n: d for n, d in decisions.items() if not isinstance(d, BlockStrategy)}
+    if wrong:
+        name, value = next(iter(wrong.items()))
+        raise StrategyError(
+            f"remat.apply: what {name!r} gets must be a block-level strategy\n"
+            f"found: {value!r} ({type(value).__name__})\n"
+            "use an instance such as remat.strategies.parse_strategy('full')"
+        )
     pitfalls = check_model(model)
     regions: list[nn.Module] = []
     for name, block in named:
         if name in decisions:
-            regions += strategies[name].install_block(block, decisions[name])
+            regions += decisions[name].install_block(block)
     pitfalls += check_regions(model, regions)
     warn_pitfalls(pitfalls, model_name=type(model).__name__)
     _offload_notice(model, decisions)
-    if not _installed(model) and any(d.kind != "none" for d in decisions.values()):
+    if not _installed(model) and any(d.name != "none" for d in decisions.values()):
         _no_region_notice(model, label, [name for name, _ in named])
     model.__dict__[_APPLIED] = AppliedStrategy(
-        label, tuple((name, decisions.get(name, _NONE).label()) for name, _ in named)
+        label, tuple((name, decisions[name].label() if name in decisions else "none")
+                     for name, _ in named)
     )
     return model
 
 
 def _apply_strategy(model: M, strategy: Strategy, blocks: BlocksSpec) -> M:
     named = named_blocks(model, blocks, api="remat.apply")
-    decisions = strategy.decisions([n for n, _ in named])
+    decisions = strategy.decisions(named)
     if decisions is not None:
         return apply_decisions(model, decisions, blocks=blocks, label=str(strategy))
     remove(model)

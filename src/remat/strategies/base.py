@@ -1,40 +1,46 @@
 """What a strategy is: a frozen config that installs itself and offers planner candidates.
 
 Every strategy remat knows is a subclass of :class:`Strategy` registered by name in
-:mod:`remat.strategies.registry` (``"full"``, ``"every:2"``, ...). A strategy says
+:mod:`remat.strategies.registry` (``"full"``, ``"every:2"``, ...). A strategy *instance*
+is a frozen dataclass whose fields are its config (``EveryN(n=2)``,
+``SelectiveOps(save_ops=frozenset({"aten.mm"}))``), and that instance is the one value
+that travels: ``remat.apply`` installs it, a Plan holds it per module, a plan file stores
+it as ``{"name": ..., "fields": {...}}`` and reads it back. Nothing turns an instance into
+a name and back, so no field is lost on the way. A strategy says
 
 - how it is written (``name``, an optional ``argument`` such as ``N`` in ``every:N``),
-- how it installs on a model (:meth:`Strategy.install`),
+- which strategy each block gets (:meth:`Strategy.decisions`) or, for strategies whose
+  regions span blocks, how it installs on the model (:meth:`Strategy.install`),
 - which of its instances belong in ``remat compare``, ``remat simulate`` and the
   frontier's manual points (:meth:`Strategy.examples`),
+- which candidates it offers the planner (:meth:`Strategy.offers`),
 
-and, for *block-level* strategies (:class:`BlockStrategy`: one decision per block,
-the kinds a Plan can hold), how it installs on one block and which candidates it
-offers the planner (:meth:`BlockStrategy.offers`). Adding a strategy is one module:
-subclass, decorate with :func:`remat.register_strategy`, done (docs/extending.md).
+and, for *block-level* strategies (:class:`BlockStrategy`: what a Plan holds per module),
+how it installs on one module (:meth:`BlockStrategy.install_block`). Adding a strategy is
+one module: subclass, decorate with :func:`remat.register_strategy`, done
+(docs/extending.md).
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, ClassVar, Literal
+from dataclasses import MISSING, dataclass, field, fields
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from torch import nn
 
 from remat.devices import DeviceSpec
 from remat.errors import StrategyError
 from remat.measure.tracker import OpRecord
-from remat.strategies.decision import BlockDecision
 
 if TYPE_CHECKING:
     from remat.strategies.op_graph import OpGraph
 
 __all__ = ["BlockContext", "BlockStrategy", "Offer", "Part", "Purpose", "Strategy"]
 
-Part = tuple[str, BlockDecision]
-"""``(path, decision)``: ``""`` for the block itself, else a sub-layer's path in the block."""
+Part = tuple[str, "BlockStrategy"]
+"""``(path, strategy)``: ``""`` for the block itself, else a sub-layer's path in the block."""
 
 Purpose = Literal["compare", "simulate", "frontier"]
 """Where a list of strategies is shown: ``remat compare``, ``remat simulate``, the frontier."""
@@ -72,11 +78,12 @@ class Offer:
     """One candidate a strategy asks the planner to measure on a kind of block.
 
     Args:
-        parts: the decisions, e.g. ``(("", BlockDecision("full")),)`` for the block.
+        parts: what each module of the block gets, e.g. ``(("", Full()),)`` for the
+            block, ``(("self_attn", Full()),)`` for its attention sub-layer.
         sublayer: the sub-layer kind the offer is about (``"attn"``, ``"mlp"``), or
             ``None`` for the whole block. Sub-layer offers of two kinds are also
-            combined in pairs (the planner measures the promising pairs).
-        pair_part: what the offer contributes to such a pair. Default: ``parts[0]``.
+            combined in pairs (the planner measures the promising pairs): a sub-layer
+            offer has one part, the sub-layer's.
         optional: measuring it may fail where nothing runs for real (pinned host memory
             under fake tensors); the planner then warns and plans without it.
             Default: ``False``.
@@ -84,17 +91,14 @@ class Offer:
 
     parts: tuple[Part, ...]
     sublayer: str | None = None
-    pair_part: Part | None = None
     optional: bool = False
 
     def __post_init__(self) -> None:
         if not self.parts:
             raise ValueError("Offer: parts must not be empty (the planner measures 'none' itself)")
-
-    @property
-    def paired(self) -> Part:
-        """The part this offer contributes to an attention + MLP pair."""
-        return self.pair_part if self.pair_part is not None else self.parts[0]
+        if self.sublayer is not None and len(self.parts) != 1:
+            raise ValueError(f"Offer: a sub-layer offer has one part (the sub-layer's), got "
+                             f"{len(self.parts)}")
 
 
 class Strategy(ABC):
@@ -145,9 +149,15 @@ class Strategy(ABC):
         return self.name
 
     @abstractmethod
-    def decisions(self, names: Sequence[str]) -> dict[str, BlockDecision] | None:
-        """One decision per block (by name), or ``None`` when the strategy is not per
-        block (it then overrides :meth:`install`)."""
+    def decisions(self, blocks: Sequence[tuple[str, nn.Module]]
+                  ) -> dict[str, BlockStrategy] | None:
+        """What each module gets: qualified name (a block, or a module inside one) ->
+        block-level strategy; modules left out get nothing. ``None`` when the strategy is
+        not per block (it then overrides :meth:`install`).
+
+        Args:
+            blocks: the model's blocks, ``(qualified name, module)``, in model order.
+        """
 
     def install(self, blocks: Sequence[tuple[str, nn.Module]]) -> list[nn.Module] | None:
         """Install on the model's blocks itself; return the modules made regions.
@@ -157,25 +167,53 @@ class Strategy(ABC):
         """
         return None
 
-
-class BlockStrategy(Strategy):
-    """A strategy that is one decision kind per block: the kinds a Plan holds.
-
-    Class attributes:
-        takes_save_ops: decisions of this kind may carry ``save_ops``.
-        moves_to_host: it costs host transfers rather than recompute (``offload``).
-    """
-
-    takes_save_ops: ClassVar[bool] = False
-    moves_to_host: ClassVar[bool] = False
-
-    def decisions(self, names: Sequence[str]) -> dict[str, BlockDecision]:
-        return {name: BlockDecision(self.name) for name in names}
-
-    @abstractmethod
-    def install_block(self, block: nn.Module, decision: BlockDecision) -> list[nn.Module]:
-        """Install ``decision`` (of this kind) on ``block``; return the modules made regions."""
-
     def offers(self, context: BlockContext) -> list[Offer]:
         """Candidates for the planner on a kind of block. Default: none."""
         return []
+
+
+class BlockStrategy(Strategy):
+    """A strategy installed on one module at a time: what a Plan holds per module.
+
+    The instance is the decision: its fields are what :meth:`install_block` reads, what
+    a plan file stores (:meth:`fields_dict`) and what :meth:`label` shows. Fields must be
+    JSON values, or frozensets/tuples of them (stored as lists, which ``__post_init__``
+    turns back into the field's type).
+
+    Class attributes:
+        moves_to_host: it costs host transfers rather than recompute (``offload``).
+    """
+
+    moves_to_host: ClassVar[bool] = False
+
+    def decisions(self, blocks: Sequence[tuple[str, nn.Module]]) -> dict[str, BlockStrategy]:
+        return {name: self for name, _ in blocks}
+
+    @abstractmethod
+    def install_block(self, block: nn.Module) -> list[nn.Module]:
+        """Install this strategy on ``block`` (a block, or a module inside one); return the
+        modules made regions."""
+
+    def fields_dict(self) -> dict[str, Any]:
+        """The fields that differ from their defaults, as JSON values (sets sorted)."""
+        out: dict[str, Any] = {}
+        for f in fields(self):  # type: ignore[arg-type]
+            value = getattr(self, f.name)
+            if f.default is not MISSING and value == f.default:
+                continue
+            if f.default_factory is not MISSING and value == f.default_factory():
+                continue
+            out[f.name] = sorted(value) if isinstance(value, (set, frozenset)) else \
+                list(value) if isinstance(value, tuple) else value
+        return out
+
+    def label(self) -> str:
+        """Short form for tables: ``"full"``, or ``"name(field=value, ...)"`` for the fields
+        that differ from their defaults."""
+        shown = self.fields_dict()
+        if not shown:
+            return self.name
+        return f"{self.name}(" + ", ".join(f"{k}={v!r}" for k, v in shown.items()) + ")"
+
+    def __str__(self) -> str:
+        return self.label()

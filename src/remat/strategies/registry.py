@@ -19,24 +19,23 @@ from __future__ import annotations
 
 import importlib.metadata
 import warnings
-from collections.abc import Iterator, Sequence
-from typing import TypeVar, cast, overload
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, TypeVar, overload
 
 from remat.errors import RematWarning, StrategyError
 from remat.strategies.base import BlockStrategy, Purpose, Strategy
 from remat.strategies.builtin import BUILTIN
-from remat.strategies.decision import BlockDecision
 
 __all__ = [
     "ENTRY_POINT_GROUP",
     "STRATEGIES",
-    "block_strategy",
-    "check_decision",
     "default_strategies",
     "load_entry_points",
     "parse_strategy",
     "register_strategy",
     "registered",
+    "strategy_from_dict",
+    "strategy_to_dict",
     "unregister_strategy",
 ]
 
@@ -165,35 +164,51 @@ def parse_strategy(strategy: str | Strategy) -> Strategy:
     return cls.parse(argument.strip() if sep else None)
 
 
-def block_strategy(kind: str) -> BlockStrategy:
-    """The block-level strategy a decision of ``kind`` installs with.
+def strategy_to_dict(strategy: BlockStrategy) -> dict[str, Any]:
+    """A block-level strategy as JSON: ``{"name": "ops", "fields": {"save_ops": [...]}}``
+    (only the fields that differ from their defaults)."""
+    return {"name": strategy.name, "fields": strategy.fields_dict()}
+
+
+def strategy_from_dict(data: Any, *, where: str, api: str) -> BlockStrategy:
+    """The block-level strategy a plan file holds for ``where``.
+
+    Reads ``{"name": ..., "fields": {...}}`` and the form remat 0.1 wrote,
+    ``{"kind": ..., "save_ops": [...] | null}`` (or a bare name).
 
     Raises:
-        StrategyError: ``kind`` is not registered, or not a per-block strategy.
+        ValueError: not one of those forms, an unknown or unregistered name, or fields the
+            strategy does not take or refuses (the message names the entry and the fix).
     """
-    cls = _REGISTRY.get(kind)
+    if isinstance(data, str):
+        data = {"name": data}
+    if isinstance(data, Mapping) and "kind" in data and "name" not in data:  # remat 0.1
+        save_ops = data.get("save_ops")
+        if isinstance(save_ops, str):
+            raise ValueError(f"{api}: save_ops of the decision for {where} is a string\n"
+                             f"found: {save_ops!r}\nwrite a list of op names: [{save_ops!r}]")
+        data = {"name": data["kind"],
+                "fields": {} if save_ops is None else {"save_ops": save_ops}}
+    if not isinstance(data, Mapping) or not isinstance(data.get("name"), str):
+        raise ValueError(f"{api}: the decision for {where} is not a strategy\n"
+                         f"found: {data!r}\n"
+                         'write {"name": "full", "fields": {}} (see Plan.to_json)')
+    name, values = data["name"], data.get("fields") or {}
+    cls = _REGISTRY.get(name)
     if cls is None or not issubclass(cls, BlockStrategy):
         kinds = ", ".join(c.name for c in _REGISTRY.values() if issubclass(c, BlockStrategy))
-        raise StrategyError(
-            f"remat.apply: {kind!r} is not a per-block decision kind; known kinds: {kinds}. "
-            "Is the strategy that defines it registered (remat.register_strategy)?"
-        )
-    return cast(BlockStrategy, cls.parse(None))
-
-
-def check_decision(decision: BlockDecision) -> BlockStrategy:
-    """The strategy of ``decision``, after checking its kind and save set.
-
-    Raises:
-        StrategyError: unknown kind, or a save set on a kind that takes none.
-    """
-    strategy = block_strategy(decision.kind)
-    if decision.save_ops is not None and not strategy.takes_save_ops:
-        raise StrategyError(
-            f"remat.apply: decision {decision.label()!r}: save_ops is only meaningful for "
-            f"kinds that keep chosen ops (e.g. 'ops'), not {decision.kind!r}"
-        )
-    return strategy
+        raise ValueError(f"{api}: the decision for {where} names strategy {name!r}, which is "
+                         f"not a registered block-level strategy\nknown: {kinds}\n"
+                         "register the strategy that defines it (remat.register_strategy) "
+                         "before loading the plan")
+    if not isinstance(values, Mapping):
+        raise ValueError(f"{api}: the fields of the decision for {where} must be an object\n"
+                         f"found: {values!r}")
+    try:
+        return cls(**values)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{api}: the decision for {where} ({name}) cannot be rebuilt\n"
+                         f"fields: {dict(values)!r}\n{exc}") from None
 
 
 def default_strategies(purpose: Purpose, *, num_blocks: int = 2) -> list[str]:

@@ -21,6 +21,7 @@ from remat.blocks import BlocksSpec
 from remat.errors import ParityError, RematWarning
 from remat.measure.step import Step, call_model, check_runnable, default_loss
 from remat.strategies.apply import apply, remove
+from remat.strategies.base import Strategy
 from remat.strategies.regions import region_of
 
 __all__ = ["ParityReport", "relative_error", "validate"]
@@ -189,7 +190,8 @@ def validate(model: nn.Module, batch: Any, strategy: str | Any, *, blocks: Block
     """
     step = Step(model, batch, loss_fn=loss_fn, blocks=blocks)
     check_runnable(model, api="remat.validate")
-    label = strategy if isinstance(strategy, str) else "plan"
+    label = strategy if isinstance(strategy, str) else \
+        str(strategy) if isinstance(strategy, Strategy) else "plan"
     with _preserved(model):
         remove(model)
         loss_ref, grads_ref = _step(step, seed)

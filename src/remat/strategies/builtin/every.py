@@ -6,9 +6,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
+from torch import nn
+
 from remat.errors import StrategyError
-from remat.strategies.base import Purpose, Strategy
-from remat.strategies.decision import BlockDecision
+from remat.strategies.base import BlockStrategy, Purpose, Strategy
+from remat.strategies.builtin.full import Full
 
 __all__ = ["EveryN"]
 
@@ -54,6 +56,5 @@ class EveryN(Strategy):
     def __str__(self) -> str:
         return f"{self.name}:{self.n}"
 
-    def decisions(self, names: Sequence[str]) -> dict[str, BlockDecision]:
-        return {name: BlockDecision("full" if i % self.n == 0 else "none")
-                for i, name in enumerate(names)}
+    def decisions(self, blocks: Sequence[tuple[str, nn.Module]]) -> dict[str, BlockStrategy]:
+        return {name: Full() for i, (name, _) in enumerate(blocks) if i % self.n == 0}

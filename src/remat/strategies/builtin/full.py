@@ -8,7 +8,6 @@ from typing import ClassVar
 from torch import nn
 
 from remat.strategies.base import BlockContext, BlockStrategy, Offer
-from remat.strategies.decision import BlockDecision
 from remat.strategies.regions import install_checkpoint
 
 __all__ = ["Full"]
@@ -25,9 +24,9 @@ class Full(BlockStrategy):
     name: ClassVar[str] = "full"
     summary: ClassVar[str] = "checkpoint each block"
 
-    def install_block(self, block: nn.Module, decision: BlockDecision) -> list[nn.Module]:
-        install_checkpoint(block, label=decision.label())
+    def install_block(self, block: nn.Module) -> list[nn.Module]:
+        install_checkpoint(block, label=self.label())
         return [block]
 
     def offers(self, context: BlockContext) -> list[Offer]:
-        return [Offer((("", BlockDecision(self.name)),))]
+        return [Offer((("", self),))]

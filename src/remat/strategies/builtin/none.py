@@ -8,7 +8,6 @@ from typing import ClassVar
 from torch import nn
 
 from remat.strategies.base import BlockStrategy
-from remat.strategies.decision import BlockDecision
 
 __all__ = ["NoCheckpoint"]
 
@@ -24,5 +23,5 @@ class NoCheckpoint(BlockStrategy):
     name: ClassVar[str] = "none"
     summary: ClassVar[str] = "keep every activation (baseline)"
 
-    def install_block(self, block: nn.Module, decision: BlockDecision) -> list[nn.Module]:
+    def install_block(self, block: nn.Module) -> list[nn.Module]:
         return []

@@ -8,7 +8,6 @@ from typing import ClassVar
 from torch import nn
 
 from remat.strategies.base import BlockContext, BlockStrategy, Offer
-from remat.strategies.decision import BlockDecision
 from remat.strategies.regions import install_offload
 
 __all__ = ["Offload"]
@@ -33,11 +32,11 @@ class Offload(BlockStrategy):
     purposes: ClassVar[frozenset[str]] = frozenset({"compare"})
     moves_to_host: ClassVar[bool] = True
 
-    def install_block(self, block: nn.Module, decision: BlockDecision) -> list[nn.Module]:
-        install_offload(block, label=decision.label())
+    def install_block(self, block: nn.Module) -> list[nn.Module]:
+        install_offload(block, label=self.label())
         return []
 
     def offers(self, context: BlockContext) -> list[Offer]:
         if context.runs_on != "cuda":
             return []
-        return [Offer((("", BlockDecision(self.name)),), optional=True)]
+        return [Offer((("", self),), optional=True)]

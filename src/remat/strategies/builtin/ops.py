@@ -1,6 +1,6 @@
 """``ops``: op-level selective checkpointing: keep chosen ops' outputs, recompute the rest.
 
-The strategy's decisions carry a save set (``BlockDecision("ops", {...})``); the bare
+The strategy's field is a save set (``SelectiveOps(save_ops=frozenset({...}))``); the bare
 ``"ops"`` keeps every compute-heavy op's output (matmuls, attention, convolutions) and
 recomputes pointwise ops and norms (see :mod:`remat.strategies.sac`). For the planner it
 offers chains of save sets of increasing size, for the whole block and for each of its
@@ -9,28 +9,58 @@ sub-layers (:func:`save_set_chain`).
 
 from __future__ import annotations
 
+import difflib
 import itertools
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
+import torch
 from torch import nn
 
 from remat.devices import DeviceSpec
 from remat.measure.roofline import op_roofline_ms
 from remat.measure.tracker import OpRecord
 from remat.strategies.base import BlockContext, BlockStrategy, Offer
-from remat.strategies.decision import BlockDecision
 from remat.strategies.op_graph import OpGraph
 from remat.strategies.regions import install_checkpoint
 from remat.strategies.sac import COMPUTE_HEAVY_OPS, call_entry, default_save_ops, parse_entry
 from remat.strategies.save_cuts import with_cut_sets
 
-__all__ = ["SelectiveOps", "save_set_chain"]
+__all__ = ["SelectiveOps", "check_op_name", "save_set_chain"]
 
 _MAX_LIGHT_OPS = 4  # pointwise op names added one by one to a sub-layer's save-set chain
 _MAX_LIGHT_OPS_BLOCK = 2  # ... to a whole block's (block-wide pointwise sets rarely pay off)
 _EXHAUSTIVE = 3  # sub-layers with at most this many op names try every save set
+
+
+_OP_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\.[A-Za-z_][A-Za-z0-9_]*")
+
+
+def check_op_name(name: str) -> None:
+    """Refuse a save-set op name that is not ``<namespace>.<op>``, or an unknown aten op.
+
+    A name that matches no op saves nothing: the region silently recomputes
+    everything. Only ``aten`` names are looked up (other namespaces may be registered
+    later, by importing their library).
+
+    Raises:
+        ValueError: the name is malformed or names no aten op; the message suggests
+            the closest aten op names.
+    """
+    if not _OP_NAME.fullmatch(name):
+        raise ValueError(f"{name!r} is not an op name\n"
+                         "write an aten overload packet such as 'aten.mm' (or 'aten.mm#2' for "
+                         "its third call in the region)")
+    namespace, op = name.split(".")
+    if namespace == "aten" and not hasattr(torch.ops.aten, op):
+        known = {n.split("::", 1)[1].split(".", 1)[0]
+                 for n in torch._C._dispatch_get_all_op_names() if n.startswith("aten::")}
+        close = difflib.get_close_matches(op, sorted(known), n=3)
+        hint = f"\ndid you mean {', '.join('aten.' + c for c in close)}?" if close else ""
+        raise ValueError(f"unknown aten op {name!r}\nno region runs it, so saving it would "
+                         f"save nothing and recompute everything{hint}")
 
 
 @dataclass(frozen=True)
@@ -40,17 +70,46 @@ class SelectiveOps(BlockStrategy):
     Buys most of ``full``'s memory for a fraction of its recompute: matmul outputs are
     a small share of a block's bytes and the costliest to redo.
 
+    Args:
+        save_ops: aten overload-packet names whose outputs are kept, e.g.
+            ``frozenset({"aten.mm", "aten.addmm"})``, or single calls of one
+            (``"aten.mm#2"``: the third ``aten.mm`` of the region's forward); any iterable
+            of names is turned into a frozenset. ``None`` keeps every compute-heavy op's
+            output (:func:`~remat.strategies.sac.default_save_ops`). Default: ``None``.
+
     Example:
         >>> remat.apply(model, "ops")
+        >>> SelectiveOps(frozenset({"aten.mm"})).label()
+        'ops[aten.mm]'
     """
 
     name: ClassVar[str] = "ops"
     summary: ClassVar[str] = "keep matmul/attention outputs, recompute the rest"
-    takes_save_ops: ClassVar[bool] = True
 
-    def install_block(self, block: nn.Module, decision: BlockDecision) -> list[nn.Module]:
-        save_ops = decision.save_ops if decision.save_ops is not None else default_save_ops()
-        install_checkpoint(block, label=decision.label(), save_ops=save_ops)
+    save_ops: frozenset[str] | None = None
+
+    def __post_init__(self) -> None:
+        if self.save_ops is None:
+            return
+        if isinstance(self.save_ops, str):
+            raise ValueError(f"SelectiveOps: save_ops must be a set of op names, got the string "
+                             f"{self.save_ops!r}\nwrite frozenset({{{self.save_ops!r}}})")
+        object.__setattr__(self, "save_ops", frozenset(self.save_ops))
+        for entry in self.save_ops:
+            try:
+                check_op_name(parse_entry(entry)[0])
+            except ValueError as exc:
+                raise ValueError(f"SelectiveOps: save_ops: {exc}") from None
+
+    def label(self) -> str:
+        """``"ops"``, or ``"ops[aten.mm,aten.addmm]"`` with a save set."""
+        if self.save_ops is None:
+            return self.name
+        return f"{self.name}[" + ",".join(sorted(self.save_ops)) + "]"
+
+    def install_block(self, block: nn.Module) -> list[nn.Module]:
+        save_ops = self.save_ops if self.save_ops is not None else default_save_ops()
+        install_checkpoint(block, label=self.label(), save_ops=save_ops)
         return [block]
 
     def offers(self, context: BlockContext) -> list[Offer]:
@@ -61,13 +120,13 @@ class SelectiveOps(BlockStrategy):
                                recomputed=context.recomputed.get(""),
                                graph=context.graphs.get(""))
         chain = _with_cuts(context, "", context.forward_ops, chain)
-        offers = [Offer((("", BlockDecision(self.name, s)),)) for s in chain]
+        offers = [Offer((("", SelectiveOps(s)),)) for s in chain]
         for kind, (path, ops) in context.sublayers.items():
             sets = save_set_chain(ops, context.cost_device, exhaustive_up_to=_EXHAUSTIVE,
                                   recomputed=context.recomputed.get(kind),
                                   graph=context.graphs.get(kind))
             for s in _with_cuts(context, kind, ops, sets):
-                offers.append(Offer(((path, BlockDecision(self.name, s)),), sublayer=kind))
+                offers.append(Offer(((path, SelectiveOps(s)),), sublayer=kind))
         return offers
 
 

@@ -9,8 +9,7 @@ from typing import ClassVar
 
 from torch import nn
 
-from remat.strategies.base import Strategy
-from remat.strategies.decision import BlockDecision
+from remat.strategies.base import BlockStrategy, Strategy
 from remat.strategies.regions import install_segment
 
 __all__ = ["SqrtSegments", "sqrt_segments"]
@@ -58,7 +57,8 @@ class SqrtSegments(Strategy):
     summary: ClassVar[str] = "~sqrt(L) segments of consecutive blocks"
     spans_blocks: ClassVar[bool] = True
 
-    def decisions(self, names: Sequence[str]) -> dict[str, BlockDecision] | None:
+    def decisions(self, blocks: Sequence[tuple[str, nn.Module]]
+                  ) -> dict[str, BlockStrategy] | None:
         return None
 
     def install(self, blocks: Sequence[tuple[str, nn.Module]]) -> list[nn.Module]:

@@ -2,33 +2,65 @@
 
 from __future__ import annotations
 
+import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
 from torch import nn
 
 from remat.blocks import find_sublayer
+from remat.errors import BlocksNotFound, RematWarning
 from remat.strategies.base import BlockContext, BlockStrategy, Offer
-from remat.strategies.decision import BlockDecision
+from remat.strategies.builtin.full import Full
 from remat.strategies.regions import install_checkpoint
 
 __all__ = ["Attention", "Mlp", "SublayerStrategy"]
 
 
 class SublayerStrategy(BlockStrategy):
-    """Checkpoint the block's sub-layer of kind ``name`` (found by :func:`find_sublayer`)."""
+    """Checkpoint the block's sub-layer of kind ``name`` (found by :func:`find_sublayer`).
 
-    def install_block(self, block: nn.Module, decision: BlockDecision) -> list[nn.Module]:
+    On a stack that mixes kinds of blocks (attention and Mamba layers in one list), the
+    blocks without that sub-layer are left alone and a warning names them; a model none
+    of whose blocks has one is refused (:class:`~remat.errors.BlocksNotFound`). The
+    planner offers the sub-layer as a module of its own: ``full`` on the sub-layer's path
+    (``"self_attn"``), the one spelling plans use for a decision on a sub-layer.
+    """
+
+    def decisions(self, blocks: Sequence[tuple[str, nn.Module]]) -> dict[str, BlockStrategy]:
+        chosen: dict[str, BlockStrategy] = {}
+        skipped: list[str] = []
+        first_error: BlocksNotFound | None = None
+        for name, block in blocks:
+            try:
+                find_sublayer(block, self.name)  # type: ignore[arg-type]
+            except BlocksNotFound as exc:
+                skipped.append(name)
+                first_error = first_error or exc
+                continue
+            chosen[name] = self
+        if first_error is not None and not chosen:
+            raise first_error
+        if skipped:
+            shown = ", ".join(skipped[:4]) + (f" and {len(skipped) - 4} more"
+                                              if len(skipped) > 4 else "")
+            warnings.warn(f"remat.apply: strategy {self.name!r} left {len(skipped)} of "
+                          f"{len(blocks)} blocks alone\n"
+                          f"they have no {self.name} sub-layer: {shown}", RematWarning,
+                          stacklevel=4)
+        return chosen
+
+    def install_block(self, block: nn.Module) -> list[nn.Module]:
         _, sub = find_sublayer(block, self.name)  # type: ignore[arg-type]
-        install_checkpoint(sub, label=decision.label())
+        install_checkpoint(sub, label=self.label())
         return [sub]
 
     def offers(self, context: BlockContext) -> list[Offer]:
         if self.name not in context.sublayers:
             return []
         path, _ = context.sublayers[self.name]
-        return [Offer((("", BlockDecision(self.name)),), sublayer=self.name,
-                      pair_part=(path, BlockDecision("full")))]
+        return [Offer(((path, Full()),), sublayer=self.name)]
 
 
 @dataclass(frozen=True)
