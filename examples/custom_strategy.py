@@ -1,16 +1,19 @@
-"""A strategy of your own in one file: register it, and remat compares, plans and applies it.
+"""A strategy with a parameter in one file: register it, and remat plans, applies, saves,
+loads and validates it, the parameter included.
 
 Run it (from the repository root)::
 
     .venv/bin/python examples/custom_strategy.py
 
-It defines ``halves`` (checkpoint the first half of each block's children, one region each),
-registers it, and shows that ``remat compare``'s default rows, the planner's candidates and
-``remat.apply`` all know it, with gradients unchanged. docs/extending.md walks through it.
+It defines ``first:K`` (checkpoint the first K trainable children of each block, one region
+each), registers it, and shows ``remat compare``'s default rows, the planner's candidates,
+``remat.apply``, a plan file and ``remat.validate`` all carrying ``K``. docs/extending.md
+walks through it.
 """
 
 from __future__ import annotations
 
+import json
 import warnings
 from dataclasses import dataclass
 from typing import ClassVar
@@ -18,27 +21,51 @@ from typing import ClassVar
 from torch import nn
 
 import remat
-from remat.strategies import BlockContext, BlockStrategy, Offer
+from remat.errors import StrategyError
+from remat.strategies import BlockContext, BlockStrategy, Offer, Strategy
+from remat.strategies.base import Purpose
 from remat.strategies.regions import install_checkpoint
 
 
 @remat.register_strategy
 @dataclass(frozen=True)
-class CheckpointFirstHalf(BlockStrategy):
-    """Checkpoint the first half of each block's children (attention, say), keep the rest."""
+class FirstChildren(BlockStrategy):
+    """Checkpoint the first ``count`` trainable children of each block, one region each."""
 
-    name: ClassVar[str] = "halves"
-    summary: ClassVar[str] = "checkpoint the first half of each block's children"
+    name: ClassVar[str] = "first"
+    summary: ClassVar[str] = "checkpoint the first K children of each block"
+    argument: ClassVar[str | None] = "K"
+
+    count: int = 1
+
+    def __post_init__(self) -> None:
+        if isinstance(self.count, bool) or not isinstance(self.count, int) or self.count < 1:
+            raise ValueError(f"FirstChildren: count must be an int >= 1, got {self.count!r}")
+
+    @classmethod
+    def parse(cls, argument: str | None) -> Strategy:
+        if argument is None:
+            return cls()
+        if not argument.isdigit() or int(argument) < 1:
+            raise StrategyError(f"remat.apply: cannot read 'first:{argument}'\n"
+                                "write first:K with an integer K >= 1")
+        return cls(int(argument))
+
+    @classmethod
+    def examples(cls, num_blocks: int, purpose: Purpose) -> list[Strategy]:
+        return [cls(1), cls(2)]  # the rows remat compare shows
+
+    def label(self) -> str:
+        return f"{self.name}:{self.count}"  # how it is written, so labels parse back
 
     def install_block(self, block: nn.Module) -> list[nn.Module]:
         children = [c for c in block.children() if any(p.requires_grad for p in c.parameters())]
-        first = children[: max(1, len(children) // 2)]
-        for child in first:
+        for child in children[: self.count]:
             install_checkpoint(child, label=self.label())
-        return first
+        return children[: self.count]
 
     def offers(self, context: BlockContext) -> list[Offer]:
-        return [Offer((("", self),))]  # one planner candidate per block
+        return [Offer((("", FirstChildren(k)),)) for k in (1, 2, 3)]  # planner candidates
 
 
 def main() -> None:
@@ -63,17 +90,31 @@ def main() -> None:
     groups = measure_groups(setup, get_device("h100-80gb"), prune=False)
     print("candidates measured for one block (before dominated ones are dropped):")
     for cand in groups[0].candidates:
-        if cand.label() in ("none", "full", "attn", "halves"):
-            print(f"  {cand.label():7s} saves {cand.saved_bytes:7d} B, recomputes "
+        if cand.label() in ("none", "full", "attn=full") or cand.label().startswith("first"):
+            print(f"  {cand.label():9s} keeps {cand.saved_bytes:7d} B, recomputes "
                   f"{cand.recompute_flops:8d} FLOP ({cand.recompute_ms * 1e3:.2f} us on H100)")
     context = prepare(model, batch)
-    kept = [c.label() for c in context.peak_model.tables[0]]
-    print("kept for the solver:", "halves" in kept and "yes" or "no (another candidate is as "
+    kept = sorted({c.label() for c in context.peak_model.tables[0]
+                   if c.label().startswith("first")})
+    print("kept for the solver:", ", ".join(kept) or "none of them (another candidate is as "
           "good in every number)")
-    plan = remat.plan(model, batch, budget="75%", context=context)
-    print("plan at 75%:", plan.label())
-    remat.apply(model, "halves")
-    print("validate halves:", remat.validate(model, batch, "halves").passed)
+    plan = remat.plan(model, batch, budget="80%", context=context)
+    print("plan at 80%:", plan.label())
+
+    mine = remat.Plan({name: FirstChildren(2) for name in plan.block_names},
+                      plan.block_names, plan.budget_bytes, plan.predicted_peak_bytes)
+    text = mine.to_json()
+    print("in a plan file:", json.dumps(json.loads(text)["decisions"][plan.block_names[0]]))
+    loaded = remat.Plan.from_json(text)
+    print("loaded back equal:", loaded == mine, "| block 0 gets", repr(loaded.decision(
+        plan.block_names[0])))
+    remat.apply(model, loaded)
+    applied = remat.strategies.applied(model)
+    assert applied is not None
+    print("applied:", dict(applied.decisions)[plan.block_names[0]],
+          "| activations", remat.profile(model, batch, timing=False).activation_bytes, "B")
+    report = remat.validate(model, batch, "first:2")
+    print("validate first:2:", report.passed, f"(worst relative error {report.max_rel_error:.1e})")
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ from remat.strategies.regions import install_checkpoint
 @dataclass(frozen=True)
 class CheckpointFirstHalf(BlockStrategy):
     """Toy strategy: checkpoint the first half of each block's direct children (one region
-    each), keep the rest. Exactly what docs/extending.md shows."""
+    each), keep the rest."""
 
     name: ClassVar[str] = "halves"
     summary: ClassVar[str] = "checkpoint the first half of each block's children"
