@@ -19,12 +19,12 @@ from collections.abc import Sequence
 from typing import Any, cast
 
 from remat.compare.rows import ComparisonResult, StrategyRow
+from remat.core.budget import Budget, BudgetLike, parse_budget
+from remat.core.checks import check_int, decisions_label, opt_int
+from remat.core.peak import PeakModel, Window
+from remat.core.solver import min_peak_choice, solve
 from remat.errors import BlocksNotFound, BudgetTooSmall, ParityError, RematError, StrategyError
 from remat.measure.results import BlockProfile, Profile
-from remat.planning.budget import Budget, BudgetLike, parse_budget
-from remat.planning.peak import PeakModel, Window
-from remat.planning.records import check_int, decisions_label, opt_int
-from remat.planning.solver import min_peak_choice, solve
 from remat.units import format_bytes, parse_bytes
 from remat.validation.parity import ParityReport
 

@@ -7,7 +7,7 @@ NOTE [ JAX peak model ]
 
         peak(d) = C + sum_j s_j(d_j),        C = P - sum_j s_j(none)
 
-    (the ``head`` window of the PyTorch peak model, peak.py). It reproduces
+    (the ``head`` window of the PyTorch peak model, remat/core/peak.py). It reproduces
     ``P`` exactly for ``none``, and it is a *lower bound* of XLA's peak up to the
     tables' error (the chain measures a block's saved bytes within a few KB of
     the whole step): a checkpointed block's backward holds its saved bytes plus

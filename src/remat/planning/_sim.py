@@ -14,7 +14,7 @@ NOTE [ Memory windows ]
     ``tail`` (the rest of backward) and ``optimizer``. :class:`WindowRecorder`
     sits inside the tracker and reads its live byte count after every op, so the
     peak of every window is known, not only the step's peak. The peak model
-    (peak.py) explains each window's peak from the blocks' decisions.
+    (remat/core/peak.py) explains each window's peak from the blocks' decisions.
 
 NOTE [ Gap windows ]
     ``gap:i`` opens in block i's forward hook, while the caller still holds block

@@ -17,6 +17,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from remat.core.checks import decisions_label
+from remat.core.solver import min_peak_choice, solve
 from remat.errors import BudgetTooSmall
 from remat.measure.profile import Profile, preserved_state, profile_step
 from remat.measure.profile import _build as _build_profile
@@ -27,8 +29,7 @@ from remat.planning._sim import FakeSetup, quiet
 from remat.planning.candidates import Candidate
 from remat.planning.context import PlanContext
 from remat.planning.cost import recompute_ms, step_ms
-from remat.planning.plans import Plan, apply_spec, decisions_label
-from remat.planning.solver import min_peak_choice, solve
+from remat.planning.plans import Plan, apply_spec
 from remat.progress import report
 from remat.strategies import BlockDecision, apply_decisions, preserved_strategy
 from remat.units import format_bytes
