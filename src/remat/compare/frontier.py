@@ -36,7 +36,7 @@ from remat.progress import report
 from remat.strategies import apply, default_strategies, preserved_strategy
 
 if TYPE_CHECKING:
-    from remat.compare.rows import ComparisonResult
+    from remat.core.rows import ComparisonResult
 
 __all__ = ["Frontier", "FrontierPoint", "add_plan_row", "frontier", "manual_strategies"]
 
@@ -280,7 +280,7 @@ def add_plan_row(
         >>> result.row("plan").peak_bytes <= 0.7 * result.row("none").peak_bytes
         True
     """
-    from remat.compare.rows import ComparisonResult, StrategyRow
+    from remat.core.rows import ComparisonResult, StrategyRow
     from remat.planning.planner import auto
 
     meta = dict(result.meta)

@@ -18,10 +18,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, cast
 
-from remat.compare.rows import ComparisonResult, StrategyRow
 from remat.core.budget import Budget, BudgetLike, parse_budget
 from remat.core.checks import check_int, decisions_label, opt_int
 from remat.core.peak import PeakModel, Window
+from remat.core.rows import ComparisonResult, StrategyRow
 from remat.core.solver import min_peak_choice, solve
 from remat.errors import BlocksNotFound, BudgetTooSmall, ParityError, RematError, StrategyError
 from remat.measure.results import BlockProfile, Profile
