@@ -37,7 +37,7 @@ _EXPORTS: dict[str, str] = {
     "BlocksNotFound": "remat.errors",
     "BudgetTooSmall": "remat.errors",
     "ParityError": "remat.errors",
-    "ParityReport": "remat.validation.parity",
+    "ParityReport": "remat.core.parity",
     "Plan": "remat.planning.plans",
     "PlanOptions": "remat.planning.options",
     "Profile": "remat.measure.profile",
@@ -64,6 +64,7 @@ __all__ = sorted(_EXPORTS)
 
 if TYPE_CHECKING:
     from remat.blocks import find_blocks
+    from remat.core.parity import ParityReport
     from remat.errors import (
         BlocksNotFound,
         BudgetTooSmall,
@@ -83,7 +84,7 @@ if TYPE_CHECKING:
     from remat.strategies.decision import BlockDecision
     from remat.strategies.registry import STRATEGIES, register_strategy
     from remat.units import format_bytes, parse_bytes
-    from remat.validation.parity import ParityReport, validate
+    from remat.validation.parity import validate
 
 
 def __getattr__(name: str) -> Any:
