@@ -40,7 +40,7 @@ _EXPORTS: dict[str, str] = {
     "ParityReport": "remat.core.parity",
     "Plan": "remat.planning.plans",
     "PlanOptions": "remat.planning.options",
-    "Profile": "remat.measure.profile",
+    "Profile": "remat.core.results",
     "RematError": "remat.errors",
     "RematWarning": "remat.errors",
     "STRATEGIES": "remat.strategies.registry",
@@ -65,6 +65,7 @@ __all__ = sorted(_EXPORTS)
 if TYPE_CHECKING:
     from remat.blocks import find_blocks
     from remat.core.parity import ParityReport
+    from remat.core.results import Profile
     from remat.errors import (
         BlocksNotFound,
         BudgetTooSmall,
@@ -73,7 +74,7 @@ if TYPE_CHECKING:
         RematWarning,
         StrategyError,
     )
-    from remat.measure.profile import Profile, profile
+    from remat.measure.profile import profile
     from remat.measure.step import Step
     from remat.planning.options import PlanOptions
     from remat.planning.planner import auto, plan

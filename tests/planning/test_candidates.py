@@ -8,10 +8,10 @@ import pytest
 import torch
 from torch import nn
 
+from remat.core.ops import OpRecord
 from remat.devices import get_device
 from remat.measure import profile
 from remat.measure.step import Step
-from remat.measure.tracker import OpRecord
 from remat.planning import plan, prepare
 from remat.planning.candidates import Candidate
 from remat.planning.loop import measure_decisions

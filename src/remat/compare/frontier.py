@@ -22,9 +22,10 @@ import torch
 from torch import nn
 
 from remat.blocks import BlocksSpec
+from remat.core.results import Profile
 from remat.devices import DeviceSpec
 from remat.errors import BlocksNotFound, RematWarning, StrategyError
-from remat.measure.profile import Profile, profile, profile_step
+from remat.measure.profile import profile, profile_step
 from remat.measure.roofline import roofline_ms
 from remat.measure.step import LossFn, Step
 from remat.planning._sim import quiet

@@ -22,10 +22,10 @@ from remat.core.budget import Budget, BudgetLike, parse_budget
 from remat.core.checks import check_int, decisions_label, opt_int
 from remat.core.parity import ParityReport
 from remat.core.peak import PeakModel, Window
+from remat.core.results import BlockProfile, Profile
 from remat.core.rows import ComparisonResult, StrategyRow
 from remat.core.solver import min_peak_choice, solve
 from remat.errors import BlocksNotFound, BudgetTooSmall, ParityError, RematError, StrategyError
-from remat.measure.results import BlockProfile, Profile
 from remat.units import format_bytes, parse_bytes
 
 __all__ = [

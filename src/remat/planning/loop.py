@@ -18,10 +18,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from remat.core.checks import decisions_label
+from remat.core.results import Profile
 from remat.core.solver import min_peak_choice, solve
 from remat.errors import BudgetTooSmall
-from remat.measure.profile import Profile, preserved_state, profile_step
 from remat.measure.profile import _build as _build_profile
+from remat.measure.profile import preserved_state, profile_step
 from remat.measure.step import Step, clear_grads, model_device
 from remat.measure.timing import time_step
 from remat.measure.tracked import tracked_step
