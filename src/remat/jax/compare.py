@@ -18,7 +18,8 @@ from typing import Any
 import jax
 from flax import nnx
 
-from remat.jax._core import BudgetLike, ComparisonResult, StrategyRow
+from remat.core.budget import BudgetLike
+from remat.core.rows import ComparisonResult, StrategyRow
 from remat.jax.analysis import LossFn, compile_fn, default_loss, step_fn
 from remat.jax.blocks import BlocksSpec
 from remat.jax.measure import profile
