@@ -45,3 +45,23 @@ def test_the_core_loads_no_framework_and_scipy_only_to_solve() -> None:
     code = ("import remat.core.budget, remat.core.checks, remat.core.ops, remat.core.parity, "
             "remat.core.peak, remat.core.results, remat.core.rows, remat.core.solver")
     assert _loaded_after(code, ("torch", "jax", "flax", "scipy")) == []
+
+
+def test_the_core_imports_only_the_lowest_layer() -> None:
+    """remat.core may import remat.errors, remat.units, remat.native and itself: no
+    framework-bound module of its own layer (blocks, devices, models) either."""
+    import ast
+    from pathlib import Path
+
+    import remat.core
+
+    allowed = ("remat.core", "remat.errors", "remat.units", "remat.native")
+    outside = []
+    for path in sorted(Path(remat.core.__file__).parent.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([node.module or ""] if isinstance(node, ast.ImportFrom)
+                     else [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+            outside += [f"{path.name}: {n}" for n in names
+                        if n.split(".")[0] in ("remat", "torch", "jax", "flax")
+                        and not n.startswith(allowed)]
+    assert outside == []
