@@ -24,7 +24,8 @@ class OpRecord:
         name: overload packet name, e.g. ``"aten.mm"``.
         phase: ``"forward"``, ``"backward"``, ``"recompute"`` or ``"optimizer"``.
         flops: FLOPs by ``torch.utils.flop_counter``'s formulas (0 for ops without one).
-        read_bytes: bytes of tensor inputs (0 for views; see NOTE [ Bytes moved ] in flops.py).
+        read_bytes: bytes of tensor inputs (0 for views; see NOTE [ Bytes moved ] in
+            ``remat/measure/flops.py``).
         write_bytes: bytes of tensor outputs (0 for views and ``aten.empty*``).
         block: qualified name of the block the op ran in, or None.
         dtype_bytes: element size of the op's first floating-point output (else first

@@ -74,7 +74,7 @@ class Profile:
     """One training step, measured: exact bytes and FLOPs, and (real runs) times.
 
     Bytes are exact sums of tensor storage sizes on the model's device (see
-    NOTE [ What the tracker cannot see ] in tracker.py); FLOPs follow
+    NOTE [ What the tracker cannot see ] in remat/measure/tracker.py); FLOPs follow
     ``torch.utils.flop_counter``.
 
     Args:
