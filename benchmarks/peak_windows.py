@@ -1,6 +1,6 @@
 """The peak model window by window: predicted vs measured for the planner's first choice.
 
-Diagnoses the peak model's error (NOTE [ Peak model ] in src/remat/planning/peak.py). For a
+Diagnoses the peak model's error (NOTE [ Peak model ] in src/remat/core/peak.py). For a
 preset model in a precision, a device budget a fraction of the way from ``full``'s peak to
 ``none``'s (one device, AdamW), it prepares the planner's context, solves the budget
 once, applies that choice to the context's fake copy and runs one tracked step cut into
@@ -49,10 +49,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     import remat.planning.planner as planner
+    from remat.core.solver import solve
     from remat.measure.step import clear_grads
     from remat.planning._sim import quiet, run_windows
     from remat.planning.records import apply_spec
-    from remat.planning.solver import solve
     from remat.simulate import simulate
     from remat.strategies import apply_decisions, remove
 

@@ -54,8 +54,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from remat.compare.frontier import Frontier, FrontierPoint, frontier
+from remat.core.ops import OpRecord
 from remat.devices import get_device
-from remat.measure.flops import OpRecord, op_flops, op_traffic
+from remat.measure.flops import op_flops, op_traffic
 from remat.measure.roofline import op_roofline_ms
 from remat.measure.step import call_model, default_loss
 from remat.models import build_model, make_batch

@@ -5,6 +5,10 @@ Layers, lowest first (docs/architecture.md draws them)::
     core -> measure -> strategies -> validation -> planning -> simulate -> compare
          -> report -> jax -> cli | integrations
 
+where the lowest layer, ``CORE``, is the ``remat.core`` package (what the PyTorch and JAX
+backends share: budget, peak model, solver, result records) and the torch-free top-level
+modules beside it (``errors``, ``units``, ...).
+
 jax (the JAX backend) sits below the CLI, which runs it for ``--framework jax``
 (importing it lazily); nothing below the CLI imports it.
 
@@ -22,7 +26,7 @@ import pytest
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "remat"
 
-CORE = ("errors", "units", "devices", "blocks", "recompute", "models", "native",
+CORE = ("core", "errors", "units", "devices", "blocks", "recompute", "models", "native",
         "progress")
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("remat",),  # the package's own __init__: lazy names only, imports nothing eagerly

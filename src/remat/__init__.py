@@ -37,10 +37,10 @@ _EXPORTS: dict[str, str] = {
     "BlocksNotFound": "remat.errors",
     "BudgetTooSmall": "remat.errors",
     "ParityError": "remat.errors",
-    "ParityReport": "remat.validation.parity",
+    "ParityReport": "remat.core.parity",
     "Plan": "remat.planning.plans",
     "PlanOptions": "remat.planning.options",
-    "Profile": "remat.measure.profile",
+    "Profile": "remat.core.results",
     "RematError": "remat.errors",
     "RematWarning": "remat.errors",
     "STRATEGIES": "remat.strategies.registry",
@@ -64,6 +64,8 @@ __all__ = sorted(_EXPORTS)
 
 if TYPE_CHECKING:
     from remat.blocks import find_blocks
+    from remat.core.parity import ParityReport
+    from remat.core.results import Profile
     from remat.errors import (
         BlocksNotFound,
         BudgetTooSmall,
@@ -72,7 +74,7 @@ if TYPE_CHECKING:
         RematWarning,
         StrategyError,
     )
-    from remat.measure.profile import Profile, profile
+    from remat.measure.profile import profile
     from remat.measure.step import Step
     from remat.planning.options import PlanOptions
     from remat.planning.planner import auto, plan
@@ -82,7 +84,7 @@ if TYPE_CHECKING:
     from remat.strategies.base import BlockStrategy, Strategy
     from remat.strategies.registry import STRATEGIES, register_strategy
     from remat.units import format_bytes, parse_bytes
-    from remat.validation.parity import ParityReport, validate
+    from remat.validation.parity import validate
 
 
 def __getattr__(name: str) -> Any:

@@ -13,7 +13,7 @@ pytest.importorskip("jax")
 pytest.importorskip("flax")
 
 from remat.cli import app  # noqa: E402
-from remat.compare.rows import ComparisonResult  # noqa: E402
+from remat.core.rows import ComparisonResult  # noqa: E402
 
 runner = CliRunner()
 TINY = ["--model", "gpt-tiny", "--batch", "2", "--seq", "16"]

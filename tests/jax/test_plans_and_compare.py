@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import remat.jax as rj
-from remat.compare import ComparisonResult, StrategyRow
+from remat.core.rows import ComparisonResult, StrategyRow
 from remat.errors import StrategyError
 from remat.jax.models import TAGGED_NAMES
 from remat.jax.strategies import strategy_policies

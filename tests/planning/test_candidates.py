@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import random
 
+import pytest
 import torch
 from torch import nn
 
+from remat.core.ops import OpRecord
 from remat.devices import get_device
 from remat.measure import profile
 from remat.measure.step import Step
-from remat.measure.tracker import OpRecord
 from remat.planning import plan, prepare
+from remat.planning.candidates import Candidate
 from remat.planning.loop import measure_decisions
-from remat.strategies.builtin import NoCheckpoint
+from remat.strategies.builtin import Full, NoCheckpoint, SelectiveOps
 from remat.strategies.builtin.ops import save_set_chain
 
 from .conftest import Prepared
@@ -158,3 +160,17 @@ def test_save_set_chain_leaves_out_calls_the_recompute_never_runs() -> None:
     assert all("aten.mm#2" not in s and "aten.mm" not in s for s in chain)
     # Nothing recomputed at all: nothing worth keeping.
     assert save_set_chain(forward, H100, recomputed=[]) == []
+
+
+def test_candidate_validation_and_labels() -> None:
+    none = Candidate((), 100, 110, 150, 0, 0.0)
+    full = Candidate((("", Full()),), 10, 90, 150, 9, 2.0)
+    assert none.is_none and none.label() == "none"
+    assert full.label() == "full" and full.decisions_for("b.0") == {"b.0": Full()}
+    pair = Candidate((("attn", Full()),
+                      ("mlp", SelectiveOps(frozenset({"aten.mm"})))), 1, 1, 1, 1, 0.1)
+    assert pair.label() == "attn=full; mlp=ops[aten.mm]"
+    assert set(pair.decisions_for("b.1")) == {"b.1.attn", "b.1.mlp"}
+    assert full.dominates(full) and not none.dominates(full)
+    with pytest.raises(ValueError, match="saved_bytes must be >= 0"):
+        Candidate((), -1, 0, 0, 0, 0.0)

@@ -11,12 +11,12 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from remat.core.peak import PeakModel
+from remat.core.solver import choice_cost_ps, solve
 from remat.errors import BudgetTooSmall
 from remat.measure import profile
 from remat.models import build_model, make_batch
 from remat.planning import Plan, auto, plan
-from remat.planning.peak import PeakModel
-from remat.planning.solver import choice_cost_ps, solve
 from remat.strategies import applied, remove
 from remat.validation import validate
 

@@ -9,8 +9,8 @@ import torch
 from torch import Tensor, nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
+from remat.core.ops import OpRecord
 from remat.devices import get_device
-from remat.measure.tracker import OpRecord
 from remat.strategies.builtin.ops import save_set_chain
 from remat.strategies.dead_ops import supported
 from remat.strategies.op_graph import OpGraph, block_graphs

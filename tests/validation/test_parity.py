@@ -6,10 +6,11 @@ import pytest
 import torch
 from torch import nn
 
+from remat.core.parity import ParityReport
 from remat.errors import ParityError
 from remat.models import build_model, make_batch
 from remat.strategies import applied, apply
-from remat.validation import ParityReport, relative_error, validate
+from remat.validation import relative_error, validate
 
 
 def test_relative_error() -> None:

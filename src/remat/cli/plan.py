@@ -76,7 +76,7 @@ class CostChoice(str, Enum):
 
 
 def _check_budget(value: str) -> str:
-    from remat.planning.budget import parse_budget
+    from remat.core.budget import parse_budget
 
     try:
         parse_budget(int(value) if value.strip().isdigit() else value)

@@ -22,9 +22,10 @@ import torch
 from torch import nn
 
 from remat.blocks import BlocksSpec
+from remat.core.results import Profile
 from remat.devices import DeviceSpec
 from remat.errors import BlocksNotFound, RematWarning, StrategyError
-from remat.measure.profile import Profile, profile, profile_step
+from remat.measure.profile import profile, profile_step
 from remat.measure.roofline import roofline_ms
 from remat.measure.step import LossFn, Step
 from remat.planning._sim import quiet
@@ -36,7 +37,7 @@ from remat.progress import report
 from remat.strategies import apply, default_strategies, preserved_strategy
 
 if TYPE_CHECKING:
-    from remat.compare.rows import ComparisonResult
+    from remat.core.rows import ComparisonResult
 
 __all__ = ["Frontier", "FrontierPoint", "add_plan_row", "frontier", "manual_strategies"]
 
@@ -280,7 +281,7 @@ def add_plan_row(
         >>> result.row("plan").peak_bytes <= 0.7 * result.row("none").peak_bytes
         True
     """
-    from remat.compare.rows import ComparisonResult, StrategyRow
+    from remat.core.rows import ComparisonResult, StrategyRow
     from remat.planning.planner import auto
 
     meta = dict(result.meta)

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from remat.compare.rows import BASELINE, ComparisonResult, StrategyRow
+from remat.core.rows import BASELINE, ComparisonResult, StrategyRow
 
 __all__ = ["ComparisonResult", "StrategyRow", "compare", "compare_preset"]
 

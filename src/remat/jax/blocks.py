@@ -18,7 +18,7 @@ from typing import Any, TypeAlias
 import jax
 from flax import nnx
 
-from remat.jax._core import BlocksNotFound
+from remat.errors import BlocksNotFound
 
 __all__ = ["BlocksSpec", "find_blocks", "named_blocks"]
 

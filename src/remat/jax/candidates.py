@@ -95,6 +95,9 @@ MEASURES: tuple[str, ...] = ("block", "step")
 class JaxCandidate:
     """One policy for one kind of block, measured (see NOTE [ JAX candidates ]).
 
+    It is a :class:`remat.core.peak.CandidateLike`: the shared peak model and solver read
+    its ``saved_bytes``, working sets and ``recompute_ms``.
+
     Args:
         policy: the policy.
         saved_bytes: residual bytes the block keeps for backward under it.

@@ -1,7 +1,7 @@
 """Every strategy on the same NNX model and batch, as the PyTorch ``remat compare`` table.
 
-Returns the PyTorch side's :class:`remat.compare.ComparisonResult` (rows of
-:class:`~remat.compare.StrategyRow`), so the same table and plot render it, with
+Returns the shared :class:`remat.core.rows.ComparisonResult` (rows of
+:class:`~remat.core.rows.StrategyRow`), so the same table and plot render it, with
 an optional ``"plan"`` row (:func:`add_plan_row`, ``remat compare --plan-budget``). Bytes
 and FLOPs are XLA's (see analysis.py); ``activation_bytes`` is the residual bytes
 JAX saves for backward; ``step_ms`` is the median wall time of the compiled step
@@ -18,7 +18,8 @@ from typing import Any
 import jax
 from flax import nnx
 
-from remat.jax._core import BudgetLike, ComparisonResult, StrategyRow
+from remat.core.budget import BudgetLike
+from remat.core.rows import ComparisonResult, StrategyRow
 from remat.jax.analysis import LossFn, compile_fn, default_loss, step_fn
 from remat.jax.blocks import BlocksSpec
 from remat.jax.measure import profile
@@ -80,7 +81,7 @@ def compare(preset_or_model: str | nnx.Module = "gpt-small", batch: Any = None,
             ``remat compare --plan-budget``). Default: None (no plan row).
 
     Returns:
-        A :class:`remat.compare.ComparisonResult`, baseline first.
+        A :class:`remat.core.rows.ComparisonResult`, baseline first.
 
     Raises:
         StrategyError: an unknown strategy.

@@ -7,7 +7,7 @@ NOTE [ JAX peak model ]
 
         peak(d) = C + sum_j s_j(d_j),        C = P - sum_j s_j(none)
 
-    (the ``head`` window of the PyTorch peak model, peak.py). It reproduces
+    (the ``head`` window of the PyTorch peak model, remat/core/peak.py). It reproduces
     ``P`` exactly for ``none``, and it is a *lower bound* of XLA's peak up to the
     tables' error (the chain measures a block's saved bytes within a few KB of
     the whole step): a checkpointed block's backward holds its saved bytes plus
@@ -51,20 +51,15 @@ from typing import Any
 
 from flax import nnx
 
-from remat.jax._core import (
-    BudgetTooSmall,
-    PeakModel,
-    Window,
-    decisions_label,
-    format_bytes,
-    make_peak_model,
-    min_peak_choice,
-    solve,
-)
+from remat.core.checks import decisions_label
+from remat.core.peak import PeakModel, Window
+from remat.core.solver import min_peak_choice, solve
+from remat.errors import BudgetTooSmall
 from remat.jax.analysis import LossFn, StepAnalysis, analyze_steps
 from remat.jax.candidates import JaxCandidate
 from remat.jax.policies import Policy, strategy_policies
 from remat.jax.strategies import apply
+from remat.units import format_bytes
 
 __all__ = ["Search", "Trial", "label", "peak_model"]
 
@@ -78,10 +73,11 @@ _PEAK_MARGIN_PERMILLE = 10
 
 
 def peak_model(tables: Sequence[Sequence[JaxCandidate]], names: Sequence[str],
-               base_peak: int) -> PeakModel:
+               base_peak: int) -> PeakModel[JaxCandidate]:
     """The linear peak model of NOTE [ JAX peak model ]: the ``head`` window alone."""
     constant = base_peak - sum(t[0].saved_bytes for t in tables)
-    return make_peak_model([Window("head", constant, len(tables))], tables, names, base_peak)
+    return PeakModel((Window("head", constant, len(tables)),), tuple(tuple(t) for t in tables),
+                     tuple(names), int(base_peak))
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from remat.jax._core import BlockProfile, Profile
+from remat.core.results import BlockProfile, Profile
 from remat.jax.analysis import (
     LossFn,
     StepAnalysis,

@@ -12,7 +12,7 @@ from typing import Any
 import jax
 from flax import nnx
 
-from remat.jax._core import BudgetLike, parse_budget
+from remat.core.budget import BudgetLike, parse_budget
 from remat.jax.analysis import LossFn, analyze_step, default_loss, prefetch_step
 from remat.jax.blocks import BlocksSpec, named_blocks
 from remat.jax.candidates import JaxCandidate, Measure, candidate_tables

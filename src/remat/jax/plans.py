@@ -15,8 +15,9 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from remat.jax._core import check_int, decisions_label, format_bytes, opt_int
+from remat.core.checks import check_int, decisions_label, opt_int
 from remat.jax.policies import Policy, parse_policy
+from remat.units import format_bytes
 
 __all__ = ["JAX_PLAN_VERSION", "Plan"]
 

@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 import jax
 
-from remat.jax._core import StrategyError
+from remat.errors import StrategyError
 
 __all__ = ["NONE", "POLICIES", "STRATEGIES", "Policy", "parse_policy", "strategy_policies"]
 

@@ -25,7 +25,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from remat.jax._core import StrategyError
+from remat.errors import StrategyError
 from remat.jax.blocks import BlocksSpec, named_blocks
 from remat.jax.plans import Plan
 from remat.jax.policies import (

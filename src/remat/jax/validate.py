@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 from flax import nnx
 
-from remat.jax._core import ParityReport
+from remat.core.parity import ParityReport
 from remat.jax.analysis import LossFn, compile_in_pool, default_loss, shape_key, step_fn
 from remat.jax.blocks import BlocksSpec, named_blocks
 from remat.jax.strategies import apply, current_policies, remove

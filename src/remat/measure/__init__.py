@@ -12,11 +12,13 @@ Example::
 
 from __future__ import annotations
 
+from remat.core.ops import OpRecord
+from remat.core.results import BlockProfile, Profile
 from remat.measure.fake import fake_copy
-from remat.measure.profile import BlockProfile, Profile, profile, profile_simulated
+from remat.measure.profile import profile, profile_simulated
 from remat.measure.roofline import roofline_ms
 from remat.measure.step import run_step
-from remat.measure.tracker import MemoryTracker, OpRecord
+from remat.measure.tracker import MemoryTracker
 
 __all__ = [
     "BlockProfile",

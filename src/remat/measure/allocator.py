@@ -10,7 +10,7 @@ NOTE [ What the allocator peak includes ]
     on ``device`` minus the bytes allocated just before ``step`` started: the
     step's own high-water mark, with whatever was alive before (parameters,
     optimizer state, the batch) excluded. Add those back to compare with
-    :attr:`remat.measure.profile.Profile.peak_bytes`.
+    :attr:`remat.core.results.Profile.peak_bytes`.
 
     * CUDA: ``torch.cuda.max_memory_allocated`` after ``reset_peak_memory_stats``,
       minus ``memory_allocated`` before. The caching allocator rounds every block

@@ -60,6 +60,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from remat.core.results import BlockProfile, Profile
 from remat.measure.allocator import AllocatorPeak, allocator_peak, mark
 from remat.measure.compiled_graphs import (
     CompiledGraph,
@@ -67,7 +68,6 @@ from remat.measure.compiled_graphs import (
     backend_of,
     counting_runs,
 )
-from remat.measure.results import BlockProfile, Profile
 from remat.measure.state import preserved_state
 from remat.measure.step import LossFn, Step, clear_grads, model_device, run_step
 from remat.measure.timing import time_step

@@ -96,6 +96,7 @@ import torch
 from torch import nn
 from torch._subclasses.fake_tensor import DynamicOutputShapeException, FakeTensorMode
 
+from remat.core.results import BlockProfile, Profile
 from remat.measure import shadow
 from remat.measure.compiled import compiled_regions
 from remat.measure.compiled_capture import SimRegion, region_backend
@@ -107,7 +108,6 @@ from remat.measure.compiled_replay import (
 )
 from remat.measure.fake import check_fake_device, fake_batch, fake_optimizer, fake_tensor
 from remat.measure.fake_kernels import install_fake_kernels
-from remat.measure.results import BlockProfile, Profile
 from remat.measure.step import LossFn, Step, clear_grads
 from remat.measure.tracked import check_trainable, tracked_step
 

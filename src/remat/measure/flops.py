@@ -1,4 +1,6 @@
-"""FLOPs and bytes moved by one aten op (:class:`OpRecord`), for the tracker and the roofline.
+"""FLOPs and bytes moved by one aten op, for the tracker and the roofline.
+
+The tracker stores them per op as a :class:`remat.core.ops.OpRecord`.
 
 FLOPs come from ``torch.utils.flop_counter.flop_registry`` (the formulas behind
 ``FlopCounterMode``: matmuls, convolutions, attention), called the way
@@ -43,18 +45,13 @@ NOTE [ Bytes moved ]
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch.utils.flop_counter import flop_registry
 
-__all__ = [
-    "FRESH_OPS", "METADATA_OPS", "PHASES", "UNINITIALISED_OPS", "OpRecord", "flop_formula",
-    "op_flops", "op_traffic",
-]
-
-PHASES: tuple[str, ...] = ("forward", "backward", "recompute", "optimizer")
+__all__ = ["FRESH_OPS", "METADATA_OPS", "UNINITIALISED_OPS", "flop_formula", "op_flops",
+           "op_traffic"]
 
 _aten = torch.ops.aten
 
@@ -171,48 +168,3 @@ def _gqa_widened(args: tuple[Any, ...]) -> tuple[Any, ...] | None:
     )
 
 
-@dataclass(frozen=True)
-class OpRecord:
-    """One aten op executed during a tracked step.
-
-    Args:
-        name: overload packet name, e.g. ``"aten.mm"``.
-        phase: ``"forward"``, ``"backward"``, ``"recompute"`` or ``"optimizer"``.
-        flops: FLOPs by ``torch.utils.flop_counter``'s formulas (0 for ops without one).
-        read_bytes: bytes of tensor inputs (0 for views; see NOTE [ Bytes moved ] in flops.py).
-        write_bytes: bytes of tensor outputs (0 for views and ``aten.empty*``).
-        block: qualified name of the block the op ran in, or None.
-        dtype_bytes: element size of the op's first floating-point output (else first
-            tensor output, else first input; 0 with no tensors): 2 selects bf16/fp16 peaks
-            in the roofline.
-        alloc_bytes: bytes of storages this op created (on the tracked device).
-
-    Example:
-        >>> OpRecord("aten.mm", "forward", 32768, 3072, 1024, None, 4, 1024).flops
-        32768
-    """
-
-    name: str
-    phase: str
-    flops: int
-    read_bytes: int
-    write_bytes: int
-    block: str | None = None
-    dtype_bytes: int = 4
-    alloc_bytes: int = 0
-
-    def __post_init__(self) -> None:
-        if self.phase not in PHASES:
-            raise ValueError(f"OpRecord: phase must be one of {PHASES}, got {self.phase!r}")
-        if min(self.flops, self.read_bytes, self.write_bytes, self.dtype_bytes,
-               self.alloc_bytes) >= 0:
-            return  # the common case, checked at once (a step records thousands of ops)
-        for name in ("flops", "read_bytes", "write_bytes", "dtype_bytes", "alloc_bytes"):
-            value = getattr(self, name)
-            if value < 0:
-                raise ValueError(f"OpRecord({self.name}): {name} must be >= 0, got {value}")
-
-    @property
-    def bytes_moved(self) -> int:
-        """``read_bytes + write_bytes``."""
-        return self.read_bytes + self.write_bytes

@@ -14,16 +14,16 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from remat.measure.flops import PHASES
+from remat.core.ops import PHASES
+from remat.core.results import PhasePeak
 
 __all__ = [
-    "CREATED_KINDS", "KINDS", "REGISTERED_KINDS", "PhasePeak", "StorageLedger", "first_tensor",
+    "CREATED_KINDS", "KINDS", "REGISTERED_KINDS", "StorageLedger", "first_tensor",
     "storage_of", "tensors_in",
 ]
 
@@ -80,28 +80,6 @@ def first_tensor(value: Any) -> Tensor | None:
             if t is not None:
                 return t
     return None
-
-
-@dataclass(frozen=True)
-class PhasePeak:
-    """The highest live bytes seen while one phase ran, and what they were.
-
-    Args:
-        peak_bytes: the phase's high-water mark of live bytes (everything alive, not
-            only what the phase created).
-        breakdown: bytes per kind at that moment (non-zero kinds only).
-        order: when it was first reached, comparable across the phases of one step
-            (smaller is earlier): the step's peak is the largest phase peak, the
-            earliest on ties.
-    """
-
-    peak_bytes: int
-    breakdown: Mapping[str, int] = field(hash=False)
-    order: int
-
-    def __post_init__(self) -> None:
-        if self.peak_bytes < 0:
-            raise ValueError(f"PhasePeak: peak_bytes must be >= 0, got {self.peak_bytes}")
 
 
 class StorageLedger:

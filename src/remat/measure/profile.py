@@ -37,6 +37,8 @@ import torch
 from torch import nn
 from torch._subclasses.fake_tensor import DynamicOutputShapeException, FakeTensorMode
 
+from remat.core.ops import PHASES
+from remat.core.results import BlockProfile, Profile
 from remat.measure import shadow
 from remat.measure.fake import (
     check_fake_device,
@@ -44,15 +46,13 @@ from remat.measure.fake import (
     fake_copy_with_map,
     fake_optimizer,
 )
-from remat.measure.results import BlockProfile, Profile
 from remat.measure.state import preserved_state
 from remat.measure.step import LossFn, Step, check_runnable, clear_grads
 from remat.measure.timing import time_blocks, time_step
 from remat.measure.tracked import Tracked, check_trainable, tracked_step
-from remat.measure.tracker import PHASES
 
-__all__ = ["BlockProfile", "Profile", "preserved_state", "profile", "profile_simulated",
-           "profile_step", "simulated_steps"]
+__all__ = ["preserved_state", "profile", "profile_simulated", "profile_step",
+           "simulated_steps"]
 
 _API = "remat.profile"
 

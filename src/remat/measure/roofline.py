@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from remat.core.ops import PHASES, OpRecord
 from remat.devices import DeviceSpec, get_device
-from remat.measure.tracker import PHASES, OpRecord
 
 __all__ = ["op_roofline_ms", "roofline_ms"]
 

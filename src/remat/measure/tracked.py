@@ -50,7 +50,7 @@ class Tracked:
     grad_bytes: int
 
     def resident_fields(self) -> dict[str, int]:
-        """The :class:`~remat.measure.results.Profile` fields of what the step holds
+        """The :class:`~remat.core.results.Profile` fields of what the step holds
         besides activations: parameter, buffer, gradient, optimizer-state and batch
         bytes."""
         return {"param_bytes": self.static.get("params", 0),

@@ -59,20 +59,14 @@ from torch._subclasses.fake_tensor import DynamicOutputShapeException
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.hooks import RemovableHandle
 
+from remat.core.ops import PHASES, OpRecord
+from remat.core.results import PhasePeak
 from remat.measure import shadow
 from remat.measure.attribution import BlockAttribution
-from remat.measure.flops import (
-    FRESH_OPS,
-    METADATA_OPS,
-    PHASES,
-    OpRecord,
-    op_flops,
-    op_traffic,
-)
+from remat.measure.flops import FRESH_OPS, METADATA_OPS, op_flops, op_traffic
 from remat.measure.ledger import (
     CREATED_KINDS,
     REGISTERED_KINDS,
-    PhasePeak,
     StorageLedger,
     storage_of,
     tensors_in,

@@ -2,8 +2,8 @@
 
 The verbs are :func:`remat.plan` and :func:`remat.auto`; this package holds what they
 are made of: candidates measured per kind of block (``candidates.py``), the peak model
-(``peak.py``), the integer program (``solver.py``), the closed loop (``planner.py``) and
-the :class:`Plan` value with its versioned JSON (``plans.py``).
+(``remat.core.peak``), the integer program (``remat.core.solver``), the closed loop
+(``planner.py``) and the :class:`Plan` value with its versioned JSON (``plans.py``).
 
 Example::
 
@@ -19,30 +19,24 @@ Example::
 
 from __future__ import annotations
 
-from remat.planning.budget import Budget, parse_budget
 from remat.planning.candidates import BlockGroup, Candidate
 from remat.planning.context import PlanContext, prepare
 from remat.planning.loop import measure_decisions
 from remat.planning.options import PlanOptions
-from remat.planning.peak import PeakModel, Window
 from remat.planning.planner import auto, plan, plan_step
 from remat.planning.plans import PLAN_FORMAT_VERSION, NamedBlocks, Plan, ThroughputRow
 
 __all__ = [
     "PLAN_FORMAT_VERSION",
     "BlockGroup",
-    "Budget",
     "Candidate",
     "NamedBlocks",
-    "PeakModel",
     "Plan",
     "PlanContext",
     "PlanOptions",
     "ThroughputRow",
-    "Window",
     "auto",
     "measure_decisions",
-    "parse_budget",
     "plan",
     "plan_step",
     "prepare",

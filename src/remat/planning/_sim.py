@@ -14,7 +14,7 @@ NOTE [ Memory windows ]
     ``tail`` (the rest of backward) and ``optimizer``. :class:`WindowRecorder`
     sits inside the tracker and reads its live byte count after every op, so the
     peak of every window is known, not only the step's peak. The peak model
-    (peak.py) explains each window's peak from the blocks' decisions.
+    (remat/core/peak.py) explains each window's peak from the blocks' decisions.
 
 NOTE [ Gap windows ]
     ``gap:i`` opens in block i's forward hook, while the caller still holds block
@@ -54,16 +54,17 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils.hooks import RemovableHandle
 
 from remat.blocks import BlocksSpec, named_blocks
+from remat.core.ops import OpRecord
 from remat.measure.fake import fake_batch, fake_copy_with_map, fake_optimizer
 from remat.measure.ledger import first_tensor
 from remat.measure.step import LossFn, batch_tensors, clear_grads, model_device, run_step
 from remat.measure.tracked import held_gc
-from remat.measure.tracker import MemoryTracker, OpRecord
+from remat.measure.tracker import MemoryTracker
 from remat.recompute import is_recomputing
 from remat.strategies import remove
 
 if TYPE_CHECKING:
-    from remat.measure.results import Profile
+    from remat.core.results import Profile
 
 __all__ = ["FakeSetup", "StepWindows", "WindowRecorder", "fake_setup", "quiet", "run_windows"]
 

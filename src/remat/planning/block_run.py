@@ -63,7 +63,7 @@ def apply_parts(model: nn.Module, name: str, parts: Sequence[Part],
 #   output is reduced to a scalar through a fixed weight instead: autograd makes the
 #   output's gradient itself and frees it as it would in the step. That gradient is
 #   counted in this window rather than the previous one, the same for every candidate,
-#   and the peak model's calibration (peak.py) absorbs the constant. The backward window
+#   and the peak model's calibration (remat/core/peak.py) absorbs the constant. The backward window
 #   starts once the block's input and output are dropped (NOTE [ Who keeps a hidden
 #   state ]), so ``backward_peak_bytes`` is the backward's high-water mark above the
 #   memory without the block's input, its output and anything the block keeps, plus

@@ -14,14 +14,14 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from remat.core.peak import PeakModel
 from remat.devices import DeviceSpec
 from remat.measure.step import Step, model_device
 from remat.measure.tracked import check_trainable
 from remat.planning._sim import FakeSetup, fake_setup, run_windows
-from remat.planning.candidates import measure_groups
+from remat.planning.candidates import Candidate, measure_groups
 from remat.planning.cost import cost_device
 from remat.planning.options import COSTS
-from remat.planning.peak import PeakModel
 from remat.planning.plans import COST_SOURCES
 from remat.planning.timed import time_groups
 from remat.progress import report
@@ -50,7 +50,7 @@ class PlanContext:
             (NOTE [ Closed loop on the fake copy ] in loop.py). Default: None.
     """
 
-    peak_model: PeakModel
+    peak_model: PeakModel[Candidate]
     device: DeviceSpec
     no_checkpoint_peak_bytes: int
     batch_size: int | None

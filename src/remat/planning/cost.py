@@ -23,9 +23,9 @@ from collections.abc import Iterable
 
 import torch
 
+from remat.core.ops import OpRecord
 from remat.devices import DEVICES, DeviceSpec, get_device
 from remat.measure.roofline import op_roofline_ms
-from remat.measure.tracker import OpRecord
 
 __all__ = ["DEFAULT_COST_DEVICE", "LAUNCH_FLOOR_MS", "cost_device", "recompute_ms", "step_ms"]
 

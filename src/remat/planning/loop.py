@@ -17,9 +17,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from remat.core.checks import decisions_label
+from remat.core.results import Profile
+from remat.core.solver import min_peak_choice, solve
 from remat.errors import BudgetTooSmall
-from remat.measure.profile import Profile, preserved_state, profile_step
 from remat.measure.profile import _build as _build_profile
+from remat.measure.profile import preserved_state, profile_step
 from remat.measure.step import Step, clear_grads, model_device
 from remat.measure.timing import time_step
 from remat.measure.tracked import tracked_step
@@ -27,8 +30,7 @@ from remat.planning._sim import FakeSetup, quiet
 from remat.planning.candidates import Candidate
 from remat.planning.context import PlanContext
 from remat.planning.cost import recompute_ms, step_ms
-from remat.planning.plans import Plan, apply_spec, decisions_label
-from remat.planning.solver import min_peak_choice, solve
+from remat.planning.plans import Plan, apply_spec
 from remat.progress import report
 from remat.strategies import BlockStrategy, apply_decisions, preserved_strategy
 from remat.strategies.builtin import Full

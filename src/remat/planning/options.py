@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from remat.core.budget import Budget, BudgetLike, parse_budget
 from remat.devices import DeviceSpec
-from remat.planning.budget import Budget, BudgetLike, parse_budget
 
 __all__ = ["COSTS", "MAXIMIZE", "PlanOptions"]
 
@@ -22,7 +22,7 @@ class PlanOptions:
 
     Args:
         budget: the step's peak: bytes, ``"12GiB"``, or ``"60%"`` of the un-checkpointed
-            peak; parsed into a :class:`~remat.planning.budget.Budget`.
+            peak; parsed into a :class:`~remat.core.budget.Budget`.
         simulate: measure the closed loop on fake tensors. Default: ``False``.
         maximize: ``"throughput"`` to search the batch size, or ``None``. Default: ``None``.
         device: the cost device (name or spec). Default: the model's GPU when known,

@@ -6,8 +6,8 @@ NOTE [ How a plan is made ]
     2. Measure every candidate of every kind of block (candidates.py) and one
        whole step without checkpointing, cut into memory windows. With measured
        costs, time every candidate on the real model (timed.py).
-    3. Calibrate the peak model (peak.py) and solve for the cheapest choice whose
-       predicted peak fits (solver.py).
+    3. Calibrate the peak model (remat/core/peak.py) and solve for the cheapest choice whose
+       predicted peak fits (remat/core/solver.py).
     4. Closed loop: apply the choice to the model, measure the step with
        :func:`remat.measure.profile` (real, or simulated with ``simulate=True``),
        and if the measured peak is over budget, tighten the solver's budget by the
@@ -35,9 +35,9 @@ import torch
 from torch import Tensor, nn
 
 from remat.blocks import BlocksSpec
+from remat.core.budget import Budget, BudgetLike
 from remat.devices import DeviceSpec
 from remat.measure.step import LossFn, Step, model_device
-from remat.planning.budget import Budget, BudgetLike
 from remat.planning.compiled_candidates import CompiledContext
 from remat.planning.compiled_plan import plan_compiled
 from remat.planning.context import PlanContext, check_plannable, prepare_step, resolve_cost

@@ -34,16 +34,12 @@ from typing import Any
 from torch import nn
 
 from remat.blocks import BlocksSpec
+from remat.core.checks import check_float, check_int, decisions_label, opt_float, opt_int
 from remat.planning.fingerprint import BlockPrint, check_fingerprint
 from remat.planning.records import (
     NamedBlocks,
     ThroughputRow,
     apply_spec,
-    check_float,
-    check_int,
-    decisions_label,
-    opt_float,
-    opt_int,
     owner_block,
     print_from_dict,
 )

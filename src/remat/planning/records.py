@@ -2,19 +2,18 @@
 
 from __future__ import annotations
 
-import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from torch import nn
 
 from remat.blocks import BlocksSpec
+from remat.core.checks import check_float, check_int
 from remat.planning.fingerprint import BlockPrint
 from remat.strategies import BlockStrategy
 
-__all__ = ["NamedBlocks", "ThroughputRow", "apply_spec", "check_float", "check_int",
-           "decisions_label", "opt_float", "opt_int", "owner_block", "print_from_dict"]
+__all__ = ["NamedBlocks", "ThroughputRow", "apply_spec", "owner_block", "print_from_dict"]
 
 
 @dataclass(frozen=True)
@@ -38,22 +37,6 @@ class NamedBlocks:
 
     def __call__(self, name: str, module: nn.Module | None) -> bool:
         return name in self.names
-
-
-def check_int(owner: str, name: str, value: Any, *, optional: bool = False) -> None:
-    if optional and value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"{owner}: {name} must be an int >= 0, got {value!r}")
-
-
-def check_float(owner: str, name: str, value: Any, *, optional: bool = False) -> None:
-    if optional and value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
-        math.isfinite(value) and value >= 0
-    ):
-        raise ValueError(f"{owner}: {name} must be a finite number >= 0, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -89,22 +72,6 @@ class ThroughputRow:
         check_int(owner, "peak_bytes", self.peak_bytes)
         for name in ("recompute_ms", "step_ms", "samples_per_s"):
             check_float(owner, name, getattr(self, name))
-
-
-def opt_int(value: Any) -> int | None:
-    return None if value is None else int(value)
-
-
-def opt_float(value: Any) -> float | None:
-    return None if value is None else float(value)
-
-
-def decisions_label(labels: Iterable[str]) -> str:
-    """``"4 none, 2 full"`` from per-block labels (in order of first use)."""
-    counts: dict[str, int] = {}
-    for label in labels:
-        counts[label] = counts.get(label, 0) + 1
-    return ", ".join(f"{n} {key}" for key, n in counts.items())
 
 
 def owner_block(name: str, blocks: Sequence[str]) -> str | None:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from remat.units import mib
 
 if TYPE_CHECKING:
-    from remat.compare.rows import ComparisonResult
+    from remat.core.rows import ComparisonResult
 
 __all__ = ["plot_comparison"]
 
@@ -35,7 +35,7 @@ def plot_comparison(
     results (e.g. two model sizes) are drawn as separate series.
 
     Args:
-        results: one :class:`~remat.compare.ComparisonResult` or several.
+        results: one :class:`~remat.core.rows.ComparisonResult` or several.
         path: output file; the format follows the suffix (``.png``, ``.svg``, ``.pdf``).
             Missing parent directories are created.
         title: figure title. Default: the result's label, or a generic title.

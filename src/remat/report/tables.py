@@ -1,6 +1,6 @@
 """Tables for the terminal (rich) and for RESULTS.md (markdown).
 
-Each table is built from a result object (:class:`remat.compare.ComparisonResult`,
+Each table is built from a result object (:class:`remat.core.rows.ComparisonResult`,
 :class:`remat.measure.Profile`); nothing here measures anything. Row cells are
 shared between the rich and markdown forms so the two never disagree.
 """
@@ -24,7 +24,7 @@ from remat.units import (
 )
 
 if TYPE_CHECKING:
-    from remat.compare.rows import ComparisonResult, StrategyRow
+    from remat.core.rows import ComparisonResult, StrategyRow
 
 __all__ = [
     "COMPARISON_COLUMNS",

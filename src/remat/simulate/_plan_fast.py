@@ -56,10 +56,10 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+from remat.core.peak import PeakModel
 from remat.planning._sim import FakeSetup, StepWindows
 from remat.planning.block_run import BlockRun, run_block
 from remat.planning.candidates import BlockGroup, Candidate
-from remat.planning.peak import PeakModel
 from remat.simulate._fast import FastContext, _cut
 from remat.simulate._plan_windows import SHALLOW, deepen_windows, interpolate_windows, mix_run
 from remat.simulate._samples import NotAffine
@@ -316,8 +316,8 @@ def fast_plan_rows(ctx: FastContext, sizes: Sequence[int], seq_len: int,
             row of a size no choice fits, from its smallest peak.
     """
     from remat.blocks import named_blocks
+    from remat.core.solver import min_peak_choice, solve
     from remat.planning.context import check_plannable
-    from remat.planning.solver import min_peak_choice, solve
 
     setup = ctx.setup
     sizes = [b for b in sizes if b in none_rows]

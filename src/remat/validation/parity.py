@@ -11,71 +11,27 @@ import math
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
 from remat.blocks import BlocksSpec
-from remat.errors import ParityError, RematWarning
+from remat.core.parity import ParityReport
+from remat.errors import RematWarning
 from remat.measure.step import Step, call_model, check_runnable, default_loss
 from remat.strategies.apply import apply, remove
 from remat.strategies.base import Strategy
 from remat.strategies.regions import region_of
 
-__all__ = ["ParityReport", "relative_error", "validate"]
+__all__ = ["relative_error", "validate"]
 
 _TINY = 1e-30
 _REMAT_KEYS = ("forward", "_remat_region", "_remat_prev_forward", "_remat_applied")
 #: Per-module state validation may change and puts back: remat's regions and Hugging Face's
 #: own checkpointing switches (``gradient_checkpointing_disable`` resets them).
 _HF_KEYS = ("gradient_checkpointing", "_gradient_checkpointing_func")
-
-
-@dataclass(frozen=True)
-class ParityReport:
-    """Loss and gradients of a strategy compared with the un-checkpointed model.
-
-    Args:
-        strategy: the strategy (or ``"plan"``) that was checked.
-        loss_ref: loss without checkpointing.
-        loss: loss with the strategy.
-        loss_rel_error: ``|loss - loss_ref| / |loss_ref|``.
-        max_rel_error: the worst relative error over the loss and all gradients.
-        worst_param: name of the parameter with the worst gradient error.
-        per_param_rel_error: per parameter, ``max|g - g_ref| / max|g_ref|``.
-        rtol: the tolerance ``passed`` uses. Default: ``1e-6``.
-    """
-
-    strategy: str
-    loss_ref: float
-    loss: float
-    loss_rel_error: float
-    max_rel_error: float
-    worst_param: str
-    per_param_rel_error: dict[str, float] = field(default_factory=dict)
-    rtol: float = 1e-6
-
-    def __post_init__(self) -> None:
-        if not self.rtol > 0:
-            raise ValueError(f"ParityReport: rtol must be > 0, got {self.rtol!r}")
-
-    @property
-    def passed(self) -> bool:
-        """Whether loss and every gradient match within ``rtol``."""
-        return self.max_rel_error <= self.rtol
-
-    def raise_if_failed(self) -> None:
-        """Raise :class:`~remat.errors.ParityError` when the check failed."""
-        if not self.passed:
-            raise ParityError(
-                f"remat.validate: strategy {self.strategy!r} changes gradients: worst relative "
-                f"error {self.max_rel_error:.3g} (parameter {self.worst_param!r}) > rtol "
-                f"{self.rtol:.1g}; loss {self.loss:.8g} vs {self.loss_ref:.8g}. Check for "
-                "randomness outside torch's RNG or state updated in forward (see pitfall "
-                "warnings from remat.apply)."
-            )
 
 
 def relative_error(value: torch.Tensor, reference: torch.Tensor) -> float:

@@ -1,6 +1,6 @@
 """Choose one candidate per block: least recompute cost whose predicted peak fits.
 
-The peak is a maximum over memory windows (see peak.py), so "fits" is one
+The peak is a maximum over memory windows (see ``remat.core.peak``), so "fits" is one
 linear constraint per window; together with "one candidate per block" this is
 a multiple-choice knapsack with several knapsacks. It is solved exactly by a
 dynamic program over the blocks (NOTE [ Prefix dynamic program ]); the 0/1
@@ -22,6 +22,9 @@ NOTE [ Byte units ]
     therefore written in units of a power of two chosen so that every coefficient is
     at most 2**24 (exact in floating point, and 1 byte for test-sized models); the
     exact integer check after solving catches any rounding.
+
+SciPy is imported inside the functions that run HiGHS, so importing this module
+(as ``remat.jax`` does) loads NumPy only.
 """
 
 from __future__ import annotations
@@ -29,13 +32,16 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
-from scipy.optimize import Bounds, LinearConstraint, milp
 
+from remat.core.peak import PeakModel
 from remat.errors import RematError
 from remat.native import silenced
-from remat.planning.peak import PeakModel
+
+if TYPE_CHECKING:
+    from scipy.optimize import Bounds, LinearConstraint
 
 __all__ = ["choice_cost_ps", "min_peak_choice", "solve"]
 
@@ -85,6 +91,8 @@ def _window_rows(model: PeakModel, offsets: list[int]
 
 def _one_per_block(model: PeakModel, offsets: list[int], extra_columns: int = 0
                    ) -> LinearConstraint:
+    from scipy.optimize import LinearConstraint
+
     eq = np.zeros((model.num_blocks, offsets[-1] + extra_columns))
     for i in range(model.num_blocks):
         eq[i, offsets[i]:offsets[i + 1]] = 1.0
@@ -97,6 +105,8 @@ def _decode(x: np.ndarray, offsets: list[int]) -> list[int]:
 
 def _run(c: np.ndarray, constraints: list[LinearConstraint], integrality: np.ndarray,
          bounds: Bounds) -> np.ndarray | None:
+    from scipy.optimize import milp
+
     with silenced(1):  # HiGHS prints debug lines from C++ on large problems
         result = milp(c, constraints=constraints, integrality=integrality, bounds=bounds,
                       options={"mip_rel_gap": 0.0, "disp": False, "time_limit": _TIME_LIMIT_S})
@@ -110,12 +120,13 @@ def _run(c: np.ndarray, constraints: list[LinearConstraint], integrality: np.nda
 
 # NOTE [ Prefix dynamic program ]
 #     Every window of the peak model reads ``S_p + own_p(d_p)``: the saved bytes of the
-#     first p blocks plus (optionally) block p's working set (peak.py). So the program is
-#     a shortest path over blocks whose state is ``S_p``, and a state is dominated by one
-#     with fewer saved bytes *and* no higher cost (every later constraint only grows with
-#     ``S``). Keeping the Pareto front of ``(S_p, cost)`` after each block solves the
-#     integer program exactly, in integers, in milliseconds where HiGHS needs seconds
-#     (identical blocks make branch-and-bound symmetric: 32 blocks hit its time limit).
+#     first p blocks plus (optionally) block p's working set (``remat.core.peak``). So the
+#     program is a shortest path over blocks whose state is ``S_p``, and a state is
+#     dominated by one with fewer saved bytes *and* no higher cost (every later constraint
+#     only grows with ``S``). Keeping the Pareto front of ``(S_p, cost)`` after each block
+#     solves the integer program exactly, in integers, in milliseconds where HiGHS needs
+#     seconds (identical blocks make branch-and-bound symmetric: 32 blocks hit its time
+#     limit).
 #     A front larger than ``_MAX_FRONT`` falls back to the MILP.
 
 _MAX_FRONT = 200_000
@@ -258,6 +269,8 @@ def solve(model: PeakModel, budget_bytes: int, *, exact: bool = False) -> list[i
 
 def _solve_milp(model: PeakModel, budget_bytes: int) -> list[int] | None:
     """:func:`solve` as a 0/1 integer program (HiGHS); see NOTE [ Exact costs ]."""
+    from scipy.optimize import Bounds, LinearConstraint
+
     offsets = _layout(model)
     n = offsets[-1]
     cost = np.array([float(_cost_ps(c.recompute_ms)) for t in model.tables for c in t])
@@ -281,6 +294,8 @@ def _solve_milp(model: PeakModel, budget_bytes: int) -> list[int] | None:
 
 def min_peak_choice(model: PeakModel, *, exact: bool = False) -> list[int]:
     """The choice with the smallest predicted peak (ties: the cheapest of them)."""
+    from scipy.optimize import Bounds, LinearConstraint
+
     lowest = None if exact else _min_peak_dp(model)
     if lowest is not None:
         found = solve(model, lowest)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from remat.planning.budget import Budget, parse_budget
+from remat.core.budget import Budget, parse_budget
 
 
 @pytest.mark.parametrize(("text", "expected"), [

@@ -1,14 +1,40 @@
-"""What a profile returns: the step's bytes, FLOPs and times, in total and per block."""
+"""What a profile returns: the step's bytes, FLOPs and times, in total and per block.
+
+Both backends return these records: ``remat.profile`` (PyTorch, tracked storages and
+aten ops) and ``remat.jax.profile`` (XLA's compiled-memory analysis). They hold numbers
+only, so they live in the framework-neutral core.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from remat.measure.ledger import PhasePeak
-from remat.measure.tracker import PHASES, OpRecord
+from remat.core.ops import PHASES, OpRecord
 
 __all__ = ["BlockProfile", "PhasePeak", "Profile"]
+
+
+@dataclass(frozen=True)
+class PhasePeak:
+    """The highest live bytes seen while one phase ran, and what they were.
+
+    Args:
+        peak_bytes: the phase's high-water mark of live bytes (everything alive, not
+            only what the phase created).
+        breakdown: bytes per kind at that moment (non-zero kinds only).
+        order: when it was first reached, comparable across the phases of one step
+            (smaller is earlier): the step's peak is the largest phase peak, the
+            earliest on ties.
+    """
+
+    peak_bytes: int
+    breakdown: Mapping[str, int] = field(hash=False)
+    order: int
+
+    def __post_init__(self) -> None:
+        if self.peak_bytes < 0:
+            raise ValueError(f"PhasePeak: peak_bytes must be >= 0, got {self.peak_bytes}")
 
 
 @dataclass(frozen=True)
@@ -48,7 +74,7 @@ class Profile:
     """One training step, measured: exact bytes and FLOPs, and (real runs) times.
 
     Bytes are exact sums of tensor storage sizes on the model's device (see
-    NOTE [ What the tracker cannot see ] in tracker.py); FLOPs follow
+    NOTE [ What the tracker cannot see ] in remat/measure/tracker.py); FLOPs follow
     ``torch.utils.flop_counter``.
 
     Args:

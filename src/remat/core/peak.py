@@ -1,7 +1,7 @@
 """The peak model: a step's peak memory for any combination of per-block decisions.
 
 A sum of saved bytes is not a peak. The peak of a training step is the largest
-of its memory windows (NOTE [ Memory windows ] in ``_sim.py``), and each window
+of its memory windows (NOTE [ Memory windows ] in ``remat/planning/_sim.py``), and each window
 holds different things: the forward of block i holds what blocks 0..i-1 saved
 plus block i's forward working set; the head window (last block's output to
 the loss and back) holds what every block saved plus the logits and the loss;
@@ -17,9 +17,9 @@ NOTE [ Peak model ]
 
     where ``saved[j][c]`` is what block j keeps under candidate c (a hidden
     state counted in the block whose graph keeps it, NOTE [ Who keeps a hidden
-    state ] in block_run.py, so the sums are additive per block),
+    state ] in ``remat/planning/block_run.py``, so the sums are additive per block),
     ``own_w`` is the forward (``fwd:i``) or backward (``bwd:i``) working set
-    of the window's block (measured per candidate, see candidates.py), and
+    of the window's block (measured per candidate, see ``remat/planning/candidates.py``), and
     ``constant_w`` is everything the decisions do not change (parameters,
     gradients, optimizer state, batch, embeddings, logits, loss). The
     constants are calibrated from one tracked whole-model step without
@@ -28,20 +28,70 @@ NOTE [ Peak model ]
     from the measured parts. The predicted peak is ``max_w peak_w(d)``.
     ``benchmarks/peak_windows.py`` checks it window by window: exact for
     llama-small and gpt-small in fp32 and bf16 (2026-11-22).
+
+NOTE [ Candidate protocol ]
+    The peak model and the solver read four numbers of a candidate and nothing
+    else: ``saved_bytes``, ``forward_peak_bytes``, ``backward_peak_bytes`` and
+    ``recompute_ms`` (:class:`CandidateLike`). The PyTorch planner's
+    ``Candidate`` (planning/candidates.py) and the JAX backend's ``JaxCandidate``
+    both satisfy it, so this module knows neither framework. :class:`PeakModel`
+    is generic in its candidate type: a model built from PyTorch candidates hands
+    PyTorch candidates back from ``tables``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
-
-from remat.planning._sim import StepWindows
-from remat.planning.candidates import BlockGroup, Candidate
+from typing import Generic, Literal, Protocol, TypeVar
 
 __all__ = ["PeakModel", "Window"]
 
 Term = Literal["forward", "backward"]
+
+
+class CandidateLike(Protocol):
+    """What the peak model and the solver read of a candidate (NOTE [ Candidate protocol ]).
+
+    Attributes:
+        saved_bytes: bytes the block keeps for backward under the candidate.
+        forward_peak_bytes: the block's forward working set.
+        backward_peak_bytes: the block's backward working set (recomputation included).
+        recompute_ms: the candidate's cost; the solver minimises its sum.
+    """
+
+    @property
+    def saved_bytes(self) -> int: ...
+    @property
+    def forward_peak_bytes(self) -> int: ...
+    @property
+    def backward_peak_bytes(self) -> int: ...
+    @property
+    def recompute_ms(self) -> float: ...
+
+
+C = TypeVar("C", bound=CandidateLike)
+C_co = TypeVar("C_co", bound=CandidateLike, covariant=True)
+
+
+class CandidateGroup(Protocol[C_co]):
+    """Blocks sharing one candidate table (the PyTorch planner's ``BlockGroup``)."""
+
+    @property
+    def names(self) -> Sequence[str]: ...
+    @property
+    def candidates(self) -> Sequence[C_co]: ...
+
+
+class StepPeaks(Protocol):
+    """A measured step's peak per memory window (the PyTorch planner's ``StepWindows``)."""
+
+    @property
+    def peaks(self) -> Mapping[str, int]: ...
+    @property
+    def order(self) -> Sequence[str]: ...
+    @property
+    def peak_bytes(self) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -63,7 +113,7 @@ class Window:
     block: int | None = None
     term: Term | None = None
 
-    def own_bytes(self, candidate: Candidate) -> int:
+    def own_bytes(self, candidate: CandidateLike) -> int:
         """The window's block's working set under ``candidate`` (0 without a block)."""
         if self.term == "forward":
             return candidate.forward_peak_bytes
@@ -90,26 +140,26 @@ def _structure(label: str) -> tuple[int, int | None, Term | None]:
 
 
 @dataclass(frozen=True)
-class PeakModel:
+class PeakModel(Generic[C]):
     """Predicts the step's peak for per-block candidate choices (see NOTE [ Peak model ]).
 
     Args:
         windows: the step's windows with calibrated constants.
-        tables: per block (forward order), its candidates.
+        tables: per block (forward order), its candidates (any :class:`CandidateLike`).
         block_names: the blocks' qualified names.
         reference_peak_bytes: the measured peak of the calibration step (no checkpointing).
     """
 
     windows: tuple[Window, ...]
-    tables: tuple[tuple[Candidate, ...], ...]
+    tables: tuple[tuple[C, ...], ...]
     block_names: tuple[str, ...]
     reference_peak_bytes: int
 
     @classmethod
-    def calibrate(cls, groups: Sequence[BlockGroup], block_names: Sequence[str],
-                  step: StepWindows) -> PeakModel:
+    def calibrate(cls, groups: Sequence[CandidateGroup[C]], block_names: Sequence[str],
+                  step: StepPeaks) -> PeakModel[C]:
         """Fit the window constants to a tracked step without checkpointing."""
-        by_name = {name: group.candidates for group in groups for name in group.names}
+        by_name = {name: tuple(group.candidates) for group in groups for name in group.names}
         tables = tuple(by_name[name] for name in block_names)
         none = [table[0] for table in tables]  # candidates start with "none"
         windows = []
