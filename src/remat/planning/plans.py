@@ -31,6 +31,7 @@ from typing import Any
 from torch import nn
 
 from remat.blocks import BlocksSpec
+from remat.compiled.install import check_compiled
 from remat.planning.fingerprint import BlockPrint, check_fingerprint
 from remat.planning.records import (
     NamedBlocks,
@@ -47,7 +48,6 @@ from remat.planning.records import (
     print_from_dict,
 )
 from remat.strategies import BlockDecision
-from remat.strategies.compiled import check_compiled
 
 __all__ = ["COST_SOURCES", "PLAN_FORMAT_VERSION", "NamedBlocks", "Plan", "ThroughputRow",
            "apply_spec", "decisions_label"]

@@ -15,15 +15,15 @@ import pytest
 import torch
 
 import remat
-from remat.measure.compiled import compiled_regions, measure_compiled
-from remat.measure.step import Step
-from remat.planning.compiled_candidates import (
+from remat.compiled.candidates import (
     CompiledCandidate,
     CompiledContext,
     measure_whole,
     prepare_compiled,
 )
-from remat.planning.compiled_plan import plan_compiled, predict_peak
+from remat.compiled.measure import compiled_regions, measure_compiled
+from remat.compiled.plan import plan_compiled, predict_peak
+from remat.measure.step import Step
 from remat.planning.options import PlanOptions
 from remat.planning.plans import Plan
 from remat.strategies import BlockDecision
@@ -151,7 +151,7 @@ def test_summary_and_equality_know_the_compile(model: Net, ctx: CompiledContext)
 
 def test_a_candidate_the_compiler_fails_on_is_skipped_with_a_warning(
         model: Net, monkeypatch: pytest.MonkeyPatch) -> None:
-    import remat.planning.compiled_candidates as cc
+    import remat.compiled.candidates as cc
 
     real = cc.measure_assignment
 

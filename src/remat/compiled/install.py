@@ -41,8 +41,8 @@ from typing import Any, TypeVar
 from torch import nn
 
 from remat.blocks import BlocksSpec, named_blocks
+from remat.compiled.graphs import CountingBackend, GraphLog, register_backend
 from remat.errors import StrategyError
-from remat.measure.compiled_graphs import CountingBackend, GraphLog, register_backend
 from remat.strategies.regions import region_of
 
 __all__ = ["WHOLE_MODEL", "check_compilable", "check_compiled", "compile_blocks_with_budget",

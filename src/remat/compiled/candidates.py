@@ -31,12 +31,12 @@ from dataclasses import dataclass, field
 import torch
 
 from remat.blocks import find_sublayer
+from remat.compiled.install import WHOLE_MODEL, BackendCache, compile_plan, uncompile
+from remat.compiled.measure import CompiledMeasurement, measure_compiled
 from remat.errors import BlocksNotFound, RematError, RematWarning, StrategyError
-from remat.measure.compiled import CompiledMeasurement, measure_compiled
 from remat.measure.step import Step
 from remat.strategies import BlockDecision
 from remat.strategies.apply import apply_decisions, preserved_strategy
-from remat.strategies.compiled import WHOLE_MODEL, BackendCache, compile_plan, uncompile
 
 __all__ = ["DEFAULT_COMPILED_CANDIDATES", "WHOLE_MODEL_BUDGETS", "CompiledCandidate",
            "CompiledContext", "default_candidates", "measure_assignment", "measure_whole",
