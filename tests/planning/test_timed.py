@@ -13,9 +13,8 @@ import remat
 from remat.devices import get_device
 from remat.models import build_model, make_batch
 from remat.planning import Plan
-from remat.planning._sim import fake_setup
 from remat.planning.candidates import measure_groups
-from remat.planning.context import resolve_cost
+from remat.planning.context import fake_setup, resolve_cost
 from remat.planning.timed import time_groups
 from remat.strategies import applied
 

@@ -36,7 +36,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from remat.planning._sim import StepWindows
+from remat.measure.windows import StepWindows
 from remat.planning.candidates import BlockGroup, Candidate
 
 __all__ = ["PeakModel", "Window"]

@@ -2,7 +2,7 @@
 
 NOTE [ How a plan is made ]
     1. Copy the model, batch and optimizer as fake tensors (nothing is computed or
-       allocated, the user's model is untouched; see ``_sim.py``).
+       allocated, the user's model is untouched; see ``context.fake_setup``).
     2. Measure every candidate of every kind of block (candidates.py) and one
        whole step without checkpointing, cut into memory windows. With measured
        costs, time every candidate on the real model (timed.py).
