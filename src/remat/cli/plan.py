@@ -268,12 +268,13 @@ def _run(request: _Request) -> _Outcome:
 
 def _print_outcome(request: _Request, outcome: _Outcome) -> None:
     from remat.report.frontier import frontier_table
+    from remat.report.plan import plan_renderable
 
     console = stdout_console()
     console.print(f"remat plan: {request.model}, batch {outcome.batch_size}, seq "
                   f"{outcome.seq_len}, budget {request.budget} on {request.target}",
                   highlight=False)
-    console.print(outcome.plan)
+    console.print(plan_renderable(outcome.plan))
     front = outcome.frontier
     if front is not None:
         console.print(frontier_table(front))

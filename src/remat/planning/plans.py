@@ -358,19 +358,6 @@ class Plan:
             raise ValueError(f"remat.Plan.from_json: not valid JSON ({exc})") from None
         return cls.from_dict(data)
 
-    # ---- display -------------------------------------------------------------------------
-
-    def summary(self) -> str:
-        """A plain-text summary: budget, peaks, costs and the decision per block."""
-        from remat.planning.display import plan_text
-
-        return plan_text(self)
-
-    def __rich__(self) -> Any:
-        from remat.planning.display import plan_renderable
-
-        return plan_renderable(self)
-
     def __reduce__(self) -> tuple[Any, tuple[dict[str, Any]]]:
         # The read-only decisions view cannot be pickled; rebuild from a plain dict.
         state = {f.name: getattr(self, f.name) for f in fields(self)}
