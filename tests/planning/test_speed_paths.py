@@ -11,7 +11,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from remat.devices import get_device
 from remat.measure import shadow
-from remat.measure.tracked import held_gc
+from remat.measure.tracked_step import held_gc
 from remat.measure.tracker import MemoryTracker
 from remat.measure.windows import WindowRecorder, run_windows
 from remat.models import build_model, make_batch

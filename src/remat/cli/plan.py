@@ -267,8 +267,8 @@ def _run(request: _Request) -> _Outcome:
 
 
 def _print_outcome(request: _Request, outcome: _Outcome) -> None:
-    from remat.report.frontier import frontier_table
     from remat.report.plan import plan_renderable
+    from remat.report.tables import frontier_table
 
     console = stdout_console()
     console.print(f"remat plan: {request.model}, batch {outcome.batch_size}, seq "
@@ -290,7 +290,7 @@ def _write_outputs(request: _Request, outcome: _Outcome, *, out: Path | None,
                    json_out: str | None, plot: Path | None) -> None:
     import torch
 
-    from remat.report.frontier import plot_frontier
+    from remat.report.plots import plot_frontier
 
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)

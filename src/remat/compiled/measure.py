@@ -71,7 +71,7 @@ from remat.measure.results import BlockProfile, Profile
 from remat.measure.state import preserved_state
 from remat.measure.step import LossFn, Step, clear_grads, model_device, run_step
 from remat.measure.timing import time_step
-from remat.measure.tracked import check_trainable, tracked_step
+from remat.measure.tracked_step import check_trainable, tracked_step
 
 __all__ = [
     "CompiledMeasurement",

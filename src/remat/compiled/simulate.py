@@ -109,7 +109,7 @@ from remat.measure.fake import check_fake_device, fake_batch, fake_optimizer, fa
 from remat.measure.fake_kernels import install_fake_kernels
 from remat.measure.results import BlockProfile, Profile
 from remat.measure.step import LossFn, Step, clear_grads
-from remat.measure.tracked import check_trainable, tracked_step
+from remat.measure.tracked_step import check_trainable, tracked_step
 
 __all__ = ["CompiledSimulation", "CompiledSimulationError", "GraphMemory", "simulate_compiled"]
 

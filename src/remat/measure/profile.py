@@ -48,7 +48,7 @@ from remat.measure.results import BlockProfile, Profile
 from remat.measure.state import preserved_state
 from remat.measure.step import LossFn, Step, check_runnable, clear_grads
 from remat.measure.timing import time_blocks, time_step
-from remat.measure.tracked import Tracked, check_trainable, tracked_step
+from remat.measure.tracked_step import Tracked, check_trainable, tracked_step
 from remat.measure.tracker import PHASES
 
 __all__ = ["BlockProfile", "Profile", "preserved_state", "profile", "profile_simulated",

@@ -56,7 +56,7 @@ from torch.utils.hooks import RemovableHandle
 
 from remat.measure.ledger import first_tensor
 from remat.measure.step import LossFn, batch_tensors, clear_grads, run_step
-from remat.measure.tracked import held_gc
+from remat.measure.tracked_step import held_gc
 from remat.measure.tracker import MemoryTracker, OpRecord
 from remat.recompute import is_recomputing
 

@@ -16,7 +16,7 @@ from torch import Tensor, nn
 from torch.utils._pytree import tree_map
 
 from remat.measure.ledger import first_tensor
-from remat.measure.tracked import held_gc
+from remat.measure.tracked_step import held_gc
 from remat.measure.tracker import MemoryTracker, OpRecord
 from remat.measure.windows import FakeSetup, WindowRecorder, quiet
 from remat.planning.capture import BlockInputs, fresh_inputs, tensors_in

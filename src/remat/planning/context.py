@@ -19,7 +19,7 @@ from remat.blocks import BlocksSpec, named_blocks
 from remat.devices import DeviceSpec
 from remat.measure.fake import fake_batch, fake_copy_with_map, fake_optimizer
 from remat.measure.step import Step, model_device
-from remat.measure.tracked import check_trainable
+from remat.measure.tracked_step import check_trainable
 from remat.measure.windows import FakeSetup, run_windows
 from remat.planning.candidates import measure_groups
 from remat.planning.cost import cost_device

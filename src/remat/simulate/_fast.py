@@ -246,7 +246,7 @@ class FastContext:
 
     def _copy(self, depth: int, seq_len: int, first: int) -> tuple[WarmFake, list[nn.Module]]:
         from remat.measure.step import Step, check_runnable
-        from remat.measure.tracked import check_trainable
+        from remat.measure.tracked_step import check_trainable
         from remat.strategies import remove
 
         assert self.stack is not None
