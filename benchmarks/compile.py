@@ -6,13 +6,13 @@ Llama built in-process (6 layers, d 256, seq 256, batch 4), dropout off, CPU, fl
 1. eager, no checkpointing: the reference (allocator peak, FLOPs, gradients);
 2. the whole model compiled with inductor at ``activation_memory_budget`` 1.0, 0.75,
    0.5, 0.25 and 0.0, each with its own backend
-   (:func:`remat.integrations.compiler_budget.compile_with_budget`), measured with
-   :func:`remat.measure.compiled.measure_compiled`: the allocator's peak (plus the
+   (:func:`remat.compiled.install.compile_with_budget`), measured with
+   :func:`remat.compiled.measure.measure_compiled`: the allocator's peak (plus the
    bytes alive at the step's start), compiled FLOPs counted on the partitioned
    graphs;
 3. remat's side (``--remat``, on by default): ``remat.plan(model, batch,
    budget=<that compiled run's peak>)`` applied, then every block compiled
-   (:func:`remat.integrations.compiler_budget.compile_blocks_with_budget` at 1.0,
+   (:func:`remat.compiled.install.compile_blocks_with_budget` at 1.0,
    i.e. inductor's default partitioner, with the plan's checkpoints and SAC tags),
    measured the same way;
 4. ``remat.plan(model, batch, budget=<each compiled run's peak>, compile=True)``
@@ -53,12 +53,12 @@ import torch._dynamo
 from torch import nn
 
 import remat
-from remat.integrations.compiler_budget import compile_blocks_with_budget, compile_with_budget
+from remat.compiled.candidates import prepare_compiled
+from remat.compiled.install import compile_blocks_with_budget, compile_with_budget
+from remat.compiled.measure import measure_compiled
 from remat.measure.allocator import allocator_peak
-from remat.measure.compiled import measure_compiled
 from remat.measure.step import Step, clear_grads, run_step
 from remat.models import build_model, make_batch
-from remat.planning.compiled_candidates import prepare_compiled
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _results import replace_section, run_header  # noqa: E402

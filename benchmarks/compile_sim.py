@@ -2,14 +2,14 @@
 
 For each model and compiler ``activation_memory_budget`` (1.0, 0.75, 0.5, 0.25, 0.0), the
 model is compiled with inductor at that budget (each budget its own backend:
-:func:`remat.integrations.compiler_budget.compile_with_budget`, whole model; with
-``--blocks MODELS`` also :func:`~remat.integrations.compiler_budget.compile_blocks_with_budget`,
+:func:`remat.compiled.install.compile_with_budget`, whole model; with
+``--blocks MODELS`` also :func:`~remat.compiled.install.compile_blocks_with_budget`,
 every block at that budget), then
 
-* simulated: :func:`remat.measure.compiled_sim.simulate_compiled` on fake tensors
+* simulated: :func:`remat.compiled.simulate.simulate_compiled` on fake tensors
   (inductor's own generated wrapper replayed with no-op kernels; nothing allocated),
   run *before* the model's first real step, so nothing real was compiled yet;
-* real: :func:`remat.measure.compiled.measure_compiled` (allocator peak of a real
+* real: :func:`remat.compiled.measure.measure_compiled` (allocator peak of a real
   compiled step plus the bytes alive at its start);
 
 and the relative error of the simulated peak is reported, with the activation bytes
@@ -40,9 +40,9 @@ import torch
 import torch._dynamo
 from torch import nn
 
-from remat.integrations.compiler_budget import compile_blocks_with_budget, compile_with_budget
-from remat.measure.compiled import measure_compiled
-from remat.measure.compiled_sim import CompiledSimulationError, simulate_compiled
+from remat.compiled.install import compile_blocks_with_budget, compile_with_budget
+from remat.compiled.measure import measure_compiled
+from remat.compiled.simulate import CompiledSimulationError, simulate_compiled
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _results import replace_section, run_header  # noqa: E402
@@ -173,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
             "`remat.profile(compiled, batch, simulate=True)` on fake tensors, before the model "
             "ran: dynamo capture, AOTAutograd partition at the same budget, inductor's "
             "generated wrapper replayed with no-op kernels (NOTE [ Simulating compiled code ] "
-            "in src/remat/measure/compiled_sim.py). Error: simulated / real - 1. "
+            "in src/remat/compiled/simulate.py). Error: simulated / real - 1. "
             "Activations: bytes alive when backward starts. FLOPs equal: the simulated "
             "profile's FLOPs (partitioned graphs + eager code) equal the real profile's.\n\n"
             + table)

@@ -50,6 +50,7 @@ from remat.measure.timing import time_step
 from remat.models import build_model, make_batch
 from remat.planning.candidates import offload_exposed_ms
 from remat.planning.cost import step_ms
+from remat.report.plan import plan_text
 from remat.strategies import preserved_strategy
 from remat.units import format_bytes
 
@@ -181,7 +182,7 @@ def run(*, preset: str, batch_size: int, seq: int | None, cap_bytes: int | None,
         "torch": torch.__version__,
         "device": torch.cuda.get_device_name() if cuda else "cpu (dry run)",
         "preset": preset, "batch_size": batch_size, "tokens_per_step": tokens,
-        "cap_bytes": cap_bytes, "plan_s": plan_s, "plan": plan.summary(),
+        "cap_bytes": cap_bytes, "plan_s": plan_s, "plan": plan_text(plan),
         "rows": [asdict(r) for r in rows], "offload": offload,
     }
 

@@ -4,7 +4,7 @@ Diagnoses the peak model's error (NOTE [ Peak model ] in src/remat/core/peak.py)
 preset model in a precision, a device budget a fraction of the way from ``full``'s peak to
 ``none``'s (one device, AdamW), it prepares the planner's context, solves the budget
 once, applies that choice to the context's fake copy and runs one tracked step cut into
-memory windows (NOTE [ Memory windows ] in _sim.py); then prints each window whose
+memory windows (NOTE [ Memory windows ] in measure/windows.py); then prints each window whose
 measured peak differs from the prediction, and the choice.
 
 Finding (2026-11-22, session 5): under bf16 the error grew by one bf16 hidden state per
@@ -20,8 +20,8 @@ batch 8, 25%: 512 KiB per block, 3 MiB at the head window; Llama-7B, seq 2048, b
 Fixed (same day): ``run_block`` now attributes a hidden state to the block whose graph
 keeps it (NOTE [ Who keeps a hidden state ] in block_run.py), and a ``gap:i`` window no
 longer counts the moment it opens, when the caller still holds block i's input (NOTE [ Gap
-windows ] in _sim.py). Every window is now exact for llama-small and gpt-small in fp32 and
-bf16 (fractions 0.1 to 0.8 checked on llama-small bf16).
+windows ] in measure/windows.py). Every window is now exact for llama-small and gpt-small in
+fp32 and bf16 (fractions 0.1 to 0.8 checked on llama-small bf16).
 
 Usage::
 
@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     import remat.planning.planner as planner
     from remat.core.solver import solve
     from remat.measure.step import clear_grads
-    from remat.planning._sim import quiet, run_windows
+    from remat.measure.windows import quiet, run_windows
     from remat.planning.records import apply_spec
     from remat.simulate import simulate
     from remat.strategies import apply_decisions, remove

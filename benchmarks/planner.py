@@ -61,8 +61,8 @@ from remat.measure.roofline import op_roofline_ms
 from remat.measure.step import call_model, default_loss
 from remat.models import build_model, make_batch
 from remat.planning import Plan, plan, prepare
-from remat.report.frontier import frontier_markdown, plot_frontier
-from remat.report.tables import markdown_table
+from remat.report.plots import plot_frontier
+from remat.report.tables import frontier_markdown, markdown_table
 from remat.units import format_bytes
 from remat.validation import validate
 

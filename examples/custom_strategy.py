@@ -75,8 +75,8 @@ def main() -> None:
     from remat.devices import get_device
     from remat.models import build_model, make_batch
     from remat.planning import prepare
-    from remat.planning._sim import fake_setup
     from remat.planning.candidates import measure_groups
+    from remat.planning.context import fake_setup
     from remat.report import comparison_table
 
     warnings.simplefilter("ignore", remat.RematWarning)  # offload on CPU is a no-op

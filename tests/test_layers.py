@@ -12,17 +12,24 @@ modules beside it (``errors``, ``units``, ...).
 jax (the JAX backend) sits below the CLI, which runs it for ``--framework jax``
 (importing it lazily); nothing below the CLI imports it.
 
+compiled (torch.compile: measured, simulated, installed, planned) is one package that is a
+vertical slice: ``remat.profile`` (measure) measures compiled models, ``remat.apply``
+(strategies) compiles a plan's blocks and ``remat.plan`` (planning) plans compiled steps,
+so each of its modules sits in the layer of what it builds on (``SLICES``).
+
 A module may import its own layer's modules and any lower layer's; the test parses
 every ``import`` under src/remat, function bodies included, so a lazy import cannot
 hide an upward edge.
+
+Module size: a module over 600 lines draws a warning (the test passes), one over 800
+fails. Split by role, not by length.
 """
 
 from __future__ import annotations
 
 import ast
+import warnings
 from pathlib import Path
-
-import pytest
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "remat"
 
@@ -41,6 +48,20 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("jax",),
     ("cli", "integrations"),
 )
+
+#: Modules of a vertical-slice package, each in a layer of its own (the package's own
+#: ``__init__`` imports nothing). Keys drop the leading ``remat.``.
+SLICES: dict[str, str] = {
+    "compiled": "measure",
+    "compiled.graphs": "measure",
+    "compiled.measure": "measure",
+    "compiled.capture": "measure",
+    "compiled.replay": "measure",
+    "compiled.simulate": "measure",
+    "compiled.install": "strategies",
+    "compiled.candidates": "planning",
+    "compiled.plan": "planning",
+}
 
 
 def _module_name(path: Path) -> str:
@@ -87,8 +108,18 @@ def _part(module: str) -> str:
     return parts[1] if len(parts) > 1 else "remat"
 
 
+def _layer_part(module: str) -> str:
+    """The ``LAYERS`` entry ``module`` (or the module an import names) belongs to."""
+    parts = module.split(".")[1:]
+    for end in range(len(parts), 0, -1):
+        placed = SLICES.get(".".join(parts[:end]))
+        if placed is not None:
+            return placed
+    return _part(module)
+
+
 def _layer(module: str) -> int:
-    part = _part(module)
+    part = _layer_part(module)
     for index, members in enumerate(LAYERS):
         if part in members:
             return index
@@ -150,8 +181,20 @@ def test_no_import_cycle() -> None:
     assert cycles == [], "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)
 
 
-@pytest.mark.parametrize("limit", [400])
-def test_no_module_is_a_big_room(limit: int) -> None:
-    big = sorted(f"{p.relative_to(SRC)}: {n} lines" for p in SRC.rglob("*.py")
-                 if (n := len(p.read_text().splitlines())) > limit)
-    assert big == [], f"modules over {limit} lines:\n" + "\n".join(big)
+#: Lines past which a module is worth a second look (a warning), and past which it fails.
+#: A module is split by role, never by length: staying under a limit is no reason to cut.
+WARN_LINES, MAX_LINES = 600, 800
+
+
+def _module_lines() -> dict[str, int]:
+    return {str(p.relative_to(SRC)): len(p.read_text().splitlines()) for p in SRC.rglob("*.py")}
+
+
+def test_no_module_is_a_big_room() -> None:
+    lines = _module_lines()
+    long = sorted(f"{m}: {n} lines" for m, n in lines.items() if WARN_LINES < n <= MAX_LINES)
+    if long:
+        warnings.warn(f"modules over {WARN_LINES} lines (fine if they are one role):\n"
+                      + "\n".join(long), stacklevel=1)
+    big = sorted(f"{m}: {n} lines" for m, n in lines.items() if n > MAX_LINES)
+    assert big == [], f"modules over {MAX_LINES} lines:\n" + "\n".join(big)

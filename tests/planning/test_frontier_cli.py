@@ -13,7 +13,8 @@ from remat.compare.frontier import add_plan_row, frontier, manual_strategies
 from remat.compare.runner import compare_preset
 from remat.planning import Plan, plan
 from remat.planning.plans import PLAN_FORMAT_VERSION
-from remat.report.frontier import frontier_markdown, plot_frontier
+from remat.report.plots import plot_frontier
+from remat.report.tables import frontier_markdown
 
 from .conftest import Prepared
 

@@ -17,6 +17,7 @@ from remat.errors import BudgetTooSmall
 from remat.measure import profile
 from remat.models import build_model, make_batch
 from remat.planning import Plan, auto, plan
+from remat.report.plan import plan_text
 from remat.strategies import applied, remove
 from remat.validation import validate
 
@@ -249,7 +250,7 @@ def test_throughput_search_reports_a_table_and_picks_the_best() -> None:
     for row in fitting:
         assert row.peak_bytes <= budget
         assert row.samples_per_s == pytest.approx(row.batch_size / row.step_ms * 1e3)
-    assert "Throughput search" in result.summary()
+    assert "Throughput search" in plan_text(result)
 
 
 def test_bad_arguments_raise_clear_errors(gpt_tiny: Prepared) -> None:

@@ -10,7 +10,7 @@ import pytest
 from rich.console import Console
 
 from remat.planning import PLAN_FORMAT_VERSION, NamedBlocks, Plan, ThroughputRow
-from remat.planning.display import decision_runs, plan_text
+from remat.report.plan import decision_runs, plan_renderable, plan_text
 from remat.strategies.builtin import Full, NoCheckpoint, SelectiveOps
 
 NAMES = ("blocks.0", "blocks.1", "blocks.2", "blocks.3")
@@ -59,7 +59,7 @@ def test_none_decisions_are_dropped_and_order_follows_the_blocks() -> None:
 def test_empty_plan() -> None:
     plan = make_plan(decisions={"blocks.1": NoCheckpoint()}, blocks=None)
     assert plan.is_empty and dict(plan.decisions) == {}
-    assert plan.summary().startswith("Empty plan")
+    assert plan_text(plan).startswith("Empty plan")
 
 
 def test_json_round_trip_is_exact() -> None:
@@ -132,7 +132,7 @@ def test_summary_and_rich_rendering_show_budget_peaks_and_decisions() -> None:
     assert "blocks.2  attn=full; mlp=ops[aten.mm]" in text
     assert "Throughput search" in text
     console = Console(width=140, record=True)
-    console.print(plan)
+    console.print(plan_renderable(plan))
     rendered = console.export_text()
     assert "Decision per block" in rendered and "ops[aten.addmm,aten.bmm]" in rendered
     assert "2 ops[aten.mm]" in rendered  # cells are text, not rich markup

@@ -11,11 +11,12 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from remat.devices import get_device
 from remat.measure import shadow
-from remat.measure.tracked import held_gc
+from remat.measure.tracked_step import held_gc
 from remat.measure.tracker import MemoryTracker
+from remat.measure.windows import WindowRecorder, run_windows
 from remat.models import build_model, make_batch
-from remat.planning._sim import WindowRecorder, fake_setup, run_windows
 from remat.planning.candidates import BlockGroup, Candidate, measure_groups
+from remat.planning.context import fake_setup
 
 from .test_candidates import Pyramid
 

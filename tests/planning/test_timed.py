@@ -13,10 +13,10 @@ import remat
 from remat.devices import get_device
 from remat.models import build_model, make_batch
 from remat.planning import Plan
-from remat.planning._sim import fake_setup
 from remat.planning.candidates import measure_groups
-from remat.planning.context import resolve_cost
+from remat.planning.context import fake_setup, resolve_cost
 from remat.planning.timed import time_groups
+from remat.report.plan import plan_text
 from remat.strategies import applied
 
 H100 = get_device("h100-80gb")
@@ -119,7 +119,7 @@ def test_measured_plan_on_cpu_fits_and_says_where_its_times_come_from() -> None:
     assert plan.recompute_ms >= 0
     again = Plan.from_json(plan.to_json())
     assert (again.cost_source, again.timed_on) == ("measured", "cpu")
-    assert "measured, cpu" in plan.summary()
+    assert "measured, cpu" in plan_text(plan)
 
 
 def test_cost_choice_is_resolved_and_checked() -> None:

@@ -10,8 +10,8 @@ import pytest
 import remat.simulate._plan_fast as plan_fast
 import remat.simulate._planned as planned
 from remat.devices import DeviceSpec
+from remat.measure.windows import StepWindows
 from remat.models import build_model
-from remat.planning._sim import StepWindows
 from remat.simulate._plan_windows import deepen_windows, interpolate_windows
 from remat.simulate._samples import NotAffine
 from remat.simulate.run import simulate

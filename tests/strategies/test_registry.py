@@ -128,8 +128,8 @@ def test_a_strategy_registered_here_shows_up_in_remat_compare(halves: type) -> N
 
 def test_a_strategy_registered_here_is_a_planner_candidate(halves: type) -> None:
     from remat.devices import get_device
-    from remat.planning._sim import fake_setup
     from remat.planning.candidates import measure_groups
+    from remat.planning.context import fake_setup
 
     model = build_model("gpt-tiny")
     setup = fake_setup(model, make_batch(model, 2), optimizer=None, blocks=None)
@@ -262,8 +262,8 @@ def test_a_field_survives_plan_json_and_validate(firstk: type) -> None:
 
 def test_a_field_survives_the_planner(firstk: type) -> None:
     from remat.devices import get_device
-    from remat.planning._sim import fake_setup
     from remat.planning.candidates import measure_groups
+    from remat.planning.context import fake_setup
 
     model = build_model("gpt-tiny")
     setup = fake_setup(model, make_batch(model, 2), optimizer=None, blocks=None)

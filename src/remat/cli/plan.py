@@ -267,13 +267,14 @@ def _run(request: _Request) -> _Outcome:
 
 
 def _print_outcome(request: _Request, outcome: _Outcome) -> None:
-    from remat.report.frontier import frontier_table
+    from remat.report.plan import plan_renderable
+    from remat.report.tables import frontier_table
 
     console = stdout_console()
     console.print(f"remat plan: {request.model}, batch {outcome.batch_size}, seq "
                   f"{outcome.seq_len}, budget {request.budget} on {request.target}",
                   highlight=False)
-    console.print(outcome.plan)
+    console.print(plan_renderable(outcome.plan))
     front = outcome.frontier
     if front is not None:
         console.print(frontier_table(front))
@@ -289,7 +290,7 @@ def _write_outputs(request: _Request, outcome: _Outcome, *, out: Path | None,
                    json_out: str | None, plot: Path | None) -> None:
     import torch
 
-    from remat.report.frontier import plot_frontier
+    from remat.report.plots import plot_frontier
 
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)

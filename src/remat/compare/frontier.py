@@ -28,7 +28,7 @@ from remat.errors import BlocksNotFound, RematWarning, StrategyError
 from remat.measure.profile import profile, profile_step
 from remat.measure.roofline import roofline_ms
 from remat.measure.step import LossFn, Step
-from remat.planning._sim import quiet
+from remat.measure.windows import quiet
 from remat.planning.context import resolve_cost
 from remat.planning.cost import cost_device, recompute_ms
 from remat.planning.loop import measure_decisions

@@ -1,7 +1,7 @@
 """The peak model: a step's peak memory for any combination of per-block decisions.
 
 A sum of saved bytes is not a peak. The peak of a training step is the largest
-of its memory windows (NOTE [ Memory windows ] in ``remat/planning/_sim.py``), and each window
+of its memory windows (NOTE [ Memory windows ] in ``remat/measure/windows.py``), and each window
 holds different things: the forward of block i holds what blocks 0..i-1 saved
 plus block i's forward working set; the head window (last block's output to
 the loss and back) holds what every block saved plus the logits and the loss;

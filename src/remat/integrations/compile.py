@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 from torch import nn
 
 from remat.blocks import BlocksSpec, named_blocks
-from remat.strategies.compiled import check_compilable
+from remat.compiled.install import check_compilable
 
 __all__ = ["check_compilable", "compile_blocks"]
 

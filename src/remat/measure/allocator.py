@@ -2,7 +2,7 @@
 
 :class:`~remat.measure.tracker.MemoryTracker` counts storages through a
 ``TorchDispatchMode``, which a compiled model cannot run under (see NOTE
-[ Measuring compiled code ] in compiled.py). :func:`allocator_peak` asks the
+[ Measuring compiled code ] in compiled/measure.py). :func:`allocator_peak` asks the
 allocator instead, so it works for eager and compiled steps alike.
 
 NOTE [ What the allocator peak includes ]

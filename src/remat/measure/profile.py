@@ -4,9 +4,9 @@ NOTE [ Compiled models ]
     A TorchDispatchMode or a module hook around a compiled model makes dynamo fall back
     to eager code (and can exhaust its recompile limit, leaving the user's model eager
     for good). So :func:`profile` hands compiled models to
-    :func:`remat.measure.compiled.profile_compiled`, which reads the allocator instead of
+    :func:`remat.compiled.measure.profile_compiled`, which reads the allocator instead of
     tracking ops (see that module). ``simulate=True`` hands them to
-    :func:`remat.measure.compiled_sim.simulate_compiled`, which replays inductor's own
+    :func:`remat.compiled.simulate.simulate_compiled`, which replays inductor's own
     generated code on a fake copy (NOTE [ Simulating compiled code ] there).
 
 NOTE [ What a profile runs ]
@@ -49,7 +49,7 @@ from remat.measure.fake import (
 from remat.measure.state import preserved_state
 from remat.measure.step import LossFn, Step, check_runnable, clear_grads
 from remat.measure.timing import time_blocks, time_step
-from remat.measure.tracked import Tracked, check_trainable, tracked_step
+from remat.measure.tracked_step import Tracked, check_trainable, tracked_step
 
 __all__ = ["preserved_state", "profile", "profile_simulated", "profile_step",
            "simulated_steps"]
@@ -146,7 +146,7 @@ def profile(
         graphs; remat installs no dispatch mode or hook on it, so it keeps running the
         same compiled graphs afterwards. ``blocks=`` is then not used. With
         ``simulate=True`` a compiled model is simulated from inductor's own generated code
-        on fake tensors (:func:`remat.measure.compiled_sim.simulate_compiled`): nothing is
+        on fake tensors (:func:`remat.compiled.simulate.simulate_compiled`): nothing is
         allocated and the model is neither run nor compiled.
 
     Note:
@@ -186,12 +186,12 @@ def profile(
         >>> prof.activation_bytes > 0 and prof.peak_bytes > prof.param_bytes
         True
     """
-    from remat.measure.compiled import is_compiled, profile_compiled  # compiled imports us
+    from remat.compiled.measure import is_compiled, profile_compiled  # compiled imports us
 
     check_trainable(model)
     if is_compiled(model):  # NOTE [ Compiled models ]
         if simulate:
-            from remat.measure.compiled_sim import simulate_compiled
+            from remat.compiled.simulate import simulate_compiled
 
             return simulate_compiled(model, batch, loss_fn=loss_fn, optimizer=optimizer).profile
         return profile_compiled(model, batch, loss_fn=loss_fn, optimizer=optimizer,

@@ -2,7 +2,7 @@
 
 See NOTE [ Who keeps a hidden state ] for what counts as the block's saved bytes, NOTE
 [ Gradient of the block output ] for how the backward is driven, and NOTE [ Memory
-windows ] in ``_sim.py`` for the windows the run is cut into.
+windows ] in ``measure/windows.py`` for the windows the run is cut into.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from torch import Tensor, nn
 from torch.utils._pytree import tree_map
 
 from remat.measure.ledger import first_tensor
-from remat.measure.tracked import held_gc
+from remat.measure.tracked_step import held_gc
 from remat.measure.tracker import MemoryTracker, OpRecord
-from remat.planning._sim import FakeSetup, WindowRecorder, quiet
+from remat.measure.windows import FakeSetup, WindowRecorder, quiet
 from remat.planning.capture import BlockInputs, fresh_inputs, tensors_in
 from remat.planning.plans import NamedBlocks
 from remat.strategies import Part, apply_decisions, remove
@@ -31,7 +31,8 @@ __all__ = ["BlockRun", "apply_parts", "record_graphs", "run_block"]
 @dataclass(frozen=True)
 class BlockRun:
     """What one block's tracked forward and backward measured (bytes; its ops), and when
-    each pass peaked (NOTE [ Peak moments ] in _sim.py) and in which phase backward did."""
+    each pass peaked (NOTE [ Peak moments ] in measure/windows.py) and in which phase
+    backward did."""
 
     saved_bytes: int
     forward_peak_bytes: int

@@ -58,7 +58,7 @@ from remat.devices import DeviceSpec
 from remat.errors import BlocksNotFound, RematWarning
 from remat.measure.roofline import op_roofline_ms
 from remat.measure.tracker import OpRecord
-from remat.planning._sim import FakeSetup
+from remat.measure.windows import FakeSetup
 from remat.planning.block_run import BlockRun, record_graphs, run_block
 from remat.planning.capture import BlockInputs, capture_inputs, group_key, in_call_order
 from remat.progress import report

@@ -13,23 +13,39 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+from torch._subclasses.fake_tensor import FakeTensorMode
 
+from remat.blocks import BlocksSpec, named_blocks
 from remat.core.peak import PeakModel
 from remat.devices import DeviceSpec
+from remat.measure.fake import fake_batch, fake_copy_with_map, fake_optimizer
 from remat.measure.step import Step, model_device
-from remat.measure.tracked import check_trainable
-from remat.planning._sim import FakeSetup, fake_setup, run_windows
+from remat.measure.tracked_step import check_trainable
+from remat.measure.windows import FakeSetup, run_windows
 from remat.planning.candidates import Candidate, measure_groups
 from remat.planning.cost import cost_device
 from remat.planning.options import COSTS
 from remat.planning.plans import COST_SOURCES
 from remat.planning.timed import time_groups
 from remat.progress import report
-from remat.strategies import BlockStrategy
+from remat.strategies import BlockStrategy, remove
 from remat.strategies.pitfalls import check_model, warn_pitfalls
 
-__all__ = ["PlanContext", "batch_size_of", "check_plannable", "prepare", "prepare_step",
-           "resolve_cost"]
+__all__ = ["PlanContext", "batch_size_of", "check_plannable", "fake_setup", "prepare",
+           "prepare_step", "resolve_cost"]
+
+
+def fake_setup(model: nn.Module, batch: Any, *, optimizer: torch.optim.Optimizer | None,
+               blocks: BlocksSpec) -> FakeSetup:
+    """Copy ``model`` (without any applied strategy), ``batch`` and ``optimizer`` as fakes."""
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    fmodel, replaced = fake_copy_with_map(model, mode)
+    remove(fmodel)  # plan from the un-checkpointed model, whatever is applied to the original
+    fmodel.train(model.training)
+    fbatch = fake_batch(batch, mode)
+    fopt = fake_optimizer(optimizer, replaced) if optimizer is not None else None
+    named = named_blocks(fmodel, blocks, api="remat.plan")
+    return FakeSetup(mode, fmodel, fbatch, fopt, named, model_device(fmodel))
 
 
 @dataclass(frozen=True)

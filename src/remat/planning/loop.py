@@ -25,8 +25,8 @@ from remat.measure.profile import _build as _build_profile
 from remat.measure.profile import preserved_state, profile_step
 from remat.measure.step import Step, clear_grads, model_device
 from remat.measure.timing import time_step
-from remat.measure.tracked import tracked_step
-from remat.planning._sim import FakeSetup, quiet
+from remat.measure.tracked_step import tracked_step
+from remat.measure.windows import FakeSetup, quiet
 from remat.planning.candidates import Candidate
 from remat.planning.context import PlanContext
 from remat.planning.cost import recompute_ms, step_ms

@@ -31,7 +31,7 @@ class PlanOptions:
         max_batch_size: with ``maximize``, the largest batch size tried. Default: 1024.
         cost: ``"auto"``, ``"roofline"`` or ``"measured"``. Default: ``"auto"``.
         compile: plan the step as it runs with every block compiled (see
-            ``remat/planning/compiled_plan.py``). Default: ``False``.
+            ``remat/compiled/plan.py``). Default: ``False``.
 
     Example:
         >>> PlanOptions(budget="60%").budget.fraction

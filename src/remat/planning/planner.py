@@ -2,7 +2,7 @@
 
 NOTE [ How a plan is made ]
     1. Copy the model, batch and optimizer as fake tensors (nothing is computed or
-       allocated, the user's model is untouched; see ``_sim.py``).
+       allocated, the user's model is untouched; see ``context.fake_setup``).
     2. Measure every candidate of every kind of block (candidates.py) and one
        whole step without checkpointing, cut into memory windows. With measured
        costs, time every candidate on the real model (timed.py).
@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
@@ -38,8 +38,6 @@ from remat.blocks import BlocksSpec
 from remat.core.budget import Budget, BudgetLike
 from remat.devices import DeviceSpec
 from remat.measure.step import LossFn, Step, model_device
-from remat.planning.compiled_candidates import CompiledContext
-from remat.planning.compiled_plan import plan_compiled
 from remat.planning.context import PlanContext, check_plannable, prepare_step, resolve_cost
 from remat.planning.fingerprint import fingerprint_of
 from remat.planning.loop import close_loop
@@ -47,6 +45,9 @@ from remat.planning.options import PlanOptions
 from remat.planning.plans import Plan
 from remat.planning.throughput import search_throughput
 from remat.strategies import apply
+
+if TYPE_CHECKING:
+    from remat.compiled.candidates import CompiledContext
 
 __all__ = ["auto", "plan", "plan_step"]
 
@@ -103,7 +104,7 @@ def plan(
             knows it, else ``"h100-80gb"``.
         context: a :func:`prepare` result for this model and batch, to plan several
             budgets without measuring again (with ``compile=True``: a
-            ``remat.planning.compiled_candidates.prepare_compiled`` result). Default:
+            ``remat.compiled.candidates.prepare_compiled`` result). Default:
             measured now.
         batch_size: with ``maximize``, the batch size percentages refer to. Default: 8.
         max_batch_size: with ``maximize``, the largest batch size tried. Default: 1024.
@@ -158,6 +159,11 @@ def plan_step(step: Step, options: PlanOptions, *,
               context: PlanContext | CompiledContext | None = None) -> Plan:
     """:func:`plan` for a resolved :class:`~remat.measure.step.Step` and :class:`PlanOptions`
     (with ``maximize``, ``step.batch`` is the function ``n -> batch``)."""
+    # compiled planning imports planning's modules: imported here, not at the top, so
+    # importing remat.compiled.plan first does not meet a half-imported planning package
+    from remat.compiled.candidates import CompiledContext
+    from remat.compiled.plan import plan_compiled
+
     if options.compile:
         return plan_compiled(step, options, context=context
                              if isinstance(context, CompiledContext) else None)

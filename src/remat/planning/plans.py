@@ -34,6 +34,7 @@ from typing import Any
 from torch import nn
 
 from remat.blocks import BlocksSpec
+from remat.compiled.install import check_compiled
 from remat.core.checks import check_float, check_int, decisions_label, opt_float, opt_int
 from remat.planning.fingerprint import BlockPrint, check_fingerprint
 from remat.planning.records import (
@@ -45,7 +46,6 @@ from remat.planning.records import (
 )
 from remat.strategies import BlockStrategy, strategy_from_dict, strategy_to_dict
 from remat.strategies.builtin import NoCheckpoint
-from remat.strategies.compiled import check_compiled
 
 __all__ = ["COST_SOURCES", "PLAN_FORMAT_VERSION", "NamedBlocks", "Plan", "ThroughputRow",
            "apply_spec", "decisions_label"]
@@ -360,19 +360,6 @@ class Plan:
         except json.JSONDecodeError as exc:
             raise ValueError(f"remat.Plan.from_json: not valid JSON ({exc})") from None
         return cls.from_dict(data)
-
-    # ---- display -------------------------------------------------------------------------
-
-    def summary(self) -> str:
-        """A plain-text summary: budget, peaks, costs and the decision per block."""
-        from remat.planning.display import plan_text
-
-        return plan_text(self)
-
-    def __rich__(self) -> Any:
-        from remat.planning.display import plan_renderable
-
-        return plan_renderable(self)
 
     def __reduce__(self) -> tuple[Any, tuple[dict[str, Any]]]:
         # The read-only decisions view cannot be pickled; rebuild from a plain dict.

@@ -1,4 +1,4 @@
-"""Display of remat results: rich tables, markdown tables, and plots.
+"""Display of remat results: plans, rich tables, markdown tables, and plots.
 
 The only package that formats units for people (bytes via
 :func:`remat.units.format_bytes`, FLOPs, percentages, times); everything else
@@ -7,6 +7,7 @@ in remat passes raw ints and floats around.
 
 from __future__ import annotations
 
+from remat.report.plan import plan_renderable, plan_text
 from remat.report.plots import plot_comparison
 from remat.report.tables import (
     blocks_table,
@@ -21,6 +22,8 @@ __all__ = [
     "comparison_markdown",
     "comparison_table",
     "markdown_table",
+    "plan_renderable",
+    "plan_text",
     "plot_comparison",
     "totals_table",
 ]

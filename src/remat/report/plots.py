@@ -11,12 +11,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from remat.units import mib
+from remat.units import format_bytes, mib
 
 if TYPE_CHECKING:
+    from remat.compare.frontier import Frontier
     from remat.core.rows import ComparisonResult
 
-__all__ = ["plot_comparison"]
+__all__ = ["plot_comparison", "plot_frontier"]
 
 _MARKERS = ("o", "s", "^", "D", "v", "P")
 
@@ -83,5 +84,67 @@ def plot_comparison(
         title = (f"Peak memory vs recompute: {series[0].label} ({series[0].device})"
                  if len(series) == 1 and series[0].label else "Peak memory vs recompute")
     ax.set_title(title, fontsize=10)
+    fig.savefig(out, dpi=dpi)
+    return out
+
+
+def plot_frontier(fronts: Frontier | Sequence[Frontier], path: str | Path, *,
+                  title: str | None = None, dpi: int = 150) -> Path:
+    """Draw peak memory against recompute overhead, the budget as a line.
+
+    One panel per frontier. Manual strategies are grey points (hollow when over
+    budget), the plan a green star; the horizontal line is the budget.
+
+    Args:
+        fronts: one :class:`~remat.compare.frontier.Frontier` or several (one panel each).
+        path: output file (``.png``, ``.svg``, ``.pdf``); parent directories are created.
+        title: figure title. Default: none for one panel's label.
+        dpi: resolution for raster formats. Default: 150.
+
+    Returns:
+        The path written.
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    from remat.compare.frontier import Frontier
+
+    panels = [fronts] if isinstance(fronts, Frontier) else list(fronts)
+    if not panels:
+        raise ValueError("remat.compare.frontier.plot_frontier: no frontier to plot")
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig = Figure(figsize=(6.5 * len(panels), 5.0), layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(1, len(panels), squeeze=False)[0]
+    for ax, front in zip(axes, panels, strict=True):
+        manual = [p for p in front.points if p.name != "plan"]
+        for fits in (True, False):
+            pts = [p for p in manual if p.fits == fits]
+            ax.scatter([p.overhead_pct for p in pts], [mib(p.peak_bytes) for p in pts],
+                       s=45, zorder=3, facecolors="tab:gray" if fits else "none",
+                       edgecolors="tab:gray", label="manual (fits)" if fits else "manual (over)")
+        groups: dict[tuple[float, float], list[str]] = {}
+        for p in manual:
+            groups.setdefault((round(p.overhead_pct, 2), round(mib(p.peak_bytes), 2)),
+                              []).append(p.name)
+        for (x, y), names in groups.items():
+            ax.annotate(", ".join(names), (x, y), xytext=(5, 3), textcoords="offset points",
+                        fontsize=7, color="0.3")
+        for p in front.points:
+            if p.name == "plan":
+                ax.scatter([p.overhead_pct], [mib(p.peak_bytes)], marker="*", s=220,
+                           color="tab:green", zorder=4, label="plan")
+        ax.axhline(mib(front.budget_bytes), color="tab:red", linestyle="--", linewidth=1,
+                   label=f"budget {format_bytes(front.budget_bytes)}")
+        kind = "timed step" if front.cost_source == "measured" else "step roofline time"
+        ax.set_xlabel(f"Recompute overhead (% of {kind}, {front.cost_device})")
+        ax.set_ylabel("Peak memory (MiB)")
+        ax.grid(True, alpha=0.3)
+        ax.margins(x=0.12, y=0.08)
+        ax.legend(loc="upper right", fontsize=8)
+        ax.set_title(front.label or "Memory / recompute frontier", fontsize=10)
+    if title is not None:
+        fig.suptitle(title, fontsize=11)
     fig.savefig(out, dpi=dpi)
     return out

@@ -24,15 +24,19 @@ from remat.units import (
 )
 
 if TYPE_CHECKING:
+    from remat.compare.frontier import Frontier
     from remat.core.rows import ComparisonResult, StrategyRow
 
 __all__ = [
     "COMPARISON_COLUMNS",
+    "FRONTIER_COLUMNS",
     "backward_forward_ratio",
     "blocks_table",
     "comparison_cells",
     "comparison_markdown",
     "comparison_table",
+    "frontier_markdown",
+    "frontier_table",
     "markdown_table",
     "totals_cells",
     "totals_table",
@@ -180,3 +184,52 @@ def backward_forward_ratio(profile: Any) -> float | None:
     if profile.forward_ms is None or profile.backward_ms is None or profile.forward_ms <= 0:
         return None
     return float(profile.backward_ms) / float(profile.forward_ms)
+
+
+# ---- frontier ----------------------------------------------------------------------------
+
+FRONTIER_COLUMNS = ("Strategy", "Peak memory", "Fits", "Recompute", "Recompute overhead",
+                    "Recompute FLOPs")
+
+
+def _frontier_rows(front: Frontier) -> list[list[str]]:
+    best = front.best_manual()
+    rows = []
+    for p in front.points:
+        name = p.name + (" (best manual)" if best is not None and p.name == best.name else "")
+        rows.append([name, format_bytes(p.peak_bytes), "yes" if p.fits else "no",
+                     format_ms(p.recompute_ms), format_pct(p.overhead_pct),
+                     format_flops(p.recompute_flops)])
+    return rows
+
+
+def _frontier_caption(front: Frontier) -> str:
+    if front.cost_source == "measured":
+        return (f"Recompute: timed step minus the un-checkpointed timed step on "
+                f"{front.cost_device} (medians); overhead: share of the latter "
+                f"({format_ms(front.step_ms)}).")
+    return (f"Recompute: roofline time of the recomputed ops on {front.cost_device}; "
+            f"overhead: share of the un-checkpointed step's roofline time "
+            f"({format_ms(front.step_ms)}).")
+
+
+def frontier_table(front: Frontier) -> Table:
+    """The frontier as a rich table: one row per strategy, the plan last."""
+    table = Table(
+        title=f"Frontier{': ' + front.label if front.label else ''} "
+              f"(budget {format_bytes(front.budget_bytes)})",
+        caption=_frontier_caption(front),
+        caption_justify="left",
+    )
+    for column in FRONTIER_COLUMNS:
+        table.add_column(column, justify="left" if column == "Strategy" else "right",
+                         no_wrap=True)
+    for cells, point in zip(_frontier_rows(front), front.points, strict=True):
+        style = "bold green" if point.name == "plan" else ("" if point.fits else "dim")
+        table.add_row(*(Text(c) for c in cells), style=style)  # Text: "[...]" is not markup
+    return table
+
+
+def frontier_markdown(front: Frontier) -> str:
+    """The frontier as a markdown table."""
+    return markdown_table(FRONTIER_COLUMNS, _frontier_rows(front))

@@ -18,7 +18,7 @@ a constant or proportional to the micro-batch ``b`` (no ``b**2`` term: attention
    Two sizes ``b1 < b2`` give the chord. Where both peak at the same moments (each
    phase's peak reached at the same op, or a phase below the chosen one at both:
    ``same_moments``), every size between is on it (NOTE [ Peak moments ] in
-   planning/_sim.py) and none is simulated. Else a third ``b1 < bm < b2`` is, and
+   measure/windows.py) and none is simulated. Else a third ``b1 < bm < b2`` is, and
    checks the chord: a convex function that meets its chord inside the interval is
    affine on all of it. When that fails too (the peak moves, e.g. from the end of
    backward to the loss as ``b`` grows), each half, ``[b1, bm]`` and ``[bm, b2]``,
@@ -246,7 +246,7 @@ class FastContext:
 
     def _copy(self, depth: int, seq_len: int, first: int) -> tuple[WarmFake, list[nn.Module]]:
         from remat.measure.step import Step, check_runnable
-        from remat.measure.tracked import check_trainable
+        from remat.measure.tracked_step import check_trainable
         from remat.strategies import remove
 
         assert self.stack is not None
@@ -296,7 +296,7 @@ def _between(ctx: FastContext, label: str, depth: int, span: Sequence[int],
              samples: dict[int, Sample], seq_len: int) -> None:
     """Add to ``samples`` (which hold ``span``'s ends) every size of ``span`` between its
     ends (NOTE [ Fast rows ], 2): interpolated where the ends peak at the same moments
-    (NOTE [ Peak moments ] in planning/_sim.py), or on the chord of the ends checked at
+    (NOTE [ Peak moments ] in measure/windows.py), or on the chord of the ends checked at
     a middle size, which is measured; else each half on its own."""
     lo, hi, inner = span[0], span[-1], list(span[1:-1])
     if not inner:

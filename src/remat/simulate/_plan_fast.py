@@ -11,7 +11,7 @@ model is built from cheaper parts, and the row is composed instead of measured:
 1. *Candidates* depend on a block and its inputs, not on the depth: they are measured
    on the stack cut to two blocks, at the smallest and the largest batch size that
    needs a plan. A size between gets every block run interpolated (both ends' runs
-   peak at the same moments, NOTE [ Peak moments ] in planning/_sim.py; each op's
+   peak at the same moments, NOTE [ Peak moments ] in measure/windows.py; each op's
    FLOPs and bytes are affine in ``b``), and the planner's own selection (offers,
    attention+MLP pairs, pruning) runs on the interpolated runs
    (``measure_groups(run=...)``); a run that does not line up (gpt-tiny in fp32: a
@@ -57,7 +57,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from remat.core.peak import PeakModel
-from remat.planning._sim import FakeSetup, StepWindows
+from remat.measure.windows import FakeSetup, StepWindows
 from remat.planning.block_run import BlockRun, run_block
 from remat.planning.candidates import BlockGroup, Candidate
 from remat.simulate._fast import FastContext, _cut
@@ -89,7 +89,7 @@ def _split(sizes: Sequence[int]) -> tuple[list[int], list[int], tuple[int, int]]
 def _fake_cut(ctx: FastContext, depth: int, *,
               optimizer: bool) -> Iterator[tuple[Setup, FakeSetup]]:
     """A fake copy of the model with its stack cut to ``depth`` blocks."""
-    from remat.planning._sim import fake_setup
+    from remat.planning.context import fake_setup
 
     assert ctx.stack is not None
     with _cut(ctx.setup, ctx.stack, depth) as cut:
@@ -126,7 +126,7 @@ class _Shallow:
 
     def windows(self, fake: FakeSetup, batch_size: int, seq_len: int) -> StepWindows:
         """One windows step of ``fake`` (from :meth:`at`) at ``batch_size``."""
-        from remat.planning._sim import run_windows
+        from remat.measure.windows import run_windows
 
         _rebatch(fake, self.cut, batch_size, seq_len)
         return run_windows(fake, loss_fn=self.cut.loss_fn, warm_up=False)
@@ -204,7 +204,7 @@ def _confirmed(shallow: _Shallow, seq_len: int,
     """The sizes whose choice's peak is confirmed on shallow steps (NOTE [ Fast plan
     rows ] 4); ``todo`` holds per size its candidates, shallow windows and the chosen
     candidate of each block."""
-    from remat.planning._sim import quiet
+    from remat.measure.windows import quiet
     from remat.planning.records import apply_spec
     from remat.strategies import apply_decisions, preserved_strategy
 

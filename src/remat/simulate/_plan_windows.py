@@ -3,7 +3,7 @@ stack cut short, and windows and block runs between two batch sizes.
 
 NOTE [ Windows from shallow steps ]
 The planner calibrates its peak model on one whole step without checkpointing, cut
-into memory windows (NOTE [ Memory windows ] in planning/_sim.py). For a uniform stack
+into memory windows (NOTE [ Memory windows ] in measure/windows.py). For a uniform stack
 of ``L`` blocks each window's peak is affine in the window's block index ``i`` and in
 ``L``: it holds what the ``i`` blocks before saved, the gradients of the blocks after
 ``i`` (in backward), and the parameters, gradients and optimizer state of ``L`` blocks.
@@ -22,7 +22,7 @@ Llama-7B in bf16 at batch 4: ``fwd:i`` falls by 64 MiB per block, ``bwd:i`` rise
 one block's gradients (450 MiB) per block after it, the head by 1.07 GiB per block
 (parameters, optimizer state). Batch sizes between two measured ones are interpolated
 window by window where both peak at the same moment (NOTE [ Peak moments ] in
-_sim.py), else measured.
+measure/windows.py), else measured.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 
-from remat.planning._sim import StepWindows
+from remat.measure.windows import StepWindows
 from remat.planning.block_run import BlockRun
 from remat.simulate._samples import NotAffine, affine
 

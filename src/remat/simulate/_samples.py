@@ -145,7 +145,7 @@ def on_chord(samples: dict[int, Sample], ends: Sequence[int], middle: int,
 def same_moments(lo: Sample, hi: Sample) -> bool:
     """Whether two measured samples of one program (at batch sizes ``lo < hi``) take each
     figure at the same moment, so that every size between is their chord (NOTE [ Peak
-    moments ] in planning/_sim.py): the optimizer's peak and the peak of the phase that
+    moments ] in measure/windows.py): the optimizer's peak and the peak of the phase that
     holds the forward/backward moment are reached at the same moments, and every other
     phase peaks either at its same moment too or below that phase at both ends (its peak
     is convex in ``b``, so below the chosen phase's line between them)."""

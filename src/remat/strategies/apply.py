@@ -213,7 +213,7 @@ def apply(model: M, strategy: str | Strategy | Any, *, blocks: BlocksSpec = None
         apply_decisions(model, plan_decisions, blocks=chosen, label="plan")
         compiled = getattr(strategy, "compiled", None)
         if compiled is not None:  # a plan for compiled execution: compile as it records
-            from remat.strategies.compiled import compile_plan
+            from remat.compiled.install import compile_plan
 
             compile_plan(model, compiled, blocks=chosen)
             for module in model.modules():  # remove() uncompiles what the plan compiled

@@ -1,6 +1,6 @@
 """Inductor's generated wrapper of a partitioned graph, taken instead of compiled and
 replayed with no-op kernels: steps 3 and 4 of NOTE [ Simulating compiled code ] in
-compiled_sim.py.
+simulate.py.
 
 The wrapper allocates every buffer, reuses and frees them as the compiled code would; the
 kernels only write into those buffers, so stubbing them keeps every allocation and free
@@ -17,8 +17,8 @@ from typing import Any
 
 import torch
 
+from remat.compiled.graphs import CompiledGraph
 from remat.errors import RematError
-from remat.measure.compiled_graphs import CompiledGraph
 from remat.measure.tracker import MemoryTracker
 
 __all__ = ["CompiledSimulationError", "GraphMemory", "GraphRuns", "Replay", "load_wrapper",

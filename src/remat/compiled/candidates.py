@@ -3,12 +3,12 @@
 NOTE [ Compiled candidates ]
     A compiled candidate is a remat decision for a block (``none``, ``full``, an
     op-level save set) plus the activation memory budget the block is compiled
-    with (see ``remat/strategies/compiled.py``): the compiler's own trade-offs
+    with (see ``remat/compiled/install.py``): the compiler's own trade-offs
     (``none`` at budgets 1.0 / 0.75 / 0.5 / 0.25 / 0.0) and remat's (checkpoints and SAC
     save sets, whose tags the partitioner obeys) side by side. Compiled code cannot
     be run on fake tensors honestly, so every candidate is measured for real:
     one whole compiled step with every block at that candidate, under the
-    allocator (:func:`~remat.measure.compiled.measure_compiled`). That gives, per
+    allocator (:func:`~remat.compiled.measure.measure_compiled`). That gives, per
     block, the bytes its compiled forward saves and the FLOPs its backward
     recomputes (from the partitioned graphs), and for the step the peak and the
     bytes alive at its start. The step's peak minus those static bytes and minus
@@ -31,13 +31,13 @@ from dataclasses import dataclass, field
 import torch
 
 from remat.blocks import find_sublayer
+from remat.compiled.install import WHOLE_MODEL, BackendCache, compile_plan, uncompile
+from remat.compiled.measure import CompiledMeasurement, measure_compiled
 from remat.errors import BlocksNotFound, RematError, RematWarning, StrategyError
-from remat.measure.compiled import CompiledMeasurement, measure_compiled
 from remat.measure.step import Step
 from remat.strategies import BlockStrategy, parse_strategy
 from remat.strategies.apply import apply_decisions, preserved_strategy
 from remat.strategies.builtin import Full, NoCheckpoint, SelectiveOps
-from remat.strategies.compiled import WHOLE_MODEL, BackendCache, compile_plan, uncompile
 
 __all__ = ["DEFAULT_COMPILED_CANDIDATES", "WHOLE_MODEL_BUDGETS", "CompiledCandidate",
            "CompiledContext", "default_candidates", "measure_assignment", "measure_whole",

@@ -1,6 +1,6 @@
-"""Plans, frontiers and throughput tables for people: rich, plain text, markdown, and a plot.
+"""Plans and their throughput search for people: rich, plain text and markdown.
 
-Units are formatted by :mod:`remat.report` helpers (the one place that formats
+Units are formatted by :mod:`remat.units` helpers (the one place that formats
 them); this module only lays plans out.
 """
 
@@ -14,7 +14,7 @@ from rich.text import Text
 
 from remat.units import format_bytes, format_flops, format_ms, markdown_table
 
-if TYPE_CHECKING:  # plans.py imports this module for Plan.summary(): no cycle
+if TYPE_CHECKING:
     from remat.planning.plans import Plan
 
 __all__ = [
@@ -83,7 +83,7 @@ def _title(plan: Plan) -> str:
 
 
 def plan_text(plan: Plan) -> str:
-    """A plain-text summary of ``plan`` (what :meth:`Plan.summary` returns)."""
+    """A plain-text summary of ``plan``: budget, peaks, costs and the decision per block."""
     lines = [_title(plan)]
     cells = _summary_cells(plan)
     width = max(len(k) for k, _ in cells)
@@ -99,7 +99,8 @@ def plan_text(plan: Plan) -> str:
 
 
 def plan_renderable(plan: Plan) -> Any:
-    """Rich renderables for ``plan``: a summary table and the decisions per block."""
+    """Rich renderables for ``plan``: a summary table and the decisions per block
+    (``console.print(plan_renderable(plan))``)."""
     summary = Table(title=_title(plan), show_header=False)
     summary.add_column("What")
     summary.add_column("Value", justify="right")
@@ -150,5 +151,3 @@ def throughput_markdown(plan: Plan) -> str:
     """The throughput search as a markdown table."""
     return markdown_table(THROUGHPUT_COLUMNS, _throughput_rows(plan))
 
-
-# ---- plot ---------------------------------------------------------------------------------

@@ -1,8 +1,7 @@
 """torch.compile with the compiler's own activation memory budget, per model or per block.
 
 Lives at the strategies level so :func:`remat.apply` can compile a plan's blocks as the
-plan records (``Plan.compiled``) and the planner can compile candidates;
-:mod:`remat.integrations.compiler_budget` re-exports it.
+plan records (``Plan.compiled``) and the planner can compile candidates.
 
 ``torch._functorch.config.activation_memory_budget`` (0.0 to 1.0) tells AOTAutograd's
 min-cut partitioner what fraction of the activations to keep; below 1.0 it
@@ -10,10 +9,10 @@ recomputes (matmuls included) to save the rest. It is a global setting read when
 graph is partitioned, and dynamo reuses compiled graphs across ``torch.compile``
 calls that share a backend, so setting it globally between two compiles does not
 do what it says (see NOTE [ One backend per compile ] in
-``remat/measure/compiled_graphs.py``). These helpers give every compile its own
-:class:`~remat.measure.compiled_graphs.CountingBackend`, which patches the budget
+``remat/compiled/graphs.py``). These helpers give every compile its own
+:class:`~remat.compiled.graphs.CountingBackend`, which patches the budget
 only while inductor compiles and logs the partitioned graphs' FLOPs, so
-:func:`remat.measure.compiled.profile_compiled` can report compiled FLOPs and
+:func:`remat.compiled.measure.profile_compiled` can report compiled FLOPs and
 recompute exactly.
 
 NOTE [ One backend per kind of block ]
@@ -41,8 +40,8 @@ from typing import Any, TypeVar
 from torch import nn
 
 from remat.blocks import BlocksSpec, named_blocks
+from remat.compiled.graphs import CountingBackend, GraphLog, register_backend
 from remat.errors import StrategyError
-from remat.measure.compiled_graphs import CountingBackend, GraphLog, register_backend
 from remat.strategies.regions import region_of
 
 __all__ = ["WHOLE_MODEL", "check_compilable", "check_compiled", "compile_blocks_with_budget",
@@ -53,7 +52,7 @@ WHOLE_MODEL = ""
 
 M = TypeVar("M", bound=nn.Module)
 
-_API = "remat.integrations.compiler_budget"
+_API = "remat.compiled.install"
 #: Backends shared across compiles, keyed by (budget, block fingerprint).
 BackendCache = dict[tuple[Any, ...], CountingBackend]
 

@@ -15,22 +15,22 @@ import torch
 from torch import nn
 
 import remat
-from remat.integrations.compiler_budget import compile_blocks_with_budget, compile_with_budget
-from remat.measure.allocator import allocator_peak
-from remat.measure.compiled import (
-    compiled_regions,
-    dynamo_graph_count,
-    is_compiled,
-    measure_compiled,
-    profile_compiled,
-)
-from remat.measure.compiled_graphs import (
+from remat.compiled.graphs import (
     CompiledGraph,
     CountingBackend,
     GraphLog,
     backend_of,
     counting_runs,
 )
+from remat.compiled.install import compile_blocks_with_budget, compile_with_budget
+from remat.compiled.measure import (
+    compiled_regions,
+    dynamo_graph_count,
+    is_compiled,
+    measure_compiled,
+    profile_compiled,
+)
+from remat.measure.allocator import allocator_peak
 from remat.measure.step import clear_grads, run_step
 from tiny_nets import Block, D
 from tiny_nets import net as _net
@@ -204,7 +204,7 @@ def test_benchmark_quick(tmp_path: Path) -> None:
 
 
 def test_region_that_never_compiled_is_flagged_eager(eager: remat.Profile) -> None:
-    from remat.measure.compiled_graphs import register_backend
+    from remat.compiled.graphs import register_backend
 
     net = _net()
     net.blocks[0].compile(backend="eager")  # a backend that is not the registered one
@@ -231,7 +231,7 @@ def test_remat_profile_measures_a_compiled_model_as_it_runs(whole: nn.Module) ->
     assert prof.peak_bytes == measure_compiled(whole, BATCH, timing=False).profile.peak_bytes
     assert dynamo_graph_count() == graphs  # no recompiles, no eager fallback
     assert _peak(whole) == before_peak
-    sim = remat.profile(whole, BATCH, simulate=True)  # #10 item 3: see test_compiled_sim.py
+    sim = remat.profile(whole, BATCH, simulate=True)  # #10 item 3: see test_simulate.py
     assert sim.simulated and sim.peak_bytes == prof.peak_bytes
     assert _peak(whole) == before_peak
 
@@ -262,8 +262,8 @@ class _TwoSignatures(nn.Module):
 def test_graph_runs_are_counted_not_assumed() -> None:
     # NOTE [ Counting graph runs ]: the shared backend holds two graph pairs (one per
     # signature); each block ran one pair, so the compiled FLOPs equal the eager ones.
-    from remat.integrations.compiler_budget import compile_blocks_with_budget
-    from remat.measure.compiled import measure_compiled
+    from remat.compiled.install import compile_blocks_with_budget
+    from remat.compiled.measure import measure_compiled
 
     torch.manual_seed(0)
     model, x = _TwoSignatures(), torch.randn(16, 32)

@@ -21,7 +21,7 @@ NOTE [ Simulating compiled code ]
 
     1. The model is copied with fake tensors (NOTE [ Fake copies ] in fake.py),
        every compiled region uncompiled in the copy, and each region's call replaced
-       by a :class:`~remat.measure.compiled_capture.SimRegion` (the copy's
+       by a :class:`~remat.compiled.capture.SimRegion` (the copy's
        ``_compiled_call_impl``).
     2. On its first call a region is captured whole by dynamo
        (``torch._dynamo.convert_frame.fullgraph_capture`` of the module's
@@ -34,7 +34,7 @@ NOTE [ Simulating compiled code ]
        them outside it.
     3. The graph goes to inductor's ``compile_fx`` with the region's own activation
        memory budget (from its backend: remat's
-       :class:`~remat.measure.compiled_graphs.CountingBackend`, or plain inductor at
+       :class:`~remat.compiled.graphs.CountingBackend`, or plain inductor at
        the current ``torch._functorch.config`` value, with the options of
        ``torch.compile(mode=/options=)``), the backward lowered at once, and an
        ``inner_compile`` that runs inductor's own ``compile_fx_inner`` with the FX
@@ -44,7 +44,7 @@ NOTE [ Simulating compiled code ]
     4. The wrapper source is executed with ``AsyncCompile`` replaced by no-op
        kernels, ``empty_strided_<device>`` by fake allocations and
        ``reinterpret_tensor`` by ``as_strided``
-       (:func:`~remat.measure.compiled_replay.load_wrapper`). AOTAutograd's runtime
+       (:func:`~remat.compiled.replay.load_wrapper`). AOTAutograd's runtime
        calls it as it would call the compiled graph (boxed arguments, saved tensors,
        ``ctx`` cleared before backward so the wrapper's ``del`` frees them).
     5. The training step runs on the fake copy under
@@ -54,7 +54,7 @@ NOTE [ Simulating compiled code ]
        compiled graph the tracker sees exactly the wrapper's allocations, reuses and
        frees and the extern ops' outputs. Its peak is the step's.
     FLOPs: counted on the partitioned graphs at each run of them (NOTE [ Counting
-    compiled FLOPs ] in compiled_graphs.py) plus the eager ops the tracker saw outside
+    compiled FLOPs ] in graphs.py) plus the eager ops the tracker saw outside
     compiled graphs.
 
 NOTE [ What the simulation does not see ]
@@ -96,20 +96,20 @@ import torch
 from torch import nn
 from torch._subclasses.fake_tensor import DynamicOutputShapeException, FakeTensorMode
 
-from remat.core.results import BlockProfile, Profile
-from remat.measure import shadow
-from remat.measure.compiled import compiled_regions
-from remat.measure.compiled_capture import SimRegion, region_backend
-from remat.measure.compiled_replay import (
+from remat.compiled.capture import SimRegion, region_backend
+from remat.compiled.measure import compiled_regions
+from remat.compiled.replay import (
     _API,
     CompiledSimulationError,
     GraphMemory,
     GraphRuns,
 )
+from remat.core.results import BlockProfile, Profile
+from remat.measure import shadow
 from remat.measure.fake import check_fake_device, fake_batch, fake_optimizer, fake_tensor
 from remat.measure.fake_kernels import install_fake_kernels
 from remat.measure.step import LossFn, Step, clear_grads
-from remat.measure.tracked import check_trainable, tracked_step
+from remat.measure.tracked_step import check_trainable, tracked_step
 
 __all__ = ["CompiledSimulation", "CompiledSimulationError", "GraphMemory", "simulate_compiled"]
 
@@ -210,7 +210,7 @@ def simulate_compiled(
 
     Args:
         model: a model compiled whole (``torch.compile(model)``, ``model.compile()``,
-            :func:`~remat.integrations.compiler_budget.compile_with_budget`) or per block
+            :func:`~remat.compiled.install.compile_with_budget`) or per block
             (``compile_blocks_with_budget``, ``compile_blocks``, ``remat.apply`` of a
             compiled plan) with inductor, in train mode. Real or meta tensors.
         batch, loss_fn, optimizer: as for :func:`remat.profile`.
@@ -227,7 +227,7 @@ def simulate_compiled(
             dynamic shapes, a backend other than inductor).
 
     Example:
-        >>> from remat.integrations.compiler_budget import compile_with_budget
+        >>> from remat.compiled.install import compile_with_budget
         >>> sim = simulate_compiled(compile_with_budget(model, 0.5), batch)
         >>> sim.profile.simulated, sim.budgets
         (True, (0.5,))

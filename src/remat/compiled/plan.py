@@ -2,7 +2,7 @@
 
 NOTE [ Predicting a compiled mixture ]
     Every candidate is measured with all blocks at it (NOTE [ Compiled candidates ]
-    in compiled_candidates.py). For a mixture (block ``i`` at candidate ``c_i``) the
+    in candidates.py). For a mixture (block ``i`` at candidate ``c_i``) the
     predicted peak is::
 
         static + sum_i saved[c_i][i] + max_i transient[c_i]
@@ -19,7 +19,7 @@ NOTE [ Compiled closed loop ]
     FLOPs the one keeping the most bytes comes first: FLOPs count matmuls, not the
     pointwise ops a lower compiler budget or a SAC set recomputes, so keeping more is
     the faster guess (with the whole budget, the compiler's default ``none@1``); the first one whose
-    *measured* compiled peak (allocator, :func:`~remat.measure.compiled.measure_compiled`)
+    *measured* compiled peak (allocator, :func:`~remat.compiled.measure.measure_compiled`)
     fits is the plan. More budget only adds assignments to the front of the search,
     so it never gives a costlier plan: the plan found for a smaller budget is still
     found, or a cheaper one before it. At most ``max_trials`` new steps are measured;
@@ -41,9 +41,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 
-from remat.errors import BudgetTooSmall
-from remat.measure.step import Step, model_device
-from remat.planning.compiled_candidates import (
+from remat.compiled.candidates import (
     CompiledCandidate,
     CompiledContext,
     dtype_bytes,
@@ -51,12 +49,14 @@ from remat.planning.compiled_candidates import (
     measure_whole,
     prepare_compiled,
 )
+from remat.compiled.install import WHOLE_MODEL
+from remat.errors import BudgetTooSmall
+from remat.measure.step import Step, model_device
 from remat.planning.context import check_plannable
 from remat.planning.cost import cost_device
 from remat.planning.options import PlanOptions
 from remat.planning.plans import Plan
 from remat.planning.records import apply_spec
-from remat.strategies.compiled import WHOLE_MODEL
 from remat.units import format_bytes
 
 __all__ = ["plan_compiled", "predict_peak"]
@@ -100,10 +100,10 @@ def plan_compiled(step: Step, options: PlanOptions, *, context: CompiledContext 
     Args:
         step: the step (real tensors: compiled code is measured, never simulated).
         options: the budget and cost device (``simulate`` and ``maximize`` refused).
-        context: a :func:`~remat.planning.compiled_candidates.prepare_compiled` result,
+        context: a :func:`~remat.compiled.candidates.prepare_compiled` result,
             to plan several budgets with one set of measurements. Default: measured now.
         candidates: the candidates to measure when ``context`` is not given.
-            Default: :func:`~remat.planning.compiled_candidates.default_candidates`.
+            Default: :func:`~remat.compiled.candidates.default_candidates`.
         max_trials: new compiled steps measured at most in the closed loop. Default: 8.
 
     Raises:

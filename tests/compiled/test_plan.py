@@ -15,17 +15,18 @@ import pytest
 import torch
 
 import remat
-from remat.measure.compiled import compiled_regions, measure_compiled
-from remat.measure.step import Step
-from remat.planning.compiled_candidates import (
+from remat.compiled.candidates import (
     CompiledCandidate,
     CompiledContext,
     measure_whole,
     prepare_compiled,
 )
-from remat.planning.compiled_plan import plan_compiled, predict_peak
+from remat.compiled.measure import compiled_regions, measure_compiled
+from remat.compiled.plan import plan_compiled, predict_peak
+from remat.measure.step import Step
 from remat.planning.options import PlanOptions
 from remat.planning.plans import PLAN_FORMAT_VERSION, Plan
+from remat.report.plan import plan_text
 from remat.strategies.apply import applied
 from remat.strategies.builtin import Full, NoCheckpoint
 from tiny_nets import D, Net
@@ -79,7 +80,7 @@ def test_plan_fits_the_compilers_own_peak_and_more_budget_is_never_costlier(
     for budget in budgets:
         plan = _plan(model, ctx, budget)
         assert plan.measured_peak_bytes is not None
-        assert plan.measured_peak_bytes <= plan.budget_bytes == budget, plan.summary()
+        assert plan.measured_peak_bytes <= plan.budget_bytes == budget, plan_text(plan)
         costs.append((plan.recompute_flops, plan.recompute_ms))
     assert costs == sorted(costs, reverse=True), costs
 
@@ -144,14 +145,14 @@ def test_copy_of_plan_keeps_compiled(model: Net, ctx: CompiledContext) -> None:
 
 def test_summary_and_equality_know_the_compile(model: Net, ctx: CompiledContext) -> None:
     plan = _plan(model, ctx, "100%")
-    assert "Compiled, activation memory budget" in plan.summary()
-    assert "1 x2" in plan.summary()
+    assert "Compiled, activation memory budget" in plan_text(plan)
+    assert "1 x2" in plan_text(plan)
     assert plan != Plan.from_dict({**plan.to_dict(), "compiled": None})
 
 
 def test_a_candidate_the_compiler_fails_on_is_skipped_with_a_warning(
         model: Net, monkeypatch: pytest.MonkeyPatch) -> None:
-    import remat.planning.compiled_candidates as cc
+    import remat.compiled.candidates as cc
 
     real = cc.measure_assignment
 
@@ -186,8 +187,8 @@ def test_the_compilers_own_setting_is_a_plan_when_it_recomputes_least(
     if "" in plan.compiled:  # the whole model won: it recomputes no more than blocks would
         assert blocks_only is None or plan.recompute_flops <= blocks_only.recompute_flops
         loaded = Plan.from_json(plan.to_json())
-        assert loaded.compiled == plan.compiled and "whole model" in plan.summary()
-        assert plan.summary().startswith("Compiled plan: the compiler's own setting")
+        assert loaded.compiled == plan.compiled and "whole model" in plan_text(plan)
+        assert plan_text(plan).startswith("Compiled plan: the compiler's own setting")
         applied = remat.apply(_net(), loaded)
         assert [name for name, _ in compiled_regions(applied)] == [""]
         assert measure_compiled(applied, BATCH, timing=False).peak_bytes <= budget

@@ -16,9 +16,9 @@ NOTE [ Measuring compiled code ]
        with the eager profile's ``peak_bytes``. ``activation_bytes`` = the
        allocator's live bytes when backward starts.
     3. FLOPs: from the graphs the partitioner produced, logged at compile time by
-       a :class:`~remat.measure.compiled_graphs.CountingBackend` (see NOTE
+       a :class:`~remat.compiled.graphs.CountingBackend` (see NOTE
        [ Counting compiled FLOPs ] there): compile with
-       :mod:`remat.integrations.compiler_budget`. FLOPs of code outside the compiled
+       :mod:`remat.compiled.install`. FLOPs of code outside the compiled
        regions (embedding, head, loss when the blocks are compiled) and the static
        bytes come from one eager step under ``torch.compiler.set_stance("force_eager")``:
        dynamo is skipped entirely, so its caches and recompile counters are not
@@ -31,11 +31,11 @@ NOTE [ Measuring compiled code ]
 
 NOTE [ Compiled FLOPs per step ]
     Each graph is counted as often as it ran in the measured step (NOTE [ Counting
-    graph runs ] in compiled_graphs.py), so graphs compiled for shapes or
+    graph runs ] in graphs.py), so graphs compiled for shapes or
     signatures the step does not use count nothing, and blocks that share a
     backend and call it with several signatures (a tensor, then ``None``) count
     the graphs they ran (before runs were counted, each block was credited with
-    every graph of the shared log; tests/measure/test_compiled.py's two-signature
+    every graph of the shared log; tests/compiled/test_measure.py's two-signature
     toy now reads its eager FLOPs). Where runs cannot be counted (a callable that
     takes no weak reference) a graph counts once per region compiled with it. A
     backend's runs are split evenly between the regions that share it: step totals
@@ -60,18 +60,18 @@ from typing import Any
 import torch
 from torch import nn
 
-from remat.core.results import BlockProfile, Profile
-from remat.measure.allocator import AllocatorPeak, allocator_peak, mark
-from remat.measure.compiled_graphs import (
+from remat.compiled.graphs import (
     CompiledGraph,
     CountingBackend,
     backend_of,
     counting_runs,
 )
+from remat.core.results import BlockProfile, Profile
+from remat.measure.allocator import AllocatorPeak, allocator_peak, mark
 from remat.measure.state import preserved_state
 from remat.measure.step import LossFn, Step, clear_grads, model_device, run_step
 from remat.measure.timing import time_step
-from remat.measure.tracked import check_trainable, tracked_step
+from remat.measure.tracked_step import check_trainable, tracked_step
 
 __all__ = [
     "CompiledMeasurement",
@@ -238,7 +238,7 @@ def _runs_per_region(per_region: dict[str, tuple[CountingBackend | None,
                                                  tuple[CompiledGraph, ...]]],
                      runs: dict[int, int]) -> dict[str, tuple[tuple[CompiledGraph, int], ...]]:
     """Each region's ``(graph, runs)`` pairs, runs in this region's share; see NOTE
-    [ Counting graph runs ] in compiled_graphs.py."""
+    [ Counting graph runs ] in graphs.py."""
     sharing: dict[int, int] = {}
     for backend, _ in per_region.values():
         if backend is not None:
@@ -354,7 +354,7 @@ def profile_compiled(
     afterwards. See NOTE [ Measuring compiled code ] for the exact sequence.
 
     Note:
-        Compile with :mod:`remat.integrations.compiler_budget`
+        Compile with :mod:`remat.compiled.install`
         (``compile_with_budget`` / ``compile_blocks_with_budget``) to get compiled
         FLOPs and per-block figures; regions compiled otherwise report their eager
         FLOPs (:attr:`CompiledMeasurement.counted` is False). ``blocks`` lists the
@@ -375,7 +375,7 @@ def profile_compiled(
             ``repeats < 1``.
 
     Example:
-        >>> from remat.integrations.compiler_budget import compile_with_budget
+        >>> from remat.compiled.install import compile_with_budget
         >>> prof = profile_compiled(compile_with_budget(model, 0.5), batch)
         >>> prof.recompute_flops > 0
         True

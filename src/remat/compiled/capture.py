@@ -1,7 +1,7 @@
 """One compiled region of a fake copy: captured whole by dynamo on its first call (and
 again for inputs of another signature), partitioned and lowered by inductor at the
 region's own budget, then replayed: steps 2 and 3 of NOTE [ Simulating compiled code ] in
-compiled_sim.py.
+simulate.py.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from typing import Any
 import torch
 from torch import fx, nn
 
-from remat.measure.compiled_graphs import CountingBackend, backend_of, count_graph
-from remat.measure.compiled_replay import (
+from remat.compiled.graphs import CountingBackend, backend_of, count_graph
+from remat.compiled.replay import (
     _API,
     CompiledSimulationError,
     GraphMemory,
@@ -64,9 +64,9 @@ def region_backend(name: str, region: nn.Module, wrapper: nn.Module | None,
     raise CompiledSimulationError(
         f"{_API}: region {label} is compiled with backend "
         f"{_backend_name(backend)!r}; only inductor (the "
-        "default backend, or remat.integrations.compiler_budget) is simulated, from its own "
+        "default backend, or remat.compiled.install) is simulated, from its own "
         "generated code. Profile it for real (simulate=False), or compile it with "
-        "remat.integrations.compiler_budget.compile_with_budget")
+        "remat.compiled.install.compile_with_budget")
 
 
 @contextmanager

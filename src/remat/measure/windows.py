@@ -1,6 +1,7 @@
-"""Fake-tensor set-up and memory windows: the measuring instruments of the planner.
+"""Fake steps cut into memory windows: the measuring instruments of the planner.
 
-The planner measures on a fake copy of the model (``FakeTensorMode``): every
+The planner measures on a fake copy of the model (``FakeTensorMode``, made by
+:func:`~remat.planning.context.fake_setup`): every
 storage the real step would create is seen by
 :class:`~remat.measure.tracker.MemoryTracker` at its real size (on CPU the bytes
 equal a real run's exactly), nothing is computed or allocated, and the user's
@@ -23,7 +24,7 @@ NOTE [ Gap windows ]
     last op less what the block freed on returning, so ``fwd:i`` covers it. Counted
     in ``gap:i`` it would add block i's input to the window whether or not block i
     keeps it, which the peak model (which attributes the input to block i only when
-    block i keeps it, NOTE [ Who keeps a hidden state ] in block_run.py) cannot
+    block i keeps it, NOTE [ Who keeps a hidden state ] in planning/block_run.py) cannot
     express. So a gap window's peak is taken after its ops and at its close (when
     the next window opens), not at its opening; the step's peak is unchanged.
 
@@ -53,20 +54,17 @@ from torch import Tensor, nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils.hooks import RemovableHandle
 
-from remat.blocks import BlocksSpec, named_blocks
 from remat.core.ops import OpRecord
-from remat.measure.fake import fake_batch, fake_copy_with_map, fake_optimizer
 from remat.measure.ledger import first_tensor
-from remat.measure.step import LossFn, batch_tensors, clear_grads, model_device, run_step
-from remat.measure.tracked import held_gc
+from remat.measure.step import LossFn, batch_tensors, clear_grads, run_step
+from remat.measure.tracked_step import held_gc
 from remat.measure.tracker import MemoryTracker
 from remat.recompute import is_recomputing
-from remat.strategies import remove
 
 if TYPE_CHECKING:
     from remat.core.results import Profile
 
-__all__ = ["FakeSetup", "StepWindows", "WindowRecorder", "fake_setup", "quiet", "run_windows"]
+__all__ = ["FakeSetup", "StepWindows", "WindowRecorder", "quiet", "run_windows"]
 
 
 @contextmanager
@@ -93,19 +91,6 @@ class FakeSetup:
     blocks: list[tuple[str, nn.Module]]
     device: torch.device
     profiles: dict[tuple[tuple[str, Any], ...], Profile | None] = field(default_factory=dict)
-
-
-def fake_setup(model: nn.Module, batch: Any, *, optimizer: torch.optim.Optimizer | None,
-               blocks: BlocksSpec) -> FakeSetup:
-    """Copy ``model`` (without any applied strategy), ``batch`` and ``optimizer`` as fakes."""
-    mode = FakeTensorMode(allow_non_fake_inputs=True)
-    fmodel, replaced = fake_copy_with_map(model, mode)
-    remove(fmodel)  # plan from the un-checkpointed model, whatever is applied to the original
-    fmodel.train(model.training)
-    fbatch = fake_batch(batch, mode)
-    fopt = fake_optimizer(optimizer, replaced) if optimizer is not None else None
-    named = named_blocks(fmodel, blocks, api="remat.plan")
-    return FakeSetup(mode, fmodel, fbatch, fopt, named, model_device(fmodel))
 
 
 class WindowRecorder:
