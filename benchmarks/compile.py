@@ -15,7 +15,7 @@ Llama built in-process (6 layers, d 256, seq 256, batch 4), dropout off, CPU, fl
    (:func:`remat.compiled.install.compile_blocks_with_budget` at 1.0,
    i.e. inductor's default partitioner, with the plan's checkpoints and SAC tags),
    measured the same way;
-4. ``remat.plan(model, batch, budget=<each compiled run's peak>, compile=True)``
+4. ``remat.plan_compiled(model, batch, budget=<each compiled run's peak>)``
    (``--compiled-plan``, on by default): planned for the compiled step (candidates
    measured once per model and shared across budgets), applied with ``remat.apply``,
    which compiles the blocks as the plan records, and measured the same way.
@@ -210,7 +210,7 @@ def _time_interleaved(variants: list[Variant], batch: Any, repeats: int) -> None
 def _compiled_plans(name: str, model: nn.Module, batch: Any, ref: list[torch.Tensor],
                     compiled_peaks: dict[float, int],
                     log: Callable[[str], None]) -> list[Variant]:
-    """remat.plan(..., compile=True) at each compiler setting's peak, applied and measured."""
+    """remat.plan_compiled at each compiler setting's peak, applied and measured."""
     t0 = time.time()
     planning = copy.deepcopy(model)
     ctx = prepare_compiled(Step(planning, batch))
@@ -219,13 +219,13 @@ def _compiled_plans(name: str, model: nn.Module, batch: Any, ref: list[torch.Ten
     out = []
     targets = {f"compile-{budget:g} peak": target for budget, target in compiled_peaks.items()}
     try:  # the lowest peak remat's compiled candidates reach: the plan at that budget
-        remat.plan(planning, batch, budget=1, compile=True, context=ctx)
+        remat.plan_compiled(planning, batch, budget=1, context=ctx)
     except remat.BudgetTooSmall as exc:
         targets["its lowest peak"] = exc.min_peak_bytes
     for where, target in targets.items():
-        label = f"remat plan(compile=True) @ {where}"
+        label = f"remat plan_compiled @ {where}"
         try:
-            plan = remat.plan(planning, batch, budget=target, compile=True, context=ctx)
+            plan = remat.plan_compiled(planning, batch, budget=target, context=ctx)
         except remat.BudgetTooSmall as exc:
             log(f"{name}: {label}: BudgetTooSmall (lowest {exc.min_peak_bytes / MiB:.1f} MiB)")
             out.append(Variant(Row(name, label, 0, 0, float("nan"), budget_bytes=target,
@@ -363,7 +363,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="smoke run: 1-layer gpt-tiny, budgets 1.0 and 0.0")
     parser.add_argument("--no-remat", action="store_true", help="skip remat's plans")
     parser.add_argument("--no-compiled-plan", action="store_true",
-                        help="skip remat.plan(..., compile=True)")
+                        help="skip remat.plan_compiled")
     parser.add_argument("--models", default="gpt-small,llama-small,hf-llama",
                         help="comma-separated model names to run: gpt-small, llama-small, "
                              "hf-llama, and the held-out hf-gpt2, hf-qwen2 "

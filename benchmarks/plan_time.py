@@ -13,7 +13,7 @@ planner's progress reports:
 - ``windows``: one tracked whole step without checkpointing (the peak model's calibration);
 - ``closed loop``: solving, and measuring the chosen plan with a whole step.
 
-``--throughput`` also times ``plan(maximize="throughput")`` on ``gpt-small`` (budget 60% of
+``--throughput`` also times ``plan_throughput(...)`` on ``gpt-small`` (budget 60% of
 the batch-8 peak), once (it takes a minute).
 
 Usage::
@@ -34,7 +34,7 @@ from collections import defaultdict
 import torch
 
 from remat.models import build_model, make_batch
-from remat.planning import plan
+from remat.planning import plan, plan_throughput
 from remat.progress import reporting
 
 PHASES = ("fake copy", "block inputs", "candidates", "windows", "closed loop")
@@ -93,7 +93,7 @@ def time_throughput() -> tuple[float, float, int]:
     torch.manual_seed(0)
     model = build_model("gpt-small")
     started, cpu = time.perf_counter(), time.process_time()
-    result = plan(model, lambda n: make_batch(model, n), budget="60%", maximize="throughput")
+    result = plan_throughput(model, lambda n: make_batch(model, n), budget="60%")
     return time.perf_counter() - started, time.process_time() - cpu, int(result.batch_size or 0)
 
 

@@ -60,7 +60,7 @@ from remat.measure.flops import op_flops, op_traffic
 from remat.measure.roofline import op_roofline_ms
 from remat.measure.step import call_model, default_loss
 from remat.models import build_model, make_batch
-from remat.planning import Plan, plan, prepare
+from remat.planning import Plan, plan, plan_throughput, prepare
 from remat.report.plots import plot_frontier
 from remat.report.tables import frontier_markdown, markdown_table
 from remat.units import format_bytes
@@ -298,13 +298,13 @@ def plan_seconds(n_layer: int, simulate: bool) -> tuple[float, float]:
 
 
 def throughput_seconds(simulate: bool) -> tuple[float, float, int]:
-    """Wall and CPU time of ``plan(maximize="throughput")`` for ``gpt-small`` at 60% of the
+    """Wall and CPU time of ``plan_throughput(...)`` for ``gpt-small`` at 60% of the
     batch-8 peak, and the batch size it picks."""
     torch.manual_seed(0)
     model = build_model("gpt-small")
     started, cpu = time.perf_counter(), time.process_time()
-    result = plan(model, lambda n: make_batch(model, n), budget="60%", maximize="throughput",
-                  simulate=simulate)
+    result = plan_throughput(model, lambda n: make_batch(model, n), budget="60%",
+                             simulate=simulate)
     return time.perf_counter() - started, time.process_time() - cpu, int(result.batch_size or 0)
 
 
@@ -374,7 +374,7 @@ def render(rows: list[Row], fronts: list[Frontier], *, timings: dict[int, tuple[
                   f"{wall:.1f} s wall, {cpu:.1f} s CPU.", ""]
     if throughput is not None:
         wall, cpu, size = throughput
-        lines += [f"Throughput search (`gpt-small`, `maximize=\"throughput\"`, budget 60% of "
+        lines += [f"Throughput search (`gpt-small`, `plan_throughput`, budget 60% of "
                   f"the batch-8 peak; picks batch {size}): {wall:.1f} s wall, {cpu:.1f} s CPU.",
                   ""]
     for front in fronts:

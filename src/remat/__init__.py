@@ -47,6 +47,7 @@ _EXPORTS: dict[str, str] = {
     "Step": "remat.measure.step",
     "Strategy": "remat.strategies.base",
     "StrategyError": "remat.errors",
+    "ThroughputSearch": "remat.planning.throughput",
     "apply": "remat.strategies.apply",
     "auto": "remat.planning.planner",
     "find_blocks": "remat.blocks",
@@ -54,6 +55,8 @@ _EXPORTS: dict[str, str] = {
     "is_recomputing": "remat.recompute",
     "parse_bytes": "remat.units",
     "plan": "remat.planning.planner",
+    "plan_compiled": "remat.compiled.plan",
+    "plan_throughput": "remat.planning.planner",
     "profile": "remat.measure.profile",
     "register_strategy": "remat.strategies.registry",
     "remove": "remat.strategies.apply",
@@ -64,6 +67,7 @@ __all__ = sorted(_EXPORTS)
 
 if TYPE_CHECKING:
     from remat.blocks import find_blocks
+    from remat.compiled.plan import plan_compiled
     from remat.core.parity import ParityReport
     from remat.core.results import Profile
     from remat.errors import (
@@ -77,8 +81,9 @@ if TYPE_CHECKING:
     from remat.measure.profile import profile
     from remat.measure.step import Step
     from remat.planning.options import PlanOptions
-    from remat.planning.planner import auto, plan
+    from remat.planning.planner import auto, plan, plan_throughput
     from remat.planning.plans import Plan
+    from remat.planning.throughput import ThroughputSearch
     from remat.recompute import is_recomputing
     from remat.strategies.apply import apply, remove
     from remat.strategies.base import BlockStrategy, Strategy

@@ -22,7 +22,7 @@ from remat.compiled.candidates import (
     prepare_compiled,
 )
 from remat.compiled.measure import compiled_regions, measure_compiled
-from remat.compiled.plan import plan_compiled, predict_peak
+from remat.compiled.plan import plan_compiled_step, predict_peak
 from remat.measure.step import Step
 from remat.planning.options import PlanOptions
 from remat.planning.plans import PLAN_FORMAT_VERSION, Plan
@@ -52,7 +52,7 @@ def ctx(model: Net) -> CompiledContext:
 
 
 def _plan(model: Net, ctx: CompiledContext, budget: int | str) -> Plan:
-    return plan_compiled(Step(model, BATCH), PlanOptions(budget=budget), context=ctx)
+    return plan_compiled_step(Step(model, BATCH), PlanOptions(budget=budget), context=ctx)
 
 
 def test_candidates_measured_compiled(model: Net, ctx: CompiledContext) -> None:
@@ -87,7 +87,7 @@ def test_plan_fits_the_compilers_own_peak_and_more_budget_is_never_costlier(
 
 def test_too_small_gives_the_lowest_measured_peak(model: Net, ctx: CompiledContext) -> None:
     lowest = min(ctx.measured.values())
-    with pytest.raises(remat.BudgetTooSmall, match="compile=True") as info:
+    with pytest.raises(remat.BudgetTooSmall, match="plan_compiled") as info:
         _plan(model, ctx, lowest - 1)
     assert info.value.min_peak_bytes == lowest
 
@@ -95,7 +95,7 @@ def test_too_small_gives_the_lowest_measured_peak(model: Net, ctx: CompiledConte
 def test_apply_of_loaded_plan_compiles_and_keeps_gradients(model: Net,
                                                            ctx: CompiledContext) -> None:
     budget = ctx.uniform[1].peak_bytes  # the compiler's own peak at budget 0.5
-    plan = remat.plan(model, BATCH, budget=budget, compile=True, context=ctx)
+    plan = remat.plan_compiled(model, BATCH, budget=budget, context=ctx)
     assert plan.compiled is not None and plan.measured_peak_bytes is not None
     assert plan.measured_peak_bytes <= budget
     data = json.loads(plan.to_json())
@@ -135,7 +135,7 @@ def test_plan_json_without_compiled_is_eager() -> None:
 
 def test_compile_refuses_simulate() -> None:
     with pytest.raises(ValueError, match="simulate"):
-        remat.plan(_net(), BATCH, budget="50%", compile=True, simulate=True)
+        plan_compiled_step(Step(_net(), BATCH), PlanOptions(budget="50%", simulate=True))
 
 
 def test_copy_of_plan_keeps_compiled(model: Net, ctx: CompiledContext) -> None:
@@ -175,11 +175,11 @@ def test_the_compilers_own_setting_is_a_plan_when_it_recomputes_least(
     whole_ctx = dataclasses.replace(per_block, whole_budgets=(1.0, 0.5))
     # Budget: the whole model compiled at `setting`, measured as the planner measures it.
     budget = measure_whole(Step(model, BATCH), ctx.names, setting).peak_bytes
-    plan = plan_compiled(Step(model, BATCH), PlanOptions(budget=budget), context=whole_ctx)
+    plan = plan_compiled_step(Step(model, BATCH), PlanOptions(budget=budget), context=whole_ctx)
     assert plan.measured_peak_bytes is not None and plan.measured_peak_bytes <= budget
     assert set(whole_ctx.whole) <= {1.0, 0.5}
     try:
-        blocks_only = plan_compiled(Step(model, BATCH), PlanOptions(budget=budget),
+        blocks_only = plan_compiled_step(Step(model, BATCH), PlanOptions(budget=budget),
                                     context=per_block)
     except remat.BudgetTooSmall:
         blocks_only = None

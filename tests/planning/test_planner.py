@@ -16,7 +16,7 @@ from remat.core.solver import choice_cost_ps, solve
 from remat.errors import BudgetTooSmall
 from remat.measure import profile
 from remat.models import build_model, make_batch
-from remat.planning import Plan, auto, plan
+from remat.planning import Plan, ThroughputSearch, auto, plan, plan_throughput
 from remat.report.plan import plan_text
 from remat.strategies import applied, remove
 from remat.validation import validate
@@ -238,8 +238,8 @@ def test_throughput_search_reports_a_table_and_picks_the_best() -> None:
         batch: dict[str, torch.Tensor] = make_batch(model, n, 16)
         return batch
 
-    result = plan(model, batch_of, budget=budget, maximize="throughput", simulate=True,
-                  max_batch_size=4)
+    result = plan_throughput(model, batch_of, budget=budget, simulate=True,
+                             search=ThroughputSearch(max_batch_size=4))
     sizes = [row.batch_size for row in result.throughput]
     assert {1, 2, 4} <= set(sizes) and sizes == sorted(sizes) and max(sizes) == 4
     fitting = [row for row in result.throughput if row.fits]
@@ -254,10 +254,12 @@ def test_throughput_search_reports_a_table_and_picks_the_best() -> None:
 
 
 def test_bad_arguments_raise_clear_errors(gpt_tiny: Prepared) -> None:
-    with pytest.raises(ValueError, match="maximize must be 'throughput'"):
-        plan(gpt_tiny.model, gpt_tiny.batch, budget="50%", maximize="speed")
     with pytest.raises(TypeError, match="function n -> batch"):
-        plan(gpt_tiny.model, gpt_tiny.batch, budget="50%", maximize="throughput")
+        plan_throughput(gpt_tiny.model, gpt_tiny.batch, budget="50%")
+    with pytest.raises(TypeError, match="remat.plan_throughput"):
+        plan(gpt_tiny.model, lambda n: gpt_tiny.batch, budget="50%")
+    with pytest.raises(ValueError, match="max_batch_size must be an int >= 1"):
+        ThroughputSearch(max_batch_size=0)
     with pytest.raises(ValueError, match="cannot read budget"):
         plan(gpt_tiny.model, gpt_tiny.batch, budget="lots")
     model = build_model("gpt-tiny").eval()

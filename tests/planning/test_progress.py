@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from remat.compare.frontier import frontier
 from remat.models import build_model, make_batch
-from remat.planning import plan
+from remat.planning import ThroughputSearch, plan, plan_throughput
 from remat.progress import report, reporting
 
 
@@ -28,8 +28,8 @@ def test_throughput_search_reports_batch_sizes() -> None:
     model = build_model("gpt-tiny")
     seen: list[str] = []
     with reporting(lambda step, done, total: seen.append(step)):
-        plan(model, lambda n: make_batch(model, n), budget="100%", maximize="throughput",
-             max_batch_size=2)
+        plan_throughput(model, lambda n: make_batch(model, n), budget="100%",
+                        search=ThroughputSearch(max_batch_size=2))
     assert "batch size 1" in seen and "batch size 2" in seen
 
 

@@ -160,6 +160,12 @@ def plan_command(
             "measured costs time real runs, but --simulate runs on fake tensors; drop one",
             param_hint="'--cost'",
         )
+    if compile_ and (simulate or maximize is not None):
+        raise typer.BadParameter(
+            "compiled plans are measured for real, one batch size at a time\n"
+            "drop --simulate and --maximize, or drop --compile",
+            param_hint="'--compile'",
+        )
     target = resolve_device(device)
     request = _Request(model=model, budget=budget, batch=batch, seq=seq, maximize=maximize,
                        max_batch=max_batch, optimizer=optimizer, target=target,
@@ -214,20 +220,22 @@ def _budget_value(budget: str) -> int | str:
 
 def _make_plan(request: _Request, net: Any, sample: Any, opt: Any) -> tuple[Any, int, Any]:
     """The plan, the batch size it is for, and that batch."""
-    from remat.planning import plan as make_plan
-
     common = {"budget": _budget_value(request.budget), "optimizer": opt,
-              "simulate": request.simulate, "device": request.cost_device,
-              "cost": request.cost.value}
+              "device": request.cost_device}
     if request.compile:
-        common["compile"] = True
+        from remat.compiled.plan import plan_compiled
+
+        return plan_compiled(net, sample, **common), request.batch, sample
+    from remat.planning import plan, plan_throughput
+    from remat.planning.throughput import ThroughputSearch
+
+    common |= {"simulate": request.simulate, "cost": request.cost.value}
     if request.maximize is Maximize.throughput:
-        result = make_plan(net, request.make_batch, maximize="throughput",
-                           batch_size=request.batch, max_batch_size=request.max_batch,
-                           **common)
+        search = ThroughputSearch(batch_size=request.batch, max_batch_size=request.max_batch)
+        result = plan_throughput(net, request.make_batch, search=search, **common)
         chosen_batch = result.batch_size or request.batch
         return result, chosen_batch, request.make_batch(chosen_batch)
-    return make_plan(net, sample, **common), request.batch, sample
+    return plan(net, sample, **common), request.batch, sample
 
 
 def _run(request: _Request) -> _Outcome:

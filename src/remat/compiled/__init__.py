@@ -12,7 +12,7 @@ importing a submodule loads only what that submodule needs. By role:
 * ``install``: compiling a model, its blocks or a plan's blocks at a compiler budget
   (``compile_with_budget``, ``compile_blocks_with_budget``, ``compile_plan``).
 * ``candidates``, ``plan``: compiled candidates and the compiled planner
-  (``remat.plan(..., compile=True)``).
+  (``remat.plan_compiled``).
 
 The package is a vertical slice of the layers (docs/architecture.md, tests/test_layers.py):
 ``remat.profile`` measures compiled models, ``remat.apply`` compiles a plan's blocks and

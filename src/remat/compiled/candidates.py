@@ -43,7 +43,7 @@ __all__ = ["DEFAULT_COMPILED_CANDIDATES", "WHOLE_MODEL_BUDGETS", "CompiledCandid
            "CompiledContext", "default_candidates", "measure_assignment", "measure_whole",
            "prepare_compiled"]
 
-_API = "remat.plan(compile=True)"
+_API = "remat.plan_compiled"
 
 
 @dataclass(frozen=True)

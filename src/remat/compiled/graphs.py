@@ -132,7 +132,7 @@ def _patchable(cls: type) -> bool:
     Inductor hands back a plain function (``make_boxed_func``) for a graph without ops;
     a built-in type's attributes cannot be set, so such a graph's runs are not counted
     (NOTE [ Compiled FLOPs per step ] in measure.py). Seen on torch 2.11, whose
-    partitioner left such a graph in a ``remat.plan(compile=True)`` candidate.
+    partitioner left such a graph in a ``remat.plan_compiled`` candidate.
     """
     heap_type, immutable = 1 << 9, 1 << 8  # Py_TPFLAGS_HEAPTYPE, Py_TPFLAGS_IMMUTABLETYPE
     return bool(cls.__flags__ & heap_type) and not cls.__flags__ & immutable

@@ -1,4 +1,4 @@
-"""``remat.plan(..., compile=True)``: plan the step as it will run under ``torch.compile``.
+"""``remat.plan_compiled``: plan the step as it will run under ``torch.compile``.
 
 NOTE [ Predicting a compiled mixture ]
     Every candidate is measured with all blocks at it (NOTE [ Compiled candidates ]
@@ -40,7 +40,12 @@ NOTE [ Whole-model options ]
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from typing import Any
 
+import torch
+from torch import nn
+
+from remat.blocks import BlocksSpec
 from remat.compiled.candidates import (
     CompiledCandidate,
     CompiledContext,
@@ -50,8 +55,10 @@ from remat.compiled.candidates import (
     prepare_compiled,
 )
 from remat.compiled.install import WHOLE_MODEL
+from remat.core.budget import Budget, BudgetLike
+from remat.devices import DeviceSpec
 from remat.errors import BudgetTooSmall
-from remat.measure.step import Step, model_device
+from remat.measure.step import LossFn, Step, model_device
 from remat.planning.context import check_plannable
 from remat.planning.cost import cost_device
 from remat.planning.options import PlanOptions
@@ -59,9 +66,9 @@ from remat.planning.plans import Plan
 from remat.planning.records import apply_spec
 from remat.units import format_bytes
 
-__all__ = ["plan_compiled", "predict_peak"]
+__all__ = ["plan_compiled", "plan_compiled_step", "predict_peak"]
 
-_API = "remat.plan(compile=True)"
+_API = "remat.plan_compiled"
 Assignment = tuple[int, ...]
 
 
@@ -89,17 +96,66 @@ def _ranked(ctx: CompiledContext, ms_per_flop: float) -> list[tuple[float, int, 
     return rows
 
 
-def plan_compiled(step: Step, options: PlanOptions, *, context: CompiledContext | None = None,
-                  candidates: Sequence[CompiledCandidate] | None = None,
-                  max_trials: int = 8) -> Plan:
-    """The cheapest compiled plan whose measured compiled peak fits ``options.budget``.
+def plan_compiled(
+    model: nn.Module,
+    batch: Any,
+    *,
+    budget: BudgetLike | Budget,
+    loss_fn: LossFn | None = None,
+    optimizer: torch.optim.Optimizer | None = None,
+    blocks: BlocksSpec = None,
+    device: str | DeviceSpec | None = None,
+    context: CompiledContext | None = None,
+) -> Plan:
+    """The cheapest plan for the step as it runs with every block ``torch.compile``-d.
+
+    Candidates are the compiler's own activation memory budgets (1.0 / 0.75 / 0.5 / 0.25
+    / 0.0) beside remat's checkpoints compiled at 1.0; each is one whole compiled step,
+    measured at the allocator on real tensors (compiled code is never simulated). The
+    closed loop measures the compiled step's peak (NOTE [ Compiled closed loop ]), and
+    ``remat.apply(model, plan)`` compiles the blocks as the plan records
+    (``plan.compiled``). Costs one compile per candidate; plan several budgets from one
+    ``context``.
+
+    Args:
+        model: the model, in train mode, on a real device (not meta).
+        batch: a batch as :func:`remat.profile` takes it.
+        budget: the compiled step's peak: bytes, ``"12GiB"``, or ``"60%"`` of the compiled
+            step without remat at compiler budget 1.0.
+        loss_fn, optimizer, blocks, device: as for :func:`remat.plan`.
+        context: a :func:`~remat.compiled.candidates.prepare_compiled` result for this
+            model and batch, to plan several budgets with one set of measurements.
+            Default: measured now.
+
+    Returns:
+        A :class:`~remat.Plan` with ``compiled`` set and ``measured_peak_bytes <=
+        budget_bytes``.
+
+    Raises:
+        BudgetTooSmall: no assignment's measured compiled peak fits.
+        ValueError: a model on the meta device.
+
+    Example:
+        >>> plan = remat.plan_compiled(model, batch, budget="70%")
+        >>> remat.apply(model, plan)  # compiles each block at its recorded budget
+    """
+    step = Step(model, batch, loss_fn=loss_fn, optimizer=optimizer, blocks=blocks)
+    options = PlanOptions(budget=budget, device=device)  # type: ignore[arg-type]
+    return plan_compiled_step(step, options, context=context)
+
+
+def plan_compiled_step(step: Step, options: PlanOptions, *,
+                       context: CompiledContext | None = None,
+                       candidates: Sequence[CompiledCandidate] | None = None,
+                       max_trials: int = 8) -> Plan:
+    """:func:`plan_compiled` for a resolved step and options.
 
     See NOTE [ Compiled closed loop ]. ``options.budget`` as a percentage refers to the
     compiled step without remat at compiler budget 1.0.
 
     Args:
         step: the step (real tensors: compiled code is measured, never simulated).
-        options: the budget and cost device (``simulate`` and ``maximize`` refused).
+        options: the budget and cost device (``simulate`` refused).
         context: a :func:`~remat.compiled.candidates.prepare_compiled` result,
             to plan several budgets with one set of measurements. Default: measured now.
         candidates: the candidates to measure when ``context`` is not given.
@@ -108,13 +164,15 @@ def plan_compiled(step: Step, options: PlanOptions, *, context: CompiledContext 
 
     Raises:
         BudgetTooSmall: no assignment's measured peak fits.
-        ValueError: ``simulate=True``, ``maximize``, or a model on the meta device.
+        ValueError: ``simulate=True``, or a model on the meta device.
     """
-    if options.simulate or options.maximize is not None:
-        raise ValueError(f"{_API}: compiled plans are measured for real, one batch at a "
-                         "time; simulate=True and maximize= are not supported with it")
+    if options.simulate:
+        raise ValueError(f"{_API}: compiled plans are measured for real\n"
+                         "simulate=True is not supported with it; plan eager steps with "
+                         "remat.plan(..., simulate=True)")
     if model_device(step.model).type == "meta":
-        raise ValueError(f"{_API}: the model is on the meta device; compiled steps must run")
+        raise ValueError(f"{_API}: the model is on the meta device\n"
+                         "compiled steps must run: build the model on a real device")
     check_plannable(step.model)
     ctx = context if context is not None else prepare_compiled(step, candidates)
     budget = options.budget.resolve(ctx.no_checkpoint_peak_bytes)

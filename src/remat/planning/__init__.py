@@ -23,8 +23,9 @@ from remat.planning.candidates import BlockGroup, Candidate
 from remat.planning.context import PlanContext, prepare
 from remat.planning.loop import measure_decisions
 from remat.planning.options import PlanOptions
-from remat.planning.planner import auto, plan, plan_step
+from remat.planning.planner import auto, plan, plan_step, plan_throughput
 from remat.planning.plans import PLAN_FORMAT_VERSION, NamedBlocks, Plan, ThroughputRow
+from remat.planning.throughput import ThroughputSearch
 
 __all__ = [
     "PLAN_FORMAT_VERSION",
@@ -35,9 +36,11 @@ __all__ = [
     "PlanContext",
     "PlanOptions",
     "ThroughputRow",
+    "ThroughputSearch",
     "auto",
     "measure_decisions",
     "plan",
     "plan_step",
+    "plan_throughput",
     "prepare",
 ]

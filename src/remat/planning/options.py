@@ -1,5 +1,5 @@
-"""How to plan: one options value shared by ``remat.plan``, ``remat.auto`` and the
-throughput search."""
+"""How to plan: one options value shared by ``remat.plan``, ``remat.auto``,
+``remat.plan_throughput`` (each batch size) and ``remat.plan_compiled``."""
 
 from __future__ import annotations
 
@@ -8,12 +8,10 @@ from dataclasses import dataclass, field, replace
 from remat.core.budget import Budget, BudgetLike, parse_budget
 from remat.devices import DeviceSpec
 
-__all__ = ["COSTS", "MAXIMIZE", "PlanOptions"]
+__all__ = ["COSTS", "PlanOptions"]
 
 #: ``cost=`` values: measured time on CUDA and roofline elsewhere, or either one forced.
 COSTS: tuple[str, ...] = ("auto", "roofline", "measured")
-#: ``maximize=`` values besides ``None``.
-MAXIMIZE: tuple[str, ...] = ("throughput",)
 
 
 @dataclass(frozen=True)
@@ -24,14 +22,9 @@ class PlanOptions:
         budget: the step's peak: bytes, ``"12GiB"``, or ``"60%"`` of the un-checkpointed
             peak; parsed into a :class:`~remat.core.budget.Budget`.
         simulate: measure the closed loop on fake tensors. Default: ``False``.
-        maximize: ``"throughput"`` to search the batch size, or ``None``. Default: ``None``.
         device: the cost device (name or spec). Default: the model's GPU when known,
             else ``"h100-80gb"``.
-        batch_size: with ``maximize``, the batch size percentages refer to. Default: 8.
-        max_batch_size: with ``maximize``, the largest batch size tried. Default: 1024.
         cost: ``"auto"``, ``"roofline"`` or ``"measured"``. Default: ``"auto"``.
-        compile: plan the step as it runs with every block compiled (see
-            ``remat/compiled/plan.py``). Default: ``False``.
 
     Example:
         >>> PlanOptions(budget="60%").budget.fraction
@@ -40,30 +33,13 @@ class PlanOptions:
 
     budget: Budget = field(default_factory=lambda: parse_budget("100%"))
     simulate: bool = False
-    maximize: str | None = None
     device: str | DeviceSpec | None = None
-    batch_size: int = 8
-    max_batch_size: int = 1024
     cost: str = "auto"
-    compile: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "budget", parse_budget(self.budget))
-        if self.maximize is not None and self.maximize not in MAXIMIZE:
-            raise ValueError(f"remat.plan: maximize must be 'throughput' or None, "
-                             f"got {self.maximize!r}")
         if self.cost not in COSTS:
             raise ValueError(f"remat.plan: cost must be one of {COSTS}, got {self.cost!r}")
-        for name in ("batch_size", "max_batch_size"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"remat.plan: batch_size and max_batch_size must be >= 1, "
-                                 f"got {name}={value!r}")
-
-    @classmethod
-    def of(cls, budget: BudgetLike | Budget, **kwargs: object) -> PlanOptions:
-        """Options from :func:`remat.plan`'s keyword arguments."""
-        return cls(budget=parse_budget(budget), **kwargs)  # type: ignore[arg-type]
 
     def with_budget(self, budget: BudgetLike | Budget) -> PlanOptions:
         """A copy with another budget (the throughput search plans every size in bytes)."""

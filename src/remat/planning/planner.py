@@ -16,9 +16,9 @@ NOTE [ How a plan is made ]
        what the smallest reachable peak is and what fills it.
 
 NOTE [ Throughput search ]
-    With ``maximize="throughput"`` the batch is a function ``n -> batch``. Batch
-    sizes 1, 2, 4, ... are planned until none fits the budget (or
-    ``max_batch_size``), then the largest fitting size is refined by bisection.
+    :func:`plan_throughput` takes a function ``n -> batch``. Batch sizes 1, 2, 4, ...
+    are planned until none fits the budget (or ``ThroughputSearch.max_batch_size``),
+    then the largest fitting size is refined by bisection.
     Each size's best plan gets a step time, predicted (cost.py, NOTE [ Step-time
     model ]) or, with measured costs, timed on the device, and samples per second;
     the plan with the most samples per second wins and carries the whole table in
@@ -27,9 +27,9 @@ NOTE [ Throughput search ]
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -43,13 +43,10 @@ from remat.planning.fingerprint import fingerprint_of
 from remat.planning.loop import close_loop
 from remat.planning.options import PlanOptions
 from remat.planning.plans import Plan
-from remat.planning.throughput import search_throughput
+from remat.planning.throughput import ThroughputSearch, search_throughput
 from remat.strategies import apply
 
-if TYPE_CHECKING:
-    from remat.compiled.candidates import CompiledContext
-
-__all__ = ["auto", "plan", "plan_step"]
+__all__ = ["auto", "plan", "plan_step", "plan_throughput"]
 
 
 def plan(
@@ -61,13 +58,9 @@ def plan(
     optimizer: torch.optim.Optimizer | None = None,
     blocks: BlocksSpec = None,
     simulate: bool = False,
-    maximize: str | None = None,
     device: str | DeviceSpec | None = None,
-    context: PlanContext | CompiledContext | None = None,
-    batch_size: int = 8,
-    max_batch_size: int = 1024,
     cost: str = "auto",
-    compile: bool = False,
+    context: PlanContext | None = None,
 ) -> Plan:
     """The cheapest checkpointing plan whose measured peak fits ``budget``.
 
@@ -79,7 +72,9 @@ def plan(
     roofline time on ``device`` elsewhere; see ``cost``), and the choice is measured on
     the model and tightened until it fits (see
     NOTE [ How a plan is made ]). The model is left as it was; apply the plan with
-    ``remat.apply(model, plan)``, or use :func:`auto`.
+    ``remat.apply(model, plan)``, or use :func:`auto`. To search the batch size too, see
+    :func:`plan_throughput`; to plan a step that runs under ``torch.compile``,
+    :func:`remat.compiled.plan.plan_compiled` (``remat.plan_compiled``).
 
     Warning:
         With ``simulate=False`` the closed loop runs real training steps (parameters,
@@ -87,27 +82,18 @@ def plan(
 
     Args:
         model: the model, in train mode.
-        batch: a batch as :func:`remat.profile` takes it; with ``maximize="throughput"``
-            a function ``n -> batch`` of n samples.
+        batch: a batch as :func:`remat.profile` takes it.
         budget: the whole step's peak: bytes (int), ``"12GiB"`` / ``"800MB"``, or
-            ``"60%"`` of the un-checkpointed step's peak (with ``maximize``: of the peak
-            at ``batch_size``). A budget above the un-checkpointed peak gives the empty plan.
+            ``"60%"`` of the un-checkpointed step's peak. A budget above the
+            un-checkpointed peak gives the empty plan.
         loss_fn: ``loss_fn(output, batch) -> scalar``. Default: ``output.loss``, else a mean.
         optimizer: stepped in the measured step; its state counts toward the peak.
             Default: ``None``.
         blocks: which modules are blocks (class, classes or predicate). Default: found.
         simulate: measure the closed loop under FakeTensorMode instead of for real.
             Default: ``False``.
-        maximize: ``"throughput"``: search the batch size with the most samples per
-            second under the budget (NOTE [ Throughput search ]). Default: ``None``.
         device: the device costs are computed for. Default: the model's GPU when remat
             knows it, else ``"h100-80gb"``.
-        context: a :func:`prepare` result for this model and batch, to plan several
-            budgets without measuring again (with ``compile=True``: a
-            ``remat.compiled.candidates.prepare_compiled`` result). Default:
-            measured now.
-        batch_size: with ``maximize``, the batch size percentages refer to. Default: 8.
-        max_batch_size: with ``maximize``, the largest batch size tried. Default: 1024.
         cost: what the solver minimizes. ``"measured"``: each candidate's extra
             forward+backward time, timed on the model's device (NOTE [ Measured cost ]
             in timed.py; costs a few block runs per candidate); ``"roofline"``: the
@@ -115,12 +101,8 @@ def plan(
             kernel efficiency); ``"auto"``: measured on CUDA unless ``simulate``,
             roofline elsewhere (CPU wall time is too noisy to plan with).
             Default: ``"auto"``.
-        compile: plan the step as it will run with every block ``torch.compile``-d:
-            candidates include the compiler's own activation memory budgets besides
-            remat's checkpoints, the closed loop measures the compiled step's allocator
-            peak, and ``remat.apply(model, plan)`` compiles the blocks as the plan
-            records (``plan.compiled``). Percentages refer to the compiled step without
-            remat. Not with ``simulate`` or ``maximize``. Default: ``False``.
+        context: a :func:`prepare` result for this model and batch, to plan several
+            budgets without measuring again. Default: measured now.
 
     Returns:
         A :class:`~remat.Plan` with ``measured_peak_bytes <= budget_bytes``.
@@ -128,8 +110,8 @@ def plan(
     Raises:
         BudgetTooSmall: no plan fits; the message gives the smallest reachable peak and
             what dominates it.
-        ValueError: an unreadable budget, a model in eval mode, a bad ``maximize`` or
-            ``cost``, or ``cost="measured"`` with ``simulate=True``.
+        ValueError: an unreadable budget, a model in eval mode, a bad ``cost``, or
+            ``cost="measured"`` with ``simulate=True``.
 
     Example:
         >>> from remat.models import build_model, make_batch
@@ -139,43 +121,76 @@ def plan(
         True
         >>> remat.apply(model, plan)
     """
-    options = PlanOptions(budget=budget, simulate=simulate, maximize=maximize,  # type: ignore[arg-type]
-                          device=device, batch_size=batch_size, max_batch_size=max_batch_size,
-                          cost=cost, compile=compile)
-    if maximize is not None and not callable(batch):
-        raise TypeError(
-            "remat.plan: maximize='throughput' needs batch to be a function n -> batch "
-            "of n samples, e.g. batch=lambda n: make_batch(model, n)"
-        )
-    if maximize is None and callable(batch) and \
-            not isinstance(batch, (Tensor, Mapping, tuple, list)):
-        raise TypeError("remat.plan: batch is a function; pass maximize='throughput' to search "
-                        "batch sizes, or pass a batch")
+    options = PlanOptions(budget=budget, simulate=simulate,  # type: ignore[arg-type]
+                          device=device, cost=cost)
+    if callable(batch) and not isinstance(batch, (Tensor, Mapping, tuple, list)):
+        raise TypeError("remat.plan: batch is a function\n"
+                        "pass a batch, or call remat.plan_throughput(model, make_batch, ...) "
+                        "to search batch sizes")
     step = Step(model, batch, loss_fn=loss_fn, optimizer=optimizer, blocks=blocks)
     return plan_step(step, options, context=context)
 
 
-def plan_step(step: Step, options: PlanOptions, *,
-              context: PlanContext | CompiledContext | None = None) -> Plan:
-    """:func:`plan` for a resolved :class:`~remat.measure.step.Step` and :class:`PlanOptions`
-    (with ``maximize``, ``step.batch`` is the function ``n -> batch``)."""
-    # compiled planning imports planning's modules: imported here, not at the top, so
-    # importing remat.compiled.plan first does not meet a half-imported planning package
-    from remat.compiled.candidates import CompiledContext
-    from remat.compiled.plan import plan_compiled
+def plan_throughput(
+    model: nn.Module,
+    make_batch: Callable[[int], Any],
+    *,
+    budget: BudgetLike | Budget,
+    search: ThroughputSearch | None = None,
+    loss_fn: LossFn | None = None,
+    optimizer: torch.optim.Optimizer | None = None,
+    blocks: BlocksSpec = None,
+    simulate: bool = False,
+    device: str | DeviceSpec | None = None,
+    cost: str = "auto",
+) -> Plan:
+    """The plan and batch size with the most samples per second whose peak fits ``budget``.
 
-    if options.compile:
-        return plan_compiled(step, options, context=context
-                             if isinstance(context, CompiledContext) else None)
-    if isinstance(context, CompiledContext):
-        raise ValueError("remat.plan: a compiled context (prepare_compiled) needs compile=True")
+    Batch sizes 1, 2, 4, ... are planned with :func:`plan` until none fits, then the
+    largest fitting size is refined by bisection (NOTE [ Throughput search ]); each
+    size's best plan gets a step time, and the fastest per sample wins. A larger batch
+    amortizes fixed costs but needs more checkpointing to fit, so the best size is
+    usually below the largest that fits. Train with ``plan.batch_size`` samples.
+
+    Args:
+        model: the model, in train mode.
+        make_batch: ``n -> batch`` of n samples.
+        budget: the whole step's peak: bytes, ``"12GiB"``, or ``"60%"`` of the
+            un-checkpointed peak at ``search.batch_size``.
+        search: the batch sizes to search (:class:`ThroughputSearch`).
+            Default: ``ThroughputSearch()`` (percentages of batch 8, sizes up to 1024).
+        loss_fn, optimizer, blocks, simulate, device, cost: as for :func:`plan`.
+
+    Returns:
+        The fastest plan per sample, with ``plan.batch_size`` set and the table of every
+        size tried in ``plan.throughput``.
+
+    Raises:
+        BudgetTooSmall: not even batch size 1 fits.
+        TypeError: ``make_batch`` is not a function.
+
+    Example:
+        >>> plan = remat.plan_throughput(model, lambda n: make_batch(model, n),
+        ...                              budget="60%", search=ThroughputSearch(batch_size=8))
+        >>> plan.batch_size, plan.throughput[-1].fits
+    """
+    if not callable(make_batch) or isinstance(make_batch, (Tensor, Mapping, tuple, list)):
+        raise TypeError(f"remat.plan_throughput: make_batch must be a function n -> batch of n "
+                        f"samples\nfound: {type(make_batch).__name__}\n"
+                        "pass e.g. make_batch=lambda n: make_batch(model, n)")
+    options = PlanOptions(budget=budget, simulate=simulate,  # type: ignore[arg-type]
+                          device=device, cost=cost)
+    step = Step(model, make_batch, loss_fn=loss_fn, optimizer=optimizer, blocks=blocks)
+    return search_throughput(step, make_batch, options, search or ThroughputSearch(), plan_step)
+
+
+def plan_step(step: Step, options: PlanOptions, *, context: PlanContext | None = None) -> Plan:
+    """:func:`plan` for a resolved :class:`~remat.measure.step.Step` and
+    :class:`PlanOptions`."""
     source = resolve_cost(options.cost, step.model, simulate=options.simulate)
-    if options.maximize is not None:
-        make_batch = step.batch
-        return search_throughput(step, make_batch, options, _plan_one)
     if not options.simulate and model_device(step.model).type == "meta":
         raise ValueError(
-            "remat.plan: the model is on the meta device, so its steps cannot run for real; "
+            "remat.plan: the model is on the meta device, so its steps cannot run for real\n"
             "pass simulate=True to plan it on fake tensors"
         )
     if context is None:
@@ -188,16 +203,12 @@ def plan_step(step: Step, options: PlanOptions, *,
     return replace(plan, fingerprint=fingerprint_of(step.model, plan.block_names))
 
 
-def _plan_one(step: Step, options: PlanOptions) -> Plan:
-    return plan_step(step, options)
-
-
 def auto(model: nn.Module, batch: Any, **kwargs: Any) -> Plan:
     """Plan (see :func:`plan`, same arguments), apply the plan to ``model``, and return it.
 
     The returned plan's ``measured_peak_bytes`` is the peak of a step of ``model`` with
     the plan applied (real, or simulated with ``simulate=True``), and never exceeds the
-    budget. With ``maximize="throughput"``, train with ``plan.batch_size`` samples.
+    budget.
 
     Example:
         >>> plan = remat.auto(model, batch, budget="8GiB")

@@ -98,7 +98,7 @@ class Plan:
             spec the plan was made with (``None``: automatic), or a :class:`NamedBlocks`
             of the decided modules when the plan decides on sub-layers.
         batch_size: samples per step the plan is for, when known. Default: ``None``.
-        throughput: the throughput search's table (``maximize="throughput"``), else ``()``.
+        throughput: the throughput search's table (:func:`remat.plan_throughput`), else ``()``.
         framework: the framework the plan is for; ``"torch"`` here (JAX plans are
             :class:`remat.jax` plans). Default: ``"torch"``.
         fingerprint: what the plan was made for, one :class:`BlockPrint` per block (class,
@@ -110,7 +110,7 @@ class Plan:
         >>> remat.apply(model, plan)
         >>> Plan.from_json(plan.to_json()) == plan
         True
-        compiled: for compiled execution (``remat.plan(..., compile=True)``): block name ->
+        compiled: for compiled execution (:func:`remat.plan_compiled`): block name ->
             the compiler's activation memory budget that block is compiled with by
             ``remat.apply``, or ``{"": budget}``: the whole model compiled at one budget
             (the compiler's own setting won); ``None``: an eager plan. Default: ``None``.

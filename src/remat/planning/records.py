@@ -41,7 +41,7 @@ class NamedBlocks:
 
 @dataclass(frozen=True)
 class ThroughputRow:
-    """One batch size tried by the throughput search (``maximize="throughput"``).
+    """One batch size tried by the throughput search (:func:`remat.plan_throughput`).
 
     Args:
         batch_size: samples per step.

@@ -16,12 +16,37 @@ from remat.planning.options import PlanOptions
 from remat.planning.plans import Plan, ThroughputRow
 from remat.progress import report
 
-__all__ = ["search_throughput"]
+__all__ = ["ThroughputSearch", "search_throughput"]
 
 _REFINE_STEPS = 4
 
 PlanOne = Callable[[Step, PlanOptions], Plan]
 """Plans one batch size: ``(step, options) -> Plan`` (raises BudgetTooSmall)."""
+
+
+@dataclass(frozen=True)
+class ThroughputSearch:
+    """Which batch sizes :func:`remat.plan_throughput` searches.
+
+    Args:
+        batch_size: the batch size a percentage budget refers to (``"60%"`` of the
+            un-checkpointed peak at this size). Default: 8.
+        max_batch_size: the largest batch size tried. Default: 1024.
+
+    Example:
+        >>> ThroughputSearch(batch_size=4, max_batch_size=64)
+        ThroughputSearch(batch_size=4, max_batch_size=64)
+    """
+
+    batch_size: int = 8
+    max_batch_size: int = 1024
+
+    def __post_init__(self) -> None:
+        for name in ("batch_size", "max_batch_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"ThroughputSearch: {name} must be an int >= 1\n"
+                                 f"found: {value!r}")
 
 
 @dataclass
@@ -55,34 +80,35 @@ class _Search:
 
 
 def search_throughput(step: Step, make_batch: Callable[[int], Any], options: PlanOptions,
-                      plan_one: PlanOne) -> Plan:
+                      sizes: ThroughputSearch, plan_one: PlanOne) -> Plan:
     """NOTE [ Throughput search ]: double the batch size until nothing fits, then bisect.
 
     Args:
         step: the step (its batch is replaced by ``make_batch(n)`` for each size n).
         make_batch: ``n -> batch`` of n samples.
-        options: the planning options; a percentage budget refers to ``batch_size``.
+        options: the planning options; a percentage budget refers to
+            ``sizes.batch_size``.
+        sizes: the batch sizes to search.
         plan_one: plans one batch size for a byte budget.
     """
     budget = options.budget
     if budget.is_relative:
-        reference = prepare_step(step.with_batch(make_batch(options.batch_size)),
+        reference = prepare_step(step.with_batch(make_batch(sizes.batch_size)),
                                  device=options.device, cost="roofline")
         budget_bytes = budget.resolve(reference.no_checkpoint_peak_bytes)
     else:
         budget_bytes = budget.resolve(0)
-    search = _Search(step, make_batch, replace(options.with_budget(budget_bytes), maximize=None),
-                     plan_one)
+    search = _Search(step, make_batch, options.with_budget(budget_bytes), plan_one)
     n, low, high = 1, 0, None
-    while n <= options.max_batch_size:
+    while n <= sizes.max_batch_size:
         if not search.fits(n):
             high = n
             break
         low, n = n, n * 2
     if low == 0 and search.first_error is not None:
         raise search.first_error
-    if high is None and low < options.max_batch_size:
-        high = options.max_batch_size + 1
+    if high is None and low < sizes.max_batch_size:
+        high = sizes.max_batch_size + 1
     steps = 0
     while high is not None and high - low > 1 and steps < _REFINE_STEPS:
         steps += 1  # bisect toward the largest size that fits

@@ -28,7 +28,7 @@ __all__ = [
 
 M = TypeVar("M", bound=nn.Module)
 _APPLIED = "_remat_applied"
-#: Set on the blocks ``apply`` compiled for a plan made with ``compile=True``.
+#: Set on the blocks ``apply`` compiled for a plan made by ``remat.plan_compiled``.
 _COMPILED_BY_PLAN = "_remat_compiled_by_plan"
 #: Instance attributes remat installs on a module (regions.py and ``_APPLIED``).
 _INSTALLED_KEYS = ("forward", "_remat_region", "_remat_prev_forward", _APPLIED)
@@ -56,7 +56,7 @@ def applied(model: nn.Module) -> AppliedStrategy | None:
 def remove(model: M) -> M:
     """Undo :func:`apply`: every module gets its own forward back.
 
-    Blocks that ``apply`` compiled for a plan made with ``compile=True`` run eagerly
+    Blocks that ``apply`` compiled for a plan made by ``remat.plan_compiled`` run eagerly
     again (a model the user compiled is left compiled).
 
     Example:
@@ -184,7 +184,7 @@ def apply(model: M, strategy: str | Strategy | Any, *, blocks: BlocksSpec = None
             checkpointing: keep matmul/attention/conv outputs, recompute the rest),
             ``"offload"`` (saved activations in pinned host memory; a no-op on CPU); a
             :class:`~remat.strategies.base.Strategy` config; or a Plan from
-            :func:`remat.plan` (a plan made with ``compile=True`` also compiles each
+            :func:`remat.plan` (a plan made by ``remat.plan_compiled`` also compiles each
             block in place with the compiler budget it records).
         blocks: which modules are blocks: a class, a list of classes, or a predicate
             ``(qualified_name, module) -> bool``. Default: found automatically.
