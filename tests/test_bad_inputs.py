@@ -1,4 +1,4 @@
-"""Bad inputs to the public API: each fails with a remat error that says what to do (#13).
+"""Bad inputs to the public API: each fails with a remat error that says what to do.
 
 Every row calls the public API the way a user would get it wrong and checks the
 exception's type and a fragment of its message that names the fix. None may be an

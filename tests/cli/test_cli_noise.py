@@ -1,4 +1,4 @@
-"""No output the user cannot act on (#13 item 11): kineto's USDT lines, transformers'
+"""No output the user cannot act on: kineto's USDT lines, transformers'
 loss_type line, warnings about transformers' own output-capturing hooks."""
 
 from __future__ import annotations

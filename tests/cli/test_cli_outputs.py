@@ -1,4 +1,4 @@
-"""Output paths are checked before any work (#13 item 9): a path that cannot be written is
+"""Output paths are checked before any work: a path that cannot be written is
 refused at once with exit code 2, never after minutes of planning, never reported as written."""
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
-"""The tracker against the CPU allocator's own events, same step (issue #13, item 13).
+"""The tracker against the CPU allocator's own events, same step.
 
 NOTE [ Allocator ground truth ] in allocator_util.py says how the allocator's peak is read.
 What the tracker still cannot see (NOTE [ What the tracker cannot see ] in tracker.py) is
 kernel scratch, e.g. the CPU flash-attention backward's per-thread buffers (448 B on the tiny
-GPT-NeoX; it grows with sequence length: see the report of issue #13), and Python scalars that
+GPT-NeoX; it grows with sequence length), and Python scalars that
 autograd saves as 8-byte tensors (48 B on the tiny GPT-2). Before the RNG states saved by
 checkpoint were counted, the tracker read 5056 B low per live checkpointed region.
 """

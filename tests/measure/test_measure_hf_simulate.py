@@ -1,4 +1,4 @@
-"""simulate=True equals the real step byte for byte on Hugging Face architectures (issue #13).
+"""simulate=True equals the real step byte for byte on Hugging Face architectures.
 
 Items 1 (mixture-of-experts models simulate: ``torch._grouped_mm`` in every float dtype) and 2
 (fake runs take the branches real runs take: NOTE [ Data-dependent branches under fake tensors ]).

@@ -1,4 +1,4 @@
-"""A saved op output that the forward later mutates in place is recomputed (issue #13, item 3).
+"""A saved op output that the forward later mutates in place is recomputed.
 
 See NOTE [ Saved outputs mutated in place ] in remat/strategies/ops.py.
 """

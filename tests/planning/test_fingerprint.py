@@ -1,4 +1,4 @@
-"""Plans are checked against the model they are applied to (#13 item 7).
+"""Plans are checked against the model they are applied to.
 
 A plan made for a 2-layer model used to apply silently to a 6-layer one (two blocks
 checkpointed, four left alone); ``"save_ops": "aten.mm"`` in a plan file became a set

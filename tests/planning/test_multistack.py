@@ -1,4 +1,4 @@
-"""Models with several stacks of blocks that do not run in registration order (#13 item 4).
+"""Models with several stacks of blocks that do not run in registration order.
 
 A two-tower model (CLIP: a text tower registered first, a vision tower run first) used
 to get a false ``BlocksNotFound`` ("blocks [...] were not called"): the input capture

@@ -1,4 +1,4 @@
-"""Long planning work reports progress (#13 item 10): candidates, closed-loop rounds, batch
+"""Long planning work reports progress: candidates, closed-loop rounds, batch
 sizes, manual strategies; nothing is reported (and nothing costs) when nobody listens."""
 
 from __future__ import annotations

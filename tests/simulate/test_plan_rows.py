@@ -1,6 +1,6 @@
 """The "plan" rows of simulate() under FSDP are planned against the per-rank budget.
 
-Regression test for issue #13, item 8: ``remat simulate --hf mistral --seq 4096 --batch 4
+Regression test: ``remat simulate --hf mistral --seq 4096 --batch 4
 --world-size 8 --sharding fsdp`` showed the plan at 91.67 GiB per rank (no) while
 ``full`` fit at 12.99 GiB. Here on a small Mistral built in-process from its config.
 """

@@ -1,4 +1,4 @@
-"""Block specs that match containers, and strategies that install nothing (#13 item 5).
+"""Block specs that match containers, and strategies that install nothing.
 
 ``remat.apply(llama, "full", blocks=lambda n, m: n.startswith("model.layers"))`` used to
 match the ModuleList itself: a region on a module that is never called, so nothing was

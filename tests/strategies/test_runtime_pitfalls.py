@@ -1,5 +1,4 @@
-"""Pitfalls caught while a checkpointed model runs, and models that survive torch.save
-(#13 item 12)."""
+"""Pitfalls caught while a checkpointed model runs, and models that survive torch.save."""
 
 from __future__ import annotations
 

@@ -76,7 +76,7 @@ def test_report_validates_rtol() -> None:
 
 
 def test_validate_leaves_hf_checkpointing_and_kv_cache_as_it_found_them() -> None:
-    """#13 item 6: validate used to turn HF checkpointing off for good (next run: OOM)."""
+    """validate used to turn HF checkpointing off for good (next run: OOM)."""
     import warnings
 
     transformers = pytest.importorskip("transformers")

@@ -11,7 +11,7 @@ NOTE [ RNG states saved by checkpoint ]
     plus bookkeeping), alive from the region's forward until its backward. With
     ``L`` checkpointed blocks that is ``L x 5056`` bytes at the end of forward:
     the 5-41 KB by which the tracker read below the CPU allocator under
-    checkpointing (issue #13), enough to put a plan over a tight budget.
+    checkpointing, enough to put a plan over a tight budget.
     :func:`watch_rng_states` wraps both public entry points while a tracker is
     active and hands each state tensor to the tracker, which counts it as
     created by the current phase and block. CUDA generator states are CPU

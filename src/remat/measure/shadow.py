@@ -10,7 +10,7 @@ NOTE [ Data-dependent branches under fake tensors ]
     materialized mask instead of ``is_causal=True``, and GQA models then repeat
     K/V into contiguous copies). On a rotary decoder that is 4-12 KB per step,
     2.4-3.5% of a tiny model's peak, counted in the simulation and never
-    allocated for real (issue #13, item 2).
+    allocated for real.
 
     The values those branches read are small integer tensors derived from the
     batch (ids, positions, masks), from factory ops (``arange``) and from
@@ -33,7 +33,7 @@ NOTE [ Data-dependent branches under fake tensors ]
     (:func:`_known_float`): BART's decoder makes ``torch.ones(batch, seq)`` (float)
     when no decoder mask is given and transformers skips the causal mask after
     checking it is all ones; without its value the fake step materialized a
-    4-D mask per layer, 16 KiB on the compat matrix's BART (issue #13).
+    4-D mask per layer, 16 KiB on the compat matrix's BART.
     A mutating op that cannot be replayed on shadows drops the shadows of its
     inputs' storages, so a stale value is never read.
 

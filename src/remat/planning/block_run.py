@@ -87,7 +87,7 @@ def apply_parts(model: nn.Module, name: str, parts: Sequence[Part],
 #   memory before the forward without the input, the weight and the loss is the saved
 #   bytes. The block's other inputs (masks, position embeddings shared by all blocks)
 #   stay referenced and are never counted. Measuring with the output alive and the input
-#   pre-existing instead (before 2026-11-22) under-predicted every bf16 window by one
+#   pre-existing instead under-predicted every bf16 window by one
 #   hidden state per checkpointed block before it.
 
 

@@ -36,7 +36,7 @@ optimizer-state bytes, ``W`` the ranks, ``U`` what FSDP unshards at once (NOTE
   then, the plan that checkpoints every block is simulated: the plan row fits whenever
   ``full`` does. (Planning the step with its optimizer against
   ``M + (P+G+O)(1 - 1/W) - U``, as remat did before, let plans overshoot ``M`` by up to
-  ``G (1 - 1/W)``: issue #13, item 8.)
+  ``G (1 - 1/W)``.)
 """
 
 from __future__ import annotations

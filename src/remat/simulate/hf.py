@@ -235,6 +235,23 @@ def is_hf_model(model: nn.Module) -> bool:
                for m in model.modules())
 
 
+# NOTE [ HF masks under FakeTensorMode ]
+#   Rule: a simulated Hugging Face step builds the attention masks a real eager step of
+#   the same batch builds. transformers' mask code (``masking_utils``) calls
+#   ``find_packed_sequence_indices(position_ids)`` when a training batch has no 2-D
+#   attention mask and no cache: it looks at the *values* of ``position_ids`` to see
+#   whether several sequences are packed in one row, and returns ``None`` (one sequence
+#   per row, the causal mask alone) when the check ``(mask[:, -1] == 0).all()`` holds.
+#   Under FakeTensorMode tensors hold no values, so that check cannot run (it is skipped
+#   as when tracing), the packed-sequence indices are kept, and the simulated step builds
+#   a packed-sequence mask a real step never builds: more bytes than the real step.
+#   remat's simulated batches hold one sequence per row (``position_ids`` an arange per
+#   row, or none), for which the real check returns ``None``, so
+#   :func:`unpacked_sequences` makes the detection return ``None`` while simulating.
+#   tests/simulate/test_hf.py (test_simulating_an_hf_model_equals_a_real_cpu_run) checks
+#   a simulated Hugging Face step against a real CPU step.
+
+
 @contextmanager
 def unpacked_sequences() -> Iterator[None]:
     """While active, transformers assumes batches hold one sequence per row.

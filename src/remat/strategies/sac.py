@@ -37,7 +37,7 @@ NOTE [ Saved outputs mutated in place ]
     later changed in place would give wrong gradients. Models do mutate op
     outputs: DeBERTa-v2's disentangled attention builds ``score = c2p / s``
     and then runs ``score += p2c / s``, so a save set holding that ``add``
-    (which the planner may choose) crashed the planner (issue #13, item 3).
+    (which the planner may choose) crashed the planner.
     The policy sees every op of the region's forward right after it runs, in
     place ones included, so when an op writes into a tensor whose storage a
     cached entry shares, :class:`SavePolicy` turns that entry back into

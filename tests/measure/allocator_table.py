@@ -1,6 +1,6 @@
-"""Peak bytes per tiny HF model: real tracker vs simulate=True vs the CPU allocator (issue #13).
+"""Peak bytes per tiny HF model: real tracker vs simulate=True vs the CPU allocator.
 
-Run from the repository root: ``PYTHONPATH=src python tests/measure/issue13_table.py [llama,t5]``.
+Run from the repository root: ``PYTHONPATH=src python tests/measure/allocator_table.py [llama,t5]``.
 """
 
 from __future__ import annotations
