@@ -69,7 +69,7 @@ def _summary_cells(plan: Plan) -> list[tuple[str, str]]:
     if plan.compiled is not None and "" in plan.compiled:  # the compiler's own setting
         cells.append(("Compiled, activation memory budget",
                       f"{plan.compiled['']:g} (whole model)"))
-    elif plan.compiled is not None:  # remat.plan_compiled: blocks compiled at these compiler budgets
+    elif plan.compiled is not None:  # remat.plan_compiled: blocks compiled at these budgets
         values = list(plan.compiled.values())
         cells.append(("Compiled, activation memory budget", ", ".join(
             f"{v:g} x{values.count(v)}" for v in dict.fromkeys(values))))
