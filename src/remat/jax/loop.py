@@ -26,7 +26,9 @@ NOTE [ JAX closed loop ]
     2. Compile the step with the choice and, side by side (one compile per
        core), the manual menu entries it might lose to (step 3). If XLA's peak
        of the choice exceeds the budget, lower the target by the excess and go
-       to 1 (at most ``max_rounds``).
+       to 1 (at most ``max_rounds``): steps 1-2 are the shared
+       :func:`remat.core.loop.close_loop` (NOTE [ Closed loop ]), the target lowered
+       from itself, not from the prediction.
     3. The manual menu is each candidate policy on every block, ``every:2`` and
        ``sqrt``. An entry is compiled when the tables estimate it cheaper than
        the choice (within :meth:`Search.tolerance`) and the peak model's lower
@@ -52,8 +54,9 @@ from typing import Any
 from flax import nnx
 
 from remat.core.checks import decisions_label
+from remat.core.loop import close_loop
 from remat.core.peak import PeakModel, Window
-from remat.core.solver import min_peak_choice, solve
+from remat.core.solver import min_peak_choice
 from remat.errors import BudgetTooSmall
 from remat.jax.analysis import LossFn, StepAnalysis, analyze_steps
 from remat.jax.candidates import JaxCandidate
@@ -126,19 +129,16 @@ class Search:
         """Steps 1-4 of NOTE [ JAX closed loop ]: the cheapest fitting trial."""
         if self.base.peak_bytes <= self.budget_bytes:
             return self.base_trial()
-        target = self.budget_bytes
-        for _ in range(max_rounds):
-            choice = solve(self.pm, target)
-            if choice is None:
-                break
+
+        def measure(choice: list[int]) -> int:
             policies = self.policies_of(choice)
             planned = (policies, int(self.pm.predict(choice)))
             # the plan and the manual entries it might lose to, compiled side by side
             self.compile([planned, *self.menu(below=self.estimate(policies))])
-            peak = self.result_of(policies).analysis.peak_bytes
-            if peak <= self.budget_bytes:
-                break
-            target -= peak - self.budget_bytes
+            return self.result_of(policies).analysis.peak_bytes
+
+        close_loop(self.pm, self.budget_bytes, measure, max_rounds=max_rounds,
+                   tighten_by_prediction=False)
         if not self.fitting():
             self.compile(self.menu(below=None, lowest=True))
         fitting = self.fitting()

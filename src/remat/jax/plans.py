@@ -1,10 +1,11 @@
 """The JAX :class:`Plan`: a ``jax.checkpoint`` policy per block, with its XLA-measured cost.
 
 NOTE [ JAX plan JSON ]
-    ``{"format": "remat.plan", "version": 1, "framework": "jax", ...}``: the
-    PyTorch plan's envelope plus the framework. :meth:`Plan.from_json` refuses a
-    PyTorch plan (no ``framework``, or ``"torch"``) with a message naming
-    ``remat.Plan.from_json``, and versions it does not know.
+    ``{"format": "remat.plan", "version": 1, "framework": "jax", ...}``: the envelope
+    every plan file has (NOTE [ Plan file envelope ] in remat/core/plan_file.py), then
+    the policy per block by its label. :meth:`Plan.from_json` refuses a PyTorch plan
+    (no ``framework``, or ``"torch"``) with a message naming ``remat.Plan.from_json``,
+    and versions it does not know.
 """
 
 from __future__ import annotations
@@ -16,13 +17,13 @@ from types import MappingProxyType
 from typing import Any
 
 from remat.core.checks import check_int, decisions_label, opt_int
+from remat.core.plan_file import envelope, load_json, read_envelope
 from remat.jax.policies import Policy, parse_policy
 from remat.units import format_bytes
 
 __all__ = ["JAX_PLAN_VERSION", "Plan"]
 
 JAX_PLAN_VERSION = 1
-_FORMAT = "remat.plan"
 _FRAMEWORK = "jax"
 _OWNER = "remat.jax.Plan"
 
@@ -139,9 +140,7 @@ class Plan:
     def to_dict(self) -> dict[str, Any]:
         """A JSON-able dict."""
         return {
-            "format": _FORMAT,
-            "version": JAX_PLAN_VERSION,
-            "framework": _FRAMEWORK,
+            **envelope(_FRAMEWORK, JAX_PLAN_VERSION),
             "block_names": list(self.block_names),
             "decisions": {n: p.label() for n, p in self.decisions.items()},
             "budget_bytes": self.budget_bytes,
@@ -164,22 +163,8 @@ class Plan:
         Raises:
             ValueError: not a remat plan, a PyTorch plan, or an unknown version.
         """
-        if not isinstance(data, Mapping) or data.get("format") != _FORMAT:
-            found = data.get("format") if isinstance(data, Mapping) else type(data).__name__
-            raise ValueError(f"remat.jax.Plan.from_json: not a remat plan (format {found!r}, "
-                             f"expected {_FORMAT!r}); write plans with plan.to_json()")
-        framework = data.get("framework", "torch")
-        if framework != _FRAMEWORK:
-            raise ValueError(
-                f"remat.jax.Plan.from_json: this is a {framework!r} plan (framework "
-                f"{data.get('framework')!r}), made for a PyTorch model; a JAX model needs a plan "
-                "from remat.jax.plan(...). Read PyTorch plans with remat.Plan.from_json."
-            )
-        version = data.get("version")
-        if version != JAX_PLAN_VERSION:
-            raise ValueError(f"remat.jax.Plan.from_json: plan format version {version!r} is not "
-                             f"supported; this remat reads version {JAX_PLAN_VERSION}. "
-                             "Re-create the plan with remat.jax.plan(...).")
+        read_envelope(data, framework=_FRAMEWORK, versions=(JAX_PLAN_VERSION,),
+                      api="remat.jax.Plan.from_json", make="remat.jax.plan(...)")
         try:
             return cls(
                 decisions={str(n): parse_policy(str(p))
@@ -200,8 +185,4 @@ class Plan:
     @classmethod
     def from_json(cls, text: str) -> Plan:
         """Read a plan written by :meth:`to_json` (see :meth:`from_dict` for errors)."""
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"remat.jax.Plan.from_json: not valid JSON ({exc})") from None
-        return cls.from_dict(data)
+        return cls.from_dict(load_json(text, api="remat.jax.Plan.from_json"))

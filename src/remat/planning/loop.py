@@ -18,8 +18,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from remat.core.checks import decisions_label
+from remat.core.loop import close_loop as close_loop_core
 from remat.core.results import Profile
-from remat.core.solver import min_peak_choice, solve
+from remat.core.solver import min_peak_choice
 from remat.errors import BudgetTooSmall
 from remat.measure.profile import _build as _build_profile
 from remat.measure.profile import preserved_state, profile_step
@@ -199,8 +200,9 @@ def _lowest_choices(ctx: PlanContext) -> list[list[int]]:
 
 def close_loop(step: Step, ctx: PlanContext, budget_bytes: int, *, simulate: bool,
                fake_loop: bool = True) -> Plan:
-    """Step 4 of NOTE [ How a plan is made ]; ``fake_loop=False`` measures every choice
-    with :func:`measure_decisions` (NOTE [ Closed loop on the fake copy ])."""
+    """Step 4 of NOTE [ How a plan is made ]: NOTE [ Closed loop ] (remat.core.loop) with a
+    tracked step as the measurement; ``fake_loop=False`` measures every choice with
+    :func:`measure_decisions` (NOTE [ Closed loop on the fake copy ])."""
     measured: dict[tuple[int, ...], Profile] = {}
 
     def measure(choice: Sequence[int]) -> Profile:
@@ -223,18 +225,11 @@ def close_loop(step: Step, ctx: PlanContext, budget_bytes: int, *, simulate: boo
             return ctx.recompute_ms(choice)
         return recompute_ms(prof.ops, ctx.device)
 
-    internal = budget_bytes
-    for round_ in range(_MAX_ROUNDS):
-        report(f"closed loop, round {round_ + 1}", round_, _MAX_ROUNDS)
-        choice = solve(ctx.peak_model, internal)
-        if choice is None:
-            break
-        prof = measure(choice)
-        if prof.peak_bytes <= budget_bytes:
-            return build(choice, prof)
-        # Over budget: the model under-predicted this choice; ask for that much less.
-        internal = min(internal, ctx.peak_model.predict(choice)) \
-            - (prof.peak_bytes - budget_bytes)
+    choice = close_loop_core(
+        ctx.peak_model, budget_bytes, lambda c: measure(c).peak_bytes, max_rounds=_MAX_ROUNDS,
+        on_round=lambda done, total: report(f"closed loop, round {done + 1}", done, total))
+    if choice is not None:
+        return build(choice, measure(choice))
     # Nothing predicted to fit fits: measure the lowest choices themselves, since the
     # peak model may over-predict them (it is calibrated to be safe, not tight).
     for lowest_choice in _lowest_choices(ctx):

@@ -8,8 +8,9 @@ frozen value: measuring it again or searching batch sizes returns a new plan
 training script.
 
 NOTE [ Plan JSON format ]
-    ``{"format": "remat.plan", "version": 2, ...}``. The version changes whenever
-    a field changes meaning; :meth:`Plan.from_json` reads only versions it knows
+    ``{"format": "remat.plan", "version": 2, "framework": "torch", ...}``: the envelope
+    every plan file has (NOTE [ Plan file envelope ] in remat/core/plan_file.py). The
+    version changes whenever a field changes meaning; :meth:`Plan.from_json` reads only versions it knows
     and says which it read otherwise. Version 2 stores what each module gets as the
     strategy's name and fields, ``{"name": "ops", "fields": {"save_ops": [...]}}``, so
     a registered strategy's fields survive the file; version 1 (remat 0.1) stored
@@ -36,6 +37,7 @@ from torch import nn
 from remat.blocks import BlocksSpec
 from remat.compiled.install import check_compiled
 from remat.core.checks import check_float, check_int, decisions_label, opt_float, opt_int
+from remat.core.plan_file import envelope, load_json, read_envelope
 from remat.planning.fingerprint import BlockPrint, check_fingerprint
 from remat.planning.records import (
     NamedBlocks,
@@ -54,7 +56,6 @@ __all__ = ["COST_SOURCES", "PLAN_FORMAT_VERSION", "NamedBlocks", "Plan", "Throug
 PLAN_FORMAT_VERSION = 2
 #: Versions :meth:`Plan.from_json` reads (1: remat 0.1's decisions as kind and save set).
 _READS = (1, 2)
-_FORMAT = "remat.plan"
 #: Where a plan's costs come from: op counts on a device spec, or timed runs.
 COST_SOURCES: tuple[str, ...] = ("roofline", "measured")
 
@@ -255,8 +256,7 @@ class Plan:
     def to_dict(self) -> dict[str, Any]:
         """A JSON-able dict (see NOTE [ Plan JSON format ])."""
         return {
-            "format": _FORMAT,
-            "version": PLAN_FORMAT_VERSION,
+            **envelope(self.framework, PLAN_FORMAT_VERSION),
             "block_names": list(self.block_names),
             "decisions": {n: strategy_to_dict(d) for n, d in self.decisions.items()},
             "budget_bytes": self.budget_bytes,
@@ -274,7 +274,6 @@ class Plan:
             )},
             "batch_size": self.batch_size,
             "throughput": [vars(row).copy() for row in self.throughput],
-            "framework": self.framework,
             "fingerprint": None if self.fingerprint is None else [
                 {"name": p.name, "class": p.cls, "params": p.params, "siblings": p.siblings}
                 for p in self.fingerprint
@@ -293,26 +292,8 @@ class Plan:
         Raises:
             ValueError: not a plan, or a format version this remat does not read.
         """
-        if not isinstance(data, Mapping) or data.get("format") != _FORMAT:
-            found = data.get("format") if isinstance(data, Mapping) else type(data).__name__
-            raise ValueError(
-                f"remat.Plan.from_json: not a remat plan (format {found!r}, expected "
-                f"{_FORMAT!r}); write plans with plan.to_json()"
-            )
-        framework = data.get("framework", "torch")
-        if framework != "torch":
-            raise ValueError(
-                f"remat.Plan.from_json: this is a {framework!r} plan; remat.Plan reads PyTorch "
-                f"plans. Load it with remat.{framework}.Plan.from_json(...)"
-            )
-        version = data.get("version")
-        if version not in _READS:
-            raise ValueError(
-                f"remat.Plan.from_json: plan format version {version!r} is not supported\n"
-                f"this remat reads versions {', '.join(map(str, _READS))}\n"
-                "re-create the plan with remat.plan(...) using this remat version, or install "
-                "the remat version that wrote it"
-            )
+        read_envelope(data, framework="torch", versions=_READS, api="remat.Plan.from_json",
+                      make="remat.plan(...)")
         try:
             names = tuple(str(n) for n in data["block_names"])
             decisions = {str(n): strategy_from_dict(d, where=repr(n),
@@ -355,11 +336,7 @@ class Plan:
             >>> Plan.from_json(plan.to_json()).decisions == plan.decisions
             True
         """
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"remat.Plan.from_json: not valid JSON ({exc})") from None
-        return cls.from_dict(data)
+        return cls.from_dict(load_json(text, api="remat.Plan.from_json"))
 
     def __reduce__(self) -> tuple[Any, tuple[dict[str, Any]]]:
         # The read-only decisions view cannot be pickled; rebuild from a plain dict.
