@@ -10,8 +10,8 @@ training script.
 NOTE [ Plan JSON format ]
     ``{"format": "remat.plan", "version": 2, "framework": "torch", ...}``: the envelope
     every plan file has (NOTE [ Plan file envelope ] in remat/core/plan_file.py). The
-    version changes whenever a field changes meaning; :meth:`Plan.from_json` reads only versions it knows
-    and says which it read otherwise. Version 2 stores what each module gets as the
+    version changes whenever a field changes meaning; :meth:`Plan.from_json` reads only
+    versions it knows and says which it reads otherwise. Version 2 stores what each module gets as the
     strategy's name and fields, ``{"name": "ops", "fields": {"save_ops": [...]}}``, so
     a registered strategy's fields survive the file; version 1 (remat 0.1) stored
     ``{"kind": ..., "save_ops": ...}`` and still reads. Custom ``blocks=`` specs (classes or
