@@ -11,17 +11,17 @@ NOTE [ Plan JSON format ]
     ``{"format": "remat.plan", "version": 2, "framework": "torch", ...}``: the envelope
     every plan file has (NOTE [ Plan file envelope ] in remat/core/plan_file.py). The
     version changes whenever a field changes meaning; :meth:`Plan.from_json` reads only
-    versions it knows and says which it reads otherwise. Version 2 stores what each module gets as the
-    strategy's name and fields, ``{"name": "ops", "fields": {"save_ops": [...]}}``, so
-    a registered strategy's fields survive the file; version 1 (remat 0.1) stored
-    ``{"kind": ..., "save_ops": ...}`` and still reads. Custom ``blocks=`` specs (classes or
-    predicates) are not serialisable, so the file stores the block names and
-    reads back a :class:`NamedBlocks` selecting exactly those modules. Fields
-    added later with a default that keeps the old meaning (``cost_source``,
-    ``timed_on``, ``framework``, ``fingerprint``, ``compiled``) do not change the version: an
-    older file reads as before (a plan without a fingerprint is applied unchecked; one without
-    ``compiled`` is for eager execution).
-    A file whose ``framework`` is not ``"torch"`` is refused with the loader to use.
+    versions it knows and says which it reads otherwise. Version 2 stores what each
+    module gets as the strategy's name and fields, ``{"name": "ops", "fields":
+    {"save_ops": [...]}}``, so a registered strategy's fields survive the file; version
+    1 (remat 0.1) stored ``{"kind": ..., "save_ops": ...}`` and still reads. Custom
+    ``blocks=`` specs (classes or predicates) are not serialisable, so the file stores
+    the block names and reads back a :class:`NamedBlocks` selecting exactly those
+    modules. Fields added later with a default that keeps the old meaning
+    (``cost_source``, ``timed_on``, ``framework``, ``fingerprint``, ``compiled``) do not
+    change the version: an older file reads as before (a plan without a fingerprint is
+    applied unchecked; one without ``compiled`` is for eager execution). A file whose
+    ``framework`` is not ``"torch"`` is refused with the loader to use.
 """
 
 from __future__ import annotations
