@@ -62,3 +62,40 @@ def test_cpu_barriers_kept() -> None:
     if jax.default_backend() != "cpu":
         pytest.skip("CPU-only behaviour")
     assert compiler_options() == {"xla_disable_hlo_passes": "cse_barrier_expander"}
+
+
+class _TakesTheBatch(nnx.Module):
+    """A model whose ``__call__`` takes the batch dict itself."""
+
+    def __init__(self) -> None:
+        self.inner = rj.build_model(TINY)
+
+    def __call__(self, batch: dict[str, jax.Array]) -> jax.Array:
+        return self.inner(**batch)
+
+
+class _TakesOtherNames(nnx.Module):
+    def __init__(self) -> None:
+        self.inner = rj.build_model(TINY)
+
+    def __call__(self, tokens: jax.Array, targets: jax.Array) -> jax.Array:
+        return self.inner(input_ids=tokens, labels=targets)
+
+
+def test_a_model_that_takes_the_batch_dict_is_called_with_it() -> None:
+    batch = rj.make_batch(TINY, TINY_BATCH)
+    wrapped = rj.profile(_TakesTheBatch(), batch)
+    plain = rj.profile(rj.build_model(TINY), batch)
+    assert wrapped.peak_bytes == plain.peak_bytes and wrapped.flops == plain.flops
+
+
+def test_a_dict_the_model_cannot_take_says_how_remat_called_it_and_the_fix() -> None:
+    batch = rj.make_batch(TINY, TINY_BATCH)
+    with pytest.raises(TypeError) as info:
+        default_loss(_TakesOtherNames(), batch)
+    lines = str(info.value).splitlines()
+    assert lines[0].startswith("remat.jax: cannot call _TakesOtherNames(tokens")
+    assert "model(**batch)" in str(info.value) and "loss_fn=" in lines[-1]
+    prof = rj.profile(_TakesOtherNames(), batch,
+                      loss_fn=lambda m, b: m(b["input_ids"], b["labels"]))
+    assert prof.peak_bytes == rj.profile(rj.build_model(TINY), batch).peak_bytes

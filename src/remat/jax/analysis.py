@@ -48,6 +48,7 @@ NOTE [ Compilation cache ]
 
 from __future__ import annotations
 
+import inspect
 import os
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -67,12 +68,67 @@ LossFn = Callable[[Any, Any], Any]
 
 
 def default_loss(model: Any, batch: Any) -> Any:
-    """The model returns its loss: ``model(**batch)``, ``model(*batch)`` or ``model(batch)``."""
+    """The model returns its loss; how it is called follows NOTE [ Calling the model ].
+
+    Raises:
+        TypeError: a dict batch whose keys the model's ``__call__`` does not take, and a
+            ``__call__`` that does not take the dict itself; the message says how remat
+            called it and that ``loss_fn=`` calls it your way.
+    """
     if isinstance(batch, Mapping):
-        return model(**batch)
+        signature = _call_signature(model)
+        if signature is None or _takes_keywords(signature, batch):
+            return model(**batch)
+        if _takes_one_argument(signature):
+            return model(batch)
+        raise TypeError(
+            f"remat.jax: cannot call {type(model).__name__}{signature} with a dict batch\n"
+            f"batch keys: {', '.join(map(str, batch))}\n"
+            "remat's default loss calls model(**batch) when __call__ takes the batch's keys, "
+            "and model(batch) when it takes one argument\n"
+            "pass loss_fn=lambda model, batch: <a scalar loss> (e.g. "
+            "model(batch['input_ids'], batch['labels'])) to remat.jax.profile / plan / "
+            "compare / validate"
+        )
     if isinstance(batch, tuple):
         return model(*batch)
     return model(batch)
+
+
+# NOTE [ Calling the model ]
+#   The default loss calls the model the way its ``__call__`` is written: a dict batch
+#   goes in as keywords, ``model(**batch)``, when ``__call__`` takes every key (or has
+#   ``**kwargs``) and needs nothing else; as one argument, ``model(batch)``, when
+#   ``__call__`` takes one argument (``def __call__(self, batch)``); a tuple as
+#   positional arguments, ``model(*batch)``; anything else as one argument. A dict that
+#   fits neither way is refused before tracing, with the fix (``loss_fn=``), rather than
+#   failing inside jax with "got an unexpected keyword argument". A ``__call__`` whose
+#   signature cannot be read is called with keywords.
+
+
+def _call_signature(model: Any) -> inspect.Signature | None:
+    try:
+        return inspect.signature(model.__call__)
+    except (TypeError, ValueError):
+        return None
+
+
+def _takes_keywords(signature: inspect.Signature, batch: Mapping[Any, Any]) -> bool:
+    params = signature.parameters.values()
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return True
+    named = {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    required = {p.name for p in params if p.default is p.empty
+                and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    return set(batch) <= named and required <= set(batch)
+
+
+def _takes_one_argument(signature: inspect.Signature) -> bool:
+    positional = [p for p in signature.parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    required = [p for p in signature.parameters.values()
+                if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    return len(positional) >= 1 and len(required) <= 1
 
 
 @dataclass(frozen=True)
