@@ -13,7 +13,7 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from remat.blocks import find_blocks, find_sublayer
-from remat.errors import BlocksNotFound, RematError, StrategyError
+from remat.errors import BlocksNotFound, RematError, RematWarning, StrategyError
 from remat.models import build_model, make_batch
 from remat.strategies import (
     applied,
@@ -332,3 +332,60 @@ def test_sqrt_segments_never_cross_stacks() -> None:
     assert len(encoder_segments) == 2 and len(decoder_segments) == 2
     assert not encoder_segments & decoder_segments
     assert validate(model, torch.randn(3, 16), "full").passed
+
+
+class _AttnLayer(nn.Module):
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.attn = nn.Linear(d, d)
+        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(x).tanh()
+        return x + self.mlp(x)
+
+
+class _ConvLayer(nn.Module):  # no attention: a Mamba-like mixing layer
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.conv = nn.Linear(d, d)
+        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.conv(x).sigmoid()
+        return x + self.mlp(x)
+
+
+class _Hybrid(nn.Module):
+    def __init__(self, layers: list[nn.Module]) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(layers)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return x.square().mean()
+
+
+def test_a_sublayer_strategy_on_a_hybrid_stack_skips_the_blocks_without_it() -> None:
+    torch.manual_seed(0)
+    model = _Hybrid([_ConvLayer(16), _AttnLayer(16), _ConvLayer(16), _AttnLayer(16)])
+    x = torch.randn(2, 8, 16)
+    with pytest.warns(RematWarning, match=r"(?s)'attn' left 2 of 4 blocks alone.*"
+                                          r"no attn sub-layer: layers\.0, layers\.2"):
+        apply(model, "attn")
+    info = applied(model)
+    assert info is not None and dict(info.decisions) == {
+        "layers.0": "none", "layers.1": "attn", "layers.2": "none", "layers.3": "attn"}
+    assert region_of(model.layers[1].attn) is not None and region_of(model.layers[0]) is None
+    remove(model)
+    with pytest.warns(RematWarning, match="left 2 of 4 blocks alone"):
+        report = validate(model, x, "attn", loss_fn=lambda out, batch: out)
+    assert report.passed, report
+    # mlp: every block has one, nothing skipped
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RematWarning)
+        apply(model, "mlp")
+    without = _Hybrid([_ConvLayer(16), _ConvLayer(16)])
+    with pytest.raises(BlocksNotFound, match="attn"):
+        apply(without, "attn")
