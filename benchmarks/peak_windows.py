@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     from remat.core.solver import solve
     from remat.measure.step import clear_grads
     from remat.measure.windows import quiet, run_windows
-    from remat.planning.records import apply_spec
+    from remat.planning.plans import apply_spec
     from remat.simulate import simulate
     from remat.strategies import apply_decisions, remove
 

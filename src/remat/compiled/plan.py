@@ -62,8 +62,7 @@ from remat.measure.step import LossFn, Step, model_device
 from remat.planning.context import check_plannable
 from remat.planning.cost import cost_device
 from remat.planning.options import PlanOptions
-from remat.planning.plans import Plan
-from remat.planning.records import apply_spec
+from remat.planning.plans import Plan, apply_spec
 from remat.units import format_bytes
 
 __all__ = ["plan_compiled", "plan_compiled_step", "predict_peak"]

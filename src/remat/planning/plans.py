@@ -1,6 +1,7 @@
-"""The :class:`Plan`: one checkpointing decision per block, with its predicted and measured cost.
+"""The :class:`Plan`: what each block gets, with its predicted and measured cost.
 
-A plan is what :func:`remat.plan` returns and what :func:`remat.apply`
+One concept, one module: the plan, its JSON, and the small values it is made of (the
+named blocks its file selects, the throughput search's rows). A plan is what :func:`remat.plan` returns and what :func:`remat.apply`
 applies (``apply`` reads ``plan.decisions`` and ``plan.blocks``). It is a
 frozen value: measuring it again or searching batch sizes returns a new plan
 (``dataclasses.replace``). Plans round-trip through JSON (:meth:`Plan.to_json`,
@@ -27,7 +28,7 @@ NOTE [ Plan JSON format ]
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from types import MappingProxyType
 from typing import Any
@@ -39,13 +40,6 @@ from remat.compiled.install import check_compiled
 from remat.core.checks import check_float, check_int, decisions_label, opt_float, opt_int
 from remat.core.plan_file import envelope, load_json, read_envelope
 from remat.planning.fingerprint import BlockPrint, check_fingerprint
-from remat.planning.records import (
-    NamedBlocks,
-    ThroughputRow,
-    apply_spec,
-    owner_block,
-    print_from_dict,
-)
 from remat.strategies import BlockStrategy, strategy_from_dict, strategy_to_dict
 from remat.strategies.builtin import NoCheckpoint
 
@@ -351,3 +345,92 @@ class Plan:
 
 def _rebuild_plan(state: dict[str, Any]) -> Plan:
     return Plan(**state)
+
+
+# ---- the small values a Plan is made of ----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class NamedBlocks:
+    """A ``blocks=`` predicate selecting modules by qualified name.
+
+    Args:
+        names: qualified module names, e.g. ``("encoder.layer.0", "encoder.layer.1")``.
+
+    Example:
+        >>> NamedBlocks(("blocks.0",))("blocks.0", None)
+        True
+    """
+
+    names: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        if not self.names:
+            raise ValueError("NamedBlocks: names must not be empty")
+        object.__setattr__(self, "names", tuple(self.names))
+
+    def __call__(self, name: str, module: nn.Module | None) -> bool:
+        return name in self.names
+
+
+@dataclass(frozen=True)
+class ThroughputRow:
+    """One batch size tried by the throughput search (:func:`remat.plan_throughput`).
+
+    Args:
+        batch_size: samples per step.
+        fits: whether some plan fits the budget at this batch size.
+        decisions: short description of the best plan, e.g. ``"4 none, 2 ops[aten.mm]"``;
+            ``""`` when nothing fits.
+        peak_bytes: the plan's peak (measured when known, else predicted); for a batch size
+            that does not fit, the smallest reachable peak.
+        recompute_ms: the plan's recompute cost (roofline), ms.
+        step_ms: predicted step time, ms.
+        samples_per_s: ``batch_size / step_ms * 1000``; 0 when nothing fits.
+    """
+
+    batch_size: int
+    fits: bool
+    decisions: str
+    peak_bytes: int
+    recompute_ms: float
+    step_ms: float
+    samples_per_s: float
+
+    def __post_init__(self) -> None:
+        owner = f"ThroughputRow(batch_size={self.batch_size})"
+        if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) \
+                or self.batch_size < 1:
+            raise ValueError(f"ThroughputRow: batch_size must be an int >= 1, got "
+                             f"{self.batch_size!r}")
+        check_int(owner, "peak_bytes", self.peak_bytes)
+        for name in ("recompute_ms", "step_ms", "samples_per_s"):
+            check_float(owner, name, getattr(self, name))
+
+
+def owner_block(name: str, blocks: Sequence[str]) -> str | None:
+    """The block ``name`` is, or lies inside; None if neither."""
+    for block in blocks:
+        if name == block or name.startswith(block + "."):
+            return block
+    return None
+
+
+def apply_spec(decisions: Mapping[str, BlockStrategy], block_names: Sequence[str],
+               blocks: BlocksSpec) -> BlocksSpec:
+    """The ``blocks=`` that makes ``remat.apply`` find every module ``decisions`` names.
+
+    Decisions on blocks need the blocks spec the plan was made with; decisions on
+    sub-layers name modules inside blocks, selected by name (:class:`NamedBlocks`).
+    """
+    names = set(block_names)
+    if all(n in names for n in decisions):
+        return blocks
+    return NamedBlocks(tuple(decisions))
+
+
+def print_from_dict(data: Any) -> BlockPrint:
+    if not isinstance(data, Mapping):
+        raise TypeError(f"fingerprint entries must be objects, got {data!r}")
+    return BlockPrint(str(data["name"]), str(data["class"]), str(data["params"]),
+                      int(data.get("siblings", 1)))

@@ -205,7 +205,7 @@ def _confirmed(shallow: _Shallow, seq_len: int,
     rows ] 4); ``todo`` holds per size its candidates, shallow windows and the chosen
     candidate of each block."""
     from remat.measure.windows import quiet
-    from remat.planning.records import apply_spec
+    from remat.planning.plans import apply_spec
     from remat.strategies import apply_decisions, preserved_strategy
 
     def confirm(b: int, table: tuple[Candidate, ...], steps: Mapping[int, StepWindows],
