@@ -75,7 +75,7 @@ def test_compare_plan_row_and_infeasible_plan_budget() -> None:
 @pytest.mark.parametrize(("args", "expected"), [
     (["--model", "gpt-huge"], ["Invalid value for '--model'", "unknown preset 'gpt-huge'",
                                "gpt-tiny", "llama-7b"]),
-    (["--strategies", "none,bogus"], ["unknown strategy 'bogus'", "Valid strategies",
+    (["--strategies", "none,bogus"], ["unknown strategy 'bogus'", "valid strategies:",
                                       "every:N", "offload"]),
     (["--strategies", "every:0"], ["every:N with an integer N >= 1"]),
     (["--strategies", "full,full"], ["'full' is listed twice"]),

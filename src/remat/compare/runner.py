@@ -207,13 +207,15 @@ def compare_preset(
 
 
 def _normalize_strategies(strategies: Sequence[str] | None) -> list[str]:
-    from remat.strategies.registry import default_strategies
+    from remat.strategies.registry import default_strategies, parse_strategy
 
     if strategies is None:
         strategies = default_strategies("compare")
     if isinstance(strategies, str):
         strategies = [s.strip() for s in strategies.split(",") if s.strip()]
     names = [s.strip() for s in strategies]
+    for name in names:
+        parse_strategy(name, api="remat.compare")  # an unknown one fails before any work
     if not names:
         raise ValueError(
             f"remat.compare: strategies must not be empty; e.g. {default_strategies('compare')}"

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from remat.errors import StrategyError
+from remat.errors import StrategyError, message
 
 __all__ = ["BlockPrint", "check_fingerprint", "fingerprint_of"]
 
@@ -108,8 +108,8 @@ def check_fingerprint(prints: Sequence[BlockPrint], model: nn.Module, *,
     found = _differences(prints, model)
     if found:
         shown = "; ".join(found[:5]) + (f"; and {len(found) - 5} more" if len(found) > 5 else "")
-        raise StrategyError(
-            f"{api}: this plan was made for another model than {type(model).__name__} "
-            f"({len(prints)} blocks, e.g. {prints[0].name!r} ({prints[0].cls})): {shown}. "
-            "Make a plan for this model with remat.plan(model, batch, budget=...)."
-        )
+        raise StrategyError(message(
+            api, f"this plan was made for another model than {type(model).__name__}",
+            {"plan's blocks": f"{len(prints)}, e.g. {prints[0].name!r} ({prints[0].cls})",
+             "differences": shown},
+            fix="make a plan for this model with remat.plan(model, batch, budget=...)"))

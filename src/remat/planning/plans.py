@@ -34,6 +34,7 @@ from typing import Any
 from torch import nn
 
 from remat.blocks import BlocksSpec
+from remat.errors import message
 from remat.planning.fingerprint import BlockPrint, check_fingerprint
 from remat.planning.records import (
     NamedBlocks,
@@ -143,18 +144,22 @@ class Plan:
         names = tuple(self.block_names)
         object.__setattr__(self, "block_names", names)
         if len(set(names)) != len(names):
-            raise ValueError(f"Plan: block_names has duplicates: {sorted(names)}")
+            raise ValueError(message("Plan", "block_names has duplicates",
+                                     {"block_names": sorted(names)},
+                                     fix="name each block once"))
         decisions: dict[str, BlockStrategy] = {}
         for name, decision in dict(self.decisions).items():
             if not isinstance(decision, BlockStrategy):
-                raise ValueError(f"Plan: what {name!r} gets must be a block-level strategy "
-                                 f"instance (remat.BlockStrategy)\nfound: {decision!r} "
-                                 f"({type(decision).__name__})")
+                raise ValueError(message(
+                    "Plan", f"what {name!r} gets must be a block-level strategy",
+                    {"found": f"{decision!r} ({type(decision).__name__})"},
+                    fix="pass a remat.BlockStrategy instance, e.g. "
+                        "remat.strategies.parse_strategy('full')"))
             if owner_block(name, names) is None:
-                raise ValueError(
-                    f"Plan: decision for {name!r}, which is neither one of block_names "
-                    f"({', '.join(names[:4])}{' ...' if len(names) > 4 else ''}) nor inside one"
-                )
+                raise ValueError(message(
+                    "Plan", f"decision for {name!r}, which is neither a block nor inside one",
+                    {"block_names": f"{', '.join(names[:4])}{' ...' if len(names) > 4 else ''}"},
+                    fix="key decisions by a name of block_names or a module inside one"))
             if not isinstance(decision, NoCheckpoint):
                 decisions[name] = decision
         order = {n: i for i, n in enumerate(names)}
@@ -171,26 +176,30 @@ class Plan:
         check_int("Plan", "batch_size", self.batch_size, optional=True)
         check_float("Plan", "recompute_ms", self.recompute_ms)
         if self.framework != "torch":
-            raise ValueError(f"Plan: framework must be 'torch' (JAX plans are remat.jax plans), "
-                             f"got {self.framework!r}")
+            raise ValueError(message("Plan", "framework must be 'torch'",
+                                     {"found": repr(self.framework)},
+                                     fix="use remat.jax.Plan for JAX plans"))
         if self.cost_source not in COST_SOURCES:
-            raise ValueError(f"Plan: cost_source must be one of {COST_SOURCES}, got "
-                             f"{self.cost_source!r}")
+            raise ValueError(message("Plan", "unknown cost_source",
+                                     {"found": repr(self.cost_source)},
+                                     fix=f"pass one of {COST_SOURCES}"))
         if (self.timed_on is None) != (self.cost_source == "roofline"):
-            raise ValueError(f"Plan: timed_on names the device measured costs come from, so it "
-                             f"is set exactly when cost_source is 'measured'; got cost_source="
-                             f"{self.cost_source!r}, timed_on={self.timed_on!r}")
+            raise ValueError(message(
+                "Plan", "timed_on is set exactly when cost_source is 'measured'",
+                {"cost_source": repr(self.cost_source), "timed_on": repr(self.timed_on)},
+                fix="set timed_on to the device measured costs come from, and only then"))
         check_float("Plan", "predicted_step_ms", self.predicted_step_ms, optional=True)
         if self.fingerprint is not None:
             prints = tuple(self.fingerprint)
             object.__setattr__(self, "fingerprint", prints)
             if not all(isinstance(p, BlockPrint) for p in prints) or \
                     [p.name for p in prints] != list(names):
-                raise ValueError(
-                    f"Plan: fingerprint must hold one BlockPrint per block of block_names, in "
-                    f"order; got {[getattr(p, 'name', p) for p in prints][:4]} for "
-                    f"{list(names)[:4]}. Let remat.plan fill it, or pass None"
-                )
+                raise ValueError(message(
+                    "Plan", "fingerprint must hold one BlockPrint per block of block_names, "
+                    "in order",
+                    {"fingerprint": [getattr(p, 'name', p) for p in prints][:4],
+                     "block_names": list(names)[:4]},
+                    fix="let remat.plan fill it, or pass None"))
         if self.compiled is not None:
             object.__setattr__(self, "compiled", check_compiled(self.compiled, names))
 
@@ -219,14 +228,17 @@ class Plan:
             KeyError: ``name`` is not a block of the plan nor inside one.
         """
         if owner_block(name, self.block_names) is None:
-            raise KeyError(f"Plan.decision: no block {name!r}; blocks: "
-                           f"{', '.join(self.block_names[:6])}")
+            raise KeyError(message("Plan.decision", f"no block {name!r}",
+                                   {"blocks": ", ".join(self.block_names[:6])},
+                                   fix="pass a block name or a module inside one"))
         return self.decisions.get(name, NoCheckpoint())
 
     def block_decisions(self, block: str) -> dict[str, BlockStrategy]:
         """The decisions on ``block`` and on modules inside it, by qualified name."""
         if block not in self.block_names:
-            raise KeyError(f"Plan.block_decisions: no block {block!r}")
+            raise KeyError(message("Plan.block_decisions", f"no block {block!r}",
+                                   {"blocks": ", ".join(self.block_names[:6])},
+                                   fix="pass one of the plan's block_names"))
         return {n: d for n, d in self.decisions.items() if owner_block(n, (block,)) == block}
 
     def label_of(self, block: str) -> str:
@@ -299,24 +311,23 @@ class Plan:
         """
         if not isinstance(data, Mapping) or data.get("format") != _FORMAT:
             found = data.get("format") if isinstance(data, Mapping) else type(data).__name__
-            raise ValueError(
-                f"remat.Plan.from_json: not a remat plan (format {found!r}, expected "
-                f"{_FORMAT!r}); write plans with plan.to_json()"
-            )
+            raise ValueError(message(
+                "remat.Plan.from_json", "not a remat plan",
+                {"format": repr(found), "expected": repr(_FORMAT)},
+                fix="write plans with plan.to_json()"))
         framework = data.get("framework", "torch")
         if framework != "torch":
-            raise ValueError(
-                f"remat.Plan.from_json: this is a {framework!r} plan; remat.Plan reads PyTorch "
-                f"plans. Load it with remat.{framework}.Plan.from_json(...)"
-            )
+            raise ValueError(message(
+                "remat.Plan.from_json", f"this is a {framework!r} plan",
+                {"remat.Plan reads": "PyTorch plans"},
+                fix=f"load it with remat.{framework}.Plan.from_json(...)"))
         version = data.get("version")
         if version not in _READS:
-            raise ValueError(
-                f"remat.Plan.from_json: plan format version {version!r} is not supported\n"
-                f"this remat reads versions {', '.join(map(str, _READS))}\n"
-                "re-create the plan with remat.plan(...) using this remat version, or install "
-                "the remat version that wrote it"
-            )
+            raise ValueError(message(
+                "remat.Plan.from_json", f"plan format version {version!r} is not supported",
+                {"this remat reads versions": ", ".join(map(str, _READS))},
+                fix="re-create the plan with remat.plan(...) using this remat version, or "
+                    "install the remat version that wrote it"))
         try:
             names = tuple(str(n) for n in data["block_names"])
             decisions = {str(n): strategy_from_dict(d, where=repr(n),
@@ -344,8 +355,9 @@ class Plan:
                 compiled=data.get("compiled"),
             )
         except (KeyError, TypeError) as exc:
-            raise ValueError(f"remat.Plan.from_json: malformed plan ({type(exc).__name__}: "
-                             f"{exc})") from None
+            raise ValueError(message("remat.Plan.from_json", "malformed plan",
+                                     {"error": f"{type(exc).__name__}: {exc}"},
+                                     fix="write plans with plan.to_json()")) from None
 
     @classmethod
     def from_json(cls, text: str) -> Plan:
@@ -362,7 +374,9 @@ class Plan:
         try:
             data = json.loads(text)
         except json.JSONDecodeError as exc:
-            raise ValueError(f"remat.Plan.from_json: not valid JSON ({exc})") from None
+            raise ValueError(message("remat.Plan.from_json", "not valid JSON",
+                                     {"error": exc},
+                                     fix="pass the text plan.to_json() wrote")) from None
         return cls.from_dict(data)
 
     # ---- display -------------------------------------------------------------------------

@@ -220,7 +220,7 @@ def apply(model: M, strategy: str | Strategy | Any, *, blocks: BlocksSpec = None
                 if getattr(module, "_compiled_call_impl", None) is not None:
                     module.__dict__[_COMPILED_BY_PLAN] = True
         return model
-    return _apply_strategy(model, parse_strategy(strategy), blocks)
+    return _apply_strategy(model, parse_strategy(strategy, api="remat.apply"), blocks)
 
 
 @contextmanager

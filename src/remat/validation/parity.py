@@ -23,6 +23,7 @@ from remat.measure.step import Step, call_model, check_runnable, default_loss
 from remat.strategies.apply import apply, remove
 from remat.strategies.base import Strategy
 from remat.strategies.regions import region_of
+from remat.strategies.registry import parse_strategy
 
 __all__ = ["ParityReport", "relative_error", "validate"]
 
@@ -192,6 +193,8 @@ def validate(model: nn.Module, batch: Any, strategy: str | Any, *, blocks: Block
     check_runnable(model, api="remat.validate")
     label = strategy if isinstance(strategy, str) else \
         str(strategy) if isinstance(strategy, Strategy) else "plan"
+    if isinstance(strategy, str):
+        strategy = parse_strategy(strategy, api="remat.validate")
     with _preserved(model):
         remove(model)
         loss_ref, grads_ref = _step(step, seed)

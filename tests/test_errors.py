@@ -1,0 +1,53 @@
+"""remat's error message format (remat.errors.message) and the call names it carries."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import remat
+from remat.compare.runner import compare
+from remat.errors import StrategyError, message, with_api
+
+
+def test_message_exact() -> None:
+    text = message("remat.apply", "unknown strategy 'fulll'",
+                   {"valid strategies": "none, full, every:N"},
+                   fix="pass one of the valid strategies")
+    assert text == ("remat.apply: unknown strategy 'fulll'\n"
+                    "  valid strategies: none, full, every:N\n"
+                    "  fix: pass one of the valid strategies")
+
+
+def test_message_pairs_multiline_and_no_fix() -> None:
+    text = message("Plan", "bad entry", [("found", "a\nb"), ("budget", "1.2 GiB")])
+    assert text == "Plan: bad entry\n  found: a\n    b\n  budget: 1.2 GiB"
+    assert message("", "no api") == "no api"
+
+
+def test_with_api() -> None:
+    assert with_api("remat.plan", "bad\n  fix: x") == "remat.plan: bad\n  fix: x"
+    assert with_api("remat.plan", "remat.plan: bad") == "remat.plan: bad"
+    assert with_api("", "bad") == "bad"
+
+
+def _model_batch() -> tuple[torch.nn.Module, torch.Tensor]:
+    model = torch.nn.Sequential(*[torch.nn.Linear(4, 4) for _ in range(3)])
+    return model, torch.randn(2, 4)
+
+
+@pytest.mark.parametrize("text", ["every:x", "fulll", "full:2"])
+def test_strategy_errors_name_the_call(text: str) -> None:
+    model, batch = _model_batch()
+    calls = {
+        "remat.apply": lambda: remat.apply(model, text),
+        "remat.validate": lambda: remat.validate(model, batch, text),
+        "remat.compare": lambda: compare(lambda: _model_batch()[0], batch, [text],
+                                         repeats=0),
+    }
+    for api, call in calls.items():
+        with pytest.raises(StrategyError) as info:
+            call()
+        lines = str(info.value).splitlines()
+        assert lines[0].startswith(f"{api}: "), lines
+        assert lines[-1].startswith("  fix: "), lines
