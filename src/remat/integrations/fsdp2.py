@@ -240,7 +240,7 @@ def apply_fsdp(model: M, strategy: str | Any, *, mesh: Any = None, compile: bool
             "and run remat.apply(model, strategy) after them (every strategy but 'sqrt' "
             "works in that order)."
         )
-    if compile and isinstance(strategy, str) and parse_strategy(strategy).spans_blocks:
+    if compile and isinstance(strategy, str) and parse_strategy(strategy, api=api).spans_blocks:
         raise StrategyError(  # before touching the model
             f"{api}: compile=True cannot compile {strategy!r} block by block (its regions "
             "span several blocks' calls). Use 'full', 'every:N', 'ops' or a plan with "

@@ -188,7 +188,7 @@ def default_candidates(step: Step) -> tuple[CompiledCandidate, ...]:
                 find_sublayer(block, kind)  # type: ignore[arg-type]
         except (BlocksNotFound, StrategyError, ValueError):
             continue
-        strategy = parse_strategy(kind)
+        strategy = parse_strategy(kind, api="remat.plan")
         if isinstance(strategy, BlockStrategy):
             extra.append(CompiledCandidate(strategy, 1.0))
     return DEFAULT_COMPILED_CANDIDATES + tuple(extra)

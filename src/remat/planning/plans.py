@@ -201,7 +201,7 @@ class Plan:
                      "block_names": list(names)[:4]},
                     fix="let remat.plan fill it, or pass None"))
         if self.compiled is not None:
-            object.__setattr__(self, "compiled", check_compiled(self.compiled, names))
+            object.__setattr__(self, "compiled", check_compiled(self.compiled, names, api="Plan"))
 
     def check_model(self, model: nn.Module, *, api: str = "remat.apply") -> None:
         """Refuse a model the plan was not made for (NOTE [ Plan fingerprint ]).

@@ -213,7 +213,7 @@ def _check_arguments(seq_len: int, batch_sizes: Sequence[int], world_size: int, 
                          "(data parallelism without sharding is 'ddp')")
     if strategies is None:
         strategies = default_strategies("simulate")
-    labels = [str(parse_strategy(s)) for s in strategies]
+    labels = [str(parse_strategy(s, api=API)) for s in strategies]
     if len(set(labels)) != len(labels) or not labels and not plan:
         raise ValueError(f"{API}: strategies must be non-empty and distinct, got "
                          f"{list(strategies)}")
