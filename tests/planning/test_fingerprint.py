@@ -92,9 +92,9 @@ def test_save_ops_as_a_string_in_a_plan_file_is_refused_with_the_fix() -> None:
 
 
 @pytest.mark.parametrize(("entry", "fragment"), [
-    ("aten.matmull", "(?s)unknown aten op 'aten.matmull'.*aten.matmul"),
+    ("aten.matmull", "(?s)unknown aten op 'aten.matmull'.*fix: did you mean .*aten.matmul"),
     ("mm", "'mm' is not an op name"),
-    ("aten.mm.default", "(?s)'aten.mm.default' is not an op name.*'aten.mm'"),
+    ("aten.mm.default", "(?s)'aten.mm.default' is not an op name.*fix: write .*'aten.mm'"),
     ("aten.mm#x", "is not an op name"),
 ])
 def test_unknown_or_malformed_op_names_are_refused(entry: str, fragment: str) -> None:

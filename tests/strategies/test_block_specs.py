@@ -109,7 +109,9 @@ class _WholeModelNoop(remat.Strategy):
 @pytest.mark.usefixtures("installs_nothing")
 def test_a_strategy_that_installs_no_region_warns() -> None:
     model = build_model("gpt-tiny")
-    with pytest.warns(remat.RematWarning, match="installed no checkpointed region.*blocks="):
+    with pytest.warns(remat.RematWarning,
+                      match="(?s)^remat.apply: .*installed no checkpointed region"
+                            ".*fix: check blocks="):
         remat.apply(model, "installsnothing")
     with pytest.warns(remat.RematWarning, match="installed no checkpointed region"):
         remat.apply(model, _WholeModelNoop())

@@ -220,9 +220,12 @@ def strategy_from_dict(data: Any, *, where: str, api: str) -> BlockStrategy:
     try:
         return cls(**values)
     except (TypeError, ValueError) as exc:
+        error, sep, fix = str(exc).rpartition("\n  fix: ")  # the strategy's own fix, if any
+        if not sep:
+            error, fix = str(exc), f"write fields {cls.__name__} accepts"
         raise ValueError(message(api, f"the decision for {where} ({name}) cannot be rebuilt",
-                                 {"fields": repr(dict(values)), "error": exc},
-                                 fix=f"write fields {cls.__name__} accepts")) from None
+                                 {"fields": repr(dict(values)), "error": error},
+                                 fix=fix)) from None
 
 
 def default_strategies(purpose: Purpose, *, num_blocks: int = 2) -> list[str]:
