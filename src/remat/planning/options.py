@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from remat.devices import DeviceSpec
+from remat.errors import message
 from remat.planning.budget import Budget, BudgetLike, parse_budget
 
 __all__ = ["COSTS", "MAXIMIZE", "PlanOptions"]
@@ -50,15 +51,19 @@ class PlanOptions:
     def __post_init__(self) -> None:
         object.__setattr__(self, "budget", parse_budget(self.budget))
         if self.maximize is not None and self.maximize not in MAXIMIZE:
-            raise ValueError(f"remat.plan: maximize must be 'throughput' or None, "
-                             f"got {self.maximize!r}")
+            raise ValueError(message("remat.plan", "maximize must be 'throughput' or None",
+                                     {"found": repr(self.maximize)},
+                                     fix="pass maximize='throughput' or leave it out"))
         if self.cost not in COSTS:
-            raise ValueError(f"remat.plan: cost must be one of {COSTS}, got {self.cost!r}")
+            raise ValueError(message("remat.plan", "unknown cost", {"found": repr(self.cost)},
+                                     fix=f"pass one of {COSTS}"))
         for name in ("batch_size", "max_batch_size"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"remat.plan: batch_size and max_batch_size must be >= 1, "
-                                 f"got {name}={value!r}")
+                raise ValueError(message("remat.plan",
+                                         "batch_size and max_batch_size must be >= 1",
+                                         {"found": f"{name}={value!r}"},
+                                         fix=f"pass {name} as an int >= 1"))
 
     @classmethod
     def of(cls, budget: BudgetLike | Budget, **kwargs: object) -> PlanOptions:

@@ -36,6 +36,7 @@ from torch import Tensor, nn
 
 from remat.blocks import BlocksSpec
 from remat.devices import DeviceSpec
+from remat.errors import message
 from remat.measure.step import LossFn, Step, model_device
 from remat.planning.budget import Budget, BudgetLike
 from remat.planning.compiled_candidates import CompiledContext
@@ -142,14 +143,15 @@ def plan(
                           device=device, batch_size=batch_size, max_batch_size=max_batch_size,
                           cost=cost, compile=compile)
     if maximize is not None and not callable(batch):
-        raise TypeError(
-            "remat.plan: maximize='throughput' needs batch to be a function n -> batch "
-            "of n samples, e.g. batch=lambda n: make_batch(model, n)"
-        )
+        raise TypeError(message(
+            "remat.plan", "maximize='throughput' needs batch to be a function n -> batch",
+            {"found": type(batch).__name__},
+            fix="pass a function of n samples, e.g. batch=lambda n: make_batch(model, n)"))
     if maximize is None and callable(batch) and \
             not isinstance(batch, (Tensor, Mapping, tuple, list)):
-        raise TypeError("remat.plan: batch is a function; pass maximize='throughput' to search "
-                        "batch sizes, or pass a batch")
+        raise TypeError(message("remat.plan", "batch is a function",
+                                fix="pass maximize='throughput' to search batch sizes, or "
+                                    "pass a batch"))
     step = Step(model, batch, loss_fn=loss_fn, optimizer=optimizer, blocks=blocks)
     return plan_step(step, options, context=context)
 
@@ -162,16 +164,17 @@ def plan_step(step: Step, options: PlanOptions, *,
         return plan_compiled(step, options, context=context
                              if isinstance(context, CompiledContext) else None)
     if isinstance(context, CompiledContext):
-        raise ValueError("remat.plan: a compiled context (prepare_compiled) needs compile=True")
+        raise ValueError(message("remat.plan", "a compiled context (prepare_compiled) needs "
+                                 "compile=True", fix="pass compile=True, or another context"))
     source = resolve_cost(options.cost, step.model, simulate=options.simulate)
     if options.maximize is not None:
         make_batch = step.batch
         return search_throughput(step, make_batch, options, _plan_one)
     if not options.simulate and model_device(step.model).type == "meta":
-        raise ValueError(
-            "remat.plan: the model is on the meta device, so its steps cannot run for real; "
-            "pass simulate=True to plan it on fake tensors"
-        )
+        raise ValueError(message(
+            "remat.plan", "the model is on the meta device",
+            {"why": "its steps cannot run for real"},
+            fix="pass simulate=True to plan it on fake tensors"))
     if context is None:
         context = prepare_step(step, device=options.device, cost=source)
     else:

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from remat.blocks import BlocksSpec
-from remat.errors import ParityError, RematWarning
+from remat.errors import ParityError, RematWarning, message
 from remat.measure.step import Step, call_model, check_runnable, default_loss
 from remat.strategies.apply import apply, remove
 from remat.strategies.base import Strategy
@@ -60,7 +60,8 @@ class ParityReport:
 
     def __post_init__(self) -> None:
         if not self.rtol > 0:
-            raise ValueError(f"ParityReport: rtol must be > 0, got {self.rtol!r}")
+            raise ValueError(message("ParityReport", "rtol must be > 0",
+                                     {"found": repr(self.rtol)}, fix="pass rtol > 0"))
 
     @property
     def passed(self) -> bool:
@@ -70,13 +71,13 @@ class ParityReport:
     def raise_if_failed(self) -> None:
         """Raise :class:`~remat.errors.ParityError` when the check failed."""
         if not self.passed:
-            raise ParityError(
-                f"remat.validate: strategy {self.strategy!r} changes gradients: worst relative "
-                f"error {self.max_rel_error:.3g} (parameter {self.worst_param!r}) > rtol "
-                f"{self.rtol:.1g}; loss {self.loss:.8g} vs {self.loss_ref:.8g}. Check for "
-                "randomness outside torch's RNG or state updated in forward (see pitfall "
-                "warnings from remat.apply)."
-            )
+            raise ParityError(message(
+                "remat.validate", f"strategy {self.strategy!r} changes gradients",
+                {"worst relative error": f"{self.max_rel_error:.3g} (parameter "
+                                         f"{self.worst_param!r}) > rtol {self.rtol:.1g}",
+                 "loss": f"{self.loss:.8g} vs {self.loss_ref:.8g}"},
+                fix="check for randomness outside torch's RNG or state updated in forward "
+                    "(see pitfall warnings from remat.apply)"))
 
 
 def relative_error(value: torch.Tensor, reference: torch.Tensor) -> float:
@@ -203,10 +204,13 @@ def validate(model: nn.Module, batch: Any, strategy: str | Any, *, blocks: Block
             loss, grads = _step(step, seed)
     if calls.regions and not calls.ran:
         warnings.warn(
-            f"remat.validate: strategy {label!r} installed {calls.regions} checkpointed "
-            f"region(s) ({', '.join(calls.names[:4])}), but none ran in the step, so nothing "
-            "was checkpointed and the report says nothing about checkpointing. blocks= "
-            "selects modules the model's forward never calls; select the ones it runs.",
+            message("remat.validate", f"strategy {label!r} installed {calls.regions} "
+                    "checkpointed region(s), but none ran in the step",
+                    {"regions": ", ".join(calls.names[:4]),
+                     "so": "nothing was checkpointed and the report says nothing about "
+                           "checkpointing",
+                     "why": "blocks= selects modules the model's forward never calls"},
+                    fix="select with blocks= the modules the forward runs"),
             RematWarning,
             stacklevel=2,
         )
