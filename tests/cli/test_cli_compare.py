@@ -81,7 +81,7 @@ def test_compare_plan_row_and_infeasible_plan_budget() -> None:
     (["--strategies", "full,full"], ["'full' is listed twice"]),
     (["--model", "gpt-tiny", "--seq", "64"], ["seq_len=64 exceeds", "max_seq_len=32"]),
     (["--batch", "0"], ["Invalid value for '--batch'"]),
-    (["--device", "tpu"], ["Use auto, cpu, cuda or cuda:N"]),
+    (["--device", "tpu"], ["fix: use auto, cpu, cuda or cuda:N"]),
 ])
 def test_compare_bad_values_exit_2(args: list[str], expected: list[str]) -> None:
     result = runner.invoke(app, ["compare", *args])
