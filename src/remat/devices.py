@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from remat.errors import message
+
 __all__ = ["DEVICES", "DeviceSpec", "get_device", "register_device"]
 
 _GIB = 1024**3
@@ -92,8 +94,8 @@ def get_device(name: str | DeviceSpec) -> DeviceSpec:
         return name
     key = name.lower().replace("_", "-")
     if key not in DEVICES:
-        raise ValueError(
-            f"remat: unknown device {name!r}. Known: {', '.join(sorted(DEVICES))}. "
-            "Add one with remat.devices.register_device(DeviceSpec(...))."
-        )
+        raise ValueError(message(
+            "remat", f"unknown device {name!r}", {"known": ", ".join(sorted(DEVICES))},
+            fix="pass a known device, or add one with "
+                "remat.devices.register_device(DeviceSpec(...))"))
     return DEVICES[key]

@@ -23,7 +23,7 @@ from torch import nn
 
 from remat.blocks import BlocksSpec
 from remat.devices import DeviceSpec
-from remat.errors import BlocksNotFound, RematWarning, StrategyError
+from remat.errors import BlocksNotFound, RematWarning, StrategyError, message
 from remat.measure.profile import Profile, profile, profile_step
 from remat.measure.roofline import roofline_ms
 from remat.measure.step import LossFn, Step
@@ -174,7 +174,8 @@ def frontier(
     """
     if budget_bytes is None:
         if plan is None:
-            raise ValueError("remat.compare.frontier: pass a plan or budget_bytes")
+            raise ValueError(message("remat.compare.frontier", "no plan and no budget_bytes",
+                                     fix="pass a plan or budget_bytes"))
         budget_bytes = plan.budget_bytes
     if device is None and plan is not None:
         device = plan.cost_device
@@ -228,8 +229,11 @@ def _manual_profiles(step: Step, names: Sequence[str], *, simulate: bool,
             except (RuntimeError, ValueError) as exc:
                 if name == "none":
                     raise
-                warnings.warn(f"remat.compare.frontier: could not measure strategy {name!r} "
-                              f"({type(exc).__name__}: {exc}); it is left out of the frontier",
+                warnings.warn(message("remat.compare.frontier",
+                                      f"could not measure strategy {name!r}",
+                                      {"error": f"{type(exc).__name__}: {exc}",
+                                       "so": "it is left out of the frontier"},
+                                      fix="pass strategies= without it to silence this"),
                               RematWarning, stacklevel=3)
     return profiles
 
@@ -288,10 +292,11 @@ def add_plan_row(
     if model_factory is None or batch is None:
         preset = meta.get("model")
         if not isinstance(preset, str):
-            raise ValueError(
-                "remat.compare.frontier.add_plan_row: pass model_factory= and batch=, or a "
-                "result from compare_preset (whose meta names the model preset)"
-            )
+            raise ValueError(message(
+                "remat.compare.frontier.add_plan_row", "no model to measure the plan on",
+                {"result meta model": repr(preset)},
+                fix="pass model_factory= and batch=, or a result from compare_preset (whose "
+                    "meta names the model preset)"))
         from remat.models import build_model, make_batch
 
         target = torch.device(result.device)

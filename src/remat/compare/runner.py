@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from remat.compare.rows import BASELINE, ComparisonResult, StrategyRow
+from remat.errors import message
 
 __all__ = ["ComparisonResult", "StrategyRow", "compare", "compare_preset"]
 
@@ -100,7 +101,8 @@ def compare(
 
     names = _normalize_strategies(strategies)
     if repeats < 0:
-        raise ValueError(f"remat.compare: repeats must be >= 0, got {repeats}")
+        raise ValueError(message("remat.compare", "repeats must be >= 0", {"found": repeats},
+                                 fix="pass repeats >= 0 (0 skips timing)"))
 
     total = len(names) * (2 if check_grads else 1) + repeats
     done = 0
@@ -217,12 +219,12 @@ def _normalize_strategies(strategies: Sequence[str] | None) -> list[str]:
     for name in names:
         parse_strategy(name, api="remat.compare")  # an unknown one fails before any work
     if not names:
-        raise ValueError(
-            f"remat.compare: strategies must not be empty; e.g. {default_strategies('compare')}"
-        )
+        raise ValueError(message("remat.compare", "strategies must not be empty",
+                                 fix=f"pass strategies such as {default_strategies('compare')}"))
     duplicates = sorted({s for s in names if names.count(s) > 1})
     if duplicates:
-        raise ValueError(f"remat.compare: strategies listed twice: {duplicates}")
+        raise ValueError(message("remat.compare", "strategies listed twice",
+                                 {"found": duplicates}, fix="list each strategy once"))
     if _BASELINE not in names:
         names.insert(0, _BASELINE)
     return names

@@ -68,18 +68,22 @@ def register_strategy(cls: S) -> S:
         ...     name: ClassVar[str] = "twice"
     """
     if not (isinstance(cls, type) and issubclass(cls, Strategy)):
-        raise StrategyError(f"register_strategy: expected a Strategy subclass, got {cls!r}")
+        raise StrategyError(message("register_strategy", "expected a Strategy subclass",
+                                    {"found": repr(cls)},
+                                    fix="decorate a subclass of remat.Strategy"))
     name = getattr(cls, "name", None)
     if not isinstance(name, str) or not name or not name.replace("_", "").isalnum() \
             or name.lower() != name:
-        raise StrategyError(f"register_strategy: {cls.__name__}.name must be a lower-case "
-                            f"word such as 'full', got {name!r}")
+        raise StrategyError(message("register_strategy",
+                                    f"{cls.__name__}.name must be a lower-case word",
+                                    {"found": repr(name)},
+                                    fix="name it with a lower-case word such as 'full'"))
     known = _REGISTRY.get(name)
     if known is not None and known is not cls:
-        raise StrategyError(
-            f"register_strategy: the name {name!r} is taken by {known.__module__}."
-            f"{known.__qualname__}; pick another name or unregister_strategy({name!r}) first"
-        )
+        raise StrategyError(message(
+            "register_strategy", f"the name {name!r} is taken",
+            {"taken by": f"{known.__module__}.{known.__qualname__}"},
+            fix=f"pick another name or unregister_strategy({name!r}) first"))
     _REGISTRY[name] = cls
     return cls
 
@@ -92,9 +96,13 @@ def unregister_strategy(name: str) -> None:
     """
     cls = _REGISTRY.get(name)
     if cls is None:
-        raise StrategyError(f"unregister_strategy: no strategy named {name!r}")
+        raise StrategyError(message("unregister_strategy", f"no strategy named {name!r}",
+                                    {"registered": _valid()},
+                                    fix="pass the name of a registered strategy"))
     if cls in BUILTIN:
-        raise StrategyError(f"unregister_strategy: {name!r} is built in and stays registered")
+        raise StrategyError(message("unregister_strategy",
+                                    f"{name!r} is built in and stays registered",
+                                    fix="register your strategy under another name"))
     del _REGISTRY[name]
 
 
@@ -252,9 +260,11 @@ def load_entry_points() -> list[str]:
             cls = entry.load()
             register_strategy(cls)
         except Exception as exc:  # noqa: BLE001  (a broken plug-in must not break remat)
-            warnings.warn(f"remat: could not register strategy plug-in {entry.name!r} "
-                          f"({entry.value}): {type(exc).__name__}: {exc}", RematWarning,
-                          stacklevel=2)
+            warnings.warn(message("remat", f"could not register strategy plug-in "
+                                  f"{entry.name!r}", {"entry point": entry.value,
+                                                      "error": f"{type(exc).__name__}: {exc}"},
+                                  fix="fix or uninstall the package that declares it"),
+                          RematWarning, stacklevel=2)
             continue
         names.append(cls.name)
     return names
