@@ -41,7 +41,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 
-from remat.errors import BudgetTooSmall
+from remat.errors import BudgetTooSmall, message
 from remat.measure.step import Step, model_device
 from remat.planning.compiled_candidates import (
     CompiledCandidate,
@@ -111,10 +111,15 @@ def plan_compiled(step: Step, options: PlanOptions, *, context: CompiledContext 
         ValueError: ``simulate=True``, ``maximize``, or a model on the meta device.
     """
     if options.simulate or options.maximize is not None:
-        raise ValueError(f"{_API}: compiled plans are measured for real, one batch at a "
-                         "time; simulate=True and maximize= are not supported with it")
+        raise ValueError(message(_API, "simulate=True and maximize= are not supported with "
+                                 "compile=True",
+                                 {"why": "compiled plans are measured for real, one batch at a "
+                                         "time"},
+                                 fix="drop simulate= and maximize=, or compile=True"))
     if model_device(step.model).type == "meta":
-        raise ValueError(f"{_API}: the model is on the meta device; compiled steps must run")
+        raise ValueError(message(_API, "the model is on the meta device",
+                                 {"why": "compiled steps must run"},
+                                 fix="materialize the model on a real device first"))
     check_plannable(step.model)
     ctx = context if context is not None else prepare_compiled(step, candidates)
     budget = options.budget.resolve(ctx.no_checkpoint_peak_bytes)
@@ -148,10 +153,12 @@ def plan_compiled(step: Step, options: PlanOptions, *, context: CompiledContext 
     best = min(tried, key=lambda label: tried[label])
     lowest = tried[best]
     raise BudgetTooSmall(
-        f"{_API}: no compiled plan fits {format_bytes(budget)}; the lowest compiled peak "
-        f"measured is {format_bytes(lowest)} ({best}), of which "
-        f"{format_bytes(ctx.static_bytes)} is alive before the step (parameters, optimizer "
-        "state, batch). Raise the budget or shrink the batch.",
+        message(_API, f"no compiled plan fits {format_bytes(budget)}",
+                {"budget": format_bytes(budget),
+                 "lowest compiled peak measured": f"{format_bytes(lowest)} ({best})",
+                 "alive before the step": f"{format_bytes(ctx.static_bytes)} (parameters, "
+                                          "optimizer state, batch)"},
+                fix="raise the budget or shrink the batch"),
         budget_bytes=budget, min_peak_bytes=lowest,
         breakdown={"static": ctx.static_bytes, "step": lowest - ctx.static_bytes},
     )

@@ -49,12 +49,14 @@ class BlockPrint:
         for field_name in ("name", "cls", "params"):
             value = getattr(self, field_name)
             if not isinstance(value, str) or not value:
-                raise ValueError(f"remat.BlockPrint: {field_name} must be a non-empty string, "
-                                 f"got {value!r}")
+                raise ValueError(message("BlockPrint", f"{field_name} must be a non-empty "
+                                         "string", {"found": repr(value)},
+                                         fix=f"pass {field_name} as a non-empty string"))
         if isinstance(self.siblings, bool) or not isinstance(self.siblings, int) \
                 or self.siblings < 1:
-            raise ValueError(f"remat.BlockPrint: siblings must be an int >= 1, got "
-                             f"{self.siblings!r}")
+            raise ValueError(message("BlockPrint", "siblings must be an int >= 1",
+                                     {"found": repr(self.siblings)},
+                                     fix="pass siblings >= 1"))
 
 
 def _digest(module: nn.Module) -> str:

@@ -10,6 +10,7 @@ from typing import Any
 from torch import nn
 
 from remat.blocks import BlocksSpec
+from remat.errors import message
 from remat.planning.fingerprint import BlockPrint
 from remat.strategies import BlockStrategy
 
@@ -33,7 +34,8 @@ class NamedBlocks:
 
     def __post_init__(self) -> None:
         if not self.names:
-            raise ValueError("NamedBlocks: names must not be empty")
+            raise ValueError(message("NamedBlocks", "names must not be empty",
+                                     fix="pass the qualified names of the blocks"))
         object.__setattr__(self, "names", tuple(self.names))
 
     def __call__(self, name: str, module: nn.Module | None) -> bool:
@@ -44,7 +46,8 @@ def check_int(owner: str, name: str, value: Any, *, optional: bool = False) -> N
     if optional and value is None:
         return
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"{owner}: {name} must be an int >= 0, got {value!r}")
+        raise ValueError(message(owner, f"{name} must be an int >= 0", {"found": repr(value)},
+                                 fix=f"pass {name} as an int >= 0"))
 
 
 def check_float(owner: str, name: str, value: Any, *, optional: bool = False) -> None:
@@ -53,7 +56,9 @@ def check_float(owner: str, name: str, value: Any, *, optional: bool = False) ->
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
         math.isfinite(value) and value >= 0
     ):
-        raise ValueError(f"{owner}: {name} must be a finite number >= 0, got {value!r}")
+        raise ValueError(message(owner, f"{name} must be a finite number >= 0",
+                                 {"found": repr(value)},
+                                 fix=f"pass {name} as a finite number >= 0"))
 
 
 @dataclass(frozen=True)
@@ -84,8 +89,9 @@ class ThroughputRow:
         owner = f"ThroughputRow(batch_size={self.batch_size})"
         if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) \
                 or self.batch_size < 1:
-            raise ValueError(f"ThroughputRow: batch_size must be an int >= 1, got "
-                             f"{self.batch_size!r}")
+            raise ValueError(message("ThroughputRow", "batch_size must be an int >= 1",
+                                     {"found": repr(self.batch_size)},
+                                     fix="pass batch_size >= 1"))
         check_int(owner, "peak_bytes", self.peak_bytes)
         for name in ("recompute_ms", "step_ms", "samples_per_s"):
             check_float(owner, name, getattr(self, name))
@@ -133,6 +139,8 @@ def apply_spec(decisions: Mapping[str, BlockStrategy], block_names: Sequence[str
 
 def print_from_dict(data: Any) -> BlockPrint:
     if not isinstance(data, Mapping):
-        raise TypeError(f"fingerprint entries must be objects, got {data!r}")
+        raise TypeError(message("", "fingerprint entries must be objects",
+                                {"found": repr(data)},
+                                fix='write {"name": ..., "class": ..., "params": ...}'))
     return BlockPrint(str(data["name"]), str(data["class"]), str(data["params"]),
                       int(data.get("siblings", 1)))
