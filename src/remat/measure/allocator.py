@@ -55,6 +55,8 @@ from typing import Any, TypeVar
 
 import torch
 
+from remat.errors import message
+
 __all__ = ["AllocatorPeak", "allocator_peak", "mark", "quiet_profiler"]
 
 _API = "remat.measure.allocator_peak"
@@ -365,5 +367,6 @@ def allocator_peak(step: Callable[[], object], *,
         return _peak_cpu(step, dev)
     if dev.type == "cuda":
         return _peak_cuda(step, dev)
-    raise ValueError(f"{_API}: device must be 'cpu' or 'cuda', got {str(dev)!r}. Other "
-                     "allocators expose no peak this function knows how to read.")
+    raise ValueError(message(_API, "device must be 'cpu' or 'cuda'", {"found": repr(str(dev))},
+                             fix="measure on 'cpu' or 'cuda' (other allocators expose no peak "
+                                 "this function knows how to read)"))

@@ -60,6 +60,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from remat.errors import message
 from remat.measure.allocator import AllocatorPeak, allocator_peak, mark
 from remat.measure.compiled_graphs import (
     CompiledGraph,
@@ -200,13 +201,14 @@ def measure_compiled(
     """
     check_trainable(model)
     if repeats < 1:
-        raise ValueError(f"{_API}: repeats must be >= 1, got {repeats}")
+        raise ValueError(message(_API, "repeats must be >= 1", {"found": repeats},
+                                 fix="pass repeats >= 1"))
     regions = compiled_regions(model)
     if not regions:
-        raise ValueError(
-            f"{_API}: {type(model).__name__} has no compiled module (neither "
-            "torch.compile(model) nor module.compile()); use remat.profile for eager models"
-        )
+        raise ValueError(message(
+            _API, f"{type(model).__name__} has no compiled module",
+            {"looked for": "torch.compile(model) or module.compile()"},
+            fix="use remat.profile for eager models"))
     device = model_device(model)
     with preserved_state(model, optimizer, device):
         clear_grads(model)

@@ -69,6 +69,7 @@ import torch
 from torch import fx, nn
 from torch.utils._pytree import tree_map
 
+from remat.errors import message
 from remat.measure.flops import op_flops
 
 __all__ = [
@@ -259,10 +260,10 @@ class CountingBackend:
                  log: GraphLog | None = None,
                  inner_compile: Callable[..., Any] | None = None) -> None:
         if budget is not None and not 0.0 <= budget <= 1.0:
-            raise ValueError(
-                f"remat CountingBackend: budget must be in [0, 1] "
-                f"(torch._functorch.config.activation_memory_budget), got {budget}"
-            )
+            raise ValueError(message(
+                "CountingBackend", "budget must be in [0, 1]", {"found": budget},
+                fix="pass a fraction in [0, 1] "
+                    "(torch._functorch.config.activation_memory_budget)"))
         self.budget = budget
         self.label = label
         self.log = log if log is not None else GraphLog()

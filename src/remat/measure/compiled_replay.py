@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from remat.errors import RematError
+from remat.errors import RematError, message
 from remat.measure.compiled_graphs import CompiledGraph
 from remat.measure.tracker import MemoryTracker
 
@@ -97,9 +97,10 @@ def load_wrapper(source: str, region: str) -> Callable[[list[Any]], Any]:
     """Execute inductor's wrapper source with stub kernels and fake-tensor allocation; the
     returned ``call(args)`` allocates, reuses and frees exactly as the compiled code does."""
     if _IMPORT not in source:
-        raise CompiledSimulationError(
-            f"{_API}: region {region or '<model>'}: this torch's inductor writes wrapper code "
-            "remat does not recognise (no AsyncCompile import); cannot simulate it")
+        raise CompiledSimulationError(message(
+            _API, f"region {region or '<model>'}: this torch's inductor writes wrapper code "
+            "remat does not recognise (no AsyncCompile import)",
+            {"torch": torch.__version__}, fix="profile it for real (simulate=False)"))
     scope: dict[str, Any] = {"__name__": "remat_simulated_wrapper", "AsyncCompile": _NoKernels}
     exec(compile(source.replace(_IMPORT, ""), "<inductor wrapper (remat simulation)>", "exec"),
          scope)
@@ -111,9 +112,9 @@ def load_wrapper(source: str, region: str) -> Callable[[list[Any]], Any]:
     scope["assert_alignment"] = _no_check
     call = scope.get("call")
     if not callable(call):
-        raise CompiledSimulationError(
-            f"{_API}: region {region or '<model>'}: inductor's wrapper has no call(args); "
-            "cannot simulate it")
+        raise CompiledSimulationError(message(
+            _API, f"region {region or '<model>'}: inductor's wrapper has no call(args)",
+            {"torch": torch.__version__}, fix="profile it for real (simulate=False)"))
     return call  # type: ignore[no-any-return]
 
 

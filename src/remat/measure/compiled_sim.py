@@ -96,6 +96,7 @@ import torch
 from torch import nn
 from torch._subclasses.fake_tensor import DynamicOutputShapeException, FakeTensorMode
 
+from remat.errors import message
 from remat.measure import shadow
 from remat.measure.compiled import compiled_regions
 from remat.measure.compiled_capture import SimRegion, region_backend
@@ -236,8 +237,9 @@ def simulate_compiled(
     check_fake_device(device)
     regions = compiled_regions(model)
     if not regions:
-        raise ValueError(f"{_API}: {type(model).__name__} has no compiled module; "
-                         "use remat.profile(model, batch, simulate=True) for eager models")
+        raise ValueError(message(_API, f"{type(model).__name__} has no compiled module",
+                                 fix="use remat.profile(model, batch, simulate=True) for eager "
+                                     "models"))
     wrappers = _wrappers(model)
     settings = [region_backend(name, module, wrappers.get(id(module)), model)
                 for name, module in regions]
