@@ -7,7 +7,7 @@ import torch
 
 import remat
 from remat.compare.runner import compare
-from remat.errors import StrategyError, message, with_api
+from remat.errors import StrategyError, message, one_line, with_api
 
 
 def test_message_exact() -> None:
@@ -23,6 +23,11 @@ def test_message_pairs_multiline_and_no_fix() -> None:
     text = message("Plan", "bad entry", [("found", "a\nb"), ("budget", "1.2 GiB")])
     assert text == "Plan: bad entry\n  found: a\n    b\n  budget: 1.2 GiB"
     assert message("", "no api") == "no api"
+
+
+def test_one_line_for_key_errors() -> None:
+    text = message("Plan.decision", "no block 'x'", {"blocks": "a, b"}, fix="pass a block")
+    assert one_line(text) == "Plan.decision: no block 'x'; blocks: a, b; fix: pass a block"
 
 
 def test_with_api() -> None:

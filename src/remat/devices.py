@@ -51,7 +51,8 @@ class DeviceSpec:
                       "mem_bandwidth_bytes_per_s", "host_link_bytes_per_s"):
             value = getattr(self, field)
             if not value > 0:
-                raise ValueError(f"DeviceSpec({self.name!r}): {field} must be > 0, got {value!r}")
+                raise ValueError(message(f"DeviceSpec({self.name!r})", f"{field} must be > 0",
+                                         {"found": repr(value)}, fix=f"pass {field} > 0"))
 
     def flops_per_s(self, dtype_bytes: int) -> float:
         """Peak FLOP/s for an element size: bf16/fp16 (2 bytes) use tensor cores."""

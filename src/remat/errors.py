@@ -31,6 +31,10 @@ way, built by :func:`message`::
 A lower layer that does not know which call reached it (a strategy's ``parse``)
 raises without the call's name; the entry point adds it with :func:`with_api`.
 
+``KeyError`` prints the repr of its message (``\\n`` escaped, in quotes), so a
+``KeyError`` carries the same parts on one line, joined by ``"; "``
+(:func:`one_line`): ``Plan.decision: no block 'x'; blocks: a, b; fix: ...``.
+
 NOTE: keep every fact and the fix when changing a message; tests match the first
 line's prefix and the fix.
 """
@@ -47,6 +51,7 @@ __all__ = [
     "RematWarning",
     "StrategyError",
     "message",
+    "one_line",
     "with_api",
 ]
 
@@ -78,6 +83,12 @@ def message(api: str, what: str, facts: Facts = (), fix: str | None = None) -> s
     if fix:
         lines.append("  fix: " + fix.replace("\n", "\n    "))
     return "\n".join(lines)
+
+
+def one_line(text: str) -> str:
+    """A :func:`message` on one line, its parts joined by ``"; "`` (for ``KeyError``, which
+    prints the repr of its message)."""
+    return "; ".join(part.strip() for part in text.splitlines())
 
 
 def with_api(api: str, text: str) -> str:

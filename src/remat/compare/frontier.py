@@ -23,7 +23,7 @@ from torch import nn
 
 from remat.blocks import BlocksSpec
 from remat.devices import DeviceSpec
-from remat.errors import BlocksNotFound, RematWarning, StrategyError, message
+from remat.errors import BlocksNotFound, RematWarning, StrategyError, message, one_line
 from remat.measure.profile import Profile, profile, profile_step
 from remat.measure.roofline import roofline_ms
 from remat.measure.step import LossFn, Step
@@ -64,12 +64,17 @@ class FrontierPoint:
 
     def __post_init__(self) -> None:
         if self.peak_bytes < 0 or self.recompute_flops < 0:
-            raise ValueError(f"FrontierPoint({self.name!r}): byte and FLOP counts must be >= 0")
+            raise ValueError(message(f"FrontierPoint({self.name!r})",
+                                     "byte and FLOP counts must be >= 0",
+                                     {"peak_bytes": self.peak_bytes,
+                                      "recompute_flops": self.recompute_flops},
+                                     fix="pass counts >= 0"))
         for key in ("recompute_ms", "overhead_pct"):
             value = getattr(self, key)
             if not (math.isfinite(value) and value >= 0):
-                raise ValueError(f"FrontierPoint({self.name!r}): {key} must be a finite "
-                                 f"number >= 0, got {value!r}")
+                raise ValueError(message(f"FrontierPoint({self.name!r})",
+                                         f"{key} must be a finite number >= 0",
+                                         {"found": repr(value)}, fix=f"pass {key} >= 0"))
 
 
 @dataclass(frozen=True)
@@ -99,7 +104,9 @@ class Frontier:
         for p in self.points:
             if p.name == name:
                 return p
-        raise KeyError(f"Frontier.point: no {name!r}; have {[p.name for p in self.points]}")
+        raise KeyError(one_line(message("Frontier.point", f"no point {name!r}",
+                                        {"have": [p.name for p in self.points]},
+                                        fix="ask for a measured strategy or 'plan'")))
 
     def best_manual(self) -> FrontierPoint | None:
         """The manual strategy with the least recompute among those that fit (None if none)."""

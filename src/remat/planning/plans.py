@@ -34,7 +34,7 @@ from typing import Any
 from torch import nn
 
 from remat.blocks import BlocksSpec
-from remat.errors import message
+from remat.errors import message, one_line
 from remat.planning.fingerprint import BlockPrint, check_fingerprint
 from remat.planning.records import (
     NamedBlocks,
@@ -228,17 +228,17 @@ class Plan:
             KeyError: ``name`` is not a block of the plan nor inside one.
         """
         if owner_block(name, self.block_names) is None:
-            raise KeyError(message("Plan.decision", f"no block {name!r}",
-                                   {"blocks": ", ".join(self.block_names[:6])},
-                                   fix="pass a block name or a module inside one"))
+            raise KeyError(one_line(message("Plan.decision", f"no block {name!r}",
+                                            {"blocks": ", ".join(self.block_names[:6])},
+                                            fix="pass a block name or a module inside one")))
         return self.decisions.get(name, NoCheckpoint())
 
     def block_decisions(self, block: str) -> dict[str, BlockStrategy]:
         """The decisions on ``block`` and on modules inside it, by qualified name."""
         if block not in self.block_names:
-            raise KeyError(message("Plan.block_decisions", f"no block {block!r}",
-                                   {"blocks": ", ".join(self.block_names[:6])},
-                                   fix="pass one of the plan's block_names"))
+            raise KeyError(one_line(message("Plan.block_decisions", f"no block {block!r}",
+                                            {"blocks": ", ".join(self.block_names[:6])},
+                                            fix="pass one of the plan's block_names")))
         return {n: d for n, d in self.decisions.items() if owner_block(n, (block,)) == block}
 
     def label_of(self, block: str) -> str:

@@ -6,7 +6,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from remat.errors import message
+from remat.errors import message, one_line
 from remat.simulate.sharding import SHARDINGS
 
 __all__ = ["SimulationResult", "SimulationRow"]
@@ -131,9 +131,9 @@ class SimulationResult:
     def rows_for(self, strategy: str) -> tuple[SimulationRow, ...]:
         """The rows of one strategy, batch sizes ascending."""
         if strategy not in self.strategies:
-            raise KeyError(message("SimulationResult", f"no strategy {strategy!r}",
-                                   {"simulated": ", ".join(self.strategies)},
-                                   fix="ask for a simulated strategy"))
+            raise KeyError(one_line(message("SimulationResult", f"no strategy {strategy!r}",
+                                            {"simulated": ", ".join(self.strategies)},
+                                            fix="ask for a simulated strategy")))
         return tuple(sorted((r for r in self.rows if r.strategy == strategy),
                             key=lambda r: r.batch_size))
 
@@ -142,10 +142,9 @@ class SimulationResult:
         for r in self.rows_for(strategy):
             if r.batch_size == batch_size:
                 return r
-        raise KeyError(message("SimulationResult",
-                               f"batch size {batch_size} was not simulated for {strategy!r}",
-                               {"batch sizes": list(self.batch_sizes)},
-                               fix="ask for a simulated batch size"))
+        raise KeyError(one_line(message(
+            "SimulationResult", f"batch size {batch_size} was not simulated for {strategy!r}",
+            {"batch sizes": list(self.batch_sizes)}, fix="ask for a simulated batch size")))
 
     def largest_batch(self, strategy: str) -> int | None:
         """The largest simulated batch size whose peak fits the device, or ``None``.
