@@ -106,10 +106,13 @@ class AllocatorPeak:
     def __post_init__(self) -> None:
         for key in ("peak_bytes", "baseline_bytes", "events"):
             if getattr(self, key) < 0:
-                raise ValueError(f"AllocatorPeak: {key} must be >= 0, got {getattr(self, key)}")
+                raise ValueError(message("AllocatorPeak", f"{key} must be >= 0",
+                                         {"found": getattr(self, key)}, fix=f"pass {key} >= 0"))
         if self.end_bytes > self.peak_bytes:
-            raise ValueError(f"AllocatorPeak: end_bytes ({self.end_bytes}) cannot exceed "
-                             f"peak_bytes ({self.peak_bytes})")
+            raise ValueError(message("AllocatorPeak", "end_bytes cannot exceed peak_bytes",
+                                     {"end_bytes": self.end_bytes,
+                                      "peak_bytes": self.peak_bytes},
+                                     fix="pass end_bytes <= peak_bytes"))
 
 
 @contextmanager

@@ -165,8 +165,8 @@ class CompiledMeasurement:
 
     def __post_init__(self) -> None:
         if self.new_graphs < 0:
-            raise ValueError(f"CompiledMeasurement: new_graphs must be >= 0, got "
-                             f"{self.new_graphs}")
+            raise ValueError(message("CompiledMeasurement", "new_graphs must be >= 0",
+                                     {"found": self.new_graphs}, fix="pass new_graphs >= 0"))
 
     @property
     def peak_bytes(self) -> int:

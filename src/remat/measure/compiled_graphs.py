@@ -114,17 +114,23 @@ class CompiledGraph:
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
-            raise ValueError(f"CompiledGraph: kind must be one of {KINDS}, got {self.kind!r}")
+            raise ValueError(message("CompiledGraph", "unknown kind", {"found": repr(self.kind)},
+                                     fix=f"pass one of {KINDS}"))
         for key in ("flops", "recompute_flops", "saved_bytes", "nodes", "uncounted_ops"):
             if getattr(self, key) < 0:
-                raise ValueError(f"CompiledGraph({self.label!r}): {key} must be >= 0, got "
-                                 f"{getattr(self, key)}")
+                raise ValueError(message(f"CompiledGraph({self.label!r})",
+                                         f"{key} must be >= 0", {"found": getattr(self, key)},
+                                         fix=f"pass {key} >= 0"))
         if self.recompute_flops > self.flops:
-            raise ValueError(f"CompiledGraph({self.label!r}): recompute_flops "
-                             f"({self.recompute_flops}) cannot exceed flops ({self.flops})")
+            raise ValueError(message(f"CompiledGraph({self.label!r})",
+                                     "recompute_flops cannot exceed flops",
+                                     {"recompute_flops": self.recompute_flops,
+                                      "flops": self.flops},
+                                     fix="pass flops that include the recompute flops"))
         if not 0.0 <= self.budget <= 1.0:
-            raise ValueError(f"CompiledGraph({self.label!r}): budget must be in [0, 1], "
-                             f"got {self.budget}")
+            raise ValueError(message(f"CompiledGraph({self.label!r})",
+                                     "budget must be in [0, 1]", {"found": self.budget},
+                                     fix="pass a budget in [0, 1]"))
 
 
 def _patchable(cls: type) -> bool:

@@ -49,8 +49,9 @@ class GraphMemory:
 
     def __post_init__(self) -> None:
         if self.kernels < 0:
-            raise ValueError(f"GraphMemory({self.region!r}, {self.kind}): kernels must be "
-                             f">= 0, got {self.kernels}")
+            raise ValueError(message(f"GraphMemory({self.region!r}, {self.kind})",
+                                     "kernels must be >= 0", {"found": self.kernels},
+                                     fix="pass kernels >= 0"))
 
 
 # ---- inductor's generated wrapper, with its kernels stubbed -------------------------------

@@ -49,6 +49,8 @@ from typing import Any
 import torch
 from torch.utils.flop_counter import flop_registry
 
+from remat.errors import message
+
 __all__ = [
     "FRESH_OPS", "METADATA_OPS", "PHASES", "UNINITIALISED_OPS", "OpRecord", "flop_formula",
     "op_flops", "op_traffic",
@@ -203,14 +205,16 @@ class OpRecord:
 
     def __post_init__(self) -> None:
         if self.phase not in PHASES:
-            raise ValueError(f"OpRecord: phase must be one of {PHASES}, got {self.phase!r}")
+            raise ValueError(message("OpRecord", "unknown phase", {"found": repr(self.phase)},
+                                     fix=f"pass one of {PHASES}"))
         if min(self.flops, self.read_bytes, self.write_bytes, self.dtype_bytes,
                self.alloc_bytes) >= 0:
             return  # the common case, checked at once (a step records thousands of ops)
         for name in ("flops", "read_bytes", "write_bytes", "dtype_bytes", "alloc_bytes"):
             value = getattr(self, name)
             if value < 0:
-                raise ValueError(f"OpRecord({self.name}): {name} must be >= 0, got {value}")
+                raise ValueError(message(f"OpRecord({self.name})", f"{name} must be >= 0",
+                                         {"found": value}, fix=f"pass {name} >= 0"))
 
     @property
     def bytes_moved(self) -> int:

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from remat.errors import message
 from remat.measure.flops import PHASES
 
 __all__ = [
@@ -101,7 +102,8 @@ class PhasePeak:
 
     def __post_init__(self) -> None:
         if self.peak_bytes < 0:
-            raise ValueError(f"PhasePeak: peak_bytes must be >= 0, got {self.peak_bytes}")
+            raise ValueError(message("PhasePeak", "peak_bytes must be >= 0",
+                                     {"found": self.peak_bytes}, fix="pass peak_bytes >= 0"))
 
 
 class StorageLedger:

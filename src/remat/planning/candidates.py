@@ -109,10 +109,12 @@ class Candidate:
                      "recompute_flops", "recompute_bytes"):
             value = getattr(self, name)
             if value < 0:
-                raise ValueError(f"Candidate({self.label()}): {name} must be >= 0, got {value}")
+                raise ValueError(message(f"Candidate({self.label()})", f"{name} must be >= 0",
+                                         {"found": value}, fix=f"pass {name} >= 0"))
         if not self.recompute_ms >= 0:
-            raise ValueError(f"Candidate({self.label()}): recompute_ms must be >= 0, "
-                             f"got {self.recompute_ms}")
+            raise ValueError(message(f"Candidate({self.label()})", "recompute_ms must be >= 0",
+                                     {"found": self.recompute_ms},
+                                     fix="pass recompute_ms >= 0"))
 
     @property
     def is_none(self) -> bool:

@@ -9,6 +9,7 @@ from rich.table import Table
 from rich.text import Text
 
 from remat.compare.frontier import Frontier
+from remat.errors import message
 from remat.units import format_bytes, format_flops, format_ms, format_pct, markdown_table, mib
 
 __all__ = ["FRONTIER_COLUMNS", "frontier_markdown", "frontier_table", "plot_frontier"]
@@ -83,7 +84,8 @@ def plot_frontier(fronts: Frontier | Sequence[Frontier], path: str | Path, *,
 
     panels = [fronts] if isinstance(fronts, Frontier) else list(fronts)
     if not panels:
-        raise ValueError("remat.compare.frontier.plot_frontier: no frontier to plot")
+        raise ValueError(message("remat.compare.frontier.plot_frontier", "no frontier to plot",
+                                 fix="pass a Frontier or a non-empty list of them"))
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig = Figure(figsize=(6.5 * len(panels), 5.0), layout="constrained")

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from remat.errors import message
 from remat.units import mib
 
 if TYPE_CHECKING:
@@ -53,7 +54,8 @@ def plot_comparison(
 
     series = [results] if not isinstance(results, Sequence) else list(results)
     if not series:
-        raise ValueError("remat.report.plot_comparison: no results to plot")
+        raise ValueError(message("remat.report.plot_comparison", "no results to plot",
+                                 fix="pass a ComparisonResult or a non-empty list of them"))
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
 
