@@ -56,3 +56,18 @@ def test_strategy_errors_name_the_call(text: str) -> None:
         lines = str(info.value).splitlines()
         assert lines[0].startswith(f"{api}: "), lines
         assert lines[-1].startswith("  fix: "), lines
+
+
+def test_bad_blocks_name_the_call() -> None:
+    model, batch = _model_batch()
+    calls = {
+        "remat.apply": lambda: remat.apply(model, "full", blocks=int),
+        "remat.validate": lambda: remat.validate(model, batch, "full", blocks=int),
+        "remat.compare": lambda: compare(lambda: _model_batch()[0], batch, ["full"],
+                                         blocks=int, repeats=0),
+        "remat.profile": lambda: remat.profile(model, batch, blocks=int),
+    }
+    for api, call in calls.items():
+        with pytest.raises(TypeError, match=rf"^{api}: blocks=int is not an nn.Module "
+                                            r"subclass\n  fix: pass blocks="):
+            call()

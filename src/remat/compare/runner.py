@@ -96,6 +96,7 @@ def compare(
         >>> result.row("full").activation_bytes < result.row("none").activation_bytes
         True
     """
+    from remat.blocks import named_blocks
     from remat.measure import profile as measure_profile
     from remat.strategies import apply
 
@@ -121,6 +122,7 @@ def compare(
         tick(f"profile {name}")
         model = _fresh_model(model_factory, seed)
         device = _model_device(model)
+        named_blocks(model, blocks, api="remat.compare")  # bad blocks= fail naming this call
         apply(model, name, blocks=blocks)
         profiles[name] = measure_profile(model, batch, loss_fn=loss_fn, blocks=blocks,
                                          timing=False)

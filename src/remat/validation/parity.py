@@ -196,6 +196,8 @@ def validate(model: nn.Module, batch: Any, strategy: str | Any, *, blocks: Block
         str(strategy) if isinstance(strategy, Strategy) else "plan"
     if isinstance(strategy, str):
         strategy = parse_strategy(strategy, api="remat.validate")
+    if isinstance(strategy, Strategy):  # a Plan brings its own blocks
+        step.blocks_found(api="remat.validate")  # bad blocks= fail here, naming this call
     with _preserved(model):
         remove(model)
         loss_ref, grads_ref = _step(step, seed)
