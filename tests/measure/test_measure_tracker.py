@@ -128,7 +128,7 @@ def test_device_filter_ignores_other_devices():
 def test_bad_kind_and_phase_raise():
     tracker = MemoryTracker()
     with pytest.raises(ValueError,
-                       match=r"(?s)^MemoryTracker.register: unknown kind.*fix: kind must be"):
+                       match=r"(?s)^MemoryTracker.register: unknown kind.*fix: pass one of"):
         tracker.register([torch.ones(1)], "activations")
     with pytest.raises(ValueError, match="recompute is detected"):
         tracker.set_phase("recompute")

@@ -174,8 +174,7 @@ class MemoryTracker(TorchDispatchMode):
         """
         if kind not in REGISTERED_KINDS:
             raise ValueError(message("MemoryTracker.register", "unknown kind",
-                                     {"found": repr(kind)},
-                                     fix=f"kind must be one of {REGISTERED_KINDS}"))
+                                     {"found": repr(kind)}, fix=f"pass one of {REGISTERED_KINDS}"))
         added = 0
         for t in tensors:
             if t is None or not isinstance(t, Tensor) or not self._counts(t):

@@ -145,16 +145,14 @@ class Plan:
         object.__setattr__(self, "block_names", names)
         if len(set(names)) != len(names):
             raise ValueError(message("Plan", "block_names has duplicates",
-                                     {"block_names": sorted(names)},
-                                     fix="name each block once"))
+                                     {"block_names": sorted(names)}, fix="name each block once"))
         decisions: dict[str, BlockStrategy] = {}
         for name, decision in dict(self.decisions).items():
             if not isinstance(decision, BlockStrategy):
                 raise ValueError(message(
                     "Plan", f"what {name!r} gets must be a block-level strategy",
                     {"found": f"{decision!r} ({type(decision).__name__})"},
-                    fix="pass a remat.BlockStrategy instance, e.g. "
-                        "remat.strategies.parse_strategy('full')"))
+                    fix="pass a remat.BlockStrategy, e.g. parse_strategy('full')"))
             if owner_block(name, names) is None:
                 raise ValueError(message(
                     "Plan", f"decision for {name!r}, which is neither a block nor inside one",
@@ -176,12 +174,10 @@ class Plan:
         check_int("Plan", "batch_size", self.batch_size, optional=True)
         check_float("Plan", "recompute_ms", self.recompute_ms)
         if self.framework != "torch":
-            raise ValueError(message("Plan", "framework must be 'torch'",
-                                     {"found": repr(self.framework)},
+            raise ValueError(message("Plan", f"framework must be 'torch', not {self.framework!r}",
                                      fix="use remat.jax.Plan for JAX plans"))
         if self.cost_source not in COST_SOURCES:
-            raise ValueError(message("Plan", "unknown cost_source",
-                                     {"found": repr(self.cost_source)},
+            raise ValueError(message("Plan", f"unknown cost_source {self.cost_source!r}",
                                      fix=f"pass one of {COST_SOURCES}"))
         if (self.timed_on is None) != (self.cost_source == "roofline"):
             raise ValueError(message(
@@ -195,8 +191,7 @@ class Plan:
             if not all(isinstance(p, BlockPrint) for p in prints) or \
                     [p.name for p in prints] != list(names):
                 raise ValueError(message(
-                    "Plan", "fingerprint must hold one BlockPrint per block of block_names, "
-                    "in order",
+                    "Plan", "fingerprint needs one BlockPrint per block of block_names, in order",
                     {"fingerprint": [getattr(p, 'name', p) for p in prints][:4],
                      "block_names": list(names)[:4]},
                     fix="let remat.plan fill it, or pass None"))
@@ -237,7 +232,6 @@ class Plan:
         """The decisions on ``block`` and on modules inside it, by qualified name."""
         if block not in self.block_names:
             raise KeyError(one_line(message("Plan.block_decisions", f"no block {block!r}",
-                                            {"blocks": ", ".join(self.block_names[:6])},
                                             fix="pass one of the plan's block_names")))
         return {n: d for n, d in self.decisions.items() if owner_block(n, (block,)) == block}
 
@@ -374,8 +368,7 @@ class Plan:
         try:
             data = json.loads(text)
         except json.JSONDecodeError as exc:
-            raise ValueError(message("remat.Plan.from_json", "not valid JSON",
-                                     {"error": exc},
+            raise ValueError(message("remat.Plan.from_json", "not valid JSON", {"error": exc},
                                      fix="pass the text plan.to_json() wrote")) from None
         return cls.from_dict(data)
 

@@ -299,10 +299,9 @@ def _run_segment(members: list[nn.Module], calls: list[Any], *args: Any, **kwarg
     for member, (call_args, call_kwargs) in zip(members[1:], calls[1:], strict=True):
         hidden = _hidden_state(output)
         if hidden is None:
-            raise RematError(message(
-                "remat sqrt segment", f"{type(members[0]).__name__} returned "
-                f"{type(output).__name__}, not a tensor or a tuple starting with one",
-                fix="use strategy 'full' or 'every:N' (one region per block)"))
+            raise RematError(message("remat sqrt segment", f"{type(members[0]).__name__} returned "
+                                     f"{type(output).__name__}, not a tensor or a tuple starting "
+                                     "with one", fix="use strategy 'full' or 'every:N'"))
         args_k, kwargs_k = _replace_chained(call_args, call_kwargs, hidden)
         output = _inner_forward(member)(*args_k, **kwargs_k)
 
@@ -360,11 +359,9 @@ def _segment_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
             _abort_segment(segment)
             raise RematError(message(
                 "remat sqrt", f"block {index} of a segment ({type(self).__name__}) did not "
-                "receive the previous block's output as an argument",
-                {"so": "the segment cannot be replayed",
-                 "why": "the model transforms the hidden state between blocks, or something "
-                        "between the blocks (e.g. FSDP2 fully_shard applied per block) "
-                        "rewraps it"},
+                "receive the previous block's output as an argument, so it cannot be replayed",
+                {"why": "the model transforms the hidden state between blocks, or something "
+                        "between them (e.g. FSDP2 fully_shard applied per block) rewraps it"},
                 fix="use strategy 'full' or 'every:N' (one region per block), or shard each "
                     "segment as one group (remat.integrations.fsdp2.apply_fsdp does)"))
         segment.calls.append((record_args, record_kwargs))
