@@ -11,8 +11,8 @@ Every remat error subclasses a built-in, so existing ``except ValueError`` /
 
     RematWarning (UserWarning)             a pitfall remat detected (BatchNorm, hooks, ...)
 
-Message format
---------------
+Message format (NOTE [ Error message format ])
+----------------------------------------------
 Every error remat raises on purpose (these classes, and the ``ValueError`` /
 ``TypeError`` of input validation) and every :class:`RematWarning` reads the same
 way, built by :func:`message`::
@@ -35,8 +35,13 @@ raises without the call's name; the entry point adds it with :func:`with_api`.
 ``KeyError`` carries the same parts on one line, joined by ``"; "``
 (:func:`one_line`): ``Plan.decision: no block 'x'; blocks: a, b; fix: ...``.
 
-NOTE: keep every fact and the fix when changing a message; tests match the first
-line's prefix and the fix.
+NOTE [ Error message format ]
+    A user meets a message far from the code that raised it, so each one says which
+    of their calls failed (the first line's prefix is that call, never a lower
+    layer's or a higher layer's name), what it saw (facts, one per line, values
+    included) and what to do (the ``fix:`` line). Build messages with
+    :func:`message`, never by hand; keep every fact and the fix when rewording one.
+    Tests match the first line's prefix and the fix line, not whole sentences.
 """
 
 from __future__ import annotations

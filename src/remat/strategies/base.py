@@ -131,7 +131,9 @@ class Strategy(ABC):
         """The strategy for ``name`` (``argument`` is ``None``) or ``name:argument``.
 
         Raises:
-            StrategyError: the argument is missing, unexpected or unreadable.
+            StrategyError: the argument is missing, unexpected or unreadable. The message
+                (``remat.errors.message("", ...)``) names no call:
+                :func:`~remat.strategies.registry.parse_strategy` adds its caller's.
         """
         if argument is not None:
             raise StrategyError(message(
