@@ -71,3 +71,21 @@ def test_bad_blocks_name_the_call() -> None:
         with pytest.raises(TypeError, match=rf"^{api}: blocks=int is not an nn.Module "
                                             r"subclass\n  fix: pass blocks="):
             call()
+
+
+def test_a_plan_for_another_model_names_the_call() -> None:
+    from remat.models import build_model, make_batch
+    from remat.planning import Plan
+    from remat.planning.fingerprint import fingerprint_of
+    from remat.strategies.builtin import Full
+
+    small = build_model("gpt-tiny", n_layer=2)
+    names = tuple(n for n, _ in remat.blocks.named_blocks(small))
+    plan = Plan({n: Full() for n in names}, names, 1, 1, fingerprint=fingerprint_of(small, names))
+    big = build_model("gpt-tiny", n_layer=4)
+    for api, call in {"remat.apply": lambda: remat.apply(big, plan),
+                      "remat.validate": lambda: remat.validate(big, make_batch(big, 2), plan),
+                      }.items():
+        with pytest.raises(StrategyError, match=rf"(?s)^{api}: this plan was made for another "
+                                                r"model.*\n  fix: make a plan for this model"):
+            call()

@@ -143,6 +143,8 @@ def prepare_model(model: M, *, strategy: str | Any | None = None, budget: int | 
                                  fix="pass strategy= or budget=, not both"))
     if isinstance(strategy, str):  # an unknown strategy fails here, naming this call
         strategy = parse_strategy(strategy, api=_API)
+    elif callable(check := getattr(strategy, "check_model", None)):
+        check(model, api=_API)  # a plan for another model, named here
     was_training = model.training
     model.train()  # checkpointing is for training; avoid the eval-mode warning
     # Before planning too: a cache makes the measured blocks append to it (see disable_kv_cache).

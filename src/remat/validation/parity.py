@@ -198,6 +198,8 @@ def validate(model: nn.Module, batch: Any, strategy: str | Any, *, blocks: Block
         strategy = parse_strategy(strategy, api="remat.validate")
     if isinstance(strategy, Strategy):  # a Plan brings its own blocks
         step.blocks_found(api="remat.validate")  # bad blocks= fail here, naming this call
+    elif callable(check := getattr(strategy, "check_model", None)):
+        check(model, api="remat.validate")  # a plan for another model, named here
     with _preserved(model):
         remove(model)
         loss_ref, grads_ref = _step(step, seed)
