@@ -21,7 +21,7 @@ from typing import ClassVar
 from torch import nn
 
 import remat
-from remat.errors import StrategyError
+from remat.errors import StrategyError, message
 from remat.strategies import BlockContext, BlockStrategy, Offer, Strategy
 from remat.strategies.base import Purpose
 from remat.strategies.regions import install_checkpoint
@@ -40,15 +40,17 @@ class FirstChildren(BlockStrategy):
 
     def __post_init__(self) -> None:
         if isinstance(self.count, bool) or not isinstance(self.count, int) or self.count < 1:
-            raise ValueError(f"FirstChildren: count must be an int >= 1, got {self.count!r}")
+            raise ValueError(message("FirstChildren", "count must be an int >= 1",
+                                     {"found": repr(self.count)}, fix="pass count >= 1"))
 
     @classmethod
     def parse(cls, argument: str | None) -> Strategy:
         if argument is None:
             return cls()
         if not argument.isdigit() or int(argument) < 1:
-            raise StrategyError(f"remat.apply: cannot read 'first:{argument}'\n"
-                                "write first:K with an integer K >= 1")
+            # No API name: parse_strategy puts the caller's (remat.apply, remat.validate...)
+            raise StrategyError(message("", f"cannot read strategy 'first:{argument}'",
+                                        fix="write first:K with an integer K >= 1"))
         return cls(int(argument))
 
     @classmethod

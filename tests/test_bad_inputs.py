@@ -1,11 +1,11 @@
 """Bad inputs to the public API: each fails with a remat error that says what to do.
 
 Every row calls the public API the way a user would get it wrong and checks the
-exception's type and a fragment of its message that names the fix. None may be an
-internal traceback: the exception is a remat error, a ValueError or a TypeError whose
-message starts with the API's name (``remat.plan: ...``, or ``remat: ...`` where
-the check is shared by every verb), never an AttributeError or
-KeyError from deep inside.
+exception's type, the call its first line names and a fragment of its ``fix:`` line.
+None may be an internal traceback: the exception is a remat error, a ValueError or a
+TypeError in remat's message format (``remat.errors.message``) whose first line starts
+with the call the user made (``remat.plan: ...``, or ``remat: ...`` where the check is
+shared by every verb), never an AttributeError or KeyError from deep inside.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ class Case:
     call: Callable[[], Any]
     error: type[BaseException]
     fix: str  # a regex fragment of the message that says what to do
+    api: str  # the call the first line names (``remat`` where every verb shares the check)
 
 
 def _model(preset: str = "gpt-tiny", **overrides: Any) -> nn.Module:
@@ -111,6 +112,13 @@ def _validate_no_grad() -> Any:
         return remat.validate(model, batch, "full")
 
 
+def _validate(strategy: str) -> Callable[[], Any]:
+    def call() -> Any:
+        model = _model()
+        return remat.validate(model, _batch(model), strategy)
+    return call
+
+
 def _empty_container() -> Any:
     model = _model()
     model.extra = nn.ModuleList()
@@ -119,39 +127,54 @@ def _empty_container() -> Any:
 
 CASES = [
     # budgets
-    Case("budget -5%", _plan("-5%"), ValueError, r"percentage > 0"),
-    Case("budget abc", _plan("abc"), ValueError, r"cannot read budget 'abc'"),
-    Case("budget 0", _plan(0), ValueError, r"must be > 0 bytes"),
-    Case("budget 12 parsecs", _plan("12 parsecs"), ValueError, r"cannot read budget"),
+    Case("budget -5%", _plan("-5%"), ValueError,
+         r"percentage > 0.*fix: write budget as bytes", "remat.plan"),
+    Case("budget abc", _plan("abc"), ValueError,
+         r"cannot read budget 'abc'.*fix: write budget as bytes", "remat.plan"),
+    Case("budget 0", _plan(0), ValueError,
+         r"must be > 0 bytes.*fix: write budget as bytes", "remat.plan"),
+    Case("budget 12 parsecs", _plan("12 parsecs"), ValueError,
+         r"cannot read budget.*fix: write budget as bytes", "remat.plan"),
     # strategies
-    Case("strategy every:0", _apply("every:0"), remat.StrategyError, r"every:N"),
-    Case("strategy 3", _apply(3), remat.StrategyError, r"must be a string.*Valid strategies"),
-    Case("strategy fulll", _apply("fulll"), remat.StrategyError, r"full"),
+    Case("strategy every:0", _apply("every:0"), remat.StrategyError, r"fix: write every:N",
+         "remat.apply"),
+    Case("strategy 3", _apply(3), remat.StrategyError,
+         r"must be a string.*valid strategies:.*fix: pass .*a Plan from remat.plan",
+         "remat.apply"),
+    Case("strategy fulll", _apply("fulll"), remat.StrategyError,
+         r"full.*fix: pass one of the valid strategies", "remat.apply"),
     # block specs
     Case("blocks match nothing", _apply("full", lambda n, m: n == "nope"), remat.BlocksNotFound,
-         r"matched no submodule.*Pass blocks="),
+         r"matched no submodule.*fix: pass blocks=", "remat.apply"),
     Case("blocks match an empty container", _empty_container, remat.BlocksNotFound,
-         r"matched only empty containers \(extra\).*Pass blocks="),
+         r"matched only empty containers \(extra\).*fix: pass blocks=", "remat.apply"),
     Case("blocks a non-module class", _apply("full", int), TypeError,
-         r"not an nn.Module subclass"),
+         r"not an nn.Module subclass.*fix: pass blocks=", "remat.apply"),
     # plan files
-    Case("plan not JSON", _plan_file(lambda d: "{not json"), ValueError, r"not valid JSON"),
+    Case("plan not JSON", _plan_file(lambda d: "{not json"), ValueError,
+         r"not valid JSON.*fix: pass the text plan.to_json\(\) wrote", "remat.Plan.from_json"),
     Case("plan wrong format", _plan_file(lambda d: json.dumps({"format": "other"})), ValueError,
-         r"write plans with plan.to_json\(\)"),
-    Case("plan for jax", _plan_file(_jax), ValueError, r"remat.jax.Plan.from_json"),
+         r"fix: write plans with plan.to_json\(\)", "remat.Plan.from_json"),
+    Case("plan for jax", _plan_file(_jax), ValueError,
+         r"fix: load it with remat.jax.Plan.from_json", "remat.Plan.from_json"),
     Case("plan save_ops a string", _plan_file(_save_ops_string), ValueError,
-         r"write a list of op names: \['aten.mm'\]"),
+         r"fix: write a list of op names: \['aten.mm'\]", "remat.Plan.from_json"),
     Case("plan for another model", _other_model, remat.StrategyError,
-         r"made for another model.*remat.plan\(model, batch"),
+         r"made for another model.*fix: make a plan for this model with remat.plan\(model, batch",
+         "remat.apply"),
     # models and batches
     Case("model in eval mode", _profile(lambda: _model().eval()), ValueError,
-         r"Call model.train\(\)"),
-    Case("no trainable parameter", _profile(_frozen), ValueError, r"requires_grad_\(True\)"),
-    Case("meta model without simulate", _profile(_meta), ValueError, r"simulate=True"),
+         r"fix: call model.train\(\)", "remat.profile"),
+    Case("no trainable parameter", _profile(_frozen), ValueError,
+         r"fix: unfreeze some with p.requires_grad_\(True\)", "remat.profile"),
+    Case("meta model without simulate", _profile(_meta), ValueError, r"fix: pass simulate=True",
+         "remat.profile"),
     Case("batch of the wrong type", _profile(_model, batch="hello"), TypeError,
-         r"batch must be a Tensor .*pass the inputs your model's forward takes"),
+         r"batch must be a Tensor.*fix: pass the inputs your model's forward takes", "remat"),
     Case("validate under no_grad", _validate_no_grad, remat.RematError,
-         r"Call remat.validate outside torch.no_grad\(\)"),
+         r"fix: call remat.validate outside torch.no_grad\(\)", "remat.validate"),
+    Case("validate strategy every:x", _validate("every:x"), remat.StrategyError,
+         r"fix: write every:N", "remat.validate"),
 ]
 
 
@@ -166,5 +189,10 @@ def test_bad_input_fails_with_a_remat_message_that_says_what_to_do(case: Case) -
     assert isinstance(exc, (remat.RematError, ValueError, TypeError)), repr(exc)
     message = str(exc)
     assert re.match(r"remat[.:]", message), f"{case.id}: not a remat message: {message!r}"
+    assert message.startswith(f"{case.api}: "), f"{case.id}: does not name {case.api}: {message}"
     assert re.search(case.fix, message, flags=re.DOTALL), (
         f"{case.id}: message does not say {case.fix!r}: {message}")
+    # remat.errors.message's format: the call and what is wrong, facts, then the fix
+    first, *rest = message.splitlines()
+    assert len(first) <= 120 and rest and rest[-1].startswith("  fix: "), (
+        f"{case.id}: not in remat's message format: {message}")

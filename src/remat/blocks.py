@@ -28,7 +28,7 @@ from typing import Literal, TypeAlias
 
 from torch import nn
 
-from remat.errors import BlocksNotFound
+from remat.errors import BlocksNotFound, message
 
 __all__ = ["BlocksSpec", "find_blocks", "find_sublayer", "named_blocks"]
 
@@ -41,7 +41,7 @@ BlocksSpec: TypeAlias = (
 _MIN_SHARE = 0.10  # See Rule 3.
 _CONTAINERS = (nn.ModuleList, nn.Sequential, nn.ModuleDict)
 _BLOCKS_HINT = (
-    "Pass blocks=YourBlockClass (e.g. blocks=LlamaDecoderLayer), a tuple of classes, or "
+    "pass blocks=YourBlockClass (e.g. blocks=LlamaDecoderLayer), a tuple of classes, or "
     "blocks=lambda name, module: ... selecting the repeated layers"
 )
 
@@ -89,17 +89,18 @@ def named_blocks(
         matched.append(name)
         found.extend(_expand_container(name, module, predicate))
     if not found and matched:
-        raise BlocksNotFound(
-            f"{api}: blocks={_describe_spec(blocks)} matched only empty containers "
-            f"({', '.join(matched[:4])}), which are never called, so there is nothing to "
-            f"checkpoint. {_BLOCKS_HINT}"
-        )
+        raise BlocksNotFound(message(
+            api, f"blocks={_describe_spec(blocks)} matched only empty containers "
+            f"({', '.join(matched[:4])})",
+            {"why": "empty containers are never called, so there is nothing to checkpoint"},
+            fix=_BLOCKS_HINT))
     if not found:
-        raise BlocksNotFound(
-            f"{api}: blocks={_describe_spec(blocks)} matched no submodule of "
-            f"{type(model).__name__} (searched {sum(1 for _ in model.named_modules()) - 1} "
-            f"submodules; classes present: {_class_summary(model)}). {_BLOCKS_HINT}"
-        )
+        raise BlocksNotFound(message(
+            api, f"blocks={_describe_spec(blocks)} matched no submodule of "
+            f"{type(model).__name__}",
+            {"searched": f"{sum(1 for _ in model.named_modules()) - 1} submodules",
+             "classes present": _class_summary(model)},
+            fix=_BLOCKS_HINT))
     return found
 
 
@@ -121,23 +122,22 @@ def find_blocks(model: nn.Module, blocks: BlocksSpec = None) -> list[nn.Module]:
 def _as_predicate(blocks: BlocksSpec, api: str) -> Callable[[str, nn.Module], bool]:
     if isinstance(blocks, type):
         if not issubclass(blocks, nn.Module):
-            raise TypeError(f"{api}: blocks={blocks.__name__} is not an nn.Module subclass")
+            raise TypeError(message(api, f"blocks={blocks.__name__} is not an nn.Module subclass",
+                                    fix=_BLOCKS_HINT))
         cls = blocks
         return lambda _name, module: isinstance(module, cls)
     if isinstance(blocks, Sequence) and not isinstance(blocks, str):
         classes = tuple(blocks)
         bad = [c for c in classes if not (isinstance(c, type) and issubclass(c, nn.Module))]
         if bad or not classes:
-            raise TypeError(
-                f"{api}: blocks= as a sequence must hold nn.Module subclasses, got {blocks!r}"
-            )
+            raise TypeError(message(api, "blocks= as a sequence must hold nn.Module subclasses",
+                                    {"found": repr(blocks)}, fix=_BLOCKS_HINT))
         return lambda _name, module: isinstance(module, classes)
     if callable(blocks):
         return blocks
-    raise TypeError(
-        f"{api}: blocks= must be an nn.Module subclass, a sequence of them, a predicate "
-        f"(name, module) -> bool, or None; got {type(blocks).__name__}"
-    )
+    raise TypeError(message(
+        api, "blocks= must be an nn.Module subclass, a sequence of them, a predicate "
+        "(name, module) -> bool, or None", {"found": type(blocks).__name__}, fix=_BLOCKS_HINT))
 
 
 def _walk_outermost(
@@ -253,11 +253,10 @@ def _detect_blocks(model: nn.Module, api: str) -> list[tuple[str, nn.Module]]:
     if not candidates:
         where = "; ".join(searched) if searched else "none: the model has no nn.ModuleList, "
         where += "" if searched else "nn.Sequential or nn.ModuleDict"
-        raise BlocksNotFound(
-            f"{api}: no repeated blocks found in {type(model).__name__}: blocks are >= 2 "
-            f"same-class modules with parameters in one container (searched containers: "
-            f"{where}). {_BLOCKS_HINT}"
-        )
+        raise BlocksNotFound(message(
+            api, f"no repeated blocks found in {type(model).__name__}",
+            {"blocks are": ">= 2 same-class modules with parameters in one container",
+             "searched containers": where}, fix=_BLOCKS_HINT))
     largest = max(c.params for c in candidates)
     # Largest first; on ties, the outer container (fewer dots) first. See Rule 3.
     ordered = sorted(candidates, key=lambda c: (-c.params, c.container.count(".")))
@@ -327,7 +326,8 @@ def find_sublayer(
         'mlp'
     """
     if kind not in _SUBLAYER_NAMES:
-        raise ValueError(f"remat.find_sublayer: kind must be 'attn' or 'mlp', got {kind!r}")
+        raise ValueError(message("remat.find_sublayer", "kind must be 'attn' or 'mlp'",
+                                 {"found": repr(kind)}, fix="pass kind='attn' or kind='mlp'"))
     wanted = tuple(names) if names is not None else _SUBLAYER_NAMES[kind]
     lowered = [n.lower() for n in wanted]
     children = dict(block.named_children())
@@ -358,10 +358,10 @@ def find_sublayer(
                 if hint in type(m).__name__.lower() and not isinstance(m, _CONTAINERS):
                     return name, m
     listing = ", ".join(f"{n} ({type(c).__name__})" for n, c in children.items()) or "none"
-    raise BlocksNotFound(
-        f"remat.find_sublayer: no {kind} sub-layer in {type(block).__name__} (looked for "
-        f"names {', '.join(wanted)}"
-        + ("" if names is not None else
-           f" and classes containing {'/'.join(_SUBLAYER_CLASS_HINTS[kind])}")
-        + f"; children: {listing}). Pass names=['your_{kind}_child'] or a dotted path"
-    )
+    facts = {"looked for names": ", ".join(wanted)}
+    if names is None:
+        facts["and classes containing"] = "/".join(_SUBLAYER_CLASS_HINTS[kind])
+    facts["children"] = listing
+    raise BlocksNotFound(message(
+        "remat.find_sublayer", f"no {kind} sub-layer in {type(block).__name__}", facts,
+        fix=f"pass names=['your_{kind}_child'] or a dotted path"))

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from remat.errors import message
+
 __all__ = ["DEVICES", "DeviceSpec", "get_device", "register_device"]
 
 _GIB = 1024**3
@@ -49,7 +51,8 @@ class DeviceSpec:
                       "mem_bandwidth_bytes_per_s", "host_link_bytes_per_s"):
             value = getattr(self, field)
             if not value > 0:
-                raise ValueError(f"DeviceSpec({self.name!r}): {field} must be > 0, got {value!r}")
+                raise ValueError(message(f"DeviceSpec({self.name!r})", f"{field} must be > 0",
+                                         {"found": repr(value)}, fix=f"pass {field} > 0"))
 
     def flops_per_s(self, dtype_bytes: int) -> float:
         """Peak FLOP/s for an element size: bf16/fp16 (2 bytes) use tensor cores."""
@@ -92,8 +95,8 @@ def get_device(name: str | DeviceSpec) -> DeviceSpec:
         return name
     key = name.lower().replace("_", "-")
     if key not in DEVICES:
-        raise ValueError(
-            f"remat: unknown device {name!r}. Known: {', '.join(sorted(DEVICES))}. "
-            "Add one with remat.devices.register_device(DeviceSpec(...))."
-        )
+        raise ValueError(message(
+            "remat", f"unknown device {name!r}", {"known": ", ".join(sorted(DEVICES))},
+            fix="pass a known device, or add one with "
+                "remat.devices.register_device(DeviceSpec(...))"))
     return DEVICES[key]

@@ -10,9 +10,43 @@ Every remat error subclasses a built-in, so existing ``except ValueError`` /
     └── ParityError                        gradients differ from the reference
 
     RematWarning (UserWarning)             a pitfall remat detected (BatchNorm, hooks, ...)
+
+Message format (NOTE [ Error message format ])
+----------------------------------------------
+Every error remat raises on purpose (these classes, and the ``ValueError`` /
+``TypeError`` of input validation) and every :class:`RematWarning` reads the same
+way, built by :func:`message`::
+
+    remat.apply: unknown strategy 'fulll'
+      valid strategies: none, full, every:N
+      fix: pass one of the valid strategies
+
+- the first line names the call the user made (``remat.apply``, ``remat.plan``,
+  ``remat simulate`` for the command line, ``Plan`` for a dataclass's own checks)
+  and what is wrong, short;
+- then one fact per line, indented two spaces, as ``label: value`` (a value of
+  several lines goes on indented four spaces);
+- the last line, ``fix: ...``, says what to do instead.
+
+A lower layer that does not know which call reached it (a strategy's ``parse``)
+raises without the call's name; the entry point adds it with :func:`with_api`.
+
+``KeyError`` prints the repr of its message (``\\n`` escaped, in quotes), so a
+``KeyError`` carries the same parts on one line, joined by ``"; "``
+(:func:`one_line`): ``Plan.decision: no block 'x'; blocks: a, b; fix: ...``.
+
+NOTE [ Error message format ]
+    A user meets a message far from the code that raised it, so each one says which
+    of their calls failed (the first line's prefix is that call, never a lower
+    layer's or a higher layer's name), what it saw (facts, one per line, values
+    included) and what to do (the ``fix:`` line). Build messages with
+    :func:`message`, never by hand; keep every fact and the fix when rewording one.
+    Tests match the first line's prefix and the fix line, not whole sentences.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
 
 __all__ = [
     "BlocksNotFound",
@@ -21,7 +55,53 @@ __all__ = [
     "RematError",
     "RematWarning",
     "StrategyError",
+    "message",
+    "one_line",
+    "with_api",
 ]
+
+Facts = Mapping[str, object] | Iterable[tuple[str, object]]
+
+
+def message(api: str, what: str, facts: Facts = (), fix: str | None = None) -> str:
+    """An error or warning message in remat's format (see the module docstring).
+
+    Args:
+        api: the call the user made (``"remat.apply"``), or ``""`` where a lower layer
+            does not know it (the caller adds it with :func:`with_api`).
+        what: what is wrong, short.
+        facts: ``label -> value`` (a mapping or ``(label, value)`` pairs), one line each.
+        fix: what to do instead. Default: no fix line.
+
+    Example:
+        >>> print(message("remat.apply", "unknown strategy 'fulll'",
+        ...               {"valid strategies": "none, full"},
+        ...               fix="pass one of the valid strategies"))
+        remat.apply: unknown strategy 'fulll'
+          valid strategies: none, full
+          fix: pass one of the valid strategies
+    """
+    lines = [f"{api}: {what}" if api else what]
+    pairs = facts.items() if isinstance(facts, Mapping) else facts
+    for label, value in pairs:
+        lines.append(f"  {label}: " + str(value).replace("\n", "\n    "))
+    if fix:
+        lines.append("  fix: " + fix.replace("\n", "\n    "))
+    return "\n".join(lines)
+
+
+def one_line(text: str) -> str:
+    """A :func:`message` on one line, its parts joined by ``"; "`` (for ``KeyError``, which
+    prints the repr of its message)."""
+    return "; ".join(part.strip() for part in text.splitlines())
+
+
+def with_api(api: str, text: str) -> str:
+    """``text`` (a message a lower layer built without the call's name) with ``api``
+    in front of its first line; unchanged if it already starts with ``api``."""
+    if not api or text.startswith(f"{api}:"):
+        return text
+    return f"{api}: {text}"
 
 
 class RematError(RuntimeError):

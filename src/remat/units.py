@@ -11,6 +11,8 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
+from remat.errors import message
+
 __all__ = [
     "format_bytes",
     "format_flops",
@@ -54,17 +56,18 @@ def parse_bytes(value: int | float | str) -> int:
         1610612736
     """
     if isinstance(value, bool):
-        raise ValueError(f"parse_bytes: expected bytes as int or str, got bool {value!r}")
+        raise ValueError(message("parse_bytes", "expected bytes as int or str, got a bool",
+                                 {"found": repr(value)}, fix="pass an int or a string"))
     if isinstance(value, (int, float)):
         if value < 0:
-            raise ValueError(f"parse_bytes: bytes must be >= 0, got {value!r}")
+            raise ValueError(message("parse_bytes", "bytes must be >= 0", {"found": repr(value)},
+                                     fix="pass a byte count >= 0"))
         return int(value)
     match = _PATTERN.match(value)
     if match is None or match.group(2).lower() not in _UNITS:
-        raise ValueError(
-            f"parse_bytes: cannot read {value!r} as a byte count. "
-            "Use a number with an optional unit, e.g. 12GiB, 800MB, 1.5e9."
-        )
+        raise ValueError(message(
+            "parse_bytes", f"cannot read {value!r} as a byte count",
+            fix="use a number with an optional unit, e.g. 12GiB, 800MB, 1.5e9"))
     return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
 
 

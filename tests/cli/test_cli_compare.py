@@ -75,13 +75,13 @@ def test_compare_plan_row_and_infeasible_plan_budget() -> None:
 @pytest.mark.parametrize(("args", "expected"), [
     (["--model", "gpt-huge"], ["Invalid value for '--model'", "unknown preset 'gpt-huge'",
                                "gpt-tiny", "llama-7b"]),
-    (["--strategies", "none,bogus"], ["unknown strategy 'bogus'", "Valid strategies",
+    (["--strategies", "none,bogus"], ["unknown strategy 'bogus'", "valid strategies:",
                                       "every:N", "offload"]),
     (["--strategies", "every:0"], ["every:N with an integer N >= 1"]),
     (["--strategies", "full,full"], ["'full' is listed twice"]),
     (["--model", "gpt-tiny", "--seq", "64"], ["seq_len=64 exceeds", "max_seq_len=32"]),
     (["--batch", "0"], ["Invalid value for '--batch'"]),
-    (["--device", "tpu"], ["Use auto, cpu, cuda or cuda:N"]),
+    (["--device", "tpu"], ["fix: use auto, cpu, cuda or cuda:N"]),
 ])
 def test_compare_bad_values_exit_2(args: list[str], expected: list[str]) -> None:
     result = runner.invoke(app, ["compare", *args])

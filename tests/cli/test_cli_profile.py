@@ -52,7 +52,7 @@ def test_profile_bad_strategy_exit_2() -> None:
     result = runner.invoke(app, ["profile", "--model", "gpt-tiny", "--strategy", "half"])
     assert result.exit_code == 2
     text = " ".join(result.output.replace("│", " ").split())
-    assert "unknown strategy 'half'" in text and "Valid strategies" in text
+    assert "unknown strategy 'half'" in text and "valid strategies:" in text
     assert "Traceback" not in result.output
 
 

@@ -109,7 +109,8 @@ def test_gradients_are_unchanged(arch: str, strategy: str) -> None:
     disable_kv_cache(model)
     if arch == "bert" and strategy == "mlp":
         # BertLayer splits its MLP into `intermediate` and `output`: no single module.
-        with pytest.raises(BlocksNotFound, match=r"no mlp sub-layer in BertLayer.*names="):
+        with pytest.raises(BlocksNotFound,
+                           match=r"(?s)no mlp sub-layer in BertLayer.*fix: pass names="):
             validate(model, _batch(arch), strategy)
         return
     with warnings.catch_warnings():

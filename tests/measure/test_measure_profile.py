@@ -142,7 +142,7 @@ def test_timing_fields(toy):
 
 def test_eval_mode_raises(toy):
     model = toy().eval()
-    with pytest.raises(ValueError, match=r"eval mode.*model\.train\(\)"):
+    with pytest.raises(ValueError, match=r"(?s)eval mode.*fix: call model\.train\(\)"):
         profile(model, torch.randn(B, D))
 
 

@@ -32,7 +32,8 @@ def test_a_plan_for_a_two_layer_model_refuses_a_six_layer_one() -> None:
     plan = _plan_for(build_model("llama-tiny", n_layer=2))
     bigger = build_model("llama-tiny", n_layer=6)
     with pytest.raises(remat.StrategyError,
-                       match=r"made for another model.*'blocks' holds 6 .* held 2.*remat\.plan"):
+                       match=r"(?s)made for another model.*'blocks' holds 6 .* held 2"
+                             r".*fix: make a plan .*remat\.plan"):
         remat.apply(bigger, plan)
     assert not any(region_of(m) for m in bigger.modules())  # nothing half-applied
 
@@ -85,15 +86,15 @@ def _file_with(save_ops: object) -> str:
 
 
 def test_save_ops_as_a_string_in_a_plan_file_is_refused_with_the_fix() -> None:
-    with pytest.raises(ValueError, match=r"save_ops .* is a string\nfound: 'aten.mm'\n"
-                                         r"write a list of op names: \['aten.mm'\]"):
+    with pytest.raises(ValueError, match=r"save_ops .* is a string\n  found: 'aten.mm'\n"
+                                         r"  fix: write a list of op names: \['aten.mm'\]"):
         Plan.from_json(_file_with("aten.mm"))
 
 
 @pytest.mark.parametrize(("entry", "fragment"), [
-    ("aten.matmull", "(?s)unknown aten op 'aten.matmull'.*aten.matmul"),
+    ("aten.matmull", "(?s)unknown aten op 'aten.matmull'.*fix: did you mean .*aten.matmul"),
     ("mm", "'mm' is not an op name"),
-    ("aten.mm.default", "(?s)'aten.mm.default' is not an op name.*'aten.mm'"),
+    ("aten.mm.default", "(?s)'aten.mm.default' is not an op name.*fix: write .*'aten.mm'"),
     ("aten.mm#x", "is not an op name"),
 ])
 def test_unknown_or_malformed_op_names_are_refused(entry: str, fragment: str) -> None:

@@ -99,7 +99,7 @@ def test_from_json_rejects_unknown_versions_and_non_plans() -> None:
     data = make_plan().to_dict()
     data["version"] = PLAN_FORMAT_VERSION + 1
     with pytest.raises(ValueError, match=rf"version {PLAN_FORMAT_VERSION + 1} is not "
-                                         rf"supported\nthis remat reads versions 1, "
+                                         rf"supported\n  this remat reads versions: 1, "
                                          rf"{PLAN_FORMAT_VERSION}"):
         Plan.from_json(json.dumps(data))
     with pytest.raises(ValueError, match="not a remat plan"):
@@ -116,7 +116,7 @@ def test_from_json_rejects_unknown_versions_and_non_plans() -> None:
     ("budget_bytes", -1, "budget_bytes must be an int >= 0"),
     ("measured_peak_bytes", 1.5, "measured_peak_bytes must be an int >= 0"),
     ("recompute_ms", float("nan"), "recompute_ms must be a finite number >= 0"),
-    ("decisions", {"head": Full()}, "neither one of block_names"),
+    ("decisions", {"head": Full()}, "neither a block nor inside one"),
     ("decisions", {"blocks.0": "full"}, "must be a block-level strategy"),
     ("block_names", ("a", "a"), "duplicates"),
 ])
@@ -153,7 +153,8 @@ def test_a_jax_plan_is_refused_with_the_loader_to_use() -> None:
     data = json.loads(Plan({}, ("blocks.0",), 1, 1).to_json())
     assert data["framework"] == "torch"
     data["framework"] = "jax"
-    with pytest.raises(ValueError, match=r"(?s)'jax' plan.*remat\.jax\.Plan\.from_json"):
+    with pytest.raises(ValueError,
+                       match=r"(?s)'jax' plan.*fix: load it with remat\.jax\.Plan\.from_json"):
         Plan.from_json(json.dumps(data))
     del data["framework"]  # files written before the field existed read as torch plans
     assert Plan.from_json(json.dumps(data)) == Plan({}, ("blocks.0",), 1, 1)

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from remat.devices import DeviceSpec
+from remat.errors import StrategyError
 from remat.measure import profile
 from remat.models import build_model, make_batch
 from remat.simulate.precision import make_optimizer
@@ -144,8 +145,12 @@ def test_default_strategies_are_read_from_the_registry_at_call_time() -> None:
 
 
 def test_bad_arguments() -> None:
-    with pytest.raises(ValueError, match="world_size=2 needs sharding"):
+    with pytest.raises(ValueError, match=r"(?s)^remat.simulate: world_size=2 needs sharding"
+                                         r".*fix: pass sharding='fsdp' or 'ddp'"):
         simulate("llama-tiny", seq_len=SEQ, batch_sizes=[1], world_size=2)
+    with pytest.raises(StrategyError, match=r"(?s)^remat.simulate: cannot read strategy "
+                                            r"'every:x'.*fix: write every:N"):
+        simulate("llama-tiny", seq_len=SEQ, batch_sizes=[1], strategies=["every:x"])
     with pytest.raises(ValueError, match="batch_sizes must be a non-empty list"):
         simulate("llama-tiny", seq_len=SEQ, batch_sizes=[])
     with pytest.raises(ValueError, match="unknown precision 'fp8'"):

@@ -73,7 +73,8 @@ def test_a_sequential_is_one_block_unless_the_spec_also_matches_its_members() ->
 def test_a_spec_matching_only_empty_containers_fails_with_the_fix() -> None:
     model = build_model("gpt-tiny")
     model.extra = nn.ModuleList()
-    with pytest.raises(remat.BlocksNotFound, match="matched only empty containers.*Pass blocks="):
+    with pytest.raises(remat.BlocksNotFound,
+                       match="(?s)matched only empty containers.*fix: pass blocks="):
         named_blocks(model, lambda name, module: name == "extra", api="remat.apply")
 
 
@@ -108,7 +109,9 @@ class _WholeModelNoop(remat.Strategy):
 @pytest.mark.usefixtures("installs_nothing")
 def test_a_strategy_that_installs_no_region_warns() -> None:
     model = build_model("gpt-tiny")
-    with pytest.warns(remat.RematWarning, match="installed no checkpointed region.*blocks="):
+    with pytest.warns(remat.RematWarning,
+                      match="(?s)^remat.apply: .*installed no checkpointed region"
+                            ".*fix: check blocks="):
         remat.apply(model, "installsnothing")
     with pytest.warns(remat.RematWarning, match="installed no checkpointed region"):
         remat.apply(model, _WholeModelNoop())
@@ -134,8 +137,9 @@ class _WithSpare(nn.Module):
 def test_validate_warns_when_no_checkpointed_region_ran() -> None:
     model, x = _WithSpare(), torch.randn(4, 8)
     spare = lambda name, module: name.startswith("spare")  # noqa: E731
-    with pytest.warns(remat.RematWarning, match=r"installed 2 checkpointed region\(s\) "
-                                                r"\(spare.0, spare.1\), but none ran"):
+    with pytest.warns(remat.RematWarning, match=r"^remat.validate: .*installed 2 checkpointed "
+                                                r"region\(s\), but none ran in the step\n"
+                                                r"  regions: spare.0, spare.1\n"):
         report = remat.validate(model, x, "full", blocks=spare)
     assert report.passed  # gradients do match: the warning is what tells the truth
     with warnings.catch_warnings():

@@ -73,12 +73,14 @@ def test_strings_parse_to_typed_configs() -> None:
     every = parse_strategy(" Every:3 ")
     assert str(every) == "every:3" and every == parse_strategy("every:3")
     assert parse_strategy(every) is every
-    with pytest.raises(StrategyError, match="every:N with an integer N >= 1"):
+    with pytest.raises(StrategyError, match=r"fix: write every:N with an integer N >= 1"):
         parse_strategy("every:0")
-    with pytest.raises(StrategyError, match="takes no argument"):
+    with pytest.raises(StrategyError, match=r"^remat.strategies.parse_strategy: strategy "
+                                            r"'full' takes no argument"):
         parse_strategy("full:2")
-    with pytest.raises(StrategyError, match=r"unknown strategy 'fulll'.*every:N"):
-        parse_strategy("fulll")
+    with pytest.raises(StrategyError, match=r"(?s)^remat.apply: unknown strategy 'fulll'\n"
+                                            r".*every:N.*fix: pass one of"):
+        parse_strategy("fulll", api="remat.apply")
 
 
 def test_registration_is_checked() -> None:

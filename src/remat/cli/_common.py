@@ -101,24 +101,28 @@ def parse_strategies(value: str) -> list[str]:
         typer.BadParameter: an empty list, a duplicate, or an unknown strategy
             (the message lists the valid ones).
     """
+    from remat.errors import message
     from remat.strategies import STRATEGIES, parse_strategy
 
     names = [part.strip() for part in value.split(",") if part.strip()]
     if not names:
-        raise typer.BadParameter(
-            f"no strategy given. Valid strategies: {', '.join(STRATEGIES)}"
-        )
+        raise typer.BadParameter(message(
+            "", "no strategy given", {"valid strategies": ", ".join(STRATEGIES)},
+            fix="pass a comma-separated list such as none,full,every:2"))
     out: list[str] = []
     for name in names:
         try:
-            canonical = str(parse_strategy(name))
+            canonical = str(parse_strategy(name, api=""))
         except ValueError as exc:
-            message = str(exc).removeprefix("remat.apply: ")
-            if "Valid strategies" not in message:
-                message += f" Valid strategies: {', '.join(STRATEGIES)}"
-            raise typer.BadParameter(message) from None
+            text = str(exc)
+            if "valid strategies:" not in text:  # before the fix line
+                head, sep, fix = text.rpartition("\n  fix: ")
+                valid = f"\n  valid strategies: {', '.join(STRATEGIES)}"
+                text = head + valid + sep + fix if sep else text + valid
+            raise typer.BadParameter(text) from None
         if canonical in out:
-            raise typer.BadParameter(f"strategy {canonical!r} is listed twice")
+            raise typer.BadParameter(message("", f"strategy {canonical!r} is listed twice",
+                                             fix="list each strategy once"))
         out.append(canonical)
     return out
 

@@ -17,6 +17,7 @@ import typer
 from rich.markup import escape
 
 from remat.cli._common import fail
+from remat.errors import message
 
 __all__ = ["load_jax", "refuse", "strategies_for_jax"]
 
@@ -29,8 +30,9 @@ def load_jax(model: str) -> Any:
         fail(escape(f"--framework jax needs jax and flax ({exc}). Install them with: "
                     "pip install 'remat[jax]'"))
     if model not in rj.PRESETS:
-        raise typer.BadParameter(f"unknown JAX preset {model!r}; with --framework jax the "
-                                 f"presets are: {', '.join(rj.PRESETS)}",
+        raise typer.BadParameter(message("", f"unknown JAX preset {model!r}",
+                                         {"presets with --framework jax": ", ".join(rj.PRESETS)},
+                                         fix="pass one of those presets"),
                                  param_hint="'--model'")
     return rj
 
@@ -61,6 +63,8 @@ def strategies_for_jax(rj: Any, value: str | None) -> list[str]:
         try:
             strategy_policies(name, 1)
         except StrategyError as exc:
-            raise typer.BadParameter(f"{exc} (JAX strategies: {', '.join(rj.STRATEGIES)})",
-                                     param_hint="'--strategies'") from None
+            head, sep, fix = str(exc).rpartition("\n  fix: ")
+            text = f"{head}\n  JAX strategies: {', '.join(rj.STRATEGIES)}{sep}{fix}" if sep \
+                else f"{exc}\n  JAX strategies: {', '.join(rj.STRATEGIES)}"
+            raise typer.BadParameter(text, param_hint="'--strategies'") from None
     return names

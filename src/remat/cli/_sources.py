@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from remat.cli._common import fail
+from remat.errors import message
 
 if TYPE_CHECKING:
     from torch import nn
@@ -27,10 +28,14 @@ def int_list(value: str, option: str) -> list[int]:
     try:
         items = [int(part) for part in value.split(",") if part.strip()]
     except ValueError:
-        raise typer.BadParameter(f"expected comma-separated integers like 1,2,4, got {value!r}",
+        raise typer.BadParameter(message("", "expected comma-separated integers",
+                                         {"found": repr(value)},
+                                         fix="write integers like 1,2,4"),
                                  param_hint=f"'{option}'") from None
     if not items or any(i < 1 for i in items):
-        raise typer.BadParameter(f"expected positive integers, got {value!r}",
+        raise typer.BadParameter(message("", "expected positive integers",
+                                         {"found": repr(value)},
+                                         fix="write integers >= 1 like 1,2,4"),
                                  param_hint=f"'{option}'")
     return sorted(set(items))
 
@@ -52,7 +57,9 @@ def overrides(pairs: list[str] | None) -> dict[str, Any]:
     for pair in pairs or []:
         key, sep, value = pair.partition("=")
         if not sep or not key.strip():
-            raise typer.BadParameter(f"expected KEY=VALUE, got {pair!r}", param_hint="'--set'")
+            raise typer.BadParameter(message("", "expected KEY=VALUE", {"found": repr(pair)},
+                                             fix="write --set KEY=VALUE, e.g. n_layer=4"),
+                                     param_hint="'--set'")
         out[key.strip()] = _parse_value(value.strip())
     return out
 
@@ -60,7 +67,8 @@ def overrides(pairs: list[str] | None) -> dict[str, Any]:
 def check_choice(value: str, choices: list[str], option: str) -> str:
     """``value`` lower-cased if it is one of ``choices``; exits 2 otherwise."""
     if value.lower() not in choices:
-        raise typer.BadParameter(f"unknown value {value!r}; choose one of {', '.join(choices)}",
+        raise typer.BadParameter(message("", f"unknown value {value!r}",
+                                         fix=f"choose one of {', '.join(choices)}"),
                                  param_hint=f"'{option}'")
     return value.lower()
 
@@ -115,7 +123,9 @@ def _preset_source(name: str, overrides: dict[str, Any], seq_len: int,
     from remat.models import PRESETS, build_model, get_config
 
     if name not in PRESETS:
-        raise typer.BadParameter(f"unknown preset {name!r}. Valid presets: {', '.join(PRESETS)}",
+        raise typer.BadParameter(message("", f"unknown preset {name!r}",
+                                         {"valid presets": ", ".join(PRESETS)},
+                                         fix="pass one of the valid presets"),
                                  param_hint="'--model'")
     settings = dict(overrides)
     if seq_len > PRESETS[name].max_seq_len:

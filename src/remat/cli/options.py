@@ -29,6 +29,7 @@ import typer
 import typer.core
 
 from remat.cli._common import parse_strategies
+from remat.errors import message
 
 __all__ = [
     "COMPARE_DEFAULTS",
@@ -126,9 +127,9 @@ def _check_model(ctx: typer.Context, value: str) -> str:
     from remat.models import PRESETS
 
     if value not in PRESETS:
-        raise typer.BadParameter(
-            f"unknown preset {value!r}. Valid presets: {', '.join(PRESETS)}"
-        )
+        raise typer.BadParameter(message("", f"unknown preset {value!r}",
+                                         {"valid presets": ", ".join(PRESETS)},
+                                         fix="pass one of the valid presets"))
     return value
 
 
@@ -141,7 +142,9 @@ def _check_strategies(ctx: typer.Context, value: str | None) -> str | None:
 def _check_strategy(value: str) -> str:
     names = parse_strategies(value)
     if len(names) != 1:
-        raise typer.BadParameter(f"expected one strategy, got {len(names)}: {', '.join(names)}")
+        raise typer.BadParameter(message("", f"expected one strategy, got {len(names)}",
+                                         {"found": ", ".join(names)},
+                                         fix="pass a single strategy"))
     return names[0]
 
 
@@ -153,23 +156,20 @@ def _check_device(value: str) -> str:
     try:
         device = torch.device(value)
     except (RuntimeError, ValueError):
-        raise typer.BadParameter(
-            f"cannot read {value!r} as a device. Use auto, cpu, cuda or cuda:N"
-        ) from None
+        raise typer.BadParameter(message("", f"cannot read {value!r} as a device",
+                                         fix="use auto, cpu, cuda or cuda:N")) from None
     if device.type not in ("cpu", "cuda"):
-        raise typer.BadParameter(
-            f"device type {device.type!r} is not supported. Use auto, cpu, cuda or cuda:N"
-        )
+        raise typer.BadParameter(message("", f"device type {device.type!r} is not supported",
+                                         fix="use auto, cpu, cuda or cuda:N"))
     if device.type == "cuda":
         if not torch.cuda.is_available():
-            raise typer.BadParameter(
-                f"{value!r} requested but CUDA is not available "
-                f"(torch {torch.__version__}). Use --device cpu"
-            )
+            raise typer.BadParameter(message("", f"{value!r} requested but CUDA is not available",
+                                             {"torch": torch.__version__},
+                                             fix="use --device cpu"))
         if device.index is not None and device.index >= torch.cuda.device_count():
-            raise typer.BadParameter(
-                f"{value!r} requested but only {torch.cuda.device_count()} CUDA device(s) exist"
-            )
+            raise typer.BadParameter(message(
+                "", f"{value!r} requested but only {torch.cuda.device_count()} CUDA device(s) "
+                "exist", fix=f"use cuda:0 .. cuda:{torch.cuda.device_count() - 1}"))
     return value
 
 
@@ -178,7 +178,9 @@ def _check_device_name(value: str) -> str:
 
     key = value.lower().replace("_", "-")
     if key not in DEVICES:
-        raise typer.BadParameter(f"unknown device {value!r}; known: {', '.join(DEVICES)}")
+        raise typer.BadParameter(message("", f"unknown device {value!r}",
+                                         {"known": ", ".join(DEVICES)},
+                                         fix="pass one of the known devices"))
     return key
 
 
@@ -188,8 +190,9 @@ def _check_precision(value: str) -> str:
     try:
         return get_precision(value).name
     except ValueError:
-        raise typer.BadParameter(f"unknown precision {value!r}; known: "
-                                 f"{', '.join(PRECISIONS)}") from None
+        raise typer.BadParameter(message("", f"unknown precision {value!r}",
+                                         {"known": ", ".join(PRECISIONS)},
+                                         fix="pass one of the known precisions")) from None
 
 
 # ---- options of the commands that build a preset and run it ------------------------------
@@ -265,9 +268,9 @@ def check_output(value: Any) -> Any:
         if not existed:
             path.unlink()
     except OSError as exc:
-        raise typer.BadParameter(
-            f"cannot write {str(path)!r} ({exc.strerror or exc}); choose a writable path"
-        ) from None
+        raise typer.BadParameter(message("", f"cannot write {str(path)!r}",
+                                         {"error": exc.strerror or exc},
+                                         fix="choose a writable path")) from None
     return value
 
 

@@ -36,6 +36,7 @@ from remat.cli.options import (
     check_output,
     plot_option,
 )
+from remat.errors import message
 from remat.progress import reporting
 
 __all__ = ["Maximize", "plan_command"]
@@ -157,7 +158,9 @@ def plan_command(
         return
     if cost is CostChoice.measured and simulate:
         raise typer.BadParameter(
-            "measured costs time real runs, but --simulate runs on fake tensors; drop one",
+            message("", "--cost measured and --simulate do not go together",
+                    {"why": "measured costs time real runs, but --simulate runs on fake tensors"},
+                    fix="drop one"),
             param_hint="'--cost'",
         )
     if compile_ and (simulate or maximize is not None):

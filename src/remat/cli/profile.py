@@ -34,6 +34,7 @@ from remat.cli.options import (
     StrategyOpt,
     check_output,
 )
+from remat.errors import message
 
 __all__ = ["OptimizerChoice", "export_trace", "profile_command", "profile_to_dict"]
 
@@ -223,6 +224,6 @@ def export_trace(model: Any, batch: Any, path: str | Path, *, optimizer: Any = N
     prof.export_chrome_trace(str(out))
     model.zero_grad(set_to_none=True)
     if not out.is_file() or out.stat().st_size == 0:  # the exporter does not raise on failure
-        raise OSError(f"remat profile: the trace was not written to {str(out)!r}; choose a "
-                      "writable path for --trace")
+        raise OSError(message("remat profile", f"the trace was not written to {str(out)!r}",
+                              fix="choose a writable path for --trace"))
     return out

@@ -39,6 +39,7 @@ from remat.cli.options import (
     SimStrategiesOpt,
     plot_option,
 )
+from remat.errors import message
 
 if TYPE_CHECKING:
     from remat.simulate.result import SimulationResult, SimulationRow
@@ -73,7 +74,8 @@ def _sharding(sharding: str | None, world_size: int) -> str:
     mode = sharding or ("fsdp" if world_size > 1 else "none")
     check_choice(mode, list(SHARDINGS), "--sharding")
     if mode == "none" and world_size > 1:
-        raise typer.BadParameter("--world-size > 1 needs --sharding fsdp or ddp",
+        raise typer.BadParameter(message("", "--world-size > 1 needs sharding",
+                                         fix="pass --sharding fsdp or ddp"),
                                  param_hint="'--sharding'")
     return mode
 

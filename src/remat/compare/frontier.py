@@ -24,7 +24,7 @@ from torch import nn
 from remat.blocks import BlocksSpec
 from remat.core.results import Profile
 from remat.devices import DeviceSpec
-from remat.errors import BlocksNotFound, RematWarning, StrategyError
+from remat.errors import BlocksNotFound, RematWarning, StrategyError, message, one_line
 from remat.measure.profile import profile, profile_step
 from remat.measure.roofline import roofline_ms
 from remat.measure.step import LossFn, Step
@@ -65,12 +65,17 @@ class FrontierPoint:
 
     def __post_init__(self) -> None:
         if self.peak_bytes < 0 or self.recompute_flops < 0:
-            raise ValueError(f"FrontierPoint({self.name!r}): byte and FLOP counts must be >= 0")
+            raise ValueError(message(f"FrontierPoint({self.name!r})",
+                                     "byte and FLOP counts must be >= 0",
+                                     {"peak_bytes": self.peak_bytes,
+                                      "recompute_flops": self.recompute_flops},
+                                     fix="pass counts >= 0"))
         for key in ("recompute_ms", "overhead_pct"):
             value = getattr(self, key)
             if not (math.isfinite(value) and value >= 0):
-                raise ValueError(f"FrontierPoint({self.name!r}): {key} must be a finite "
-                                 f"number >= 0, got {value!r}")
+                raise ValueError(message(f"FrontierPoint({self.name!r})",
+                                         f"{key} must be a finite number >= 0",
+                                         {"found": repr(value)}, fix=f"pass {key} >= 0"))
 
 
 @dataclass(frozen=True)
@@ -100,7 +105,9 @@ class Frontier:
         for p in self.points:
             if p.name == name:
                 return p
-        raise KeyError(f"Frontier.point: no {name!r}; have {[p.name for p in self.points]}")
+        raise KeyError(one_line(message("Frontier.point", f"no point {name!r}",
+                                        {"have": [p.name for p in self.points]},
+                                        fix="ask for a measured strategy or 'plan'")))
 
     def best_manual(self) -> FrontierPoint | None:
         """The manual strategy with the least recompute among those that fit (None if none)."""
@@ -175,7 +182,8 @@ def frontier(
     """
     if budget_bytes is None:
         if plan is None:
-            raise ValueError("remat.compare.frontier: pass a plan or budget_bytes")
+            raise ValueError(message("remat.compare.frontier", "no plan and no budget_bytes",
+                                     fix="pass a plan or budget_bytes"))
         budget_bytes = plan.budget_bytes
     if device is None and plan is not None:
         device = plan.cost_device
@@ -229,8 +237,11 @@ def _manual_profiles(step: Step, names: Sequence[str], *, simulate: bool,
             except (RuntimeError, ValueError) as exc:
                 if name == "none":
                     raise
-                warnings.warn(f"remat.compare.frontier: could not measure strategy {name!r} "
-                              f"({type(exc).__name__}: {exc}); it is left out of the frontier",
+                warnings.warn(message("remat.compare.frontier",
+                                      f"could not measure strategy {name!r}",
+                                      {"error": f"{type(exc).__name__}: {exc}",
+                                       "so": "it is left out of the frontier"},
+                                      fix="pass strategies= without it to silence this"),
                               RematWarning, stacklevel=3)
     return profiles
 
@@ -289,10 +300,11 @@ def add_plan_row(
     if model_factory is None or batch is None:
         preset = meta.get("model")
         if not isinstance(preset, str):
-            raise ValueError(
-                "remat.compare.frontier.add_plan_row: pass model_factory= and batch=, or a "
-                "result from compare_preset (whose meta names the model preset)"
-            )
+            raise ValueError(message(
+                "remat.compare.frontier.add_plan_row", "no model to measure the plan on",
+                {"result meta model": repr(preset)},
+                fix="pass model_factory= and batch=, or a result from compare_preset (whose "
+                    "meta names the model preset)"))
         from remat.models import build_model, make_batch
 
         target = torch.device(result.device)

@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from remat.core.rows import BASELINE, ComparisonResult, StrategyRow
+from remat.errors import message
 
 __all__ = ["ComparisonResult", "StrategyRow", "compare", "compare_preset"]
 
@@ -95,12 +96,14 @@ def compare(
         >>> result.row("full").activation_bytes < result.row("none").activation_bytes
         True
     """
+    from remat.blocks import named_blocks
     from remat.measure import profile as measure_profile
     from remat.strategies import apply
 
     names = _normalize_strategies(strategies)
     if repeats < 0:
-        raise ValueError(f"remat.compare: repeats must be >= 0, got {repeats}")
+        raise ValueError(message("remat.compare", "repeats must be >= 0", {"found": repeats},
+                                 fix="pass repeats >= 0 (0 skips timing)"))
 
     total = len(names) * (2 if check_grads else 1) + repeats
     done = 0
@@ -119,6 +122,7 @@ def compare(
         tick(f"profile {name}")
         model = _fresh_model(model_factory, seed)
         device = _model_device(model)
+        named_blocks(model, blocks, api="remat.compare")  # bad blocks= fail naming this call
         apply(model, name, blocks=blocks)
         profiles[name] = measure_profile(model, batch, loss_fn=loss_fn, blocks=blocks,
                                          timing=False)
@@ -207,20 +211,22 @@ def compare_preset(
 
 
 def _normalize_strategies(strategies: Sequence[str] | None) -> list[str]:
-    from remat.strategies.registry import default_strategies
+    from remat.strategies.registry import default_strategies, parse_strategy
 
     if strategies is None:
         strategies = default_strategies("compare")
     if isinstance(strategies, str):
         strategies = [s.strip() for s in strategies.split(",") if s.strip()]
     names = [s.strip() for s in strategies]
+    for name in names:
+        parse_strategy(name, api="remat.compare")  # an unknown one fails before any work
     if not names:
-        raise ValueError(
-            f"remat.compare: strategies must not be empty; e.g. {default_strategies('compare')}"
-        )
+        raise ValueError(message("remat.compare", "strategies must not be empty",
+                                 fix=f"pass strategies such as {default_strategies('compare')}"))
     duplicates = sorted({s for s in names if names.count(s) > 1})
     if duplicates:
-        raise ValueError(f"remat.compare: strategies listed twice: {duplicates}")
+        raise ValueError(message("remat.compare", "strategies listed twice",
+                                 {"found": duplicates}, fix="list each strategy once"))
     if _BASELINE not in names:
         names.insert(0, _BASELINE)
     return names

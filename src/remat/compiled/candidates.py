@@ -33,7 +33,7 @@ import torch
 from remat.blocks import find_sublayer
 from remat.compiled.install import WHOLE_MODEL, BackendCache, compile_plan, uncompile
 from remat.compiled.measure import CompiledMeasurement, measure_compiled
-from remat.errors import BlocksNotFound, RematError, RematWarning, StrategyError
+from remat.errors import BlocksNotFound, RematError, RematWarning, StrategyError, message
 from remat.measure.step import Step
 from remat.strategies import BlockStrategy, parse_strategy
 from remat.strategies.apply import apply_decisions, preserved_strategy
@@ -168,12 +168,12 @@ def _measure(step: Step, decisions: dict[str, BlockStrategy], budgets: dict[str,
             for module, impl in before.items():  # the user's own compiles stay
                 module._compiled_call_impl = impl
     if result.eager_regions:
-        raise RematError(
-            f"{_API}: dynamo ran {list(result.eager_regions)[:3]} eagerly while remat measured "
-            "candidates (its recompile limit was reached), so no compiled peak could be "
-            "measured. Raise torch._dynamo.config.recompile_limit or call "
-            "torch._dynamo.reset() before planning."
-        )
+        raise RematError(message(
+            _API, "dynamo ran regions eagerly while remat measured candidates",
+            {"regions": list(result.eager_regions)[:3],
+             "why": "its recompile limit was reached, so no compiled peak could be measured"},
+            fix="raise torch._dynamo.config.recompile_limit or call torch._dynamo.reset() "
+                "before planning"))
     return result
 
 
@@ -188,7 +188,7 @@ def default_candidates(step: Step) -> tuple[CompiledCandidate, ...]:
                 find_sublayer(block, kind)  # type: ignore[arg-type]
         except (BlocksNotFound, StrategyError, ValueError):
             continue
-        strategy = parse_strategy(kind)
+        strategy = parse_strategy(kind, api="remat.plan")
         if isinstance(strategy, BlockStrategy):
             extra.append(CompiledCandidate(strategy, 1.0))
     return DEFAULT_COMPILED_CANDIDATES + tuple(extra)
@@ -212,8 +212,9 @@ def prepare_compiled(step: Step, candidates: Sequence[CompiledCandidate] | None 
     """
     cands = tuple(candidates or default_candidates(step))
     if cands[0] != DEFAULT_COMPILED_CANDIDATES[0]:
-        raise ValueError(f"{_API}: the first candidate must be none@1.0 (the reference), "
-                         f"got {cands[0].label()}")
+        raise ValueError(message(_API, "the first candidate must be none@1.0 (the reference)",
+                                 {"found": cands[0].label()},
+                                 fix="put none@1.0 first in candidates"))
     names = tuple(step.block_names(api=_API))
     backends: BackendCache = {}
     uniform = []
@@ -227,9 +228,12 @@ def prepare_compiled(step: Step, candidates: Sequence[CompiledCandidate] | None 
         except Exception as error:  # the compiler failed on this candidate: plan without it
             if index == 0:
                 raise
-            warnings.warn(f"{_API}: the compiler failed on candidate {cand.label()} "
-                          f"({type(error).__name__}: {str(error).splitlines()[0][:200]}); "
-                          "planning without it.", RematWarning, stacklevel=2)
+            warnings.warn(message(_API, f"the compiler failed on candidate {cand.label()}",
+                                  {"error": f"{type(error).__name__}: "
+                                            f"{str(error).splitlines()[0][:200]}",
+                                   "so": "planning without it"},
+                                  fix="nothing to do; the plan uses the other candidates"),
+                          RematWarning, stacklevel=2)
             continue
         kept.append(cand)
     cands = tuple(kept)

@@ -23,6 +23,7 @@ from remat.compiled.replay import (
     load_wrapper,
     stop_at_wrapper,
 )
+from remat.errors import message
 
 __all__ = ["SimRegion", "region_backend"]
 
@@ -40,9 +41,11 @@ def region_backend(name: str, region: nn.Module, wrapper: nn.Module | None,
         counting = backend_of(model)
     if counting is not None:
         if counting._inner is not None:
-            raise CompiledSimulationError(
-                f"{_API}: region {label} is compiled with a CountingBackend whose "
-                "inner_compile is not inductor's; its memory is not inductor's to simulate")
+            raise CompiledSimulationError(message(
+                _API, f"region {label} is compiled with a CountingBackend whose "
+                "inner_compile is not inductor's",
+                {"so": "its memory is not inductor's to simulate"},
+                fix="profile it for real (simulate=False)"))
         budget = counting.budget
         return (float(functorch_config.activation_memory_budget) if budget is None
                 else budget), {}
@@ -61,12 +64,12 @@ def region_backend(name: str, region: nn.Module, wrapper: nn.Module | None,
     if type(backend).__name__ == "_TorchCompileInductorWrapper":
         options = dict(getattr(backend, "config", {}) or {})
         return float(functorch_config.activation_memory_budget), options
-    raise CompiledSimulationError(
-        f"{_API}: region {label} is compiled with backend "
-        f"{_backend_name(backend)!r}; only inductor (the "
-        "default backend, or remat.compiled.install) is simulated, from its own "
-        "generated code. Profile it for real (simulate=False), or compile it with "
-        "remat.compiled.install.compile_with_budget")
+    raise CompiledSimulationError(message(
+        _API, f"region {label} is compiled with backend {_backend_name(backend)!r}",
+        {"simulated": "only inductor (the default backend, or "
+                      "remat.compiled.install), from its own generated code"},
+        fix="profile it for real (simulate=False), or compile it with "
+            "remat.compiled.install.compile_with_budget"))
 
 
 @contextmanager
@@ -157,21 +160,25 @@ class SimRegion:
                   dynamo_timed("remat_simulate_capture")):
                 capture = convert_frame.fullgraph_capture(self.module._call_impl, args, kwargs)
         except Unsupported as error:
-            raise CompiledSimulationError(
-                f"{_API}: region {label} does not compile to one graph (dynamo: "
-                f"{str(error).splitlines()[0]}); the simulation models one inductor graph "
-                "per region. Compile the blocks instead (compile_blocks_with_budget), or "
-                "profile for real (simulate=False)") from error
+            raise CompiledSimulationError(message(
+                _API, f"region {label} does not compile to one graph",
+                {"dynamo": str(error).splitlines()[0],
+                 "why": "the simulation models one inductor graph per region"},
+                fix="compile the blocks instead (compile_blocks_with_budget), or profile for "
+                    "real (simulate=False)")) from error
         backend_input = capture.backend_input
         if backend_input is None:
-            raise CompiledSimulationError(f"{_API}: region {label} has no tensor op to compile")
+            raise CompiledSimulationError(message(_API,
+                                                  f"region {label} has no tensor op to compile",
+                                                  fix="profile it for real (simulate=False)"))
         for value in backend_input.example_inputs:
             if isinstance(value, torch.SymInt) or (
                     isinstance(value, torch.Tensor)
                     and any(isinstance(s, torch.SymInt) for s in value.shape)):
-                raise CompiledSimulationError(
-                    f"{_API}: region {label} was traced with dynamic shapes; only static "
-                    "shapes are simulated")
+                raise CompiledSimulationError(message(
+                    _API, f"region {label} was traced with dynamic shapes",
+                    {"simulated": "static shapes only"},
+                    fix="compile with dynamic=False, or profile for real (simulate=False)"))
         context = TracingContext(backend_input.fake_mode)
         context.tensor_to_context = backend_input.tensor_to_context
         def inner(gm: fx.GraphModule, example_inputs: Sequence[Any], *rest: Any,
@@ -188,10 +195,10 @@ class SimRegion:
                     if not sink:
                         raise
             if not sink:
-                raise CompiledSimulationError(
-                    f"{_API}: inductor compiled region {label}'s {kind} graph without "
-                    "generating its wrapper (a cached or non-Python-wrapper path); cannot "
-                    "simulate it")
+                raise CompiledSimulationError(message(
+                    _API, f"inductor compiled region {label}'s {kind} graph without "
+                    "generating its wrapper (a cached or non-Python-wrapper path)",
+                    fix="profile it for real (simulate=False)"))
             source, kernels = sink[-1]
             counts = count_graph(gm, label=self.name, kind=kind, budget=self.budget)
             self.graphs.append(GraphMemory(region=self.name, kind=kind, kernels=kernels,
@@ -206,9 +213,9 @@ class SimRegion:
             compiled = compile_fx(backend_input.graph_module, backend_input.example_inputs,
                                   inner_compile=inner)
         if not callable(compiled):
-            raise CompiledSimulationError(
-                f"{_API}: inductor returned a {type(compiled).__name__} for region {label}, "
-                "not a callable (an AOT/export mode?); cannot simulate it")
+            raise CompiledSimulationError(message(
+                _API, f"inductor returned a {type(compiled).__name__} for region {label}, "
+                "not a callable (an AOT/export mode?)", fix="profile it for real (simulate=False)"))
         # the globals dynamo installed while tracing (modules, constructors of the output
         # structure) live in the traced function's global scope, as for a real compile
         return capture.forward_callable(

@@ -69,6 +69,7 @@ import torch
 from torch import fx, nn
 from torch.utils._pytree import tree_map
 
+from remat.errors import message
 from remat.measure.flops import op_flops
 
 __all__ = [
@@ -113,17 +114,23 @@ class CompiledGraph:
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
-            raise ValueError(f"CompiledGraph: kind must be one of {KINDS}, got {self.kind!r}")
+            raise ValueError(message("CompiledGraph", "unknown kind", {"found": repr(self.kind)},
+                                     fix=f"pass one of {KINDS}"))
         for key in ("flops", "recompute_flops", "saved_bytes", "nodes", "uncounted_ops"):
             if getattr(self, key) < 0:
-                raise ValueError(f"CompiledGraph({self.label!r}): {key} must be >= 0, got "
-                                 f"{getattr(self, key)}")
+                raise ValueError(message(f"CompiledGraph({self.label!r})",
+                                         f"{key} must be >= 0", {"found": getattr(self, key)},
+                                         fix=f"pass {key} >= 0"))
         if self.recompute_flops > self.flops:
-            raise ValueError(f"CompiledGraph({self.label!r}): recompute_flops "
-                             f"({self.recompute_flops}) cannot exceed flops ({self.flops})")
+            raise ValueError(message(f"CompiledGraph({self.label!r})",
+                                     "recompute_flops cannot exceed flops",
+                                     {"recompute_flops": self.recompute_flops,
+                                      "flops": self.flops},
+                                     fix="pass flops that include the recompute flops"))
         if not 0.0 <= self.budget <= 1.0:
-            raise ValueError(f"CompiledGraph({self.label!r}): budget must be in [0, 1], "
-                             f"got {self.budget}")
+            raise ValueError(message(f"CompiledGraph({self.label!r})",
+                                     "budget must be in [0, 1]", {"found": self.budget},
+                                     fix="pass a budget in [0, 1]"))
 
 
 def _patchable(cls: type) -> bool:
@@ -259,10 +266,10 @@ class CountingBackend:
                  log: GraphLog | None = None,
                  inner_compile: Callable[..., Any] | None = None) -> None:
         if budget is not None and not 0.0 <= budget <= 1.0:
-            raise ValueError(
-                f"remat CountingBackend: budget must be in [0, 1] "
-                f"(torch._functorch.config.activation_memory_budget), got {budget}"
-            )
+            raise ValueError(message(
+                "CountingBackend", "budget must be in [0, 1]", {"found": budget},
+                fix="pass a fraction in [0, 1] "
+                    "(torch._functorch.config.activation_memory_budget)"))
         self.budget = budget
         self.label = label
         self.log = log if log is not None else GraphLog()

@@ -41,7 +41,7 @@ from torch import nn
 
 from remat.blocks import BlocksSpec, named_blocks
 from remat.compiled.graphs import CountingBackend, GraphLog, register_backend
-from remat.errors import StrategyError
+from remat.errors import StrategyError, message
 from remat.strategies.regions import region_of
 
 __all__ = ["WHOLE_MODEL", "check_compilable", "check_compiled", "compile_blocks_with_budget",
@@ -67,36 +67,45 @@ def check_compilable(model: nn.Module, *, api: str = "remat.integrations.compile
     for name, module in model.named_modules():
         info = region_of(module)
         if info is not None and info.kind == "segment":
-            raise StrategyError(
-                f"{api}: block {name!r} is part of a {info.label!r} segment, one region "
-                "spread over several blocks' calls and driven by Python state between them, "
-                "which torch.compile cannot trace block by block. Use 'full', 'every:N', "
-                f"'ops' or a plan with per-block compile, or leave {info.label!r} blocks "
-                "uncompiled."
-            )
+            raise StrategyError(message(
+                api, f"block {name!r} is part of a {info.label!r} segment",
+                {"why": "one region spread over several blocks' calls and driven by Python "
+                        "state between them, which torch.compile cannot trace block by block"},
+                fix=f"use 'full', 'every:N', 'ops' or a plan with per-block compile, or leave "
+                    f"{info.label!r} blocks uncompiled"))
 
 
-def check_compiled(compiled: Mapping[str, Any], names: tuple[str, ...]) -> dict[str, float]:
+def check_compiled(compiled: Mapping[str, Any], names: tuple[str, ...], *,
+                   api: str) -> dict[str, float]:
     """A plan's ``compiled`` map checked: block names -> compiler budgets in [0, 1], or
     ``{"": budget}``: the whole model compiled at one budget (:data:`WHOLE_MODEL`).
+
+    ``api`` (e.g. ``"Plan"``) starts the error messages.
 
     Raises:
         ValueError: a name that is not a block, ``""`` with block names, or a budget
             outside [0, 1].
     """
     if not isinstance(compiled, Mapping):
-        raise ValueError(f"Plan: compiled must map block names to compiler budgets, got "
-                         f"{type(compiled).__name__}")
+        raise ValueError(message(api, "compiled must map block names to compiler budgets",
+                                 {"found": type(compiled).__name__},
+                                 fix='pass {"block name": budget, ...} or {"": budget}'))
     if WHOLE_MODEL in compiled and len(compiled) > 1:
-        raise ValueError(f"Plan: compiled names the whole model ({WHOLE_MODEL!r}) and blocks "
-                         f"({sorted(k for k in compiled if k)[:3]}); it is one or the other")
+        raise ValueError(message(
+            api, f"compiled names the whole model ({WHOLE_MODEL!r}) and blocks",
+            {"blocks": sorted(k for k in compiled if k)[:3]},
+            fix="name the whole model or blocks, not both"))
     out: dict[str, float] = {}
     for name, value in compiled.items():
         if name not in names and name != WHOLE_MODEL:
-            raise ValueError(f"Plan: compiled names {name!r}, which is not one of block_names")
+            raise ValueError(message(api, f"compiled names {name!r}, which is not a block",
+                                     {"block_names": ", ".join(names[:4])},
+                                     fix="name blocks of block_names"))
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ValueError(f"Plan: compiled[{name!r}] must be a number, got {value!r}")
-        _check_budget(float(value), "Plan", f" compiled[{name!r}]")
+            raise ValueError(message(api, f"compiled[{name!r}] must be a number",
+                                     {"found": repr(value)},
+                                     fix="pass a compiler budget in [0, 1]"))
+        _check_budget(float(value), api, f" compiled[{name!r}]")
         out[str(name)] = float(value)
     return out
 
@@ -121,10 +130,10 @@ def uncompile(model: nn.Module) -> None:
 
 def _check_budget(budget: float | None, api: str, where: str = "") -> None:
     if budget is not None and not 0.0 <= budget <= 1.0:
-        raise ValueError(
-            f"{api}: budget{where} must be in [0, 1] (the fraction of activations the "
-            f"partitioner keeps; 1.0 = inductor's default), got {budget}"
-        )
+        raise ValueError(message(
+            api, f"budget{where} must be in [0, 1]", {"found": budget},
+            fix="pass the fraction of activations the partitioner keeps (1.0 = inductor's "
+                "default)"))
 
 
 def compile_with_budget(model: M, budget: float | None = None, *, in_place: bool = False,
@@ -152,8 +161,11 @@ def compile_with_budget(model: M, budget: float | None = None, *, in_place: bool
     api = f"{_API}.compile_with_budget"
     _check_budget(budget, api)
     if "backend" in compile_kwargs:
-        raise ValueError(f"{api}: backend= is not accepted (the backend is remat's counting "
-                         "wrapper around inductor); call torch.compile yourself for others")
+        raise ValueError(message(api, "backend= is not accepted",
+                                 {"why": "the backend is remat's counting wrapper around "
+                                         "inductor"},
+                                 fix="leave backend= out, or call torch.compile yourself "
+                                     "for other backends"))
     backend = CountingBackend(budget, label="" if in_place else "model", log=log)
     if in_place:
         model.compile(backend=backend, **compile_kwargs)
@@ -203,15 +215,17 @@ def compile_blocks_with_budget(model: M, budget: float | None | Mapping[str, flo
     """
     api = f"{_API}.compile_blocks_with_budget"
     if "backend" in compile_kwargs:
-        raise ValueError(f"{api}: backend= is not accepted (the backend is remat's counting "
-                         "wrapper around inductor)")
+        raise ValueError(message(api, "backend= is not accepted",
+                                 {"why": "the backend is remat's counting wrapper around "
+                                         "inductor"}, fix="leave backend= out"))
     check_compilable(model, api=api)
     named = named_blocks(model, blocks, api=api)
     if isinstance(budget, Mapping):
         unknown = sorted(set(budget) - {name for name, _ in named})
         if unknown:
-            raise ValueError(f"{api}: {unknown} are not blocks of {type(model).__name__}; "
-                             f"blocks: {', '.join(n for n, _ in named)}")
+            raise ValueError(message(api, f"{unknown} are not blocks of {type(model).__name__}",
+                                     {"blocks": ", ".join(n for n, _ in named)},
+                                     fix="key budgets by block names"))
         chosen = {name: budget[name] for name, _ in named if name in budget}
     else:
         chosen = {name: budget for name, _ in named}

@@ -67,6 +67,7 @@ from remat.compiled.graphs import (
     counting_runs,
 )
 from remat.core.results import BlockProfile, Profile
+from remat.errors import message
 from remat.measure.allocator import AllocatorPeak, allocator_peak, mark
 from remat.measure.state import preserved_state
 from remat.measure.step import LossFn, Step, clear_grads, model_device, run_step
@@ -164,8 +165,8 @@ class CompiledMeasurement:
 
     def __post_init__(self) -> None:
         if self.new_graphs < 0:
-            raise ValueError(f"CompiledMeasurement: new_graphs must be >= 0, got "
-                             f"{self.new_graphs}")
+            raise ValueError(message("CompiledMeasurement", "new_graphs must be >= 0",
+                                     {"found": self.new_graphs}, fix="pass new_graphs >= 0"))
 
     @property
     def peak_bytes(self) -> int:
@@ -200,13 +201,14 @@ def measure_compiled(
     """
     check_trainable(model)
     if repeats < 1:
-        raise ValueError(f"{_API}: repeats must be >= 1, got {repeats}")
+        raise ValueError(message(_API, "repeats must be >= 1", {"found": repeats},
+                                 fix="pass repeats >= 1"))
     regions = compiled_regions(model)
     if not regions:
-        raise ValueError(
-            f"{_API}: {type(model).__name__} has no compiled module (neither "
-            "torch.compile(model) nor module.compile()); use remat.profile for eager models"
-        )
+        raise ValueError(message(
+            _API, f"{type(model).__name__} has no compiled module",
+            {"looked for": "torch.compile(model) or module.compile()"},
+            fix="use remat.profile for eager models"))
     device = model_device(model)
     with preserved_state(model, optimizer, device):
         clear_grads(model)

@@ -57,7 +57,7 @@ from remat.compiled.candidates import (
 from remat.compiled.install import WHOLE_MODEL
 from remat.core.budget import Budget, BudgetLike
 from remat.devices import DeviceSpec
-from remat.errors import BudgetTooSmall
+from remat.errors import BudgetTooSmall, message
 from remat.measure.step import LossFn, Step, model_device
 from remat.planning.context import check_plannable
 from remat.planning.cost import cost_device
@@ -166,12 +166,14 @@ def plan_compiled_step(step: Step, options: PlanOptions, *,
         ValueError: ``simulate=True``, or a model on the meta device.
     """
     if options.simulate:
-        raise ValueError(f"{_API}: compiled plans are measured for real\n"
-                         "simulate=True is not supported with it; plan eager steps with "
-                         "remat.plan(..., simulate=True)")
+        raise ValueError(message(_API, "simulate=True is not supported",
+                                 {"why": "compiled plans are measured for real"},
+                                 fix="plan eager steps with remat.plan(..., simulate=True), or "
+                                     "drop simulate="))
     if model_device(step.model).type == "meta":
-        raise ValueError(f"{_API}: the model is on the meta device\n"
-                         "compiled steps must run: build the model on a real device")
+        raise ValueError(message(_API, "the model is on the meta device",
+                                 {"why": "compiled steps must run"},
+                                 fix="materialize the model on a real device first"))
     check_plannable(step.model)
     ctx = context if context is not None else prepare_compiled(step, candidates)
     budget = options.budget.resolve(ctx.no_checkpoint_peak_bytes)
@@ -205,10 +207,12 @@ def plan_compiled_step(step: Step, options: PlanOptions, *,
     best = min(tried, key=lambda label: tried[label])
     lowest = tried[best]
     raise BudgetTooSmall(
-        f"{_API}: no compiled plan fits {format_bytes(budget)}; the lowest compiled peak "
-        f"measured is {format_bytes(lowest)} ({best}), of which "
-        f"{format_bytes(ctx.static_bytes)} is alive before the step (parameters, optimizer "
-        "state, batch). Raise the budget or shrink the batch.",
+        message(_API, f"no compiled plan fits {format_bytes(budget)}",
+                {"budget": format_bytes(budget),
+                 "lowest compiled peak measured": f"{format_bytes(lowest)} ({best})",
+                 "alive before the step": f"{format_bytes(ctx.static_bytes)} (parameters, "
+                                          "optimizer state, batch)"},
+                fix="raise the budget or shrink the batch"),
         budget_bytes=budget, min_peak_bytes=lowest,
         breakdown={"static": ctx.static_bytes, "step": lowest - ctx.static_bytes},
     )

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from remat.compiled.graphs import CompiledGraph
-from remat.errors import RematError
+from remat.errors import RematError, message
 from remat.measure.tracker import MemoryTracker
 
 __all__ = ["CompiledSimulationError", "GraphMemory", "GraphRuns", "Replay", "load_wrapper",
@@ -49,8 +49,9 @@ class GraphMemory:
 
     def __post_init__(self) -> None:
         if self.kernels < 0:
-            raise ValueError(f"GraphMemory({self.region!r}, {self.kind}): kernels must be "
-                             f">= 0, got {self.kernels}")
+            raise ValueError(message(f"GraphMemory({self.region!r}, {self.kind})",
+                                     "kernels must be >= 0", {"found": self.kernels},
+                                     fix="pass kernels >= 0"))
 
 
 # ---- inductor's generated wrapper, with its kernels stubbed -------------------------------
@@ -97,9 +98,10 @@ def load_wrapper(source: str, region: str) -> Callable[[list[Any]], Any]:
     """Execute inductor's wrapper source with stub kernels and fake-tensor allocation; the
     returned ``call(args)`` allocates, reuses and frees exactly as the compiled code does."""
     if _IMPORT not in source:
-        raise CompiledSimulationError(
-            f"{_API}: region {region or '<model>'}: this torch's inductor writes wrapper code "
-            "remat does not recognise (no AsyncCompile import); cannot simulate it")
+        raise CompiledSimulationError(message(
+            _API, f"region {region or '<model>'}: this torch's inductor writes wrapper code "
+            "remat does not recognise (no AsyncCompile import)",
+            {"torch": torch.__version__}, fix="profile it for real (simulate=False)"))
     scope: dict[str, Any] = {"__name__": "remat_simulated_wrapper", "AsyncCompile": _NoKernels}
     exec(compile(source.replace(_IMPORT, ""), "<inductor wrapper (remat simulation)>", "exec"),
          scope)
@@ -111,9 +113,9 @@ def load_wrapper(source: str, region: str) -> Callable[[list[Any]], Any]:
     scope["assert_alignment"] = _no_check
     call = scope.get("call")
     if not callable(call):
-        raise CompiledSimulationError(
-            f"{_API}: region {region or '<model>'}: inductor's wrapper has no call(args); "
-            "cannot simulate it")
+        raise CompiledSimulationError(message(
+            _API, f"region {region or '<model>'}: inductor's wrapper has no call(args)",
+            {"torch": torch.__version__}, fix="profile it for real (simulate=False)"))
     return call  # type: ignore[no-any-return]
 
 

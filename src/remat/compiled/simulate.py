@@ -105,6 +105,7 @@ from remat.compiled.replay import (
     GraphRuns,
 )
 from remat.core.results import BlockProfile, Profile
+from remat.errors import message
 from remat.measure import shadow
 from remat.measure.fake import check_fake_device, fake_batch, fake_optimizer, fake_tensor
 from remat.measure.fake_kernels import install_fake_kernels
@@ -236,8 +237,9 @@ def simulate_compiled(
     check_fake_device(device)
     regions = compiled_regions(model)
     if not regions:
-        raise ValueError(f"{_API}: {type(model).__name__} has no compiled module; "
-                         "use remat.profile(model, batch, simulate=True) for eager models")
+        raise ValueError(message(_API, f"{type(model).__name__} has no compiled module",
+                                 fix="use remat.profile(model, batch, simulate=True) for eager "
+                                     "models"))
     wrappers = _wrappers(model)
     settings = [region_backend(name, module, wrappers.get(id(module)), model)
                 for name, module in regions]

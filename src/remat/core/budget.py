@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from remat.errors import message
 from remat.units import parse_bytes
 
 __all__ = ["Budget", "parse_budget"]
@@ -32,12 +33,16 @@ class Budget:
 
     def __post_init__(self) -> None:
         if (self.bytes_ is None) == (self.fraction is None):
-            raise ValueError("Budget: set exactly one of bytes_ and fraction")
+            raise ValueError(message("Budget", "set exactly one of bytes_ and fraction",
+                                     {"bytes_": self.bytes_, "fraction": self.fraction},
+                                     fix="pass Budget(bytes_=...) or Budget(fraction=...)"))
         if self.bytes_ is not None and self.bytes_ <= 0:
-            raise ValueError(f"Budget: bytes_ must be > 0, got {self.bytes_}")
+            raise ValueError(message("Budget", "bytes_ must be > 0", {"found": self.bytes_},
+                                     fix="pass a positive byte count"))
         if self.fraction is not None and not (math.isfinite(self.fraction)
                                               and self.fraction > 0):
-            raise ValueError(f"Budget: fraction must be > 0, got {self.fraction}")
+            raise ValueError(message("Budget", "fraction must be > 0", {"found": self.fraction},
+                                     fix="pass a finite fraction > 0 (0.6 for 60%)"))
 
     @property
     def is_relative(self) -> bool:
@@ -74,24 +79,28 @@ def parse_budget(budget: BudgetLike | Budget) -> Budget:
     """
     if isinstance(budget, Budget):
         return budget
-    hint = "Write budget as bytes (an int), with a unit (\"12GiB\", \"800MB\") or as a " \
-           "percentage of the un-checkpointed peak (\"60%\")."
+    hint = "write budget as bytes (an int), with a unit (\"12GiB\", \"800MB\") or as a " \
+           "percentage of the un-checkpointed peak (\"60%\")"
     if isinstance(budget, bool) or not isinstance(budget, (int, str)):
-        raise ValueError(f"remat.plan: cannot read budget {budget!r} "
-                         f"({type(budget).__name__}). {hint}")
+        raise ValueError(message("remat.plan", f"cannot read budget {budget!r}",
+                                 {"type": type(budget).__name__}, fix=hint))
     if isinstance(budget, str) and budget.strip().endswith("%"):
         text = budget.strip()[:-1].strip()
         try:
             percent = float(text)
         except ValueError:
-            raise ValueError(f"remat.plan: cannot read budget {budget!r}. {hint}") from None
+            raise ValueError(message("remat.plan", f"cannot read budget {budget!r}",
+                                     fix=hint)) from None
         if not (math.isfinite(percent) and percent > 0):
-            raise ValueError(f"remat.plan: budget {budget!r} must be a percentage > 0. {hint}")
+            raise ValueError(message("remat.plan", f"budget {budget!r} must be a percentage > 0",
+                                     fix=hint))
         return Budget(fraction=percent / 100.0)
     try:
         value = parse_bytes(budget)
     except ValueError:
-        raise ValueError(f"remat.plan: cannot read budget {budget!r}. {hint}") from None
+        raise ValueError(message("remat.plan", f"cannot read budget {budget!r}",
+                                 fix=hint)) from None
     if value <= 0:
-        raise ValueError(f"remat.plan: budget must be > 0 bytes, got {budget!r}. {hint}")
+        raise ValueError(message("remat.plan", "budget must be > 0 bytes",
+                                 {"found": repr(budget)}, fix=hint))
     return Budget(bytes_=value)

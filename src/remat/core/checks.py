@@ -11,6 +11,8 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
+from remat.errors import message
+
 __all__ = ["check_float", "check_int", "decisions_label", "opt_float", "opt_int"]
 
 
@@ -18,7 +20,8 @@ def check_int(owner: str, name: str, value: Any, *, optional: bool = False) -> N
     if optional and value is None:
         return
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"{owner}: {name} must be an int >= 0, got {value!r}")
+        raise ValueError(message(owner, f"{name} must be an int >= 0", {"found": repr(value)},
+                                 fix=f"pass {name} as an int >= 0"))
 
 
 def check_float(owner: str, name: str, value: Any, *, optional: bool = False) -> None:
@@ -27,7 +30,9 @@ def check_float(owner: str, name: str, value: Any, *, optional: bool = False) ->
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
         math.isfinite(value) and value >= 0
     ):
-        raise ValueError(f"{owner}: {name} must be a finite number >= 0, got {value!r}")
+        raise ValueError(message(owner, f"{name} must be a finite number >= 0",
+                                 {"found": repr(value)},
+                                 fix=f"pass {name} as a finite number >= 0"))
 
 
 def opt_int(value: Any) -> int | None:

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from remat.errors import message
+
 __all__ = ["PHASES", "OpRecord"]
 
 PHASES: tuple[str, ...] = ("forward", "backward", "recompute", "optimizer")
@@ -49,14 +51,16 @@ class OpRecord:
 
     def __post_init__(self) -> None:
         if self.phase not in PHASES:
-            raise ValueError(f"OpRecord: phase must be one of {PHASES}, got {self.phase!r}")
+            raise ValueError(message("OpRecord", "unknown phase", {"found": repr(self.phase)},
+                                     fix=f"pass one of {PHASES}"))
         if min(self.flops, self.read_bytes, self.write_bytes, self.dtype_bytes,
                self.alloc_bytes) >= 0:
             return  # the common case, checked at once (a step records thousands of ops)
         for name in ("flops", "read_bytes", "write_bytes", "dtype_bytes", "alloc_bytes"):
             value = getattr(self, name)
             if value < 0:
-                raise ValueError(f"OpRecord({self.name}): {name} must be >= 0, got {value}")
+                raise ValueError(message(f"OpRecord({self.name})", f"{name} must be >= 0",
+                                         {"found": value}, fix=f"pass {name} >= 0"))
 
     @property
     def bytes_moved(self) -> int:

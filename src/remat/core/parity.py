@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from remat.errors import ParityError
+from remat.errors import ParityError, message
 
 __all__ = ["ParityReport"]
 
@@ -42,7 +42,8 @@ class ParityReport:
 
     def __post_init__(self) -> None:
         if not self.rtol > 0:
-            raise ValueError(f"ParityReport: rtol must be > 0, got {self.rtol!r}")
+            raise ValueError(message("ParityReport", "rtol must be > 0",
+                                     {"found": repr(self.rtol)}, fix="pass rtol > 0"))
 
     @property
     def passed(self) -> bool:
@@ -52,10 +53,10 @@ class ParityReport:
     def raise_if_failed(self) -> None:
         """Raise :class:`~remat.errors.ParityError` when the check failed."""
         if not self.passed:
-            raise ParityError(
-                f"remat.validate: strategy {self.strategy!r} changes gradients: worst relative "
-                f"error {self.max_rel_error:.3g} (parameter {self.worst_param!r}) > rtol "
-                f"{self.rtol:.1g}; loss {self.loss:.8g} vs {self.loss_ref:.8g}. Check for "
-                "randomness outside torch's RNG or state updated in forward (see pitfall "
-                "warnings from remat.apply)."
-            )
+            raise ParityError(message(
+                "remat.validate", f"strategy {self.strategy!r} changes gradients",
+                {"worst relative error": f"{self.max_rel_error:.3g} (parameter "
+                                         f"{self.worst_param!r}) > rtol {self.rtol:.1g}",
+                 "loss": f"{self.loss:.8g} vs {self.loss_ref:.8g}"},
+                fix="check for randomness outside torch's RNG or state updated in forward "
+                    "(see pitfall warnings from remat.apply)"))

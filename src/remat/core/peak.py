@@ -45,6 +45,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Generic, Literal, Protocol, TypeVar
 
+from remat.errors import message
+
 __all__ = ["PeakModel", "Window"]
 
 Term = Literal["forward", "backward"]
@@ -136,7 +138,8 @@ def _structure(label: str) -> tuple[int, int | None, Term | None]:
         return i, None, None
     if kind in ("pre", "tail", "optimizer"):
         return 0, None, None
-    raise ValueError(f"remat.plan: unknown memory window {label!r}")
+    raise ValueError(message("remat.plan", f"unknown memory window {label!r}",
+                             fix="please report this with the model and budget"))
 
 
 @dataclass(frozen=True)
@@ -192,8 +195,10 @@ class PeakModel(Generic[C]):
     def predict(self, choice: Sequence[int]) -> int:
         """Predicted step peak, bytes, for ``choice`` (candidate index per block)."""
         if len(choice) != self.num_blocks:
-            raise ValueError(f"PeakModel.predict: expected {self.num_blocks} choices, "
-                             f"got {len(choice)}")
+            raise ValueError(message("PeakModel.predict",
+                                     f"expected {self.num_blocks} choices",
+                                     {"found": len(choice)},
+                                     fix="pass one candidate index per block"))
         return max(self.window_bytes(choice).values())
 
     def peak_window(self, choice: Sequence[int]) -> str:

@@ -17,6 +17,8 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from remat.errors import message
+
 __all__ = ["FORMAT", "LOADERS", "envelope", "load_json", "read_envelope"]
 
 #: The ``format`` of every remat plan file.
@@ -36,7 +38,8 @@ def load_json(text: str, *, api: str) -> Any:
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
-        raise ValueError(f"{api}: not valid JSON\n{exc}") from None
+        raise ValueError(message(api, "not valid JSON", {"error": exc},
+                                 fix="pass the text plan.to_json() wrote")) from None
 
 
 def read_envelope(data: Any, *, framework: str, versions: Sequence[int], api: str,
@@ -61,18 +64,21 @@ def read_envelope(data: Any, *, framework: str, versions: Sequence[int], api: st
     """
     if not isinstance(data, Mapping) or data.get("format") != FORMAT:
         found = data.get("format") if isinstance(data, Mapping) else type(data).__name__
-        raise ValueError(f"{api}: not a remat plan\nformat: {found!r} (expected {FORMAT!r})\n"
-                         "write plans with plan.to_json()")
+        raise ValueError(message(api, "not a remat plan",
+                                 {"format": repr(found), "expected": repr(FORMAT)},
+                                 fix="write plans with plan.to_json()"))
     found_framework = data.get("framework", "torch")
     if found_framework != framework:
         loader = LOADERS.get(str(found_framework), "the loader of that framework")
-        raise ValueError(f"{api}: this is a {found_framework!r} plan, not a {framework!r} one\n"
-                         f"framework: {data.get('framework')!r}\n"
-                         f"load it with {loader}(...), or make a {framework} plan with {make}")
+        what = f"this is a {found_framework!r} plan, not a {framework!r} one"
+        raise ValueError(message(api, what,
+                                 {"framework": repr(data.get("framework"))},
+                                 fix=f"load it with {loader}(...), or make a {framework} plan "
+                                     f"with {make}"))
     version = data.get("version")
     if not isinstance(version, int) or version not in versions:
-        raise ValueError(f"{api}: plan format version {version!r} is not supported\n"
-                         f"this remat reads versions {', '.join(map(str, versions))}\n"
-                         f"re-create the plan with {make} using this remat version, or "
-                         "install the remat version that wrote it")
+        raise ValueError(message(api, f"plan format version {version!r} is not supported",
+                                 {"this remat reads versions": ", ".join(map(str, versions))},
+                                 fix=f"re-create the plan with {make} using this remat version, "
+                                     "or install the remat version that wrote it"))
     return version

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from remat.core.ops import PHASES, OpRecord
+from remat.errors import message, one_line
 
 __all__ = ["BlockProfile", "PhasePeak", "Profile"]
 
@@ -34,7 +35,8 @@ class PhasePeak:
 
     def __post_init__(self) -> None:
         if self.peak_bytes < 0:
-            raise ValueError(f"PhasePeak: peak_bytes must be >= 0, got {self.peak_bytes}")
+            raise ValueError(message("PhasePeak", "peak_bytes must be >= 0",
+                                     {"found": self.peak_bytes}, fix="pass peak_bytes >= 0"))
 
 
 @dataclass(frozen=True)
@@ -62,11 +64,13 @@ class BlockProfile:
     def __post_init__(self) -> None:
         for key in ("saved_bytes", "forward_flops", "backward_flops", "recompute_flops"):
             if getattr(self, key) < 0:
-                raise ValueError(f"BlockProfile({self.name!r}): {key} must be >= 0, "
-                                 f"got {getattr(self, key)}")
+                raise ValueError(message(f"BlockProfile({self.name!r})", f"{key} must be >= 0",
+                                         {"found": getattr(self, key)},
+                                         fix=f"pass {key} >= 0"))
         if self.forward_ms is not None and self.forward_ms < 0:
-            raise ValueError(f"BlockProfile({self.name!r}): forward_ms must be >= 0, "
-                             f"got {self.forward_ms}")
+            raise ValueError(message(f"BlockProfile({self.name!r})", "forward_ms must be >= 0",
+                                     {"found": self.forward_ms},
+                                     fix="pass forward_ms >= 0 or None"))
 
 
 @dataclass(frozen=True)
@@ -141,18 +145,21 @@ class Profile:
                     "grad_bytes", "optimizer_bytes", "batch_bytes", "flops", "forward_flops",
                     "backward_flops", "recompute_flops"):
             if getattr(self, key) < 0:
-                raise ValueError(f"Profile: {key} must be >= 0, got {getattr(self, key)}")
+                raise ValueError(message("Profile", f"{key} must be >= 0",
+                                         {"found": getattr(self, key)}, fix=f"pass {key} >= 0"))
         parts = self.forward_flops + self.backward_flops + self.recompute_flops
         if self.flops != parts:
-            raise ValueError(
-                f"Profile: flops ({self.flops}) must equal forward_flops + backward_flops + "
-                f"recompute_flops ({parts})"
-            )
+            raise ValueError(message(
+                "Profile", "flops must equal forward_flops + backward_flops + recompute_flops",
+                {"flops": self.flops, "sum of the parts": parts},
+                fix="pass flops equal to the sum of its parts"))
         for key in ("forward_ms", "backward_ms", "step_ms"):
             value = getattr(self, key)
             if value is not None and (self.simulated or value < 0):
-                raise ValueError(f"Profile: {key} must be None when simulated and >= 0 "
-                                 f"otherwise, got {value} (simulated={self.simulated})")
+                raise ValueError(message("Profile",
+                                         f"{key} must be None when simulated and >= 0 otherwise",
+                                         {"found": value, "simulated": self.simulated},
+                                         fix=f"pass {key}=None for a simulated profile"))
 
     @property
     def fixed_bytes(self) -> int:
@@ -177,11 +184,14 @@ class Profile:
         for b in self.blocks:
             if b.name == name:
                 return b
-        raise KeyError(f"Profile.block: no block {name!r}; blocks: "
-                       f"{', '.join(b.name for b in self.blocks) or '(none)'}")
+        raise KeyError(one_line(message(
+            "Profile.block", f"no block {name!r}",
+            {"blocks": ", ".join(b.name for b in self.blocks) or "(none)"},
+            fix="ask for one of the profiled blocks")))
 
     def ops_in(self, phase: str) -> tuple[OpRecord, ...]:
         """The ops of one phase: ``"forward"``, ``"backward"``, ``"recompute"``, ``"optimizer"``."""
         if phase not in PHASES:
-            raise ValueError(f"Profile.ops_in: phase must be one of {PHASES}, got {phase!r}")
+            raise ValueError(message("Profile.ops_in", "unknown phase", {"found": repr(phase)},
+                                     fix=f"pass one of {PHASES}"))
         return tuple(op for op in self.ops if op.phase == phase)

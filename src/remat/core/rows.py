@@ -8,6 +8,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from remat.errors import message, one_line
+
 __all__ = ["BASELINE", "ComparisonResult", "StrategyRow"]
 
 #: The strategy every row is compared with.
@@ -83,31 +85,35 @@ class StrategyRow:
 
     def __post_init__(self) -> None:
         if not self.strategy:
-            raise ValueError("StrategyRow: strategy must be a non-empty string")
+            raise ValueError(message("StrategyRow", "strategy must be a non-empty string",
+                                     fix="pass the strategy's name, e.g. 'every:2'"))
         for name in ("peak_bytes", "activation_bytes", "param_bytes", "grad_bytes", "flops",
                      "recompute_flops"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise ValueError(
-                    f"StrategyRow({self.strategy!r}): {name} must be an int >= 0, got {value!r}"
-                )
+                raise ValueError(message(f"StrategyRow({self.strategy!r})",
+                                         f"{name} must be an int >= 0", {"found": repr(value)},
+                                         fix=f"pass {name} as an int >= 0"))
         if self.recompute_flops > self.flops:
-            raise ValueError(
-                f"StrategyRow({self.strategy!r}): recompute_flops ({self.recompute_flops}) "
-                f"exceeds flops ({self.flops})"
-            )
+            raise ValueError(message(f"StrategyRow({self.strategy!r})",
+                                     "recompute_flops exceeds flops",
+                                     {"recompute_flops": self.recompute_flops,
+                                      "flops": self.flops},
+                                     fix="pass flops that include the recompute flops"))
         for name in ("step_ms", "step_time_ratio", "grad_max_rel_error"):
             value = getattr(self, name)
             if value is not None and not (math.isfinite(value) and value >= 0):
-                raise ValueError(
-                    f"StrategyRow({self.strategy!r}): {name} must be a finite number >= 0 "
-                    f"or None, got {value!r}"
-                )
+                raise ValueError(message(f"StrategyRow({self.strategy!r})",
+                                         f"{name} must be a finite number >= 0 or None",
+                                         {"found": repr(value)},
+                                         fix=f"pass {name} >= 0 or None"))
         if (self.grad_passed is None) != (self.grad_max_rel_error is None):
-            raise ValueError(
-                f"StrategyRow({self.strategy!r}): grad_passed and grad_max_rel_error must both "
-                f"be set or both be None, got {self.grad_passed!r} and {self.grad_max_rel_error!r}"
-            )
+            raise ValueError(message(
+                f"StrategyRow({self.strategy!r})",
+                "grad_passed and grad_max_rel_error must both be set or both be None",
+                {"grad_passed": repr(self.grad_passed),
+                 "grad_max_rel_error": repr(self.grad_max_rel_error)},
+                fix="set both (a gradient check ran) or neither"))
 
 
 @dataclass(frozen=True)
@@ -132,16 +138,19 @@ class ComparisonResult:
 
     def __post_init__(self) -> None:
         if not self.rows:
-            raise ValueError("ComparisonResult: rows must not be empty")
+            raise ValueError(message("ComparisonResult", "rows must not be empty",
+                                     fix="pass one row per strategy"))
         names = [row.strategy for row in self.rows]
         if len(set(names)) != len(names):
-            raise ValueError(f"ComparisonResult: duplicate strategies in {names}")
+            raise ValueError(message("ComparisonResult", "duplicate strategies",
+                                     {"strategies": names}, fix="pass one row per strategy"))
         if self.baseline not in names:
-            raise ValueError(
-                f"ComparisonResult: baseline {self.baseline!r} is not among the rows {names}"
-            )
+            raise ValueError(message("ComparisonResult",
+                                     f"baseline {self.baseline!r} is not among the rows",
+                                     {"rows": names}, fix="include the baseline's row"))
         if self.repeats < 0:
-            raise ValueError(f"ComparisonResult: repeats must be >= 0, got {self.repeats}")
+            raise ValueError(message("ComparisonResult", "repeats must be >= 0",
+                                     {"found": self.repeats}, fix="pass repeats >= 0"))
 
     @property
     def strategies(self) -> tuple[str, ...]:
@@ -153,9 +162,9 @@ class ComparisonResult:
         for row in self.rows:
             if row.strategy == strategy:
                 return row
-        raise KeyError(
-            f"ComparisonResult.row: no strategy {strategy!r}; have {list(self.strategies)}"
-        )
+        raise KeyError(one_line(message("ComparisonResult.row", f"no strategy {strategy!r}",
+                                        {"have": list(self.strategies)},
+                                        fix="ask for a strategy the comparison measured")))
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-able dict with keys version, label, device, repeats, baseline, meta, rows."""
@@ -178,10 +187,10 @@ class ComparisonResult:
         """Rebuild a result written by :meth:`to_dict` (validates it again)."""
         version = data.get("version")
         if version != _JSON_VERSION:
-            raise ValueError(
-                f"ComparisonResult.from_dict: unsupported version {version!r} "
-                f"(this remat reads version {_JSON_VERSION})"
-            )
+            raise ValueError(message("ComparisonResult.from_dict",
+                                     f"unsupported version {version!r}",
+                                     {"this remat reads version": _JSON_VERSION},
+                                     fix="re-run the comparison with this remat version"))
         return cls(
             rows=tuple(StrategyRow(**row) for row in data["rows"]),
             device=str(data["device"]),

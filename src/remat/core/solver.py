@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from remat.core.peak import PeakModel
-from remat.errors import RematError
+from remat.errors import RematError, message
 from remat.native import silenced
 
 if TYPE_CHECKING:
@@ -114,8 +114,9 @@ def _run(c: np.ndarray, constraints: list[LinearConstraint], integrality: np.nda
         return np.asarray(result.x)
     if result.status == 2:  # infeasible
         return None
-    raise RematError(f"remat.plan: the solver stopped without an answer ({result.message}); "
-                     "please report this with the model and budget")
+    raise RematError(message("remat.plan", "the solver stopped without an answer",
+                             {"solver": result.message},
+                             fix="please report this with the model and budget"))
 
 
 # NOTE [ Prefix dynamic program ]
@@ -314,7 +315,8 @@ def min_peak_choice(model: PeakModel, *, exact: bool = False) -> list[int]:
     bounds = Bounds(np.zeros(n + 1), np.concatenate([np.ones(n), [np.inf]]))
     x = _run(c, constraints, integrality, bounds)
     if x is None:  # cannot happen: every choice has some peak
-        raise RematError("remat.plan: no candidate choice at all; please report this")
+        raise RematError(message("remat.plan", "no candidate choice at all",
+                                 fix="please report this with the model and budget"))
     choice = _decode(x, offsets)
     cheapest = solve(model, model.predict(choice), exact=exact)
     return cheapest if cheapest is not None else choice

@@ -51,7 +51,7 @@ import torch
 from torch import nn
 
 from remat.blocks import BlocksSpec, named_blocks
-from remat.errors import RematError, StrategyError
+from remat.errors import RematError, StrategyError, message
 from remat.integrations.compile import compile_blocks
 from remat.simulate.sharding import ShardedPeak, shard_peak
 from remat.strategies.regions import region_of
@@ -123,16 +123,17 @@ def check_segments_sharding(segments: Sequence[Sequence[nn.Module]], *,
         states = {id(_fsdp_state(m)) for m, s in zip(members, sharded, strict=True) if s}
         if all(sharded) and len(states) == 1:
             continue
-        raise RematError(
-            f"{api}: sqrt segment {index} spans {len(members)} blocks "
-            f"({', '.join(type(m).__name__ for m in members)}) that fully_shard already "
-            f"sharded one by one ({len(states)} FSDP groups for {sum(sharded)} sharded "
-            "blocks). A segment is recomputed as a whole, so its blocks must be all-gathered "
-            "together. Fix: apply remat before sharding, e.g. "
-            "remat.integrations.fsdp2.apply_fsdp(model, 'sqrt'), which shards each segment "
-            "as one group (fully_shard([block_i, ..., block_j])); or keep per-block sharding "
-            "and use a per-block strategy such as 'full' or 'every:N'."
-        )
+        raise RematError(message(
+            api, f"sqrt segment {index} spans {len(members)} blocks that fully_shard already "
+            "sharded one by one",
+            {"blocks": ", ".join(type(m).__name__ for m in members),
+             "FSDP groups": f"{len(states)} for {sum(sharded)} sharded blocks",
+             "why": "a segment is recomputed as a whole, so its blocks must be all-gathered "
+                    "together"},
+            fix="apply remat before sharding, e.g. remat.integrations.fsdp2.apply_fsdp(model, "
+                "'sqrt'), which shards each segment as one group (fully_shard([block_i, ..., "
+                "block_j])); or keep per-block sharding and use a per-block strategy such as "
+                "'full' or 'every:N'"))
 
 
 def shard_groups(model: nn.Module, *, blocks: BlocksSpec = None) -> list[list[nn.Module]]:
@@ -173,11 +174,10 @@ def _default_mesh(model: nn.Module) -> Any:
     from torch.distributed.device_mesh import init_device_mesh
 
     if not dist.is_initialized():
-        raise RematError(
-            "remat.integrations.fsdp2.apply_fsdp: torch.distributed is not initialized. "
-            "Launch with torchrun and call torch.distributed.init_process_group() first "
-            "(backend 'nccl' on GPUs, 'gloo' on CPU), or pass mesh=."
-        )
+        raise RematError(message(
+            "remat.integrations.fsdp2.apply_fsdp", "torch.distributed is not initialized",
+            fix="launch with torchrun and call torch.distributed.init_process_group() first "
+                "(backend 'nccl' on GPUs, 'gloo' on CPU), or pass mesh="))
     devices = {p.device.type for p in model.parameters()}
     device_type = "cuda" if "cuda" in devices or (
         devices <= {"meta"} and torch.cuda.is_available()
@@ -233,19 +233,18 @@ def apply_fsdp(model: M, strategy: str | Any, *, mesh: Any = None, compile: bool
     api = "remat.integrations.fsdp2.apply_fsdp"
     already = [name or "<root>" for name, m in model.named_modules() if is_sharded(m)]
     if already:
-        raise RematError(
-            f"{api}: fully_shard already ran on {already[:4]}"
-            f"{' ...' if len(already) > 4 else ''}; apply_fsdp shards the model itself. "
-            "Pass the model before any fully_shard call, or keep your own fully_shard calls "
-            "and run remat.apply(model, strategy) after them (every strategy but 'sqrt' "
-            "works in that order)."
-        )
-    if compile and isinstance(strategy, str) and parse_strategy(strategy).spans_blocks:
-        raise StrategyError(  # before touching the model
-            f"{api}: compile=True cannot compile {strategy!r} block by block (its regions "
-            "span several blocks' calls). Use 'full', 'every:N', 'ops' or a plan with "
-            f"compile=True, or compile=False with {strategy!r}."
-        )
+        raise RematError(message(
+            api, "fully_shard already ran on the model; apply_fsdp shards the model itself",
+            {"sharded": f"{already[:4]}{' ...' if len(already) > 4 else ''}"},
+            fix="pass the model before any fully_shard call, or keep your own fully_shard "
+                "calls and run remat.apply(model, strategy) after them (every strategy but "
+                "'sqrt' works in that order)"))
+    if compile and isinstance(strategy, str) and parse_strategy(strategy, api=api).spans_blocks:
+        raise StrategyError(message(  # before touching the model
+            api, f"compile=True cannot compile {strategy!r} block by block",
+            {"why": "its regions span several blocks' calls"},
+            fix=f"use 'full', 'every:N', 'ops' or a plan with compile=True, or compile=False "
+                f"with {strategy!r}"))
     apply(model, strategy, blocks=blocks)
     groups = shard_groups(model, blocks=blocks)
     if compile:
@@ -356,10 +355,10 @@ def single_device_budget_bytes(budget_bytes: int, profile: ProfileBytes, model: 
         ...     parse_bytes("20GiB"), prof, model, world_size=8))
     """
     if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, int) or budget_bytes <= 0:
-        raise ValueError(
-            "remat.integrations.fsdp2.single_device_budget_bytes: budget_bytes must be an "
-            f"int > 0, got {budget_bytes!r} (use remat.parse_bytes('20GiB'))"
-        )
+        raise ValueError(message(
+            "remat.integrations.fsdp2.single_device_budget_bytes",
+            "budget_bytes must be an int > 0", {"found": repr(budget_bytes)},
+            fix="pass bytes, e.g. remat.parse_bytes('20GiB')"))
     rank = per_rank_peak(profile, model, world_size=world_size, blocks=blocks,
                          prefetch_blocks=prefetch_blocks)
     return budget_bytes + profile.peak_bytes - rank.peak_bytes

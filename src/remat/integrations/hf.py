@@ -34,17 +34,17 @@ import torch
 from torch import nn
 
 from remat.blocks import BlocksSpec
-from remat.errors import RematWarning
+from remat.errors import RematWarning, message
 from remat.measure.step import model_device
 from remat.strategies.apply import AppliedStrategy, applied, apply
+from remat.strategies.registry import parse_strategy
 
 try:
     from transformers import TrainerCallback
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
-    raise ImportError(
-        "remat.integrations.hf needs the transformers package, which is not installed. "
-        "Install it with: pip install 'remat[hf]'"
-    ) from exc
+    raise ImportError(message(
+        "remat.integrations.hf", "needs the transformers package, which is not installed",
+        fix="install it with: pip install 'remat[hf]'")) from exc
 
 __all__ = ["RematCallback", "disable_kv_cache", "prepare_model", "to_model_batch"]
 
@@ -138,10 +138,13 @@ def prepare_model(model: M, *, strategy: str | Any | None = None, budget: int | 
         >>> prepare_model(model, strategy="ops")
     """
     if strategy is not None and budget is not None:
-        raise ValueError(
-            f"{_API}: pass strategy= or budget=, not both (got strategy={strategy!r}, "
-            f"budget={budget!r})"
-        )
+        raise ValueError(message(_API, "strategy= and budget= were both given",
+                                 {"strategy": repr(strategy), "budget": repr(budget)},
+                                 fix="pass strategy= or budget=, not both"))
+    if isinstance(strategy, str):  # an unknown strategy fails here, naming this call
+        strategy = parse_strategy(strategy, api=_API)
+    elif callable(check := getattr(strategy, "check_model", None)):
+        check(model, api=_API)  # a plan for another model, named here
     was_training = model.training
     model.train()  # checkpointing is for training; avoid the eval-mode warning
     # Before planning too: a cache makes the measured blocks append to it (see disable_kv_cache).
@@ -149,19 +152,20 @@ def prepare_model(model: M, *, strategy: str | Any | None = None, budget: int | 
     if cached:
         where = ", ".join(repr(name) if name else "the model" for name in cached)
         warnings.warn(
-            f"{_API}: config.use_cache was True ({where}): recomputing a checkpointed block "
-            "with a KV cache appends its keys and values a second time, which fails or "
-            "corrupts the cache, so remat set use_cache=False for training. Set it back to "
-            "True before generation.",
+            message(_API, f"config.use_cache was True ({where})",
+                    {"why": "recomputing a checkpointed block with a KV cache appends its keys "
+                            "and values a second time, which fails or corrupts the cache, so "
+                            "remat set use_cache=False for training"},
+                    fix="set it back to True before generation"),
             RematWarning, stacklevel=2,
         )
     try:
         if budget is not None:
             if batch is None:
-                raise ValueError(
-                    f"{_API}: budget={budget!r} needs batch=, one training batch as the "
-                    "Trainer's data collator produces it, to measure the step"
-                )
+                raise ValueError(message(
+                    _API, f"budget={budget!r} needs batch= to measure the step",
+                    fix="pass batch=, one training batch as the Trainer's data collator "
+                        "produces it"))
             from remat.planning import plan
 
             chosen = plan(model, to_model_batch(batch, model), budget=budget, blocks=blocks,
@@ -199,10 +203,10 @@ class RematCallback(TrainerCallback):  # type: ignore[misc]
     def __init__(self, strategy: str | Any | None = None, *, budget: int | str | None = None,
                  batch: Any = None, blocks: BlocksSpec = None) -> None:
         if strategy is not None and budget is not None:
-            raise ValueError(
-                "remat.integrations.hf.RematCallback: pass strategy or budget=, not both "
-                f"(got strategy={strategy!r}, budget={budget!r})"
-            )
+            raise ValueError(message(
+                "remat.integrations.hf.RematCallback", "strategy and budget= were both given",
+                {"strategy": repr(strategy), "budget": repr(budget)},
+                fix="pass strategy or budget=, not both"))
         self.strategy = strategy
         self.budget = budget
         self.batch = batch
@@ -214,15 +218,16 @@ class RematCallback(TrainerCallback):  # type: ignore[misc]
                        **kwargs: Any) -> None:
         """Apply the strategy (or plan the budget) on the Trainer's model."""
         if model is None:
-            raise ValueError("remat.integrations.hf.RematCallback: the Trainer passed no model")
+            raise ValueError(message("remat.integrations.hf.RematCallback",
+                                     "the Trainer passed no model",
+                                     fix="add the callback to a Trainer with a model"))
         batch = self.batch
         if self.budget is not None and batch is None:
             if train_dataloader is None:
-                raise ValueError(
-                    "remat.integrations.hf.RematCallback: budget= needs a batch to measure, "
-                    "and the Trainer has no training dataloader; pass RematCallback(budget=..., "
-                    "batch=...)"
-                )
+                raise ValueError(message(
+                    "remat.integrations.hf.RematCallback",
+                    "budget= needs a batch to measure, and the Trainer has no training "
+                    "dataloader", fix="pass RematCallback(budget=..., batch=...)"))
             batch = next(iter(train_dataloader))
         # accelerate wraps the Trainer's optimizer; the planner rebuilds the torch one.
         inner = getattr(optimizer, "optimizer", optimizer)

@@ -59,6 +59,8 @@ import jax
 import numpy as np
 from flax import nnx
 
+from remat.errors import message
+
 __all__ = ["LossFn", "StepAnalysis", "analyze_fns", "analyze_step", "analyze_steps", "cached",
            "clear_cache", "compile_fn", "compile_in_pool", "compiler_options", "default_loss",
            "difference_options", "job_key", "lower_job", "prefetch_step", "shape_key", "step_fn",
@@ -81,15 +83,14 @@ def default_loss(model: Any, batch: Any) -> Any:
             return model(**batch)
         if _takes_one_argument(signature):
             return model(batch)
-        raise TypeError(
-            f"remat.jax: cannot call {type(model).__name__}{signature} with a dict batch\n"
-            f"batch keys: {', '.join(map(str, batch))}\n"
-            "remat's default loss calls model(**batch) when __call__ takes the batch's keys, "
-            "and model(batch) when it takes one argument\n"
-            "pass loss_fn=lambda model, batch: <a scalar loss> (e.g. "
-            "model(batch['input_ids'], batch['labels'])) to remat.jax.profile / plan / "
-            "compare / validate"
-        )
+        raise TypeError(message(
+            "remat.jax", f"cannot call {type(model).__name__}{signature} with a dict batch",
+            {"batch keys": ", ".join(map(str, batch)),
+             "remat's default loss calls": "model(**batch) when __call__ takes the batch's "
+                                           "keys, model(batch) when it takes one argument"},
+            fix="pass loss_fn=lambda model, batch: <a scalar loss> (e.g. model(batch["
+                "'input_ids'], batch['labels'])) to remat.jax.profile / plan / compare / "
+                "validate"))
     if isinstance(batch, tuple):
         return model(*batch)
     return model(batch)

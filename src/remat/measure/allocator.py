@@ -55,6 +55,8 @@ from typing import Any, TypeVar
 
 import torch
 
+from remat.errors import message
+
 __all__ = ["AllocatorPeak", "allocator_peak", "mark", "quiet_profiler"]
 
 _API = "remat.measure.allocator_peak"
@@ -104,10 +106,13 @@ class AllocatorPeak:
     def __post_init__(self) -> None:
         for key in ("peak_bytes", "baseline_bytes", "events"):
             if getattr(self, key) < 0:
-                raise ValueError(f"AllocatorPeak: {key} must be >= 0, got {getattr(self, key)}")
+                raise ValueError(message("AllocatorPeak", f"{key} must be >= 0",
+                                         {"found": getattr(self, key)}, fix=f"pass {key} >= 0"))
         if self.end_bytes > self.peak_bytes:
-            raise ValueError(f"AllocatorPeak: end_bytes ({self.end_bytes}) cannot exceed "
-                             f"peak_bytes ({self.peak_bytes})")
+            raise ValueError(message("AllocatorPeak", "end_bytes cannot exceed peak_bytes",
+                                     {"end_bytes": self.end_bytes,
+                                      "peak_bytes": self.peak_bytes},
+                                     fix="pass end_bytes <= peak_bytes"))
 
 
 @contextmanager
@@ -365,5 +370,6 @@ def allocator_peak(step: Callable[[], object], *,
         return _peak_cpu(step, dev)
     if dev.type == "cuda":
         return _peak_cuda(step, dev)
-    raise ValueError(f"{_API}: device must be 'cpu' or 'cuda', got {str(dev)!r}. Other "
-                     "allocators expose no peak this function knows how to read.")
+    raise ValueError(message(_API, "device must be 'cpu' or 'cuda'", {"found": repr(str(dev))},
+                             fix="measure on 'cpu' or 'cuda' (other allocators expose no peak "
+                                 "this function knows how to read)"))

@@ -30,6 +30,7 @@ import torch
 from torch import Tensor, nn
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
+from remat.errors import message
 from remat.measure import shadow
 from remat.measure.fake_kernels import install_fake_kernels
 
@@ -83,11 +84,11 @@ def check_fake_device(device: torch.device | str | None) -> None:
         return
     dev = torch.device(device)
     if dev.type == "cuda" and not torch.backends.cuda.is_built():
-        raise ValueError(
-            f"remat.profile(simulate=True): device={str(dev)!r} needs a CUDA-enabled PyTorch "
-            f"build (this one is {torch.__version__}, CPU only); simulate on 'cpu' instead: "
-            "byte counts are the same except for device-specific kernels (attention)"
-        )
+        raise ValueError(message(
+            "remat.profile(simulate=True)", f"device={str(dev)!r} needs a CUDA-enabled "
+            "PyTorch build", {"this PyTorch": f"{torch.__version__}, CPU only"},
+            fix="simulate on 'cpu' instead: byte counts are the same except for "
+                "device-specific kernels (attention)"))
 
 
 def _plain_tensor_attributes(module: nn.Module) -> Iterable[Tensor]:
@@ -189,11 +190,11 @@ def fake_optimizer(
         params = []
         for p in group["params"]:
             if id(p) not in replaced:
-                raise ValueError(
-                    f"remat.profile(simulate=True): param group {index} of "
-                    f"{type(optimizer).__name__} holds a tensor of shape {tuple(p.shape)} that is "
-                    "not a parameter of the model; build the optimizer from model.parameters()"
-                )
+                raise ValueError(message(
+                    "remat.profile(simulate=True)", f"param group {index} of "
+                    f"{type(optimizer).__name__} holds a tensor that is not a parameter of the "
+                    "model", {"shape": tuple(p.shape)},
+                    fix="build the optimizer from model.parameters()"))
             params.append(replaced[id(p)])
         hyper = {k: copy.deepcopy(v) for k, v in group.items() if k != "params"}
         groups.append({**hyper, "params": params})

@@ -39,6 +39,7 @@ from torch._subclasses.fake_tensor import DynamicOutputShapeException, FakeTenso
 
 from remat.core.ops import PHASES
 from remat.core.results import BlockProfile, Profile
+from remat.errors import message
 from remat.measure import shadow
 from remat.measure.fake import (
     check_fake_device,
@@ -211,7 +212,8 @@ def profile_step(step: Step, *, simulate: bool = False, timing: bool = True,
     check_trainable(step.model)
     check_runnable(step.model, api=_API, simulate=simulate)
     if repeats < 1:
-        raise ValueError(f"{_API}: repeats must be >= 1, got {repeats}")
+        raise ValueError(message(_API, "repeats must be >= 1", {"found": repeats},
+                                 fix="pass repeats >= 1"))
     if simulate:
         return _simulated(step, device=None)
     named = step.blocks_found(api=_API, required=False)
@@ -303,7 +305,8 @@ def simulated_steps(step: Step, batches: Sequence[Any], *,
         True
     """
     if not batches:
-        raise ValueError(f"{_API}: simulated_steps needs at least one batch, got none")
+        raise ValueError(message(_API, "simulated_steps needs at least one batch",
+                                 fix="pass one batch or more"))
     return WarmFake(step, batches[0], device=device).profiles(batches)
 
 

@@ -14,6 +14,7 @@ from collections.abc import Iterable
 
 from remat.core.ops import PHASES, OpRecord
 from remat.devices import DeviceSpec, get_device
+from remat.errors import message
 
 __all__ = ["op_roofline_ms", "roofline_ms"]
 
@@ -65,9 +66,8 @@ def roofline_ms(
         wanted = frozenset(phases)
         unknown = sorted(wanted - set(PHASES))
         if unknown:
-            raise ValueError(
-                f"remat.measure.roofline_ms: unknown phase(s) {unknown}; valid: {PHASES}"
-            )
+            raise ValueError(message("remat.measure.roofline_ms", f"unknown phase(s) {unknown}",
+                                     fix=f"pass phases from {PHASES}"))
     return sum(
         op_roofline_ms(op, spec, dtype_bytes=dtype_bytes)
         for op in ops if wanted is None or op.phase in wanted

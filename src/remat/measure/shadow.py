@@ -231,14 +231,15 @@ def data_dependent_error(func: Any, error: Exception) -> RuntimeError:
 
     See NOTE [ Data-dependent shapes ].
     """
-    from remat.errors import RematError
+    from remat.errors import RematError, message
 
-    return RematError(
-        f"remat.profile(simulate=True): {func} has an output shape that depends on tensor "
-        "values, which fake tensors do not have (a mixture-of-experts layer looping over "
-        "experts with torch.where / nonzero?). Simulated bytes would depend on a guessed "
-        "routing. For Hugging Face MoE models call "
-        "model.set_experts_implementation('grouped_mm') (shapes, hence bytes, do not depend "
-        "on routing), or profile on real tensors (simulate=False), which measure the routing "
-        f"of this batch. ({type(error).__name__}: {error})"
-    )
+    return RematError(message(
+        "remat.profile(simulate=True)", f"{func} has an output shape that depends on tensor "
+        "values, which fake tensors do not have",
+        {"likely": "a mixture-of-experts layer looping over experts with torch.where / "
+                   "nonzero",
+         "so": "simulated bytes would depend on a guessed routing",
+         "error": f"{type(error).__name__}: {error}"},
+        fix="for Hugging Face MoE models call model.set_experts_implementation('grouped_mm') "
+            "(shapes, hence bytes, do not depend on routing), or profile on real tensors "
+            "(simulate=False), which measure the routing of this batch"))

@@ -10,7 +10,7 @@ import torch
 from torch import Tensor, nn
 
 from remat.blocks import BlocksSpec, named_blocks
-from remat.errors import BlocksNotFound, RematError
+from remat.errors import BlocksNotFound, RematError, message
 
 __all__ = [
     "check_runnable",
@@ -59,10 +59,10 @@ def call_model(model: nn.Module, batch: Any, *, api: str = "remat.run_step") -> 
         return model(*batch)
     if isinstance(batch, Tensor):
         return model(batch)
-    raise TypeError(
-        f"{api}: batch must be a Tensor, a tuple/list of arguments or a dict of keyword "
-        f"arguments, got {type(batch).__name__}"
-    )
+    raise TypeError(message(
+        api, "batch must be a Tensor, a tuple/list of arguments or a dict of keyword "
+        "arguments", {"found": type(batch).__name__},
+        fix="pass the inputs your model's forward takes"))
 
 
 def default_loss(output: Any, *, api: str = "remat.run_step") -> Tensor:
@@ -87,11 +87,10 @@ def default_loss(output: Any, *, api: str = "remat.run_step") -> Tensor:
     logits = getattr(output, "logits", None)
     if isinstance(logits, Tensor):
         return logits.float().mean()
-    raise TypeError(
-        f"{api}: cannot derive a loss from a model output of type {type(output).__name__} "
-        "(no .loss, not a tensor or a tuple starting with one); pass "
-        "loss_fn=lambda output, batch: ..."
-    )
+    raise TypeError(message(
+        api, f"cannot derive a loss from a model output of type {type(output).__name__}",
+        {"why": "no .loss, not a tensor or a tuple starting with one"},
+        fix="pass loss_fn=lambda output, batch: ..."))
 
 
 def run_step(
@@ -143,15 +142,15 @@ def run_step(
         loss = loss_fn(output, batch) if loss_fn is not None else default_loss(output)
         del output
         if not isinstance(loss, Tensor) or loss.numel() != 1:
-            raise ValueError(
-                f"remat.run_step: the loss must be a scalar Tensor, got "
-                f"{type(loss).__name__}{tuple(loss.shape) if isinstance(loss, Tensor) else ''}"
-            )
+            raise ValueError(message(
+                "remat.run_step", "the loss must be a scalar Tensor",
+                {"found": f"{type(loss).__name__}"
+                          f"{tuple(loss.shape) if isinstance(loss, Tensor) else ''}"},
+                fix="return a scalar from loss_fn (e.g. reduce it with .mean())"))
         if not loss.requires_grad:
-            raise ValueError(
-                "remat.run_step: the loss does not require grad, so there is nothing to "
-                "backpropagate (are all parameters frozen, or does loss_fn detach?)"
-            )
+            raise ValueError(message(
+                "remat.run_step", "the loss does not require grad, so there is nothing to "
+                "backpropagate", fix="unfreeze parameters, or do not detach in loss_fn"))
         if on_phase is not None:
             on_phase("backward")
         loss.backward()
@@ -192,17 +191,18 @@ def check_runnable(model: nn.Module, *, api: str, simulate: bool = False) -> Non
     if not torch.is_grad_enabled() or torch.is_inference_mode_enabled():
         context = "torch.inference_mode()" if torch.is_inference_mode_enabled() \
             else "torch.no_grad()"
-        raise RematError(
-            f"{api}: gradients are disabled here ({context} is active), but {api} runs a "
-            f"training step with a backward pass. Call {api} outside {context}."
-        )
+        raise RematError(message(
+            api, "gradients are disabled here", {"active": context,
+                                                 "needs": "a training step with a backward pass"},
+            fix=f"call {api} outside {context}"))
     if not simulate and any(p.device.type == "meta" for p in model.parameters()):
         hint = ("pass simulate=True to run it on fake tensors" if api != "remat.validate" else
                 "validation compares real gradients, so materialize it first "
                 "(model.to_empty(device=...) and load its weights); to measure a meta model "
                 "use remat.profile(..., simulate=True)")
-        raise ValueError(f"{api}: {type(model).__name__} is on the meta device, so its tensors "
-                         f"hold no data and a step cannot run for real; {hint}")
+        raise ValueError(message(
+            api, f"{type(model).__name__} is on the meta device",
+            {"why": "its tensors hold no data, so a step cannot run for real"}, fix=hint))
 
 
 @dataclass(frozen=True, eq=False)
@@ -235,16 +235,19 @@ class Step:
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, nn.Module):
-            raise TypeError(f"remat: model must be an nn.Module, got {type(self.model).__name__}")
+            raise TypeError(message("remat", "model must be an nn.Module",
+                                    {"found": type(self.model).__name__},
+                                    fix="pass a torch.nn.Module"))
         if not callable(self.batch) and not isinstance(self.batch, (Tensor, Mapping, tuple, list)):
-            raise TypeError(
-                f"remat: batch must be a Tensor (model(batch)), a tuple/list of arguments "
-                f"(model(*batch)) or a dict of keyword arguments (model(**batch)), got "
-                f"{type(self.batch).__name__}; pass the inputs your model's forward takes"
-            )
+            raise TypeError(message(
+                "remat", "batch must be a Tensor, a tuple/list of arguments or a dict of "
+                "keyword arguments", {"found": type(self.batch).__name__,
+                                      "called as": "model(batch), model(*batch), model(**batch)"},
+                fix="pass the inputs your model's forward takes"))
         if self.loss_fn is not None and not callable(self.loss_fn):
-            raise TypeError(f"remat: loss_fn must be callable (output, batch) -> scalar, got "
-                            f"{type(self.loss_fn).__name__}")
+            raise TypeError(message("remat", "loss_fn must be callable",
+                                    {"found": type(self.loss_fn).__name__},
+                                    fix="pass loss_fn=lambda output, batch: scalar"))
 
     @property
     def device(self) -> torch.device:

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from remat.errors import message
 from remat.measure.step import (
     LossFn,
     call_model,
@@ -79,7 +80,9 @@ class StepTimes:
     def __post_init__(self) -> None:
         for name in ("forward_ms", "backward_ms", "step_ms"):
             if getattr(self, name) < 0:
-                raise ValueError(f"StepTimes: {name} must be >= 0, got {getattr(self, name)}")
+                raise ValueError(message("StepTimes", f"{name} must be >= 0",
+                                         {"found": getattr(self, name)},
+                                         fix=f"pass {name} >= 0"))
 
 
 def time_step(
@@ -108,7 +111,8 @@ def time_step(
         warmup: untimed runs first. Default: 1.
     """
     if repeats < 1:
-        raise ValueError(f"remat.measure.time_step: repeats must be >= 1, got {repeats}")
+        raise ValueError(message("remat.measure.time_step", "repeats must be >= 1",
+                                 {"found": repeats}, fix="pass repeats >= 1"))
     clock = Clock(device or model_device(model))
     forward: list[float] = []
     backward: list[float] = []
@@ -158,7 +162,8 @@ def time_blocks(
         warmup: untimed runs first. Default: 1.
     """
     if repeats < 1:
-        raise ValueError(f"remat.measure.time_blocks: repeats must be >= 1, got {repeats}")
+        raise ValueError(message("remat.measure.time_blocks", "repeats must be >= 1",
+                                 {"found": repeats}, fix="pass repeats >= 1"))
     if not blocks:
         return {}
     clock = Clock(device or model_device(model))

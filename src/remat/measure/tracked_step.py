@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
+from remat.errors import message
 from remat.measure.step import Step, batch_tensors
 from remat.measure.tracker import MemoryTracker
 
@@ -25,18 +26,16 @@ def check_trainable(model: nn.Module, *, api: str = _API,
                                "to checkpoint)") -> None:
     """Refuse what has no training step: not a module, eval mode, nothing requires grad."""
     if not isinstance(model, nn.Module):
-        raise TypeError(f"{api}: model must be an nn.Module, got {type(model).__name__}")
+        raise TypeError(message(api, "model must be an nn.Module",
+                                {"found": type(model).__name__}, fix="pass a torch.nn.Module"))
     if not model.training:
-        raise ValueError(
-            f"{api}: {type(model).__name__} is in eval mode, so {why}. Call model.train() "
-            "first."
-        )
+        raise ValueError(message(api, f"{type(model).__name__} is in eval mode",
+                                 {"so": why}, fix="call model.train() first"))
     if not any(p.requires_grad for p in model.parameters()):
-        raise ValueError(
-            f"{api}: no parameter of {type(model).__name__} requires grad "
-            f"({sum(1 for _ in model.parameters())} parameters), so there is nothing to train. "
-            "Unfreeze some with p.requires_grad_(True)."
-        )
+        raise ValueError(message(
+            api, f"no parameter of {type(model).__name__} requires grad, so there is nothing "
+            "to train", {"parameters": sum(1 for _ in model.parameters())},
+            fix="unfreeze some with p.requires_grad_(True)"))
 
 
 # ---- the tracked step --------------------------------------------------------------------

@@ -61,6 +61,7 @@ from torch.utils.hooks import RemovableHandle
 
 from remat.core.ops import PHASES, OpRecord
 from remat.core.results import PhasePeak
+from remat.errors import message
 from remat.measure import shadow
 from remat.measure.attribution import BlockAttribution
 from remat.measure.flops import FRESH_OPS, METADATA_OPS, op_flops, op_traffic
@@ -166,9 +167,8 @@ class MemoryTracker(TorchDispatchMode):
                 ``"batch"``, ``"other"``.
         """
         if kind not in REGISTERED_KINDS:
-            raise ValueError(
-                f"MemoryTracker.register: kind must be one of {REGISTERED_KINDS}, got {kind!r}"
-            )
+            raise ValueError(message("MemoryTracker.register", "unknown kind",
+                                     {"found": repr(kind)}, fix=f"pass one of {REGISTERED_KINDS}"))
         added = 0
         for t in tensors:
             if t is None or not isinstance(t, Tensor) or not self._counts(t):
@@ -213,10 +213,10 @@ class MemoryTracker(TorchDispatchMode):
         The first switch from forward to backward snapshots the activation bytes.
         """
         if phase not in ("forward", "backward", "optimizer"):
-            raise ValueError(
-                "MemoryTracker.set_phase: phase must be 'forward', 'backward' or 'optimizer', "
-                f"got {phase!r} (recompute is detected from remat.recompute)"
-            )
+            raise ValueError(message(
+                "MemoryTracker.set_phase", "unknown phase", {"found": repr(phase)},
+                fix="phase must be one of 'forward', 'backward' or 'optimizer' (recompute is "
+                    "detected from remat.recompute)"))
         if phase == "backward" and self._phase == "forward" and self._activation is None:
             self._activation, self._block_saved = self._ledger.bytes_of_kind("forward")
         self._phase = phase

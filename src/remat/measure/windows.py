@@ -55,6 +55,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils.hooks import RemovableHandle
 
 from remat.core.ops import OpRecord
+from remat.errors import message
 from remat.measure.ledger import first_tensor
 from remat.measure.step import LossFn, batch_tensors, clear_grads, run_step
 from remat.measure.tracked_step import held_gc
@@ -104,7 +105,9 @@ class WindowRecorder:
 
     def __init__(self, tracker: MemoryTracker) -> None:
         if tracker.after_op is not None:
-            raise ValueError("WindowRecorder: the tracker already has an after_op listener")
+            raise ValueError(message("WindowRecorder",
+                                     "the tracker already has an after_op listener",
+                                     fix="record windows with a fresh MemoryTracker"))
         self._tracker = tracker
         self.label: str | None = None
         self.starts: dict[str, int] = {}

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from remat.errors import message
+
 __all__ = [
     "LMOutput",
     "check_dropout",
@@ -74,21 +76,22 @@ def check_positive(api: str, **values: int) -> None:
     """Raise ValueError naming every field that is not a positive integer."""
     for name, value in values.items():
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"{api}: {name} must be a positive integer, got {value!r}")
+            raise ValueError(message(api, f"{name} must be a positive integer",
+                                     {"found": repr(value)}, fix=f"pass {name} >= 1"))
 
 
 def check_dropout(api: str, dropout: float) -> None:
     """Raise ValueError unless 0 <= dropout < 1."""
     if not 0.0 <= dropout < 1.0:
-        raise ValueError(f"{api}: dropout must be in [0, 1), got {dropout!r}")
+        raise ValueError(message(api, "dropout must be in [0, 1)", {"found": repr(dropout)},
+                                 fix="pass 0 <= dropout < 1"))
 
 
 def check_seq_len(api: str, seq_len: int, max_seq_len: int) -> None:
     """Raise ValueError when a sequence is longer than the model supports."""
     if seq_len > max_seq_len:
-        raise ValueError(
-            f"{api}: sequence length {seq_len} exceeds max_seq_len={max_seq_len}; "
-            f"pass shorter inputs or build the model with max_seq_len={seq_len}"
-        )
+        raise ValueError(message(
+            api, f"sequence length {seq_len} exceeds max_seq_len={max_seq_len}",
+            fix=f"pass shorter inputs or build the model with max_seq_len={seq_len}"))
 
 

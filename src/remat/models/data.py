@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from remat.errors import message
 from remat.models.gpt import GPTConfig
 from remat.models.llama import LlamaConfig
 from remat.models.presets import get_config
@@ -21,11 +22,10 @@ def _config_of(source: nn.Module | GPTConfig | LlamaConfig | str) -> GPTConfig |
         return source
     config = getattr(source, "config", None)
     if not isinstance(config, (GPTConfig, LlamaConfig)):
-        raise TypeError(
-            f"{_API}: expected a built-in model, a GPTConfig/LlamaConfig or a preset name, got "
-            f"{type(source).__name__} (its .config is {type(config).__name__}); for other "
-            "models build the batch yourself"
-        )
+        raise TypeError(message(
+            _API, "expected a built-in model, a GPTConfig/LlamaConfig or a preset name",
+            {"found": f"{type(source).__name__} (its .config is {type(config).__name__})"},
+            fix="for other models build the batch yourself"))
     return config
 
 
@@ -70,19 +70,19 @@ def make_batch(
     """
     config = _config_of(source)
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"{_API}: batch_size must be an integer >= 1, got {batch_size!r}")
+        raise ValueError(message(_API, "batch_size must be an integer >= 1",
+                                 {"found": repr(batch_size)}, fix="pass batch_size >= 1"))
     if seq_len is None:
         seq_len = config.max_seq_len
     if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 2:
-        raise ValueError(
-            f"{_API}: seq_len must be an integer >= 2 (next-token loss needs two tokens), "
-            f"got {seq_len!r}"
-        )
+        raise ValueError(message(
+            _API, "seq_len must be an integer >= 2", {"found": repr(seq_len)},
+            fix="pass seq_len >= 2 (next-token loss needs two tokens)"))
     if seq_len > config.max_seq_len:
-        raise ValueError(
-            f"{_API}: seq_len={seq_len} exceeds the model's max_seq_len={config.max_seq_len}; "
-            f"pass seq_len<={config.max_seq_len} or override max_seq_len when building the model"
-        )
+        raise ValueError(message(
+            _API, f"seq_len={seq_len} exceeds the model's max_seq_len={config.max_seq_len}",
+            fix=f"pass seq_len<={config.max_seq_len} or override max_seq_len when building "
+                "the model"))
     target = torch.device(device) if device is not None else _device_of(source)
     generator = torch.Generator(device="cpu").manual_seed(seed)
     input_ids = torch.randint(0, config.vocab_size, (batch_size, seq_len),

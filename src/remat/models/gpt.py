@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from remat.errors import message
 from remat.models.common import (
     LMOutput,
     check_dropout,
@@ -55,10 +56,9 @@ class GPTConfig:
                        n_head=self.n_head, d_model=self.d_model, max_seq_len=self.max_seq_len)
         check_dropout("GPTConfig", self.dropout)
         if self.d_model % self.n_head != 0:
-            raise ValueError(
-                f"GPTConfig: d_model={self.d_model} is not divisible by n_head={self.n_head}; "
-                "pick n_head dividing d_model"
-            )
+            raise ValueError(message(
+                "GPTConfig", f"d_model={self.d_model} is not divisible by n_head={self.n_head}",
+                fix="pick n_head dividing d_model"))
 
     @property
     def head_dim(self) -> int:

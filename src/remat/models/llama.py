@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from remat.errors import message
 from remat.models.common import (
     LMOutput,
     check_dropout,
@@ -72,23 +73,24 @@ class LlamaConfig:
                        d_ff=self.d_ff, max_seq_len=self.max_seq_len)
         check_dropout("LlamaConfig", self.dropout)
         if self.d_model % self.n_head != 0:
-            raise ValueError(
-                f"LlamaConfig: d_model={self.d_model} is not divisible by n_head={self.n_head}"
-            )
+            raise ValueError(message(
+                "LlamaConfig", f"d_model={self.d_model} is not divisible by n_head={self.n_head}",
+                fix="pick n_head dividing d_model"))
         if self.n_head % self.n_kv_head != 0:
-            raise ValueError(
-                f"LlamaConfig: n_head={self.n_head} is not divisible by "
-                f"n_kv_head={self.n_kv_head}; grouped-query attention needs whole groups"
-            )
+            raise ValueError(message(
+                "LlamaConfig", f"n_head={self.n_head} is not divisible by "
+                f"n_kv_head={self.n_kv_head}",
+                {"why": "grouped-query attention needs whole groups"},
+                fix="pick n_kv_head dividing n_head"))
         if self.head_dim % 2 != 0:
-            raise ValueError(
-                f"LlamaConfig: head_dim={self.head_dim} (d_model / n_head) must be even for RoPE"
-            )
+            raise ValueError(message(
+                "LlamaConfig", f"head_dim={self.head_dim} (d_model / n_head) must be even for "
+                "RoPE", fix="pick d_model and n_head with an even d_model / n_head"))
         if self.rope_theta <= 0 or self.norm_eps <= 0:
-            raise ValueError(
-                f"LlamaConfig: rope_theta and norm_eps must be > 0, got "
-                f"rope_theta={self.rope_theta}, norm_eps={self.norm_eps}"
-            )
+            raise ValueError(message(
+                "LlamaConfig", "rope_theta and norm_eps must be > 0",
+                {"rope_theta": self.rope_theta, "norm_eps": self.norm_eps},
+                fix="pass positive values"))
 
     @property
     def head_dim(self) -> int:

@@ -7,6 +7,7 @@ from typing import Any
 
 from torch import nn
 
+from remat.errors import message
 from remat.models.gpt import GPT, GPTConfig
 from remat.models.llama import Llama, LlamaConfig
 
@@ -44,17 +45,17 @@ def get_config(preset: str, **overrides: Any) -> GPTConfig | LlamaConfig:
         ValueError: unknown preset, or an override that is not a field of the config.
     """
     if preset not in PRESETS:
-        raise ValueError(
-            f"remat.models: unknown preset {preset!r}; known presets: {', '.join(PRESETS)}"
-        )
+        raise ValueError(message("remat.models", f"unknown preset {preset!r}",
+                                 {"known presets": ", ".join(PRESETS)},
+                                 fix="pass one of the known presets"))
     config = PRESETS[preset]
     fields = [f.name for f in dataclasses.fields(config)]
     unknown = sorted(set(overrides) - set(fields))
     if unknown:
-        raise ValueError(
-            f"remat.models: {type(config).__name__} has no field(s) {', '.join(unknown)} "
-            f"(preset {preset!r}); valid fields: {', '.join(fields)}"
-        )
+        raise ValueError(message(
+            "remat.models", f"{type(config).__name__} has no field(s) {', '.join(unknown)}",
+            {"preset": repr(preset), "valid fields": ", ".join(fields)},
+            fix="override valid fields only"))
     return dataclasses.replace(config, **overrides) if overrides else config
 
 
@@ -64,9 +65,9 @@ def model_from_config(config: GPTConfig | LlamaConfig) -> nn.Module:
         return GPT(config)
     if isinstance(config, LlamaConfig):
         return Llama(config)
-    raise TypeError(
-        f"remat.models: expected a GPTConfig or LlamaConfig, got {type(config).__name__}"
-    )
+    raise TypeError(message("remat.models", "expected a GPTConfig or LlamaConfig",
+                            {"found": type(config).__name__},
+                            fix="pass a GPTConfig or LlamaConfig"))
 
 
 def build_model(preset: str, **overrides: Any) -> nn.Module:

@@ -15,6 +15,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils._pytree import tree_map
 
+from remat.errors import message
 from remat.measure.ledger import first_tensor
 from remat.measure.tracked_step import held_gc
 from remat.measure.tracker import MemoryTracker, OpRecord
@@ -122,10 +123,10 @@ def run_block(setup: FakeSetup, name: str, block: nn.Module,
             windows.open("saved")
             y = first_tensor(out)
             if y is None or not y.requires_grad:
-                raise ValueError(
-                    f"remat.plan: block {name!r} returned no tensor that requires grad, so "
-                    "there is nothing to checkpoint in it"
-                )
+                raise ValueError(message(
+                    "remat.plan", f"block {name!r} returned no tensor that requires grad",
+                    {"so": "there is nothing to checkpoint in it"},
+                    fix="select with blocks= modules whose output requires grad"))
             # See NOTE [ Gradient of the block output ].
             with torch.no_grad():
                 weights.append(torch.ones_like(y))

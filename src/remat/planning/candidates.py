@@ -55,7 +55,7 @@ from torch import nn
 
 from remat.blocks import find_sublayer
 from remat.devices import DeviceSpec
-from remat.errors import BlocksNotFound, RematWarning
+from remat.errors import BlocksNotFound, RematWarning, message
 from remat.measure.roofline import op_roofline_ms
 from remat.measure.tracker import OpRecord
 from remat.measure.windows import FakeSetup
@@ -109,10 +109,12 @@ class Candidate:
                      "recompute_flops", "recompute_bytes"):
             value = getattr(self, name)
             if value < 0:
-                raise ValueError(f"Candidate({self.label()}): {name} must be >= 0, got {value}")
+                raise ValueError(message(f"Candidate({self.label()})", f"{name} must be >= 0",
+                                         {"found": value}, fix=f"pass {name} >= 0"))
         if not self.recompute_ms >= 0:
-            raise ValueError(f"Candidate({self.label()}): recompute_ms must be >= 0, "
-                             f"got {self.recompute_ms}")
+            raise ValueError(message(f"Candidate({self.label()})", "recompute_ms must be >= 0",
+                                     {"found": self.recompute_ms},
+                                     fix="pass recompute_ms >= 0"))
 
     @property
     def is_none(self) -> bool:
@@ -334,8 +336,10 @@ def _measure_kind(setup: FakeSetup, rep: str, block: nn.Module, inputs: BlockInp
         except (RuntimeError, NotImplementedError) as exc:
             if not offer.optional:
                 raise
-            warnings.warn(f"remat.plan: could not measure {parts_label(offer.parts)} on "
-                          f"{rep!r} ({exc}); planning without it", RematWarning, stacklevel=3)
+            warnings.warn(message("remat.plan", f"could not measure {parts_label(offer.parts)} "
+                                  f"on {rep!r}", {"error": exc, "so": "planning without it"},
+                                  fix="nothing to do; the plan uses the other candidates"),
+                          RematWarning, stacklevel=3)
             continue
         measured[offer.parts] = _candidate(offer.parts, run, device, base=none_run)
         if offer.sublayer in singles:

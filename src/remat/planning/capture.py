@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from remat.errors import BlocksNotFound
+from remat.errors import BlocksNotFound, message
 from remat.measure.ledger import first_tensor
 from remat.measure.step import call_model
 from remat.measure.tracker import MemoryTracker
@@ -95,10 +95,10 @@ def capture_inputs(model: nn.Module, batch: Any, blocks: Sequence[tuple[str, nn.
             h.remove()
     missing = [n for n, _ in blocks if n not in captured]
     if missing:
-        raise BlocksNotFound(
-            f"remat.plan: blocks {missing[:4]} were not called in the model's forward, so they "
-            "cannot be planned; pass blocks= selecting the modules the forward runs"
-        )
+        raise BlocksNotFound(message(
+            "remat.plan", "blocks were not called in the model's forward, so they cannot be "
+            "planned", {"not called": missing[:4]},
+            fix="pass blocks= selecting the modules the forward runs"))
     return captured
 
 
@@ -162,5 +162,7 @@ def fresh_inputs(name: str, inputs: BlockInputs,
     new_args, new_kwargs = tuple(cut(a) for a in args), {k: cut(v) for k, v in kwargs.items()}
     hidden = first_tensor(new_args) if new_args else first_tensor(new_kwargs)
     if hidden is None:
-        raise ValueError(f"remat.plan: block {name!r} takes no tensor argument to plan around")
+        raise ValueError(message("remat.plan",
+                                 f"block {name!r} takes no tensor argument to plan around",
+                                 fix="select with blocks= modules that take the hidden state"))
     return (new_args, new_kwargs), hidden

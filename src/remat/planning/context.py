@@ -18,6 +18,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from remat.blocks import BlocksSpec, named_blocks
 from remat.core.peak import PeakModel
 from remat.devices import DeviceSpec
+from remat.errors import message
 from remat.measure.fake import fake_batch, fake_copy_with_map, fake_optimizer
 from remat.measure.step import Step, model_device
 from remat.measure.tracked_step import check_trainable
@@ -76,8 +77,9 @@ class PlanContext:
 
     def __post_init__(self) -> None:
         if self.cost_source not in COST_SOURCES:
-            raise ValueError(f"PlanContext: cost_source must be one of {COST_SOURCES}, got "
-                             f"{self.cost_source!r}")
+            raise ValueError(message("PlanContext", "unknown cost_source",
+                                     {"found": repr(self.cost_source)},
+                                     fix=f"pass one of {COST_SOURCES}"))
 
     def recompute_ms(self, choice: Sequence[int]) -> float:
         """The solver's cost of a choice: its candidates' recompute costs summed, ms."""
@@ -120,17 +122,18 @@ def resolve_cost(cost: str, model: nn.Module, *, simulate: bool = False) -> str:
         ValueError: an unknown ``cost``, or ``"measured"`` where nothing runs for real.
     """
     if cost not in COSTS:
-        raise ValueError(f"remat.plan: cost must be one of {COSTS}, got {cost!r}")
+        raise ValueError(message("remat.plan", "unknown cost", {"found": repr(cost)},
+                                 fix=f"pass one of {COSTS}"))
     device = model_device(model)
     if cost == "auto":
         return "measured" if device.type == "cuda" and not simulate else "roofline"
     if cost == "measured" and (simulate or device.type == "meta"):
         why = "simulate=True runs on fake tensors" if simulate else \
             "the model is on the meta device"
-        raise ValueError(
-            f"remat.plan: cost='measured' times real forward and backward runs of the "
-            f"model's blocks, but {why}. Use cost='roofline' (or 'auto')."
-        )
+        raise ValueError(message(
+            "remat.plan", "cost='measured' cannot run here",
+            {"needs": "real forward and backward runs of the model's blocks", "but": why},
+            fix="use cost='roofline' (or 'auto')"))
     return cost
 
 

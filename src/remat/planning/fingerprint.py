@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from remat.errors import StrategyError
+from remat.errors import StrategyError, message
 
 __all__ = ["BlockPrint", "check_fingerprint", "fingerprint_of"]
 
@@ -49,12 +49,14 @@ class BlockPrint:
         for field_name in ("name", "cls", "params"):
             value = getattr(self, field_name)
             if not isinstance(value, str) or not value:
-                raise ValueError(f"remat.BlockPrint: {field_name} must be a non-empty string, "
-                                 f"got {value!r}")
+                raise ValueError(message("BlockPrint", f"{field_name} must be a non-empty "
+                                         "string", {"found": repr(value)},
+                                         fix=f"pass {field_name} as a non-empty string"))
         if isinstance(self.siblings, bool) or not isinstance(self.siblings, int) \
                 or self.siblings < 1:
-            raise ValueError(f"remat.BlockPrint: siblings must be an int >= 1, got "
-                             f"{self.siblings!r}")
+            raise ValueError(message("BlockPrint", "siblings must be an int >= 1",
+                                     {"found": repr(self.siblings)},
+                                     fix="pass siblings >= 1"))
 
 
 def _digest(module: nn.Module) -> str:
@@ -108,8 +110,8 @@ def check_fingerprint(prints: Sequence[BlockPrint], model: nn.Module, *,
     found = _differences(prints, model)
     if found:
         shown = "; ".join(found[:5]) + (f"; and {len(found) - 5} more" if len(found) > 5 else "")
-        raise StrategyError(
-            f"{api}: this plan was made for another model than {type(model).__name__} "
-            f"({len(prints)} blocks, e.g. {prints[0].name!r} ({prints[0].cls})): {shown}. "
-            "Make a plan for this model with remat.plan(model, batch, budget=...)."
-        )
+        raise StrategyError(message(
+            api, f"this plan was made for another model than {type(model).__name__}",
+            {"plan's blocks": f"{len(prints)}, e.g. {prints[0].name!r} ({prints[0].cls})",
+             "differences": shown},
+            fix="make a plan for this model with remat.plan(model, batch, budget=...)"))

@@ -21,7 +21,7 @@ from remat.core.checks import decisions_label
 from remat.core.loop import close_loop as close_loop_core
 from remat.core.results import Profile
 from remat.core.solver import min_peak_choice
-from remat.errors import BudgetTooSmall
+from remat.errors import BudgetTooSmall, message
 from remat.measure.profile import _build as _build_profile
 from remat.measure.profile import preserved_state, profile_step
 from remat.measure.step import Step, clear_grads, model_device
@@ -165,12 +165,15 @@ def _too_small(ctx: PlanContext, budget_bytes: int, choice: Sequence[int],
                       if v > 0)
     label = decisions_label(ctx.peak_model.tables[i][c].label() for i, c in enumerate(choice))
     return BudgetTooSmall(
-        f"remat.plan: no checkpointing plan fits a budget of {format_bytes(budget_bytes)} "
-        f"({budget_bytes} B). The smallest peak any plan reaches is {format_bytes(peak)} "
-        f"({peak} B, with {label}); it is dominated by {_dominant(prof.peak_breakdown, peak)}. "
-        f"At that peak: {parts}. Raise the budget to at least {format_bytes(peak)}, use a "
-        "smaller batch or sequence, or shrink what dominates (lower-precision parameters, "
-        "sharded optimizer state and gradients with FSDP).",
+        message(
+            "remat.plan", f"no checkpointing plan fits a budget of {format_bytes(budget_bytes)}",
+            {"budget": f"{format_bytes(budget_bytes)} ({budget_bytes} B)",
+             "smallest reachable peak": f"{format_bytes(peak)} ({peak} B, with {label})",
+             "dominated by": _dominant(prof.peak_breakdown, peak),
+             "at that peak": parts},
+            fix=f"raise the budget to at least {format_bytes(peak)}, use a smaller batch or "
+                "sequence, or shrink what dominates (lower-precision parameters, sharded "
+                "optimizer state and gradients with FSDP)"),
         budget_bytes=budget_bytes, min_peak_bytes=peak, breakdown=breakdown,
     )
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field, replace
 
 from remat.core.budget import Budget, BudgetLike, parse_budget
 from remat.devices import DeviceSpec
+from remat.errors import message
 
 __all__ = ["COSTS", "PlanOptions"]
 
@@ -39,7 +40,8 @@ class PlanOptions:
     def __post_init__(self) -> None:
         object.__setattr__(self, "budget", parse_budget(self.budget))
         if self.cost not in COSTS:
-            raise ValueError(f"remat.plan: cost must be one of {COSTS}, got {self.cost!r}")
+            raise ValueError(message("remat.plan", "unknown cost", {"found": repr(self.cost)},
+                                     fix=f"pass one of {COSTS}"))
 
     def with_budget(self, budget: BudgetLike | Budget) -> PlanOptions:
         """A copy with another budget (the throughput search plans every size in bytes)."""

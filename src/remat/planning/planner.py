@@ -37,6 +37,7 @@ from torch import Tensor, nn
 from remat.blocks import BlocksSpec
 from remat.core.budget import Budget, BudgetLike
 from remat.devices import DeviceSpec
+from remat.errors import message
 from remat.measure.step import LossFn, Step, model_device
 from remat.planning.context import PlanContext, check_plannable, prepare_step, resolve_cost
 from remat.planning.fingerprint import fingerprint_of
@@ -124,9 +125,9 @@ def plan(
     options = PlanOptions(budget=budget, simulate=simulate,  # type: ignore[arg-type]
                           device=device, cost=cost)
     if callable(batch) and not isinstance(batch, (Tensor, Mapping, tuple, list)):
-        raise TypeError("remat.plan: batch is a function\n"
-                        "pass a batch, or call remat.plan_throughput(model, make_batch, ...) "
-                        "to search batch sizes")
+        raise TypeError(message("remat.plan", "batch is a function",
+                                fix="pass a batch, or call remat.plan_throughput(model, "
+                                    "make_batch, ...) to search batch sizes"))
     step = Step(model, batch, loss_fn=loss_fn, optimizer=optimizer, blocks=blocks)
     return plan_step(step, options, context=context)
 
@@ -175,9 +176,10 @@ def plan_throughput(
         >>> plan.batch_size, plan.throughput[-1].fits
     """
     if not callable(make_batch) or isinstance(make_batch, (Tensor, Mapping, tuple, list)):
-        raise TypeError(f"remat.plan_throughput: make_batch must be a function n -> batch of n "
-                        f"samples\nfound: {type(make_batch).__name__}\n"
-                        "pass e.g. make_batch=lambda n: make_batch(model, n)")
+        raise TypeError(message("remat.plan_throughput",
+                                "make_batch must be a function n -> batch of n samples",
+                                {"found": type(make_batch).__name__},
+                                fix="pass e.g. make_batch=lambda n: make_batch(model, n)"))
     options = PlanOptions(budget=budget, simulate=simulate,  # type: ignore[arg-type]
                           device=device, cost=cost)
     step = Step(model, make_batch, loss_fn=loss_fn, optimizer=optimizer, blocks=blocks)
@@ -189,10 +191,10 @@ def plan_step(step: Step, options: PlanOptions, *, context: PlanContext | None =
     :class:`PlanOptions`."""
     source = resolve_cost(options.cost, step.model, simulate=options.simulate)
     if not options.simulate and model_device(step.model).type == "meta":
-        raise ValueError(
-            "remat.plan: the model is on the meta device, so its steps cannot run for real\n"
-            "pass simulate=True to plan it on fake tensors"
-        )
+        raise ValueError(message(
+            "remat.plan", "the model is on the meta device",
+            {"why": "its steps cannot run for real"},
+            fix="pass simulate=True to plan it on fake tensors"))
     if context is None:
         context = prepare_step(step, device=options.device, cost=source)
     else:

@@ -1,8 +1,9 @@
 """The :class:`Plan`: what each block gets, with its predicted and measured cost.
 
 One concept, one module: the plan, its JSON, and the small values it is made of (the
-named blocks its file selects, the throughput search's rows). A plan is what :func:`remat.plan` returns and what :func:`remat.apply`
-applies (``apply`` reads ``plan.decisions`` and ``plan.blocks``). It is a
+named blocks its file selects, the throughput search's rows). A plan is what
+:func:`remat.plan` returns and what :func:`remat.apply` applies (``apply`` reads
+``plan.decisions`` and ``plan.blocks``). It is a
 frozen value: measuring it again or searching batch sizes returns a new plan
 (``dataclasses.replace``). Plans round-trip through JSON (:meth:`Plan.to_json`,
 :meth:`Plan.from_json`) so a plan made once, on any machine, can be applied in a
@@ -39,6 +40,7 @@ from remat.blocks import BlocksSpec
 from remat.compiled.install import check_compiled
 from remat.core.checks import check_float, check_int, decisions_label, opt_float, opt_int
 from remat.core.plan_file import envelope, load_json, read_envelope
+from remat.errors import message, one_line
 from remat.planning.fingerprint import BlockPrint, check_fingerprint
 from remat.strategies import BlockStrategy, strategy_from_dict, strategy_to_dict
 from remat.strategies.builtin import NoCheckpoint
@@ -134,18 +136,20 @@ class Plan:
         names = tuple(self.block_names)
         object.__setattr__(self, "block_names", names)
         if len(set(names)) != len(names):
-            raise ValueError(f"Plan: block_names has duplicates: {sorted(names)}")
+            raise ValueError(message("Plan", "block_names has duplicates",
+                                     {"block_names": sorted(names)}, fix="name each block once"))
         decisions: dict[str, BlockStrategy] = {}
         for name, decision in dict(self.decisions).items():
             if not isinstance(decision, BlockStrategy):
-                raise ValueError(f"Plan: what {name!r} gets must be a block-level strategy "
-                                 f"instance (remat.BlockStrategy)\nfound: {decision!r} "
-                                 f"({type(decision).__name__})")
+                raise ValueError(message(
+                    "Plan", f"what {name!r} gets must be a block-level strategy",
+                    {"found": f"{decision!r} ({type(decision).__name__})"},
+                    fix="pass a remat.BlockStrategy, e.g. parse_strategy('full')"))
             if owner_block(name, names) is None:
-                raise ValueError(
-                    f"Plan: decision for {name!r}, which is neither one of block_names "
-                    f"({', '.join(names[:4])}{' ...' if len(names) > 4 else ''}) nor inside one"
-                )
+                raise ValueError(message(
+                    "Plan", f"decision for {name!r}, which is neither a block nor inside one",
+                    {"block_names": f"{', '.join(names[:4])}{' ...' if len(names) > 4 else ''}"},
+                    fix="key decisions by a name of block_names or a module inside one"))
             if not isinstance(decision, NoCheckpoint):
                 decisions[name] = decision
         order = {n: i for i, n in enumerate(names)}
@@ -162,28 +166,29 @@ class Plan:
         check_int("Plan", "batch_size", self.batch_size, optional=True)
         check_float("Plan", "recompute_ms", self.recompute_ms)
         if self.framework != "torch":
-            raise ValueError(f"Plan: framework must be 'torch' (JAX plans are remat.jax plans), "
-                             f"got {self.framework!r}")
+            raise ValueError(message("Plan", f"framework must be 'torch', not {self.framework!r}",
+                                     fix="use remat.jax.Plan for JAX plans"))
         if self.cost_source not in COST_SOURCES:
-            raise ValueError(f"Plan: cost_source must be one of {COST_SOURCES}, got "
-                             f"{self.cost_source!r}")
+            raise ValueError(message("Plan", f"unknown cost_source {self.cost_source!r}",
+                                     fix=f"pass one of {COST_SOURCES}"))
         if (self.timed_on is None) != (self.cost_source == "roofline"):
-            raise ValueError(f"Plan: timed_on names the device measured costs come from, so it "
-                             f"is set exactly when cost_source is 'measured'; got cost_source="
-                             f"{self.cost_source!r}, timed_on={self.timed_on!r}")
+            raise ValueError(message(
+                "Plan", "timed_on is set exactly when cost_source is 'measured'",
+                {"cost_source": repr(self.cost_source), "timed_on": repr(self.timed_on)},
+                fix="set timed_on to the device measured costs come from, and only then"))
         check_float("Plan", "predicted_step_ms", self.predicted_step_ms, optional=True)
         if self.fingerprint is not None:
             prints = tuple(self.fingerprint)
             object.__setattr__(self, "fingerprint", prints)
             if not all(isinstance(p, BlockPrint) for p in prints) or \
                     [p.name for p in prints] != list(names):
-                raise ValueError(
-                    f"Plan: fingerprint must hold one BlockPrint per block of block_names, in "
-                    f"order; got {[getattr(p, 'name', p) for p in prints][:4]} for "
-                    f"{list(names)[:4]}. Let remat.plan fill it, or pass None"
-                )
+                raise ValueError(message(
+                    "Plan", "fingerprint needs one BlockPrint per block of block_names, in order",
+                    {"fingerprint": [getattr(p, 'name', p) for p in prints][:4],
+                     "block_names": list(names)[:4]},
+                    fix="let remat.plan fill it, or pass None"))
         if self.compiled is not None:
-            object.__setattr__(self, "compiled", check_compiled(self.compiled, names))
+            object.__setattr__(self, "compiled", check_compiled(self.compiled, names, api="Plan"))
 
     def check_model(self, model: nn.Module, *, api: str = "remat.apply") -> None:
         """Refuse a model the plan was not made for (NOTE [ Plan fingerprint ]).
@@ -210,14 +215,16 @@ class Plan:
             KeyError: ``name`` is not a block of the plan nor inside one.
         """
         if owner_block(name, self.block_names) is None:
-            raise KeyError(f"Plan.decision: no block {name!r}; blocks: "
-                           f"{', '.join(self.block_names[:6])}")
+            raise KeyError(one_line(message("Plan.decision", f"no block {name!r}",
+                                            {"blocks": ", ".join(self.block_names[:6])},
+                                            fix="pass a block name or a module inside one")))
         return self.decisions.get(name, NoCheckpoint())
 
     def block_decisions(self, block: str) -> dict[str, BlockStrategy]:
         """The decisions on ``block`` and on modules inside it, by qualified name."""
         if block not in self.block_names:
-            raise KeyError(f"Plan.block_decisions: no block {block!r}")
+            raise KeyError(one_line(message("Plan.block_decisions", f"no block {block!r}",
+                                            fix="pass one of the plan's block_names")))
         return {n: d for n, d in self.decisions.items() if owner_block(n, (block,)) == block}
 
     def label_of(self, block: str) -> str:
@@ -315,8 +322,9 @@ class Plan:
                 compiled=data.get("compiled"),
             )
         except (KeyError, TypeError) as exc:
-            raise ValueError(f"remat.Plan.from_json: malformed plan ({type(exc).__name__}: "
-                             f"{exc})") from None
+            raise ValueError(message("remat.Plan.from_json", "malformed plan",
+                                     {"error": f"{type(exc).__name__}: {exc}"},
+                                     fix="write plans with plan.to_json()")) from None
 
     @classmethod
     def from_json(cls, text: str) -> Plan:
@@ -366,7 +374,8 @@ class NamedBlocks:
 
     def __post_init__(self) -> None:
         if not self.names:
-            raise ValueError("NamedBlocks: names must not be empty")
+            raise ValueError(message("NamedBlocks", "names must not be empty",
+                                     fix="pass the qualified names of the blocks"))
         object.__setattr__(self, "names", tuple(self.names))
 
     def __call__(self, name: str, module: nn.Module | None) -> bool:
@@ -401,8 +410,9 @@ class ThroughputRow:
         owner = f"ThroughputRow(batch_size={self.batch_size})"
         if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) \
                 or self.batch_size < 1:
-            raise ValueError(f"ThroughputRow: batch_size must be an int >= 1, got "
-                             f"{self.batch_size!r}")
+            raise ValueError(message("ThroughputRow", "batch_size must be an int >= 1",
+                                     {"found": repr(self.batch_size)},
+                                     fix="pass batch_size >= 1"))
         check_int(owner, "peak_bytes", self.peak_bytes)
         for name in ("recompute_ms", "step_ms", "samples_per_s"):
             check_float(owner, name, getattr(self, name))
@@ -431,6 +441,8 @@ def apply_spec(decisions: Mapping[str, BlockStrategy], block_names: Sequence[str
 
 def print_from_dict(data: Any) -> BlockPrint:
     if not isinstance(data, Mapping):
-        raise TypeError(f"fingerprint entries must be objects, got {data!r}")
+        raise TypeError(message("", "fingerprint entries must be objects",
+                                {"found": repr(data)},
+                                fix='write {"name": ..., "class": ..., "params": ...}'))
     return BlockPrint(str(data["name"]), str(data["class"]), str(data["params"]),
                       int(data.get("siblings", 1)))

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from remat.errors import BudgetTooSmall
+from remat.errors import BudgetTooSmall, message
 from remat.measure.step import Step
 from remat.planning.context import prepare_step
 from remat.planning.options import PlanOptions
@@ -45,8 +45,8 @@ class ThroughputSearch:
         for name in ("batch_size", "max_batch_size"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"ThroughputSearch: {name} must be an int >= 1\n"
-                                 f"found: {value!r}")
+                raise ValueError(message("ThroughputSearch", f"{name} must be an int >= 1",
+                                         {"found": repr(value)}, fix=f"pass {name} >= 1"))
 
 
 @dataclass

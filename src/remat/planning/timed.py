@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from remat.blocks import BlocksSpec, named_blocks
+from remat.errors import message
 from remat.measure.ledger import first_tensor
 from remat.measure.profile import preserved_state
 from remat.measure.step import model_device
@@ -63,8 +64,10 @@ def _run_once(block: nn.Module, rep: str, inputs: tuple[tuple[Any, ...], dict[st
     out = block(*args, **kwargs)
     y = first_tensor(out)
     if y is None or not y.requires_grad:
-        raise ValueError(f"remat.plan: block {rep!r} returned no tensor that requires grad, "
-                         "so its recompute cost cannot be timed")
+        raise ValueError(message("remat.plan",
+                                 f"block {rep!r} returned no tensor that requires grad",
+                                 {"so": "its recompute cost cannot be timed"},
+                                 fix="select with blocks= modules whose output requires grad"))
     y.backward(torch.ones_like(y))
     end = clock.mark()
     del out, y, args, kwargs
@@ -135,20 +138,26 @@ def time_groups(
         0.0
     """
     if repeats < 1 or warmup < 0:
-        raise ValueError(f"remat.plan: cost timing needs repeats >= 1 and warmup >= 0, got "
-                         f"repeats={repeats}, warmup={warmup}")
+        raise ValueError(message("remat.plan",
+                                 "cost timing needs repeats >= 1 and warmup >= 0",
+                                 {"repeats": repeats, "warmup": warmup},
+                                 fix="pass repeats >= 1 and warmup >= 0"))
     device = model_device(model)
     if device.type == "meta":
-        raise ValueError("remat.plan: cost='measured' runs the model, but it is on the meta "
-                         "device; use cost='roofline' (the default there)")
+        raise ValueError(message("remat.plan", "cost='measured' runs the model, but it is on "
+                                 "the meta device",
+                                 fix="use cost='roofline' (the default there)"))
     named = named_blocks(model, blocks, api="remat.plan")
     modules = dict(named)
     block_names = [n for n, _ in named]
     reps = [g.names[0] for g in groups]
     unknown = [r for r in reps if r not in modules]
     if unknown:
-        raise ValueError(f"remat.plan: blocks {unknown[:4]} of the measured groups are not "
-                         f"blocks of the model ({', '.join(block_names[:4])} ...)")
+        raise ValueError(message("remat.plan", "blocks of the measured groups are not blocks "
+                                 "of the model", {"not blocks": unknown[:4],
+                                                  "model's blocks":
+                                                      f"{', '.join(block_names[:4])} ..."},
+                                 fix="measure groups of this model's blocks"))
     clock = clock if clock is not None else Clock(device)
     wanted = [(n, m) for n, m in named if n in set(reps)]
     timed: list[BlockGroup] = []

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from remat.errors import message
 from remat.units import format_bytes, mib
 
 if TYPE_CHECKING:
@@ -54,7 +55,8 @@ def plot_comparison(
 
     series = [results] if not isinstance(results, Sequence) else list(results)
     if not series:
-        raise ValueError("remat.report.plot_comparison: no results to plot")
+        raise ValueError(message("remat.report.plot_comparison", "no results to plot",
+                                 fix="pass a ComparisonResult or a non-empty list of them"))
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
 
@@ -111,7 +113,8 @@ def plot_frontier(fronts: Frontier | Sequence[Frontier], path: str | Path, *,
 
     panels = [fronts] if isinstance(fronts, Frontier) else list(fronts)
     if not panels:
-        raise ValueError("remat.compare.frontier.plot_frontier: no frontier to plot")
+        raise ValueError(message("remat.report.plot_frontier", "no frontier to plot",
+                                 fix="pass a Frontier or a non-empty list of them"))
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig = Figure(figsize=(6.5 * len(panels), 5.0), layout="constrained")

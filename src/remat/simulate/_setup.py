@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from remat.devices import DeviceSpec
+from remat.errors import message
 from remat.simulate.precision import Precision, make_optimizer
 
 __all__ = [
@@ -55,8 +56,9 @@ def _preset_factory(name: str, seq_len: int) -> tuple[Callable[[], nn.Module], s
     from remat.models import PRESETS, build_model
 
     if name not in PRESETS:
-        raise ValueError(f"{API}: unknown preset {name!r}; presets: {', '.join(PRESETS)}. "
-                         "Pass a module or a factory for other models.")
+        raise ValueError(message(API, f"unknown preset {name!r}", {"presets": ", ".join(PRESETS)},
+                                 fix="pass a preset, or a module or a factory for other "
+                                     "models"))
     overrides: dict[str, Any] = {}
     if seq_len > PRESETS[name].max_seq_len:
         overrides["max_seq_len"] = seq_len
@@ -71,13 +73,15 @@ def build_model(source: ModelSource, seq_len: int) -> tuple[nn.Module, str]:
     elif callable(source):
         factory, name = source, ""
     else:
-        raise TypeError(f"{API}: model must be an nn.Module, a factory returning one, or a "
-                        f"preset name, got {type(source).__name__}")
+        raise TypeError(message(API, "model must be an nn.Module, a factory returning one, or "
+                                "a preset name", {"found": type(source).__name__},
+                                fix="pass one of those"))
     with torch.device("meta"):
         model = factory()
     if not isinstance(model, nn.Module):
-        raise TypeError(f"{API}: the model factory returned {type(model).__name__}, "
-                        "not an nn.Module")
+        raise TypeError(message(API, "the model factory did not return an nn.Module",
+                                {"returned": type(model).__name__},
+                                fix="return the model from the factory"))
     return model, name or type(model).__name__
 
 
@@ -94,10 +98,10 @@ def default_batch(model: nn.Module, batch_size: int, seq_len: int) -> dict[str, 
         return make_batch(config, batch_size, seq_len, device="cpu")
     vocab = getattr(config, "vocab_size", None)
     if not isinstance(vocab, int):
-        raise ValueError(
-            f"{API}: cannot make a batch for {type(model).__name__} (no config.vocab_size). "
-            "Pass batch_fn=lambda batch_size, seq_len: {...} returning the model's inputs."
-        )
+        raise ValueError(message(
+            API, f"cannot make a batch for {type(model).__name__}",
+            {"why": "no config.vocab_size"},
+            fix="pass batch_fn=lambda batch_size, seq_len: {...} returning the model's inputs"))
     generator = torch.Generator().manual_seed(0)
     ids = torch.randint(0, vocab, (batch_size, seq_len), generator=generator)  # (B, T)
     return {"input_ids": ids, "labels": ids.clone()}
@@ -166,8 +170,8 @@ def _adapt_blocks(blocks: Any, wrapped: bool) -> Any:
 def check_ints(api: str, name: str, values: Iterable[Any]) -> tuple[int, ...]:
     out = tuple(values)
     if not out or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in out):
-        raise ValueError(f"{api}: {name} must be a non-empty list of positive ints, got "
-                         f"{list(out)}")
+        raise ValueError(message(api, f"{name} must be a non-empty list of positive ints",
+                                 {"found": list(out)}, fix=f"pass {name} such as [1, 2, 4]"))
     return tuple(sorted(set(out)))
 
 

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from remat.errors import message
 from remat.simulate.formulas import (
     full_checkpoint_bytes,
     korthikanti_bytes,
@@ -127,11 +128,10 @@ def model_dims(model: nn.Module) -> tuple[int, int, int]:
         value = next((getattr(config, n) for n in candidates
                       if isinstance(getattr(config, n, None), int)), None)
         if value is None:
-            raise ValueError(
-                f"{_API}: cannot read {'/'.join(candidates)} from {type(model).__name__}'s "
-                "config; the formulas need hidden size, heads and layers. Use a built-in preset "
-                "or a Hugging Face model."
-            )
+            raise ValueError(message(
+                _API, f"cannot read {'/'.join(candidates)} from {type(model).__name__}'s config",
+                {"needs": "hidden size, heads and layers (for the formulas)"},
+                fix="use a built-in preset or a Hugging Face model"))
         dims.append(value)
     return dims[0], dims[1], dims[2]
 
@@ -154,7 +154,8 @@ def _preset_builder(name: str, layers: int | None,
     from remat.models import PRESETS, build_model
 
     if name not in PRESETS:
-        raise ValueError(f"{_API}: unknown preset {name!r}; presets: {', '.join(PRESETS)}")
+        raise ValueError(message(_API, f"unknown preset {name!r}",
+                                 {"presets": ", ".join(PRESETS)}, fix="pass one of the presets"))
     config = PRESETS[name]
     overrides: dict[str, Any] = {"max_seq_len": max(max_seq, config.max_seq_len)}
     if layers is not None:
@@ -215,8 +216,9 @@ def estimate(
     elif callable(model):
         factory, full_layers, name = model, 0, ""
     else:
-        raise TypeError(f"{_API}: model must be a preset name or a factory, got "
-                        f"{type(model).__name__}")
+        raise TypeError(message(_API, "model must be a preset name or a factory",
+                                {"found": type(model).__name__},
+                                fix="pass a preset name or a function returning the model"))
     with torch.device("meta"):
         net = factory()
     net.to(precision.param_dtype)
@@ -241,7 +243,8 @@ def estimate(
                     apply(run, checkpointing, blocks=blocks)
                     prof = profile(run, batch, simulate=True, blocks=blocks)
                     if not prof.blocks:
-                        raise ValueError(f"{_API}: no blocks found in {name}; pass blocks=")
+                        raise ValueError(message(_API, f"no blocks found in {name}",
+                                                 fix="pass blocks="))
                     simulated = int(prof.blocks[0].saved_bytes)
                     if checkpointing == "full" and prof.device == "cpu":
                         # NOTE [ RNG states saved by checkpoint ] (measure/outside.py): not an

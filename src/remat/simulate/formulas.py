@@ -45,6 +45,8 @@ approximation for fp32 that errs high by at most 2·s·b·h + a·s²·b bytes).
 
 from __future__ import annotations
 
+from remat.errors import message
+
 __all__ = [
     "full_checkpoint_bytes",
     "korthikanti_bytes",
@@ -56,8 +58,9 @@ __all__ = [
 def _check(api: str, **values: int) -> None:
     for name, value in values.items():
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise ValueError(f"remat.simulate.formulas.{api}: {name} must be a positive int, "
-                             f"got {value!r}")
+            raise ValueError(message(f"remat.simulate.formulas.{api}",
+                                     f"{name} must be a positive int", {"found": repr(value)},
+                                     fix=f"pass {name} as an int >= 1"))
 
 
 def _scale(bytes_16bit: int, bytes_per_element: int) -> int:

@@ -27,6 +27,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from remat.errors import message
+
 __all__ = [
     "HF_ALIASES",
     "hf_config_from_file",
@@ -65,10 +67,9 @@ def _transformers() -> Any:
     try:
         import transformers
     except ImportError as exc:  # pragma: no cover - exercised only without the extra
-        raise ImportError(
-            "remat.simulate.hf: Hugging Face models need the transformers package, which is "
-            f"not installed. Install it with: {_INSTALL_HINT}"
-        ) from exc
+        raise ImportError(message(
+            "remat.simulate.hf", "Hugging Face models need the transformers package, which is "
+            "not installed", fix=f"install it with: {_INSTALL_HINT}")) from exc
     return transformers
 
 
@@ -80,11 +81,11 @@ def _resolve_model_type(name: str) -> str:
     if model_type not in mapping:
         model_type = model_type.replace("-", "_")
     if model_type not in mapping:
-        raise ValueError(
-            f"remat.simulate.hf: unknown Hugging Face model {name!r}. Use a short name "
-            f"({', '.join(sorted(HF_ALIASES))}) or any transformers model_type, or build the "
-            "config yourself and call hf_model_from_config(config)."
-        )
+        raise ValueError(message(
+            "remat.simulate.hf", f"unknown Hugging Face model {name!r}",
+            {"short names": ", ".join(sorted(HF_ALIASES))},
+            fix="use a short name or any transformers model_type, or build the config "
+                "yourself and call hf_model_from_config(config)"))
     return str(model_type)
 
 
@@ -193,17 +194,16 @@ def hf_config_from_file(path: str | Path, **overrides: Any) -> Any:
     if file.is_dir():
         file = file / "config.json"
     if not file.is_file():
-        raise FileNotFoundError(
-            f"remat.simulate.hf: no config file at {str(path)!r}. Pass the path of a "
-            "config.json (or of the directory holding it)."
-        )
+        raise FileNotFoundError(message(
+            "remat.simulate.hf", f"no config file at {str(path)!r}",
+            fix="pass the path of a config.json (or of the directory holding it)"))
     data = json.loads(file.read_text())
     model_type = data.pop("model_type", None)
     if not model_type:
-        raise ValueError(
-            f"remat.simulate.hf: {str(file)!r} has no 'model_type' field, so its config class "
-            "is unknown. Add e.g. \"model_type\": \"llama\" to the file."
-        )
+        raise ValueError(message(
+            "remat.simulate.hf", f"{str(file)!r} has no 'model_type' field",
+            {"so": "its config class is unknown"},
+            fix='add e.g. "model_type": "llama" to the file'))
     data["use_cache"] = False
     data.update(overrides)
     return transformers.AutoConfig.for_model(_resolve_model_type(str(model_type)), **data)

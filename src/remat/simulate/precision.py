@@ -44,6 +44,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from remat.errors import message
+
 __all__ = [
     "OPTIMIZERS",
     "PRECISIONS",
@@ -76,11 +78,15 @@ class Precision:
 
     def __post_init__(self) -> None:
         if not self.param_dtype.is_floating_point:
-            raise ValueError(f"Precision({self.name!r}): param_dtype must be a floating dtype, "
-                             f"got {self.param_dtype}")
+            raise ValueError(message(f"Precision({self.name!r})",
+                                     "param_dtype must be a floating dtype",
+                                     {"found": self.param_dtype},
+                                     fix="pass a floating dtype such as torch.bfloat16"))
         if self.autocast_dtype not in (None, torch.bfloat16, torch.float16):
-            raise ValueError(f"Precision({self.name!r}): autocast_dtype must be None, "
-                             f"torch.bfloat16 or torch.float16, got {self.autocast_dtype}")
+            raise ValueError(message(f"Precision({self.name!r})",
+                                     "autocast_dtype must be None, torch.bfloat16 or "
+                                     "torch.float16", {"found": self.autocast_dtype},
+                                     fix="pass one of those"))
 
     @property
     def activation_bytes_per_element(self) -> int:
@@ -120,10 +126,11 @@ def get_precision(name: str | Precision) -> Precision:
     aliases = {"bfloat16": "bf16", "float32": "fp32", "amp": "amp-bf16"}
     key = aliases.get(key, key)
     if key not in PRECISIONS:
-        raise ValueError(
-            f"remat.simulate: unknown precision {name!r}. Known: {', '.join(PRECISIONS)} "
-            "(bf16 = pure bf16; amp-bf16 = fp32 master weights with bf16 autocast)."
-        )
+        raise ValueError(message(
+            "remat.simulate", f"unknown precision {name!r}",
+            {"known": f"{', '.join(PRECISIONS)} (bf16 = pure bf16; amp-bf16 = fp32 master "
+                      "weights with bf16 autocast)"},
+            fix="pass one of the known precisions"))
     return PRECISIONS[key]
 
 
@@ -163,9 +170,9 @@ def make_optimizer(name: str, params: Iterable[nn.Parameter], *, lr: float | Non
 def _check_optimizer(name: str) -> str:
     key = name.lower()
     if key not in OPTIMIZERS:
-        raise ValueError(
-            f"remat.simulate: unknown optimizer {name!r}. Known: {', '.join(OPTIMIZERS)}."
-        )
+        raise ValueError(message("remat.simulate", f"unknown optimizer {name!r}",
+                                 {"known": ", ".join(OPTIMIZERS)},
+                                 fix="pass one of the known optimizers"))
     return key
 
 

@@ -6,6 +6,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from remat.errors import message, one_line
 from remat.simulate.sharding import SHARDINGS
 
 __all__ = ["SimulationResult", "SimulationRow"]
@@ -58,15 +59,21 @@ class SimulationRow:
     def __post_init__(self) -> None:
         for key in ("batch_size", "seq_len"):
             if getattr(self, key) < 1:
-                raise ValueError(f"SimulationRow: {key} must be >= 1, got {getattr(self, key)}")
+                raise ValueError(message("SimulationRow", f"{key} must be >= 1",
+                                         {"found": getattr(self, key)},
+                                         fix=f"pass {key} >= 1"))
         for key in ("peak_bytes", "single_device_peak_bytes", "activation_bytes",
                     "param_bytes", "grad_bytes", "optimizer_bytes", "flops",
                     "recompute_flops"):
             if getattr(self, key) < 0:
-                raise ValueError(f"SimulationRow: {key} must be >= 0, got {getattr(self, key)}")
+                raise ValueError(message("SimulationRow", f"{key} must be >= 0",
+                                         {"found": getattr(self, key)},
+                                         fix=f"pass {key} >= 0"))
         for key in ("step_ms", "samples_per_s", "tokens_per_s", "recompute_ms"):
             if not getattr(self, key) >= 0:
-                raise ValueError(f"SimulationRow: {key} must be >= 0, got {getattr(self, key)}")
+                raise ValueError(message("SimulationRow", f"{key} must be >= 0",
+                                         {"found": getattr(self, key)},
+                                         fix=f"pass {key} >= 0"))
 
 
 @dataclass(frozen=True)
@@ -111,18 +118,22 @@ class SimulationResult:
 
     def __post_init__(self) -> None:
         if self.sharding not in SHARDINGS:
-            raise ValueError(f"SimulationResult: sharding must be one of {SHARDINGS}, "
-                             f"got {self.sharding!r}")
+            raise ValueError(message("SimulationResult", "unknown sharding",
+                                     {"found": repr(self.sharding)},
+                                     fix=f"pass one of {SHARDINGS}"))
         unknown = sorted({r.strategy for r in self.rows} - set(self.strategies))
         if unknown:
-            raise ValueError(f"SimulationResult: rows name strategies {unknown} that are not "
-                             f"in strategies={self.strategies}")
+            raise ValueError(message("SimulationResult",
+                                     f"rows name strategies {unknown} that are not in strategies",
+                                     {"strategies": self.strategies},
+                                     fix="list every row's strategy in strategies"))
 
     def rows_for(self, strategy: str) -> tuple[SimulationRow, ...]:
         """The rows of one strategy, batch sizes ascending."""
         if strategy not in self.strategies:
-            raise KeyError(f"SimulationResult: no strategy {strategy!r}; simulated: "
-                           f"{', '.join(self.strategies)}")
+            raise KeyError(one_line(message("SimulationResult", f"no strategy {strategy!r}",
+                                            {"simulated": ", ".join(self.strategies)},
+                                            fix="ask for a simulated strategy")))
         return tuple(sorted((r for r in self.rows if r.strategy == strategy),
                             key=lambda r: r.batch_size))
 
@@ -131,8 +142,9 @@ class SimulationResult:
         for r in self.rows_for(strategy):
             if r.batch_size == batch_size:
                 return r
-        raise KeyError(f"SimulationResult: batch size {batch_size} was not simulated for "
-                       f"{strategy!r}; batch sizes: {list(self.batch_sizes)}")
+        raise KeyError(one_line(message(
+            "SimulationResult", f"batch size {batch_size} was not simulated for {strategy!r}",
+            {"batch sizes": list(self.batch_sizes)}, fix="ask for a simulated batch size")))
 
     def largest_batch(self, strategy: str) -> int | None:
         """The largest simulated batch size whose peak fits the device, or ``None``.

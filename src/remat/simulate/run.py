@@ -52,6 +52,7 @@ from contextlib import ExitStack
 from typing import Any
 
 from remat.devices import DeviceSpec, get_device
+from remat.errors import message
 from remat.simulate._fast import FastContext, fast_rows
 from remat.simulate._planned import plan_rows
 from remat.simulate._point import fixed_bytes, point
@@ -201,22 +202,26 @@ def _check_arguments(seq_len: int, batch_sizes: Sequence[int], world_size: int, 
     from remat.strategies.registry import default_strategies
 
     if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
-        raise ValueError(f"{API}: seq_len must be a positive int, got {seq_len!r}")
+        raise ValueError(message(API, "seq_len must be a positive int", {"found": repr(seq_len)},
+                                 fix="pass seq_len as an int >= 1"))
     sizes = check_ints(API, "batch_sizes", batch_sizes)
     if sharding not in SHARDINGS:
-        raise ValueError(f"{API}: unknown sharding {sharding!r}; use one of "
-                         f"{', '.join(SHARDINGS)}")
+        raise ValueError(message(API, f"unknown sharding {sharding!r}",
+                                 fix=f"use one of {', '.join(SHARDINGS)}"))
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
-        raise ValueError(f"{API}: world_size must be an int >= 1, got {world_size!r}")
+        raise ValueError(message(API, "world_size must be an int >= 1",
+                                 {"found": repr(world_size)}, fix="pass world_size >= 1"))
     if sharding == "none" and world_size != 1:
-        raise ValueError(f"{API}: world_size={world_size} needs sharding='fsdp' or 'ddp' "
-                         "(data parallelism without sharding is 'ddp')")
+        raise ValueError(message(API, f"world_size={world_size} needs sharding",
+                                 fix="pass sharding='fsdp' or 'ddp' (data parallelism without "
+                                     "sharding is 'ddp')"))
     if strategies is None:
         strategies = default_strategies("simulate")
-    labels = [str(parse_strategy(s)) for s in strategies]
+    labels = [str(parse_strategy(s, api=API)) for s in strategies]
     if len(set(labels)) != len(labels) or not labels and not plan:
-        raise ValueError(f"{API}: strategies must be non-empty and distinct, got "
-                         f"{list(strategies)}")
+        raise ValueError(message(API, "strategies must be non-empty and distinct",
+                                 {"found": list(strategies)},
+                                 fix="list each strategy once"))
     return sizes, labels
 
 

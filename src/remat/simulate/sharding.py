@@ -40,6 +40,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
+from remat.errors import message
+
 __all__ = ["SHARDINGS", "ShardedPeak", "Sharding", "shard_peak"]
 
 Sharding = Literal["none", "fsdp", "ddp"]
@@ -77,13 +79,15 @@ class ShardedPeak:
 
     def __post_init__(self) -> None:
         if self.sharding not in SHARDINGS:
-            raise ValueError(f"ShardedPeak: sharding must be one of {SHARDINGS}, "
-                             f"got {self.sharding!r}")
+            raise ValueError(message("ShardedPeak", "unknown sharding",
+                                     {"found": repr(self.sharding)},
+                                     fix=f"pass one of {SHARDINGS}"))
         parts = (self.param_bytes, self.grad_bytes, self.optimizer_bytes,
                  self.unsharded_bytes, self.rest_bytes)
         if min(parts) < 0 or sum(parts) != self.peak_bytes:
-            raise ValueError(f"ShardedPeak: parts {parts} must be >= 0 and sum to "
-                             f"peak_bytes={self.peak_bytes}")
+            raise ValueError(message("ShardedPeak", "parts must be >= 0 and sum to peak_bytes",
+                                     {"parts": parts, "peak_bytes": self.peak_bytes},
+                                     fix="pass the parts of that same peak"))
 
     def to_dict(self) -> dict[str, Any]:
         """The fields as a JSON-ready dict."""
@@ -155,22 +159,24 @@ def shard_peak(
               "total_grad_bytes": grad_bytes if total_grad_bytes is None else total_grad_bytes}
     for name, value in values.items():
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ValueError(f"{api}: {name} must be an int >= 0, got {value!r}")
+            raise ValueError(message(api, f"{name} must be an int >= 0", {"found": repr(value)},
+                                     fix=f"pass {name} as an int >= 0"))
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
-        raise ValueError(f"{api}: world_size must be an int >= 1, got {world_size!r}")
+        raise ValueError(message(api, "world_size must be an int >= 1",
+                                 {"found": repr(world_size)}, fix="pass world_size >= 1"))
     if sharding not in SHARDINGS:
-        raise ValueError(f"{api}: unknown sharding {sharding!r}; use one of "
-                         f"{', '.join(SHARDINGS)}")
+        raise ValueError(message(api, f"unknown sharding {sharding!r}",
+                                 fix=f"use one of {', '.join(SHARDINGS)}"))
     rest = peak_bytes - param_bytes - grad_bytes - optimizer_bytes - optimizer_temp_bytes
     if rest < 0:
-        raise ValueError(
-            f"{api}: param_bytes + grad_bytes + optimizer_bytes + optimizer_temp_bytes = "
-            f"{peak_bytes - rest} exceeds peak_bytes={peak_bytes}; "
-            "pass the parts of that same peak"
-        )
+        raise ValueError(message(
+            api, "param_bytes + grad_bytes + optimizer_bytes + optimizer_temp_bytes exceeds "
+            "peak_bytes", {"parts": peak_bytes - rest, "peak_bytes": peak_bytes},
+            fix="pass the parts of that same peak"))
     if sharding == "none":
         if world_size != 1:
-            raise ValueError(f"{api}: world_size={world_size} needs sharding='fsdp' or 'ddp'")
+            raise ValueError(message(api, f"world_size={world_size} needs sharding",
+                                     fix="pass sharding='fsdp' or 'ddp'"))
         return ShardedPeak(peak_bytes, "none", 1, param_bytes, grad_bytes, optimizer_bytes,
                            0, rest + optimizer_temp_bytes)
     if sharding == "ddp":

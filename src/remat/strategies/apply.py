@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 from torch import nn
 
 from remat.blocks import BlocksSpec, named_blocks
-from remat.errors import RematWarning, StrategyError
+from remat.errors import RematWarning, StrategyError, message
 from remat.strategies.base import BlockStrategy, Strategy
 from remat.strategies.pitfalls import check_model, check_regions, warn_pitfalls
 from remat.strategies.regions import region_of, uninstall
@@ -77,8 +77,10 @@ def _offload_notice(model: nn.Module, decisions: Mapping[str, BlockStrategy]) ->
     devices = {p.device.type for p in model.parameters()}
     if devices <= {"cpu", "meta"}:
         warnings.warn(
-            "remat.apply: offload keeps saved activations in host memory, but this model is on "
-            "the CPU, which has no separate device memory: offload is a no-op here.",
+            message("remat.apply", "offload is a no-op here",
+                    {"why": "offload keeps saved activations in host memory, but this model "
+                            "is on the CPU, which has no separate device memory"},
+                    fix="nothing to do on the CPU; offload saves device memory on a GPU"),
             RematWarning,
             stacklevel=3,
         )
@@ -92,10 +94,12 @@ def _no_region_notice(model: nn.Module, label: str, blocks: list[str]) -> None:
     """A strategy that checkpoints something but installed no region is a silent no-op."""
     shown = ", ".join(blocks[:4]) + (f" and {len(blocks) - 4} more" if len(blocks) > 4 else "")
     warnings.warn(
-        f"remat.apply: strategy {label!r} installed no checkpointed region on "
-        f"{type(model).__name__} (blocks: {shown or 'none'}), so it changes nothing: no "
-        "activation is dropped or recomputed. Check blocks= (it should select the modules "
-        "the forward calls, e.g. the layers rather than their ModuleList) and the strategy.",
+        message("remat.apply", f"strategy {label!r} installed no checkpointed region on "
+                f"{type(model).__name__}, so it changes nothing",
+                {"blocks": shown or "none",
+                 "so": "no activation is dropped or recomputed"},
+                fix="check blocks= (it should select the modules the forward calls, e.g. the "
+                    "layers rather than their ModuleList) and the strategy"),
         RematWarning,
         stacklevel=4,
     )
@@ -117,19 +121,18 @@ def apply_decisions(model: M, decisions: Mapping[str, BlockStrategy], *,
     known = {name for name, _ in named}
     unknown = sorted(set(decisions) - known)
     if unknown:
-        raise StrategyError(
-            f"remat.apply: the plan names blocks this model does not have: {unknown[:5]}. "
-            f"The model's blocks are {sorted(known)[:5]}{' ...' if len(known) > 5 else ''}. "
-            "Was the plan made for another model or with another blocks= setting?"
-        )
+        raise StrategyError(message(
+            "remat.apply", "the plan names blocks this model does not have",
+            {"plan's blocks": unknown[:5],
+             "model's blocks": f"{sorted(known)[:5]}{' ...' if len(known) > 5 else ''}"},
+            fix="apply a plan made for this model with the same blocks= setting"))
     wrong = {n: d for n, d in decisions.items() if not isinstance(d, BlockStrategy)}
     if wrong:
         name, value = next(iter(wrong.items()))
-        raise StrategyError(
-            f"remat.apply: what {name!r} gets must be a block-level strategy\n"
-            f"found: {value!r} ({type(value).__name__})\n"
-            "use an instance such as remat.strategies.parse_strategy('full')"
-        )
+        raise StrategyError(message(
+            "remat.apply", f"what {name!r} gets must be a block-level strategy",
+            {"found": f"{value!r} ({type(value).__name__})"},
+            fix="use an instance such as remat.strategies.parse_strategy('full')"))
     pitfalls = check_model(model)
     regions: list[nn.Module] = []
     for name, block in named:
@@ -220,7 +223,7 @@ def apply(model: M, strategy: str | Strategy | Any, *, blocks: BlocksSpec = None
                 if getattr(module, "_compiled_call_impl", None) is not None:
                     module.__dict__[_COMPILED_BY_PLAN] = True
         return model
-    return _apply_strategy(model, parse_strategy(strategy), blocks)
+    return _apply_strategy(model, parse_strategy(strategy, api="remat.apply"), blocks)
 
 
 @contextmanager

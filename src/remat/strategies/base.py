@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 from torch import nn
 
 from remat.devices import DeviceSpec
-from remat.errors import StrategyError
+from remat.errors import StrategyError, message
 from remat.measure.tracker import OpRecord
 
 if TYPE_CHECKING:
@@ -95,10 +95,13 @@ class Offer:
 
     def __post_init__(self) -> None:
         if not self.parts:
-            raise ValueError("Offer: parts must not be empty (the planner measures 'none' itself)")
+            raise ValueError(message(
+                "Offer", "parts must not be empty",
+                fix="offer at least one part (the planner measures 'none' itself)"))
         if self.sublayer is not None and len(self.parts) != 1:
-            raise ValueError(f"Offer: a sub-layer offer has one part (the sub-layer's), got "
-                             f"{len(self.parts)}")
+            raise ValueError(message(
+                "Offer", "a sub-layer offer has one part (the sub-layer's)",
+                {"parts": len(self.parts)}, fix="offer the sub-layer's part alone"))
 
 
 class Strategy(ABC):
@@ -128,11 +131,14 @@ class Strategy(ABC):
         """The strategy for ``name`` (``argument`` is ``None``) or ``name:argument``.
 
         Raises:
-            StrategyError: the argument is missing, unexpected or unreadable.
+            StrategyError: the argument is missing, unexpected or unreadable. The message
+                (``remat.errors.message("", ...)``) names no call:
+                :func:`~remat.strategies.registry.parse_strategy` adds its caller's.
         """
         if argument is not None:
-            raise StrategyError(f"remat.apply: strategy {cls.name!r} takes no argument, got "
-                                f"{cls.name}:{argument}")
+            raise StrategyError(message(
+                "", f"strategy {cls.name!r} takes no argument",
+                {"found": f"{cls.name}:{argument}"}, fix=f"write {cls.name!r} alone"))
         return cls()
 
     @classmethod

@@ -72,6 +72,7 @@ from torch import Tensor
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._pytree import tree_leaves
 
+from remat.errors import message
 from remat.strategies.op_kinds import DETACH, METADATA, SKIPPABLE, UNKNOWN, VIEW, op_kind
 
 __all__ = [
@@ -358,8 +359,10 @@ def dead_op_contexts(policy: Any) -> tuple[Any, Any, Ledger]:
             (check :func:`supported` first).
     """
     if not supported():
-        raise RuntimeError("remat: dead-op skipping needs SAC storage by call index "
-                           "(torch.utils.checkpoint._RECOMPUTE); check supported() first")
+        raise RuntimeError(message("remat", "dead-op skipping needs SAC storage by call index "
+                                   "(torch.utils.checkpoint._RECOMPUTE)",
+                                   {"torch": torch.__version__},
+                                   fix="check supported() first"))
     storage: Any = defaultdict(dict)
     ledger = Ledger(storage)
     return _TrackingMode(policy, storage, ledger), _SkippingMode(storage, ledger), ledger

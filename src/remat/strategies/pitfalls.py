@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from remat.errors import RematWarning
+from remat.errors import RematWarning, message
 
 __all__ = ["Pitfall", "check_model", "check_regions", "warn_pitfalls"]
 
@@ -47,39 +47,48 @@ class Pitfall:
     fixed: bool = False
 
 
-_FIXES: dict[str, str] = {
+#: Per pitfall kind: what is wrong (after the module names), why it matters / what remat
+#: did, and the fix (remat.errors.message's format).
+_FIXES: dict[str, tuple[str, str, str]] = {
     "use_cache": (
-        "config.use_cache was True: recomputing a block with a stateful KV cache fails or "
-        "corrupts the cache, so remat set use_cache=False for training. Set it back to True "
-        "before generation."
+        "config.use_cache was True",
+        "recomputing a block with a stateful KV cache fails or corrupts the cache, so remat "
+        "set use_cache=False for training",
+        "set it back to True before generation",
     ),
     "hf_gradient_checkpointing": (
-        "the model's own gradient checkpointing (gradient_checkpointing_enable) was on; two "
-        "layers of checkpointing would recompute twice, so remat turned it off "
-        "(gradient_checkpointing_disable()) and now manages checkpointing alone."
+        "had the model's own gradient checkpointing (gradient_checkpointing_enable) on",
+        "two layers of checkpointing would recompute twice, so remat turned it off "
+        "(gradient_checkpointing_disable()) and now manages checkpointing alone",
+        "nothing to do; leave gradient checkpointing to remat",
     ),
     "batchnorm": (
-        "has running statistics inside a checkpointed region: recomputation would update them "
-        "twice per step. remat restores them after each recompute; to avoid the extra copies, "
-        "use LayerNorm/GroupNorm or keep these modules out of checkpointed blocks (blocks=...)."
+        "has running statistics inside a checkpointed region",
+        "recomputation would update them twice per step; remat restores them after each "
+        "recompute",
+        "to avoid the extra copies, use LayerNorm/GroupNorm or keep these modules out of "
+        "checkpointed blocks (blocks=...)",
     ),
     "hooks": (
-        "has forward hooks inside a checkpointed region: they fire again when the region is "
-        "recomputed in backward. Make them idempotent, skip them while "
-        "remat.recompute.is_recomputing() is True, or register them on the block itself "
-        "(hooks on a checkpointed block run once)."
+        "has forward hooks inside a checkpointed region",
+        "they fire again when the region is recomputed in backward",
+        "make them idempotent, skip them while remat.recompute.is_recomputing() is True, or "
+        "register them on the block itself (hooks on a checkpointed block run once)",
     ),
     "eval_mode": (
-        "is in eval mode: checkpointing only matters while training. Call model.train() before "
-        "the training step."
+        "is in eval mode",
+        "checkpointing only matters while training",
+        "call model.train() before the training step",
     ),
     "no_grad": (
-        "was set up under torch.no_grad(): nothing is saved for backward there, so checkpointing "
-        "changes nothing. Run the training step with gradients enabled."
+        "was set up under torch.no_grad()",
+        "nothing is saved for backward there, so checkpointing changes nothing",
+        "run the training step with gradients enabled",
     ),
     "frozen": (
-        "has no parameter with requires_grad=True: there is no backward pass to save "
-        "activations for."
+        "has no parameter with requires_grad=True",
+        "there is no backward pass to save activations for",
+        "unfreeze the parameters to train (p.requires_grad_(True))",
     ),
 }
 
@@ -170,4 +179,6 @@ def warn_pitfalls(pitfalls: Sequence[Pitfall], *, api: str = "remat.apply",
     for kind, modules in by_kind.items():
         shown = ", ".join(repr(m) for m in modules[:4])
         more = f" and {len(modules) - 4} more" if len(modules) > 4 else ""
-        warnings.warn(f"{api}: {shown}{more} {_FIXES[kind]}", RematWarning, stacklevel=3)
+        what, why, fix = _FIXES[kind]
+        warnings.warn(message(api, f"{shown}{more} {what}", {"why": why}, fix=fix),
+                      RematWarning, stacklevel=3)

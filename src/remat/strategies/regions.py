@@ -46,7 +46,7 @@ from torch.utils.checkpoint import (
     noop_context_fn,
 )
 
-from remat.errors import RematError
+from remat.errors import RematError, message
 from remat.recompute import recomputing
 from remat.strategies.dead_ops import mark_region_outputs
 from remat.strategies.offload import offloading
@@ -299,10 +299,9 @@ def _run_segment(members: list[nn.Module], calls: list[Any], *args: Any, **kwarg
     for member, (call_args, call_kwargs) in zip(members[1:], calls[1:], strict=True):
         hidden = _hidden_state(output)
         if hidden is None:
-            raise RematError(
-                f"remat sqrt segment: {type(members[0]).__name__} returned "
-                f"{type(output).__name__}, not a tensor or a tuple starting with one"
-            )
+            raise RematError(message("remat sqrt segment", f"{type(members[0]).__name__} returned "
+                                     f"{type(output).__name__}, not a tensor or a tuple starting "
+                                     "with one", fix="use strategy 'full' or 'every:N'"))
         args_k, kwargs_k = _replace_chained(call_args, call_kwargs, hidden)
         output = _inner_forward(member)(*args_k, **kwargs_k)
 
@@ -328,7 +327,8 @@ def _segment_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
     info: RegionInfo = self.__dict__[_STATE]
     segment = info.segment
     if segment is None:
-        raise RematError("remat: a segment region lost its state; call remat.apply again")
+        raise RematError(message("remat", "a segment region lost its state",
+                                 fix="call remat.apply again"))
     inner = _inner_forward(self)
     if not torch.is_grad_enabled():
         return inner(*args, **kwargs)
@@ -357,14 +357,13 @@ def _segment_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
             _CHAINED not in record_args and _CHAINED not in record_kwargs.values()
         ):
             _abort_segment(segment)
-            raise RematError(
-                f"remat sqrt: block {index} of a segment ({type(self).__name__}) did not receive "
-                "the previous block's output as an argument, so the segment cannot be replayed. "
-                "Either the model transforms the hidden state between blocks, or something "
-                "between the blocks (e.g. FSDP2 fully_shard applied per block) rewraps it; use "
-                "strategy 'full' or 'every:N' (one region per block), or shard each segment as "
-                "one group (remat.integrations.fsdp2.apply_fsdp does)."
-            )
+            raise RematError(message(
+                "remat sqrt", f"block {index} of a segment ({type(self).__name__}) did not "
+                "receive the previous block's output as an argument, so it cannot be replayed",
+                {"why": "the model transforms the hidden state between blocks, or something "
+                        "between them (e.g. FSDP2 fully_shard applied per block) rewraps it"},
+                fix="use strategy 'full' or 'every:N' (one region per block), or shard each "
+                    "segment as one group (remat.integrations.fsdp2.apply_fsdp does)"))
         segment.calls.append((record_args, record_kwargs))
     try:
         output = inner(*args, **kwargs)

@@ -22,7 +22,7 @@ import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, TypeVar, overload
 
-from remat.errors import RematWarning, StrategyError
+from remat.errors import RematWarning, StrategyError, message, with_api
 from remat.strategies.base import BlockStrategy, Purpose, Strategy
 from remat.strategies.builtin import BUILTIN
 
@@ -68,18 +68,22 @@ def register_strategy(cls: S) -> S:
         ...     name: ClassVar[str] = "twice"
     """
     if not (isinstance(cls, type) and issubclass(cls, Strategy)):
-        raise StrategyError(f"register_strategy: expected a Strategy subclass, got {cls!r}")
+        raise StrategyError(message("register_strategy", "expected a Strategy subclass",
+                                    {"found": repr(cls)},
+                                    fix="decorate a subclass of remat.Strategy"))
     name = getattr(cls, "name", None)
     if not isinstance(name, str) or not name or not name.replace("_", "").isalnum() \
             or name.lower() != name:
-        raise StrategyError(f"register_strategy: {cls.__name__}.name must be a lower-case "
-                            f"word such as 'full', got {name!r}")
+        raise StrategyError(message("register_strategy",
+                                    f"{cls.__name__}.name must be a lower-case word",
+                                    {"found": repr(name)},
+                                    fix="name it with a lower-case word such as 'full'"))
     known = _REGISTRY.get(name)
     if known is not None and known is not cls:
-        raise StrategyError(
-            f"register_strategy: the name {name!r} is taken by {known.__module__}."
-            f"{known.__qualname__}; pick another name or unregister_strategy({name!r}) first"
-        )
+        raise StrategyError(message(
+            "register_strategy", f"the name {name!r} is taken",
+            {"taken by": f"{known.__module__}.{known.__qualname__}"},
+            fix=f"pick another name or unregister_strategy({name!r}) first"))
     _REGISTRY[name] = cls
     return cls
 
@@ -92,9 +96,13 @@ def unregister_strategy(name: str) -> None:
     """
     cls = _REGISTRY.get(name)
     if cls is None:
-        raise StrategyError(f"unregister_strategy: no strategy named {name!r}")
+        raise StrategyError(message("unregister_strategy", f"no strategy named {name!r}",
+                                    {"registered": _valid()},
+                                    fix="pass the name of a registered strategy"))
     if cls in BUILTIN:
-        raise StrategyError(f"unregister_strategy: {name!r} is built in and stays registered")
+        raise StrategyError(message("unregister_strategy",
+                                    f"{name!r} is built in and stays registered",
+                                    fix="register your strategy under another name"))
     del _REGISTRY[name]
 
 
@@ -136,8 +144,14 @@ def _valid() -> str:
     return ", ".join(STRATEGIES)
 
 
-def parse_strategy(strategy: str | Strategy) -> Strategy:
+def parse_strategy(strategy: str | Strategy, *,
+                   api: str = "remat.strategies.parse_strategy") -> Strategy:
     """Parse ``"full"``, ``"every:3"``, ... into the registered strategy's config.
+
+    Args:
+        strategy: the strategy string (or a Strategy config, returned as is).
+        api: the call the user made (``"remat.apply"``, ``"remat.validate"``, ...),
+            named on the first line of the error message.
 
     Raises:
         StrategyError: not a string, an unknown name or a bad argument; the message lists
@@ -150,18 +164,22 @@ def parse_strategy(strategy: str | Strategy) -> Strategy:
     if isinstance(strategy, Strategy):
         return strategy
     if not isinstance(strategy, str):
-        raise StrategyError(
-            f"remat.apply: strategy must be a string or a Plan (or a Strategy config), got "
-            f"{type(strategy).__name__}. Valid strategies: {_valid()}"
-        )
+        raise StrategyError(message(
+            api, "strategy must be a string or a Plan (or a Strategy config)",
+            {"found": type(strategy).__name__, "valid strategies": _valid()},
+            fix="pass one of the valid strategies, a Plan from remat.plan or a Strategy"))
     text = strategy.strip().lower()
     name, sep, argument = text.partition(":")
     cls = _REGISTRY.get(name.strip())
     if cls is None:
-        raise StrategyError(
-            f"remat.apply: unknown strategy {strategy!r}. Valid strategies: {_valid()}"
-        )
-    return cls.parse(argument.strip() if sep else None)
+        raise StrategyError(message(
+            api, f"unknown strategy {strategy!r}", {"valid strategies": _valid()},
+            fix="pass one of the valid strategies (or register yours with "
+                "remat.register_strategy)"))
+    try:
+        return cls.parse(argument.strip() if sep else None)
+    except StrategyError as exc:
+        raise StrategyError(with_api(api, str(exc))) from None
 
 
 def strategy_to_dict(strategy: BlockStrategy) -> dict[str, Any]:
@@ -185,30 +203,37 @@ def strategy_from_dict(data: Any, *, where: str, api: str) -> BlockStrategy:
     if isinstance(data, Mapping) and "kind" in data and "name" not in data:  # remat 0.1
         save_ops = data.get("save_ops")
         if isinstance(save_ops, str):
-            raise ValueError(f"{api}: save_ops of the decision for {where} is a string\n"
-                             f"found: {save_ops!r}\nwrite a list of op names: [{save_ops!r}]")
+            raise ValueError(message(api, f"save_ops of the decision for {where} is a string",
+                                     {"found": repr(save_ops)},
+                                     fix=f"write a list of op names: [{save_ops!r}]"))
         data = {"name": data["kind"],
                 "fields": {} if save_ops is None else {"save_ops": save_ops}}
     if not isinstance(data, Mapping) or not isinstance(data.get("name"), str):
-        raise ValueError(f"{api}: the decision for {where} is not a strategy\n"
-                         f"found: {data!r}\n"
-                         'write {"name": "full", "fields": {}} (see Plan.to_json)')
+        raise ValueError(message(api, f"the decision for {where} is not a strategy",
+                                 {"found": repr(data)},
+                                 fix='write {"name": "full", "fields": {}} (see Plan.to_json)'))
     name, values = data["name"], data.get("fields") or {}
     cls = _REGISTRY.get(name)
     if cls is None or not issubclass(cls, BlockStrategy):
         kinds = ", ".join(c.name for c in _REGISTRY.values() if issubclass(c, BlockStrategy))
-        raise ValueError(f"{api}: the decision for {where} names strategy {name!r}, which is "
-                         f"not a registered block-level strategy\nknown: {kinds}\n"
-                         "register the strategy that defines it (remat.register_strategy) "
-                         "before loading the plan")
+        raise ValueError(message(
+            api, f"the decision for {where} names strategy {name!r}, which is not a "
+            "registered block-level strategy", {"known": kinds},
+            fix="register the strategy that defines it (remat.register_strategy) before "
+                "loading the plan"))
     if not isinstance(values, Mapping):
-        raise ValueError(f"{api}: the fields of the decision for {where} must be an object\n"
-                         f"found: {values!r}")
+        raise ValueError(message(api, f"the fields of the decision for {where} must be an "
+                                 "object", {"found": repr(values)},
+                                 fix='write "fields": {"name": value, ...}'))
     try:
         return cls(**values)
     except (TypeError, ValueError) as exc:
-        raise ValueError(f"{api}: the decision for {where} ({name}) cannot be rebuilt\n"
-                         f"fields: {dict(values)!r}\n{exc}") from None
+        error, sep, fix = str(exc).rpartition("\n  fix: ")  # the strategy's own fix, if any
+        if not sep:
+            error, fix = str(exc), f"write fields {cls.__name__} accepts"
+        raise ValueError(message(api, f"the decision for {where} ({name}) cannot be rebuilt",
+                                 {"fields": repr(dict(values)), "error": error},
+                                 fix=fix)) from None
 
 
 def default_strategies(purpose: Purpose, *, num_blocks: int = 2) -> list[str]:
@@ -235,9 +260,11 @@ def load_entry_points() -> list[str]:
             cls = entry.load()
             register_strategy(cls)
         except Exception as exc:  # noqa: BLE001  (a broken plug-in must not break remat)
-            warnings.warn(f"remat: could not register strategy plug-in {entry.name!r} "
-                          f"({entry.value}): {type(exc).__name__}: {exc}", RematWarning,
-                          stacklevel=2)
+            warnings.warn(message("remat", f"could not register strategy plug-in "
+                                  f"{entry.name!r}", {"entry point": entry.value,
+                                                      "error": f"{type(exc).__name__}: {exc}"},
+                                  fix="fix or uninstall the package that declares it"),
+                          RematWarning, stacklevel=2)
             continue
         names.append(cls.name)
     return names

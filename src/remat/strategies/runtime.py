@@ -34,7 +34,7 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from remat.errors import RematError, RematWarning
+from remat.errors import RematError, RematWarning, message
 from remat.strategies.pitfalls import Pitfall, warn_pitfalls
 from remat.strategies.sac import parse_entry
 
@@ -121,10 +121,12 @@ def check_save_ops(module: nn.Module, save_ops: frozenset[str], seen: dict[str, 
         return
     ran = ", ".join(f"{name} x{count}" if count > 1 else name for name, count in seen.items())
     warnings.warn(
-        f"remat: the save set of {type(module).__name__}'s region names {missing}, which its "
-        f"forward never runs (it runs: {ran or 'no op'}), so those entries save nothing and "
-        "the region recomputes them. Was the plan made for another model, dtype or device? "
-        "Re-plan, or name ops from that list.",
+        message("remat", f"the save set of {type(module).__name__}'s region names {missing}, "
+                "which its forward never runs",
+                {"it runs": ran or "no op",
+                 "so": "those entries save nothing and the region recomputes them",
+                 "likely": "the plan was made for another model, dtype or device"},
+                fix="re-plan, or name ops from the list it runs"),
         RematWarning,
         stacklevel=3,
     )
@@ -158,15 +160,16 @@ def check_inputs_unchanged(module: nn.Module, versions: list[tuple[torch.Tensor,
     if not changed:
         return
     i, t = changed[0]
-    raise RematError(
-        f"remat: {type(module).__name__} is checkpointed and modified its input in place "
-        f"(tensor argument {i}, shape {tuple(t.shape)}, version {versions[i][1]} -> "
-        f"{t._version}). A checkpointed module is recomputed in backward from its saved "
-        "inputs, so it must not change them; the backward would fail with torch's 'one of "
-        "the variables needed for gradient computation has been modified by an inplace "
-        "operation'. Make the op out of place (x = x * 2 instead of x.mul_(2)), or leave "
-        "this module out of the checkpointed blocks (blocks=... or another strategy)."
-    )
+    raise RematError(message(
+        "remat", f"{type(module).__name__} is checkpointed and modified its input in place",
+        {"input": f"tensor argument {i}, shape {tuple(t.shape)}, version {versions[i][1]} -> "
+                  f"{t._version}",
+         "why": "a checkpointed module is recomputed in backward from its saved inputs, so it "
+                "must not change them; the backward would fail with torch's 'one of the "
+                "variables needed for gradient computation has been modified by an inplace "
+                "operation'"},
+        fix="make the op out of place (x = x * 2 instead of x.mul_(2)), or leave this module "
+            "out of the checkpointed blocks (blocks=... or another strategy)"))
 
 
 def stateful_modules(module: nn.Module) -> tuple[nn.Module, ...]:

@@ -78,6 +78,7 @@ import torch.utils.checkpoint as _checkpoint
 from torch import Tensor
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
+from remat.errors import message
 from remat.strategies.dead_ops import dead_op_contexts, skip_dead_ops_enabled, supported
 from remat.strategies.sac_rng import names_random_op, rng_replay
 
@@ -142,10 +143,10 @@ def parse_entry(entry: str) -> tuple[str, int | None]:
     """
     name, sep, index = entry.partition("#")
     if not name or (sep and not index.isdigit()):
-        raise ValueError(
-            f"save-set entry {entry!r} is not an op name ('aten.mm') or an op call "
-            "('aten.mm#2': the third call of aten.mm in the region)"
-        )
+        raise ValueError(message(
+            "", f"save-set entry {entry!r} is not an op name or an op call",
+            fix="write an op name ('aten.mm') or an op call ('aten.mm#2': the third call of "
+                "aten.mm in the region)"))
     return name, int(index) if sep else None
 
 

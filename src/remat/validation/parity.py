@@ -19,11 +19,12 @@ from torch import nn
 
 from remat.blocks import BlocksSpec
 from remat.core.parity import ParityReport
-from remat.errors import RematWarning
+from remat.errors import RematWarning, message
 from remat.measure.step import Step, call_model, check_runnable, default_loss
 from remat.strategies.apply import apply, remove
 from remat.strategies.base import Strategy
 from remat.strategies.regions import region_of
+from remat.strategies.registry import parse_strategy
 
 __all__ = ["relative_error", "validate"]
 
@@ -148,6 +149,12 @@ def validate(model: nn.Module, batch: Any, strategy: str | Any, *, blocks: Block
     check_runnable(model, api="remat.validate")
     label = strategy if isinstance(strategy, str) else \
         str(strategy) if isinstance(strategy, Strategy) else "plan"
+    if isinstance(strategy, str):
+        strategy = parse_strategy(strategy, api="remat.validate")
+    if isinstance(strategy, Strategy):  # a Plan brings its own blocks
+        step.blocks_found(api="remat.validate")  # bad blocks= fail here, naming this call
+    elif callable(check := getattr(strategy, "check_model", None)):
+        check(model, api="remat.validate")  # a plan for another model, named here
     with _preserved(model):
         remove(model)
         loss_ref, grads_ref = _step(step, seed)
@@ -156,10 +163,13 @@ def validate(model: nn.Module, batch: Any, strategy: str | Any, *, blocks: Block
             loss, grads = _step(step, seed)
     if calls.regions and not calls.ran:
         warnings.warn(
-            f"remat.validate: strategy {label!r} installed {calls.regions} checkpointed "
-            f"region(s) ({', '.join(calls.names[:4])}), but none ran in the step, so nothing "
-            "was checkpointed and the report says nothing about checkpointing. blocks= "
-            "selects modules the model's forward never calls; select the ones it runs.",
+            message("remat.validate", f"strategy {label!r} installed {calls.regions} "
+                    "checkpointed region(s), but none ran in the step",
+                    {"regions": ", ".join(calls.names[:4]),
+                     "so": "nothing was checkpointed and the report says nothing about "
+                           "checkpointing",
+                     "why": "blocks= selects modules the model's forward never calls"},
+                    fix="select with blocks= the modules the forward runs"),
             RematWarning,
             stacklevel=2,
         )

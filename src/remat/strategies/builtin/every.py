@@ -8,7 +8,7 @@ from typing import ClassVar
 
 from torch import nn
 
-from remat.errors import StrategyError
+from remat.errors import StrategyError, message
 from remat.strategies.base import BlockStrategy, Purpose, Strategy
 from remat.strategies.builtin.full import Full
 
@@ -34,17 +34,18 @@ class EveryN(Strategy):
 
     def __post_init__(self) -> None:
         if isinstance(self.n, bool) or not isinstance(self.n, int) or self.n < 1:
-            raise ValueError(f"EveryN: n must be an int >= 1, got {self.n!r}")
+            raise ValueError(message("EveryN", "n must be an int >= 1", {"found": repr(self.n)},
+                                     fix="pass an int >= 1, e.g. EveryN(2)"))
 
     @classmethod
     def parse(cls, argument: str | None) -> Strategy:
         text = (argument or "").strip()
         if not text.isdigit() or int(text) < 1:
             shown = cls.name if argument is None else f"{cls.name}:{argument}"
-            raise StrategyError(
-                f"remat.apply: cannot read {shown!r}; write every:N with an integer N >= 1, "
-                "e.g. every:2 checkpoints blocks 0, 2, 4, ..."
-            )
+            raise StrategyError(message(
+                "", f"cannot read strategy {shown!r}",
+                fix="write every:N with an integer N >= 1, e.g. every:2 checkpoints "
+                    "blocks 0, 2, 4, ..."))
         return cls(int(text))
 
     @classmethod

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from remat.devices import DeviceSpec
+from remat.errors import message, with_api
 from remat.measure.roofline import op_roofline_ms
 from remat.measure.tracker import OpRecord
 from remat.strategies.base import BlockContext, BlockStrategy, Offer
@@ -50,17 +51,21 @@ def check_op_name(name: str) -> None:
             the closest aten op names.
     """
     if not _OP_NAME.fullmatch(name):
-        raise ValueError(f"{name!r} is not an op name\n"
-                         "write an aten overload packet such as 'aten.mm' (or 'aten.mm#2' for "
-                         "its third call in the region)")
+        raise ValueError(message(
+            "", f"{name!r} is not an op name",
+            fix="write an aten overload packet such as 'aten.mm' (or 'aten.mm#2' for its "
+                "third call in the region)"))
     namespace, op = name.split(".")
     if namespace == "aten" and not hasattr(torch.ops.aten, op):
         known = {n.split("::", 1)[1].split(".", 1)[0]
                  for n in torch._C._dispatch_get_all_op_names() if n.startswith("aten::")}
         close = difflib.get_close_matches(op, sorted(known), n=3)
-        hint = f"\ndid you mean {', '.join('aten.' + c for c in close)}?" if close else ""
-        raise ValueError(f"unknown aten op {name!r}\nno region runs it, so saving it would "
-                         f"save nothing and recompute everything{hint}")
+        raise ValueError(message(
+            "", f"unknown aten op {name!r}",
+            {"why": "no region runs it, so saving it would save nothing and recompute "
+                    "everything"},
+            fix=f"did you mean {', '.join('aten.' + c for c in close)}?" if close else
+                "write the name of an aten op (torch.ops.aten.<op>)"))
 
 
 @dataclass(frozen=True)
@@ -92,14 +97,15 @@ class SelectiveOps(BlockStrategy):
         if self.save_ops is None:
             return
         if isinstance(self.save_ops, str):
-            raise ValueError(f"SelectiveOps: save_ops must be a set of op names, got the string "
-                             f"{self.save_ops!r}\nwrite frozenset({{{self.save_ops!r}}})")
+            raise ValueError(message("SelectiveOps", "save_ops must be a set of op names",
+                                     {"found": f"the string {self.save_ops!r}"},
+                                     fix=f"write frozenset({{{self.save_ops!r}}})"))
         object.__setattr__(self, "save_ops", frozenset(self.save_ops))
         for entry in self.save_ops:
             try:
                 check_op_name(parse_entry(entry)[0])
             except ValueError as exc:
-                raise ValueError(f"SelectiveOps: save_ops: {exc}") from None
+                raise ValueError(with_api("SelectiveOps", f"save_ops: {exc}")) from None
 
     def label(self) -> str:
         """``"ops"``, or ``"ops[aten.mm,aten.addmm]"`` with a save set."""

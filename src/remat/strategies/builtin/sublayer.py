@@ -10,7 +10,7 @@ from typing import ClassVar
 from torch import nn
 
 from remat.blocks import find_sublayer
-from remat.errors import BlocksNotFound, RematWarning
+from remat.errors import BlocksNotFound, RematWarning, message
 from remat.strategies.base import BlockContext, BlockStrategy, Offer
 from remat.strategies.builtin.full import Full
 from remat.strategies.regions import install_checkpoint
@@ -45,10 +45,11 @@ class SublayerStrategy(BlockStrategy):
         if skipped:
             shown = ", ".join(skipped[:4]) + (f" and {len(skipped) - 4} more"
                                               if len(skipped) > 4 else "")
-            warnings.warn(f"remat.apply: strategy {self.name!r} left {len(skipped)} of "
-                          f"{len(blocks)} blocks alone\n"
-                          f"they have no {self.name} sub-layer: {shown}", RematWarning,
-                          stacklevel=4)
+            warnings.warn(message(
+                "remat.apply", f"strategy {self.name!r} left {len(skipped)} of {len(blocks)} "
+                "blocks alone", {f"no {self.name} sub-layer": shown},
+                fix="to checkpoint those blocks too, use a plan (remat.plan), which picks "
+                    "a strategy per block"), RematWarning, stacklevel=4)
         return chosen
 
     def install_block(self, block: nn.Module) -> list[nn.Module]:
