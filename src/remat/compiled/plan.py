@@ -56,6 +56,7 @@ from remat.compiled.candidates import (
 )
 from remat.compiled.install import WHOLE_MODEL
 from remat.core.budget import Budget, BudgetLike
+from remat.core.cost import Category
 from remat.devices import DeviceSpec
 from remat.errors import BudgetTooSmall
 from remat.measure.step import LossFn, Step, model_device
@@ -205,13 +206,20 @@ def plan_compiled_step(step: Step, options: PlanOptions, *,
                   for b, m in ctx.whole.items()})
     best = min(tried, key=lambda label: tried[label])
     lowest = tried[best]
+    # NOTE [ Categories of each backend ] in remat/core/cost.py: the static bytes by
+    # category (the same in every measurement), the step's own bytes unsplit.
+    breakdown: dict[Category, int] = {
+        c: v for c, v in ctx.uniform[0].profile.peak_breakdown.items()
+        if c != Category.STEP_TEMPORARIES}
+    if lowest > ctx.static_bytes:
+        breakdown[Category.STEP_TEMPORARIES] = lowest - ctx.static_bytes
     raise BudgetTooSmall(
         f"{_API}: no compiled plan fits {format_bytes(budget)}; the lowest compiled peak "
         f"measured is {format_bytes(lowest)} ({best}), of which "
         f"{format_bytes(ctx.static_bytes)} is alive before the step (parameters, optimizer "
         "state, batch). Raise the budget or shrink the batch.",
         budget_bytes=budget, min_peak_bytes=lowest,
-        breakdown={"static": ctx.static_bytes, "step": lowest - ctx.static_bytes},
+        breakdown=breakdown,
     )
 
 

@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from remat.core.checks import decisions_label
+from remat.core.cost import Category
 from remat.core.results import Profile
 from remat.core.solver import min_peak_choice, solve
 from remat.errors import BudgetTooSmall
@@ -39,11 +40,13 @@ from remat.units import format_bytes
 __all__ = ["close_loop", "measure_decisions", "measure_on_copy", "timed_step_ms"]
 
 _MAX_ROUNDS = 6
-_KIND_NAMES = {
-    "params": "parameters", "grads": "gradients", "optimizer_state": "optimizer state",
-    "batch": "batch", "buffers": "buffers", "forward": "activations",
-    "recompute": "recomputed activations", "backward": "backward temporaries",
-    "optimizer": "optimizer temporaries", "other": "other tensors",
+_KIND_NAMES: dict[str, str] = {
+    Category.PARAMETERS: "parameters", Category.GRADIENTS: "gradients",
+    Category.OPTIMIZER_STATE: "optimizer state", Category.BATCH: "batch",
+    Category.BUFFERS: "buffers", Category.ACTIVATIONS: "activations",
+    Category.RECOMPUTED: "recomputed activations",
+    Category.BACKWARD_TEMPORARIES: "backward temporaries",
+    Category.OPTIMIZER_TEMPORARIES: "optimizer temporaries", Category.OTHER: "other tensors",
 }
 
 
@@ -140,7 +143,7 @@ def _build(ctx: PlanContext, choice: Sequence[int], prof: Profile, budget_bytes:
     )
 
 
-def _dominant(breakdown: Mapping[str, int], peak: int) -> str:
+def _dominant(breakdown: Mapping[Category, int], peak: int) -> str:
     parts = sorted(((v, _KIND_NAMES.get(k, k)) for k, v in breakdown.items() if v > 0),
                    reverse=True)
     chosen: list[str] = []
@@ -157,8 +160,6 @@ def _dominant(breakdown: Mapping[str, int], peak: int) -> str:
 def _too_small(ctx: PlanContext, budget_bytes: int, choice: Sequence[int],
                prof: Profile) -> BudgetTooSmall:
     peak = prof.peak_bytes
-    breakdown = {_KIND_NAMES.get(k, k).replace(" ", "_"): v
-                 for k, v in prof.peak_breakdown.items() if v > 0}
     parts = ", ".join(f"{_KIND_NAMES.get(k, k)} {format_bytes(v)}"
                       for k, v in sorted(prof.peak_breakdown.items(), key=lambda kv: -kv[1])
                       if v > 0)
@@ -170,7 +171,8 @@ def _too_small(ctx: PlanContext, budget_bytes: int, choice: Sequence[int],
         f"At that peak: {parts}. Raise the budget to at least {format_bytes(peak)}, use a "
         "smaller batch or sequence, or shrink what dominates (lower-precision parameters, "
         "sharded optimizer state and gradients with FSDP).",
-        budget_bytes=budget_bytes, min_peak_bytes=peak, breakdown=breakdown,
+        budget_bytes=budget_bytes, min_peak_bytes=peak, breakdown=prof.peak_breakdown,
+        cost=prof.cost,
     )
 
 

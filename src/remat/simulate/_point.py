@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from remat.core.cost import Category
 from remat.simulate._setup import Setup
 from remat.simulate.result import SimulationRow
 from remat.simulate.sharding import ShardedPeak, shard_peak
@@ -33,15 +34,15 @@ from remat.simulate.sharding import ShardedPeak, shard_peak
 __all__ = ["fixed_bytes", "per_rank", "point", "profile_point", "row_of"]
 
 
-def shard(breakdown: Mapping[str, int], grad_total_bytes: int, setup: Setup) -> ShardedPeak:
+def shard(breakdown: Mapping[Category, int], grad_total_bytes: int, setup: Setup) -> ShardedPeak:
     """Shard one moment's live bytes; see NOTE [ Sharding arithmetic ] in sharding.py."""
     layout = setup.layout
     return shard_peak(
         peak_bytes=sum(breakdown.values()),
-        param_bytes=breakdown.get("params", 0),
-        grad_bytes=breakdown.get("grads", 0),
-        optimizer_bytes=breakdown.get("optimizer_state", 0),
-        optimizer_temp_bytes=breakdown.get("optimizer", 0),
+        param_bytes=breakdown.get(Category.PARAMETERS, 0),
+        grad_bytes=breakdown.get(Category.GRADIENTS, 0),
+        optimizer_bytes=breakdown.get(Category.OPTIMIZER_STATE, 0),
+        optimizer_temp_bytes=breakdown.get(Category.OPTIMIZER_TEMPORARIES, 0),
         total_grad_bytes=grad_total_bytes,
         sharding=setup.sharding,
         world_size=setup.world_size,
@@ -76,7 +77,7 @@ def _rank_peak(setup: Setup, prof: Any, batch: Any) -> int:
         # optimizer step) added back.
         fwd_bwd = profile_point(setup, batch, None)
         moments.append({**fwd_bwd.peak_breakdown,
-                        "optimizer_state": int(prof.optimizer_bytes)})
+                        Category.OPTIMIZER_STATE: int(prof.optimizer_bytes)})
     return max(shard(m, int(prof.grad_bytes), setup).peak_bytes for m in moments)
 
 
