@@ -30,7 +30,6 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
-from types import MappingProxyType
 from typing import Any
 
 __all__ = ["Category", "StepCost"]
@@ -174,7 +173,7 @@ class StepCost:
             raise _bad(f"breakdown sums to {sum(breakdown.values())} B, not peak_bytes "
                        f"({self.peak_bytes} B)", {c.value: v for c, v in breakdown.items()},
                        "the breakdown is what is alive at the peak: it must add up to it")
-        object.__setattr__(self, "breakdown", MappingProxyType(breakdown))
+        object.__setattr__(self, "breakdown", breakdown)
         parts = self.forward_flops, self.backward_flops
         if parts[0] is not None and parts[1] is not None:
             total = parts[0] + parts[1] + self.recompute_flops
@@ -189,19 +188,8 @@ class StepCost:
                        f"({self.flops})", self.recompute_flops,
                        "recompute_flops is part of the step's flops")
 
-    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        # The read-only breakdown view cannot be pickled; rebuild from a plain dict.
-        return _rebuild, (self.peak_bytes, dict(self.breakdown), self.param_bytes,
-                          self.buffer_bytes, self.grad_bytes, self.optimizer_bytes,
-                          self.batch_bytes, self.activation_bytes, self.forward_flops,
-                          self.backward_flops, self.recompute_flops, self.flops,
-                          self.forward_ms, self.backward_ms, self.step_ms, self.recompute_ms)
-
     @property
     def fixed_bytes(self) -> int:
         """Bytes no checkpointing can remove: parameters, buffers, gradients, optimizer state."""
         return self.param_bytes + self.buffer_bytes + self.grad_bytes + self.optimizer_bytes
 
-
-def _rebuild(*args: Any) -> StepCost:
-    return StepCost(*args)
