@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from remat.core.cost import Category
+from remat.core.cost import Category, StepCost
 from remat.simulate._setup import Setup
 from remat.simulate.result import SimulationRow
 from remat.simulate.sharding import ShardedPeak, shard_peak
@@ -108,16 +108,9 @@ def row_of(setup: Setup, strategy: str, batch_size: int, seq_len: int, prof: Any
     peak = _rank_peak(setup, prof, batch)
     step_ms = _step_ms(setup, prof)
     samples_per_s = batch_size * setup.world_size / (step_ms / 1e3) if step_ms > 0 else 0.0
-    return SimulationRow(
-        strategy=strategy,
-        batch_size=batch_size,
-        seq_len=seq_len,
+    cost = StepCost(
         peak_bytes=peak,
-        fits=peak <= setup.device.memory_bytes,
         step_ms=step_ms,
-        samples_per_s=samples_per_s,
-        tokens_per_s=samples_per_s * seq_len,
-        single_device_peak_bytes=int(prof.peak_bytes),
         activation_bytes=int(prof.activation_bytes),
         param_bytes=per_rank(setup, int(prof.param_bytes)),
         grad_bytes=per_rank(setup, int(prof.grad_bytes)),
@@ -125,6 +118,16 @@ def row_of(setup: Setup, strategy: str, batch_size: int, seq_len: int, prof: Any
         flops=int(prof.flops),
         recompute_flops=int(prof.recompute_flops),
         recompute_ms=float(roofline_ms(prof.ops, setup.device, phases=("recompute",))),
+    )
+    return SimulationRow(
+        strategy=strategy,
+        batch_size=batch_size,
+        seq_len=seq_len,
+        cost=cost,
+        fits=peak <= setup.device.memory_bytes,
+        samples_per_s=samples_per_s,
+        tokens_per_s=samples_per_s * seq_len,
+        single_device_peak_bytes=int(prof.peak_bytes),
         peak_phase=prof.peak_phase,
     )
 
