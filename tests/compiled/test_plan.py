@@ -23,6 +23,7 @@ from remat.compiled.candidates import (
 )
 from remat.compiled.measure import compiled_regions, measure_compiled
 from remat.compiled.plan import plan_compiled_step, predict_peak
+from remat.core.cost import StepCost
 from remat.measure.step import Step
 from remat.planning.options import PlanOptions
 from remat.planning.plans import PLAN_FORMAT_VERSION, Plan
@@ -120,16 +121,16 @@ def test_apply_of_loaded_plan_compiles_and_keeps_gradients(model: Net,
 
 
 def test_plan_json_without_compiled_is_eager() -> None:
-    plan = Plan(decisions={}, block_names=("a", "b"), budget_bytes=10, predicted_peak_bytes=5)
+    plan = Plan(decisions={}, block_names=("a", "b"), budget_bytes=10, cost=StepCost(peak_bytes=5))
     data = plan.to_dict()
     assert data["compiled"] is None
     del data["compiled"]  # a file written before compiled plans existed
     assert Plan.from_dict(data).compiled is None
     with pytest.raises(ValueError, match="not one of block_names"):
-        Plan(decisions={}, block_names=("a",), budget_bytes=1, predicted_peak_bytes=1,
+        Plan(decisions={}, block_names=("a",), budget_bytes=1, cost=StepCost(peak_bytes=1),
              compiled={"z": 0.5})
     with pytest.raises(ValueError, match=r"\[0, 1\]"):
-        Plan(decisions={}, block_names=("a",), budget_bytes=1, predicted_peak_bytes=1,
+        Plan(decisions={}, block_names=("a",), budget_bytes=1, cost=StepCost(peak_bytes=1),
              compiled={"a": 1.5})
 
 
@@ -205,5 +206,5 @@ def test_the_compilers_own_setting_is_a_plan_when_it_recomputes_least(
 
 def test_compiled_names_the_whole_model_or_blocks_not_both() -> None:
     with pytest.raises(ValueError, match="one or the other"):
-        Plan(decisions={}, block_names=("a", "b"), budget_bytes=10, predicted_peak_bytes=5,
+        Plan(decisions={}, block_names=("a", "b"), budget_bytes=10, cost=StepCost(peak_bytes=5),
              compiled={"": 0.5, "a": 1.0})

@@ -56,7 +56,7 @@ from remat.compiled.candidates import (
 )
 from remat.compiled.install import WHOLE_MODEL
 from remat.core.budget import Budget, BudgetLike
-from remat.core.cost import Category
+from remat.core.cost import Category, StepCost
 from remat.devices import DeviceSpec
 from remat.errors import BudgetTooSmall
 from remat.measure.step import LossFn, Step, model_device
@@ -236,8 +236,9 @@ def _whole_model(step: Step, ctx: CompiledContext, budget: int, ms_per_flop: flo
             flops = int(m.profile.recompute_flops)
             return Plan(
                 decisions=decisions, block_names=ctx.names, budget_bytes=budget,
-                predicted_peak_bytes=m.peak_bytes, measured_peak_bytes=m.peak_bytes,
-                recompute_flops=flops, recompute_ms=flops * ms_per_flop,
+                cost=StepCost(peak_bytes=m.peak_bytes, recompute_flops=flops,
+                              recompute_ms=flops * ms_per_flop),
+                measured_peak_bytes=m.peak_bytes,
                 no_checkpoint_peak_bytes=ctx.no_checkpoint_peak_bytes,
                 cost_device=device_name, cost_source="roofline",
                 blocks=apply_spec(decisions, ctx.names, step.blocks),
@@ -258,10 +259,11 @@ def _plan(step: Step, ctx: CompiledContext, assignment: Assignment, budget: int,
         decisions=decisions,
         block_names=ctx.names,
         budget_bytes=budget,
-        predicted_peak_bytes=predicted,
+        cost=StepCost(peak_bytes=predicted,
+                      recompute_flops=sum(ctx.recompute_flops[c][i]
+                                          for i, c in enumerate(assignment)),
+                      recompute_ms=cost_ms),
         measured_peak_bytes=peak,
-        recompute_flops=sum(ctx.recompute_flops[c][i] for i, c in enumerate(assignment)),
-        recompute_ms=cost_ms,
         no_checkpoint_peak_bytes=ctx.no_checkpoint_peak_bytes,
         cost_device=device_name,
         cost_source="roofline",

@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from remat.core.checks import decisions_label
-from remat.core.cost import Category
+from remat.core.cost import Category, StepCost
 from remat.core.results import Profile
 from remat.core.solver import min_peak_choice, solve
 from remat.errors import BudgetTooSmall
@@ -129,11 +129,10 @@ def _build(ctx: PlanContext, choice: Sequence[int], prof: Profile, budget_bytes:
         decisions=decisions,
         block_names=ctx.block_names,
         budget_bytes=budget_bytes,
-        predicted_peak_bytes=ctx.peak_model.predict(choice),
+        cost=StepCost(peak_bytes=ctx.peak_model.predict(choice),
+                      recompute_flops=prof.recompute_flops, recompute_ms=cost_ms,
+                      step_ms=step_time),
         measured_peak_bytes=prof.peak_bytes,
-        recompute_flops=prof.recompute_flops,
-        recompute_ms=cost_ms,
-        predicted_step_ms=step_time,
         no_checkpoint_peak_bytes=ctx.no_checkpoint_peak_bytes,
         cost_device=ctx.device.name,
         cost_source=ctx.cost_source,
