@@ -23,7 +23,7 @@ from remat.compiled.candidates import (
 )
 from remat.compiled.measure import compiled_regions, measure_compiled
 from remat.compiled.plan import plan_compiled_step, predict_peak
-from remat.core.cost import StepCost
+from remat.core.cost import Category, StepCost
 from remat.measure.step import Step
 from remat.planning.options import PlanOptions
 from remat.planning.plans import PLAN_FORMAT_VERSION, Plan
@@ -91,6 +91,11 @@ def test_too_small_gives_the_lowest_measured_peak(model: Net, ctx: CompiledConte
     with pytest.raises(remat.BudgetTooSmall, match="plan_compiled") as info:
         _plan(model, ctx, lowest - 1)
     assert info.value.min_peak_bytes == lowest
+    # the same categories as the eager planner: static ones, the step's own bytes unsplit
+    breakdown = info.value.breakdown
+    assert set(breakdown) <= set(Category) and Category.PARAMETERS in breakdown
+    assert sum(breakdown.values()) == lowest
+    assert breakdown[Category.STEP_TEMPORARIES] == lowest - ctx.static_bytes
 
 
 def test_apply_of_loaded_plan_compiles_and_keeps_gradients(model: Net,
