@@ -132,3 +132,4 @@ def test_jax_profile_and_planner_use_the_same_categories() -> None:
     assert set(err.breakdown) <= CATEGORIES
     assert sum(err.breakdown.values()) == err.min_peak_bytes
     assert err.breakdown[Category.PARAMETERS] == prof.param_bytes
+    assert err.cost is not None and err.cost.peak_bytes == err.min_peak_bytes

@@ -52,6 +52,7 @@ from typing import Any
 from flax import nnx
 
 from remat.core.checks import decisions_label
+from remat.core.cost import StepCost
 from remat.core.peak import PeakModel, Window
 from remat.core.solver import min_peak_choice, solve
 from remat.errors import BudgetTooSmall
@@ -232,6 +233,13 @@ class Search:
         low = min(self.trials, key=lambda t: t.analysis.peak_bytes)
         a = low.analysis
         param_bytes, buffer_bytes = _state_bytes(self.model)
+        batch_bytes = _nbytes(self.batch)
+        cost = StepCost(peak_bytes=a.peak_bytes,
+                        breakdown=a.breakdown(param_bytes=param_bytes,
+                                              buffer_bytes=buffer_bytes, batch_bytes=batch_bytes),
+                        param_bytes=param_bytes, buffer_bytes=buffer_bytes,
+                        grad_bytes=param_bytes, batch_bytes=batch_bytes, flops=a.flops,
+                        recompute_flops=min(a.flops, max(0, a.flops - self.base.flops)))
         return BudgetTooSmall(
             f"remat.jax.plan: budget {format_bytes(self.budget_bytes)} is below the lowest "
             f"peak any compiled plan reaches, {format_bytes(a.peak_bytes)} "
@@ -240,9 +248,7 @@ class Search:
             f"{format_bytes(a.temp_bytes)}; no checkpointing: "
             f"{format_bytes(self.base.peak_bytes)}). Raise the budget to at least "
             f"{format_bytes(a.peak_bytes)}, or shrink the batch.",
-            budget_bytes=self.budget_bytes, min_peak_bytes=a.peak_bytes,
-            breakdown=a.breakdown(param_bytes=param_bytes, buffer_bytes=buffer_bytes,
-                                  batch_bytes=_nbytes(self.batch)),
+            budget_bytes=self.budget_bytes, min_peak_bytes=a.peak_bytes, cost=cost,
         )
 
 
