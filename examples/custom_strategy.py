@@ -104,7 +104,8 @@ def main() -> None:
     print("plan at 80%:", plan.label())
 
     mine = remat.Plan({name: FirstChildren(2) for name in plan.block_names},
-                      plan.block_names, plan.budget_bytes, plan.predicted_peak_bytes)
+                      plan.block_names, plan.budget_bytes,
+                      remat.StepCost(peak_bytes=plan.predicted_peak_bytes))
     text = mine.to_json()
     print("in a plan file:", json.dumps(json.loads(text)["decisions"][plan.block_names[0]]))
     loaded = remat.Plan.from_json(text)

@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 import remat
+from remat.core.cost import StepCost
 from remat.models import build_model, make_batch
 from remat.planning import Plan
 from remat.planning.fingerprint import fingerprint_of
@@ -63,7 +64,7 @@ def _plan_file(mutate: Callable[[dict[str, Any]], Any]) -> Callable[[], Any]:
         model = _model()
         names = tuple(n for n, _ in remat.blocks.named_blocks(model))
         plan = Plan(decisions={names[0]: Full()}, block_names=names,
-                    budget_bytes=1, predicted_peak_bytes=1,
+                    budget_bytes=1, cost=StepCost(peak_bytes=1),
                     fingerprint=fingerprint_of(model, names))
         data = json.loads(plan.to_json())
         result = mutate(data)
@@ -83,7 +84,8 @@ def _other_model() -> Any:
     small = _model(n_layer=2)
     names = tuple(n for n, _ in remat.blocks.named_blocks(small))
     plan = Plan(decisions={n: Full() for n in names}, block_names=names,
-                budget_bytes=1, predicted_peak_bytes=1, fingerprint=fingerprint_of(small, names))
+                budget_bytes=1, cost=StepCost(peak_bytes=1),
+                fingerprint=fingerprint_of(small, names))
     return remat.apply(_model(n_layer=6), Plan.from_json(plan.to_json()))
 
 

@@ -36,6 +36,7 @@ _EXPORTS: dict[str, str] = {
     "BlockStrategy": "remat.strategies.base",
     "BlocksNotFound": "remat.errors",
     "BudgetTooSmall": "remat.errors",
+    "Category": "remat.core.cost",
     "ParityError": "remat.errors",
     "ParityReport": "remat.core.parity",
     "Plan": "remat.planning.plans",
@@ -45,6 +46,7 @@ _EXPORTS: dict[str, str] = {
     "RematWarning": "remat.errors",
     "STRATEGIES": "remat.strategies.registry",
     "Step": "remat.measure.step",
+    "StepCost": "remat.core.cost",
     "Strategy": "remat.strategies.base",
     "StrategyError": "remat.errors",
     "ThroughputSearch": "remat.planning.throughput",
@@ -68,6 +70,7 @@ __all__ = sorted(_EXPORTS)
 if TYPE_CHECKING:
     from remat.blocks import find_blocks
     from remat.compiled.plan import plan_compiled
+    from remat.core.cost import Category, StepCost
     from remat.core.parity import ParityReport
     from remat.core.results import Profile
     from remat.errors import (

@@ -48,6 +48,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
+from remat.core.cost import Category, StepCost
+
 __all__ = [
     "BlocksNotFound",
     "BudgetTooSmall",
@@ -120,18 +122,27 @@ class BudgetTooSmall(RematError):
     """No plan reaches the requested peak-memory budget.
 
     Attributes:
-        budget_bytes: the requested budget.
-        min_peak_bytes: the smallest peak any plan reaches.
-        breakdown: bytes of what dominates that smallest peak, by category
-            (``{"parameters": ..., "optimizer_state": ...}``).
+        budget_bytes: the requested budget, bytes.
+        min_peak_bytes: the smallest peak any plan reaches, bytes.
+        breakdown: what that smallest peak is made of, bytes by
+            :class:`remat.core.cost.Category` (the same categories whichever planner
+            raised it: ``{Category.PARAMETERS: ..., Category.OPTIMIZER_STATE: ...}``;
+            ``Category`` is a ``str`` enum, so ``breakdown["parameters"]`` works too).
+        cost: that smallest peak's :class:`remat.core.cost.StepCost` when the planner
+            has one, else ``None``.
     """
 
     def __init__(self, message: str, *, budget_bytes: int, min_peak_bytes: int,
-                 breakdown: dict[str, int] | None = None) -> None:
+                 breakdown: Mapping[Category, int] | None = None,
+                 cost: StepCost | None = None) -> None:
         super().__init__(message)
         self.budget_bytes = budget_bytes
         self.min_peak_bytes = min_peak_bytes
-        self.breakdown = dict(breakdown or {})
+        if breakdown is None and cost is not None:
+            breakdown = cost.breakdown
+        self.breakdown: dict[Category, int] = {Category(k): v
+                                               for k, v in (breakdown or {}).items()}
+        self.cost = cost
 
 
 class ParityError(RematError):

@@ -28,11 +28,11 @@ def _row(name: str = "none", **overrides: object) -> StrategyRow:
         grad_max_rel_error=0.0, grad_passed=True, worst_param="w",
     )
     fields.update(overrides)
-    return StrategyRow(**fields)  # type: ignore[arg-type]
+    return StrategyRow.from_dict(fields)
 
 
 def test_row_validation() -> None:
-    with pytest.raises(ValueError, match=r"peak_bytes must be an int >= 0\n  found: -1"):
+    with pytest.raises(ValueError, match="StepCost: peak_bytes must be an int >= 0\ngot: -1"):
         _row(peak_bytes=-1)
     with pytest.raises(ValueError,
                        match=r"recompute_flops exceeds flops\n  recompute_flops: 2000\n"

@@ -30,6 +30,7 @@ from remat.compiled.measure import (
     measure_compiled,
     profile_compiled,
 )
+from remat.core.cost import Category
 from remat.measure.allocator import allocator_peak
 from remat.measure.step import clear_grads, run_step
 from tiny_nets import Block, D
@@ -81,6 +82,9 @@ def test_compiled_peak_is_allocator_peak_plus_static(whole: nn.Module) -> None:
     assert 0 < p.activation_bytes < m.allocator.peak_bytes
     assert p.grad_bytes == sum(q.numel() * 4 for q in whole.parameters())
     assert p.peak_phase == "backward"
+    assert set(p.peak_breakdown) <= set(Category)  # NOTE [ Categories of each backend ]
+    assert sum(p.peak_breakdown.values()) == p.peak_bytes
+    assert p.peak_breakdown[Category.STEP_TEMPORARIES] == m.allocator.peak_bytes
 
 
 def test_profiling_leaves_compiled_model_untouched(whole: nn.Module) -> None:

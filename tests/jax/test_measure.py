@@ -53,8 +53,9 @@ def test_profile_shape_and_remat_effect() -> None:
     params = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
     assert none.param_bytes == params == none.grad_bytes
     assert none.forward_ms is None and none.ops == ()
-    assert none.peak_breakdown["arguments"] + none.peak_breakdown["outputs"] + \
-        none.peak_breakdown["temporaries"] + none.peak_breakdown["aliased"] == none.peak_bytes
+    assert sum(none.peak_breakdown.values()) == none.peak_bytes
+    assert none.peak_breakdown["parameters"] == none.peak_breakdown["gradients"] == params
+    assert none.peak_breakdown["batch"] == none.batch_bytes
 
 
 def test_cpu_barriers_kept() -> None:

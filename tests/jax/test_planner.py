@@ -104,10 +104,11 @@ def test_plan_json_roundtrip_and_framework() -> None:
 
 
 def test_torch_plan_is_refused() -> None:
+    from remat.core.cost import StepCost
     from remat.planning import Plan as TorchPlan
 
     torch_plan = TorchPlan(decisions={}, block_names=("blocks.0",), budget_bytes=1,
-                           predicted_peak_bytes=1)
+                           cost=StepCost(peak_bytes=1))
     with pytest.raises(ValueError, match="remat.Plan.from_json"):
         rj.Plan.from_json(torch_plan.to_json())
     with pytest.raises(ValueError, match="not a remat plan"):

@@ -42,9 +42,9 @@ def test_adam_state_counts_toward_peak(toy):
     # parameter's denominator is still referenced).
     assert prof.peak_phase == "optimizer"
     breakdown = dict(prof.peak_breakdown)
-    temporaries = breakdown.pop("optimizer")
-    assert breakdown == {"params": 2 * W, "grads": 2 * W, "optimizer_state": 65544,
-                         "batch": ACT, "forward": F32}
+    temporaries = breakdown.pop("optimizer_temporaries")
+    assert breakdown == {"parameters": 2 * W, "gradients": 2 * W, "optimizer_state": 65544,
+                         "batch": ACT, "activations": F32}
     assert temporaries in (W, 2 * W, 3 * W)
     assert prof.peak_bytes == prof.fixed_bytes + ACT + F32 + temporaries
     # The optimizer's ops are recorded but not counted in flops.

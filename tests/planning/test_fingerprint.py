@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import remat
+from remat.core.cost import StepCost
 from remat.models import build_model
 from remat.planning import Plan
 from remat.planning.fingerprint import BlockPrint, fingerprint_of
@@ -24,7 +25,7 @@ from remat.strategies.regions import region_of
 def _plan_for(model: torch.nn.Module) -> Plan:
     names = tuple(n for n, _ in remat.blocks.named_blocks(model))
     return Plan(decisions={n: Full() for n in names}, block_names=names,
-                budget_bytes=100, predicted_peak_bytes=90,
+                budget_bytes=100, cost=StepCost(peak_bytes=90),
                 fingerprint=fingerprint_of(model, names))
 
 

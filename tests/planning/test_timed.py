@@ -10,6 +10,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import remat
+from remat.core.cost import StepCost
 from remat.devices import get_device
 from remat.models import build_model, make_batch
 from remat.planning import Plan
@@ -132,9 +133,9 @@ def test_cost_choice_is_resolved_and_checked() -> None:
                        match=r"(?s)^remat.plan: unknown cost\n  found: .fastest.*fix: pass one of"):
         resolve_cost("fastest", model)
     with pytest.raises(ValueError, match="timed_on"):
-        Plan({}, ("blocks.0",), 1, 1, cost_source="measured")
+        Plan({}, ("blocks.0",), 1, StepCost(peak_bytes=1), cost_source="measured")
     with pytest.raises(ValueError, match="cost_source"):
-        Plan({}, ("blocks.0",), 1, 1, cost_source="guessed", timed_on="cpu")
+        Plan({}, ("blocks.0",), 1, StepCost(peak_bytes=1), cost_source="guessed", timed_on="cpu")
 
 
 def test_offload_cost_hides_copies_out_behind_the_forward_only() -> None:

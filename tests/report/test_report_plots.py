@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from remat.compare.runner import ComparisonResult, StrategyRow
+from remat.core.cost import StepCost
 from remat.report.plots import plot_comparison
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -14,10 +15,11 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 def _result(label: str, scale: float) -> ComparisonResult:
     def row(name: str, peak: int, recompute: int) -> StrategyRow:
+        cost = StepCost(peak_bytes=int(peak * scale), activation_bytes=peak // 2,
+                        param_bytes=1, grad_bytes=1, flops=100, recompute_flops=recompute)
         return StrategyRow(
-            strategy=name, peak_bytes=int(peak * scale), activation_bytes=peak // 2,
-            param_bytes=1, grad_bytes=1, flops=100, recompute_flops=recompute, step_ms=None,
-            peak_change_pct=0.0, activation_change_pct=0.0, recompute_overhead_pct=recompute,
+            strategy=name, cost=cost, peak_change_pct=0.0, activation_change_pct=0.0,
+            recompute_overhead_pct=recompute,
             step_time_ratio=None,
         )
     # "offload" coincides with "none" (a no-op on CPU): the two share one label.

@@ -8,6 +8,7 @@ import pytest
 from rich.console import Console
 
 from remat.compare.runner import ComparisonResult, StrategyRow
+from remat.core.cost import StepCost
 from remat.report.tables import (
     COMPARISON_COLUMNS,
     backward_forward_ratio,
@@ -26,10 +27,11 @@ MIB = 1024**2
 
 def _row(strategy: str, peak_mib: float, act_mib: float, recompute_pct: float, ratio: float,
          passed: bool = True) -> StrategyRow:
+    cost = StepCost(peak_bytes=int(peak_mib * MIB), activation_bytes=int(act_mib * MIB),
+                    param_bytes=MIB, grad_bytes=MIB, flops=1000,
+                    recompute_flops=int(recompute_pct * 10), step_ms=10.0 * ratio)
     return StrategyRow(
-        strategy=strategy, peak_bytes=int(peak_mib * MIB), activation_bytes=int(act_mib * MIB),
-        param_bytes=MIB, grad_bytes=MIB, flops=1000, recompute_flops=int(recompute_pct * 10),
-        step_ms=10.0 * ratio, peak_change_pct=100 * (peak_mib / 100 - 1),
+        strategy=strategy, cost=cost, peak_change_pct=100 * (peak_mib / 100 - 1),
         activation_change_pct=100 * (act_mib / 80 - 1), recompute_overhead_pct=recompute_pct,
         step_time_ratio=ratio, grad_max_rel_error=0.0 if passed else 2e-3, grad_passed=passed,
         worst_param="wte.weight",

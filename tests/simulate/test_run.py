@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import torch
 
+from remat.core.cost import StepCost
 from remat.devices import DeviceSpec
 from remat.errors import StrategyError
 from remat.measure import profile
@@ -76,8 +77,8 @@ def test_largest_batch_on_a_synthetic_device() -> None:
 
 
 def _row(strategy: str, batch: int, peak: int, fits: bool, tokens: float) -> SimulationRow:
-    return SimulationRow(strategy, batch, 8, peak, fits, 1.0, tokens / 8, tokens, peak, 0,
-                         0, 0, 0, 0, 0)
+    cost = StepCost(peak_bytes=peak, step_ms=1.0, flops=0, recompute_ms=0.0)
+    return SimulationRow(strategy, batch, 8, cost, fits, tokens / 8, tokens, peak)
 
 
 def test_largest_batch_and_best_from_rows() -> None:

@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 
 import remat
 from remat.blocks import named_blocks
+from remat.core.cost import StepCost
 from remat.errors import StrategyError
 from remat.models import build_model, make_batch
 from remat.strategies import (
@@ -97,9 +98,11 @@ def test_registration_is_checked() -> None:
     with pytest.raises(StrategyError, match="built in"):
         unregister_strategy("full")
     with pytest.raises(ValueError, match="block-level strategy"):
-        remat.Plan({"blocks.0": parse_strategy("every:2")}, ("blocks.0", "blocks.1"), 1, 1)
+        remat.Plan({"blocks.0": parse_strategy("every:2")}, ("blocks.0", "blocks.1"), 1,
+                   StepCost(peak_bytes=1))
     text = remat.Plan({"blocks.0": remat.strategies.parse_strategy("full")},
-                      ("blocks.0", "blocks.1"), 1, 1).to_json().replace('"full"', '"halves"')
+                      ("blocks.0", "blocks.1"), 1,
+                      StepCost(peak_bytes=1)).to_json().replace('"full"', '"halves"')
     with pytest.raises(ValueError, match="'halves', which is not a registered"):
         remat.Plan.from_json(text)
 
@@ -146,7 +149,7 @@ def test_a_strategy_registered_here_is_a_planner_candidate(halves: type) -> None
 def test_a_plan_holding_a_registered_kind_round_trips_and_applies(halves: type) -> None:
     model = build_model("gpt-tiny")
     names = tuple(name for name, _ in named_blocks(model))
-    plan = remat.Plan({names[0]: CheckpointFirstHalf()}, names, 10**9, 10**8)
+    plan = remat.Plan({names[0]: CheckpointFirstHalf()}, names, 10**9, StepCost(peak_bytes=10**8))
     again = remat.Plan.from_json(plan.to_json())
     assert again == plan
     remat.apply(model, again)
@@ -245,7 +248,8 @@ def test_a_field_survives_plan_json_and_validate(firstk: type) -> None:
     model = build_model("gpt-tiny")
     batch = make_batch(model, 2)
     names = tuple(name for name, _ in named_blocks(model))
-    plan = remat.Plan({n: FirstChildren(count=3) for n in names}, names, 10**9, 10**8)
+    plan = remat.Plan({n: FirstChildren(count=3) for n in names}, names, 10**9,
+                      StepCost(peak_bytes=10**8))
     data = json.loads(plan.to_json())
     assert data["version"] == 2
     assert data["decisions"][names[0]] == {"name": "firstk", "fields": {"count": 3}}

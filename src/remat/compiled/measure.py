@@ -66,9 +66,11 @@ from remat.compiled.graphs import (
     backend_of,
     counting_runs,
 )
+from remat.core.cost import Category, StepCost
 from remat.core.results import BlockProfile, Profile
 from remat.errors import message
 from remat.measure.allocator import AllocatorPeak, allocator_peak, mark
+from remat.measure.ledger import categorized
 from remat.measure.state import preserved_state
 from remat.measure.step import LossFn, Step, clear_grads, model_device, run_step
 from remat.measure.timing import time_step
@@ -312,26 +314,31 @@ def _build(tracked: Any, alloc: AllocatorPeak, regions: Sequence[tuple[str, nn.M
                                        forward_flops=f, backward_flops=b, recompute_flops=r))
     static = tracked.static
     static_bytes = sum(static.values())
-    breakdown = dict(static)
-    breakdown["step"] = alloc.peak_bytes
-    profile = Profile(
+    # NOTE [ Categories of each backend ] in remat/core/cost.py: the allocator sees the
+    # step's own bytes unsplit.
+    breakdown = categorized(static)
+    if alloc.peak_bytes:
+        breakdown[Category.STEP_TEMPORARIES] = alloc.peak_bytes
+    cost = StepCost(
         peak_bytes=static_bytes + alloc.peak_bytes,
+        breakdown=breakdown,
         activation_bytes=alloc.mark_bytes.get("backward", 0),
         **tracked.resident_fields(),
-        flops=fwd + bwd + rec,
         forward_flops=fwd,
         backward_flops=bwd,
         recompute_flops=rec,
         forward_ms=times.forward_ms if times is not None else None,
         backward_ms=times.backward_ms if times is not None else None,
         step_ms=times.step_ms if times is not None else None,
+    )
+    profile = Profile(
+        cost=cost,
         blocks=tuple(blocks),
         ops=(),
         simulated=False,
         device=str(device),
         cuda_peak_bytes=static_bytes + alloc.peak_bytes if device.type == "cuda" else None,
         peak_phase=alloc.peak_phase,
-        peak_breakdown=breakdown,
     )
     return CompiledMeasurement(profile=profile, allocator=alloc,
                                regions=tuple(name for name, _ in regions),

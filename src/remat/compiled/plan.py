@@ -56,6 +56,7 @@ from remat.compiled.candidates import (
 )
 from remat.compiled.install import WHOLE_MODEL
 from remat.core.budget import Budget, BudgetLike
+from remat.core.cost import Category, StepCost
 from remat.devices import DeviceSpec
 from remat.errors import BudgetTooSmall, message
 from remat.measure.step import LossFn, Step, model_device
@@ -206,6 +207,13 @@ def plan_compiled_step(step: Step, options: PlanOptions, *,
                   for b, m in ctx.whole.items()})
     best = min(tried, key=lambda label: tried[label])
     lowest = tried[best]
+    # NOTE [ Categories of each backend ] in remat/core/cost.py: the static bytes by
+    # category (the same in every measurement), the step's own bytes unsplit.
+    breakdown: dict[Category, int] = {
+        c: v for c, v in ctx.uniform[0].profile.peak_breakdown.items()
+        if c != Category.STEP_TEMPORARIES}
+    if lowest > ctx.static_bytes:
+        breakdown[Category.STEP_TEMPORARIES] = lowest - ctx.static_bytes
     raise BudgetTooSmall(
         message(_API, f"no compiled plan fits {format_bytes(budget)}",
                 {"budget": format_bytes(budget),
@@ -214,7 +222,7 @@ def plan_compiled_step(step: Step, options: PlanOptions, *,
                                           "optimizer state, batch)"},
                 fix="raise the budget or shrink the batch"),
         budget_bytes=budget, min_peak_bytes=lowest,
-        breakdown={"static": ctx.static_bytes, "step": lowest - ctx.static_bytes},
+        breakdown=breakdown,
     )
 
 
@@ -231,8 +239,9 @@ def _whole_model(step: Step, ctx: CompiledContext, budget: int, ms_per_flop: flo
             flops = int(m.profile.recompute_flops)
             return Plan(
                 decisions=decisions, block_names=ctx.names, budget_bytes=budget,
-                predicted_peak_bytes=m.peak_bytes, measured_peak_bytes=m.peak_bytes,
-                recompute_flops=flops, recompute_ms=flops * ms_per_flop,
+                cost=StepCost(peak_bytes=m.peak_bytes, recompute_flops=flops,
+                              recompute_ms=flops * ms_per_flop),
+                measured_peak_bytes=m.peak_bytes,
                 no_checkpoint_peak_bytes=ctx.no_checkpoint_peak_bytes,
                 cost_device=device_name, cost_source="roofline",
                 blocks=apply_spec(decisions, ctx.names, step.blocks),
@@ -253,10 +262,11 @@ def _plan(step: Step, ctx: CompiledContext, assignment: Assignment, budget: int,
         decisions=decisions,
         block_names=ctx.names,
         budget_bytes=budget,
-        predicted_peak_bytes=predicted,
+        cost=StepCost(peak_bytes=predicted,
+                      recompute_flops=sum(ctx.recompute_flops[c][i]
+                                          for i, c in enumerate(assignment)),
+                      recompute_ms=cost_ms),
         measured_peak_bytes=peak,
-        recompute_flops=sum(ctx.recompute_flops[c][i] for i, c in enumerate(assignment)),
-        recompute_ms=cost_ms,
         no_checkpoint_peak_bytes=ctx.no_checkpoint_peak_bytes,
         cost_device=device_name,
         cost_source="roofline",

@@ -104,11 +104,13 @@ from remat.compiled.replay import (
     GraphMemory,
     GraphRuns,
 )
+from remat.core.cost import StepCost
 from remat.core.results import BlockProfile, Profile
 from remat.errors import message
 from remat.measure import shadow
 from remat.measure.fake import check_fake_device, fake_batch, fake_optimizer, fake_tensor
 from remat.measure.fake_kernels import install_fake_kernels
+from remat.measure.ledger import categorized
 from remat.measure.step import LossFn, Step, clear_grads
 from remat.measure.tracked_step import check_trainable, tracked_step
 
@@ -296,24 +298,23 @@ def _build(tracked: Any, counter: GraphRuns, regions: Sequence[tuple[str, nn.Mod
                                 backward_flops=per_region.get(name, [0, 0, 0])[1],
                                 recompute_flops=per_region.get(name, [0, 0, 0])[2])
                    for name, _ in regions if name)
-    profile = Profile(
+    cost = StepCost(
         peak_bytes=tracker.peak_bytes,
+        breakdown=categorized(tracker.peak_breakdown),
         activation_bytes=tracker.activation_bytes,
         **tracked.resident_fields(),
-        flops=fwd + bwd + rec,
         forward_flops=fwd,
         backward_flops=bwd,
         recompute_flops=rec,
-        forward_ms=None,
-        backward_ms=None,
-        step_ms=None,
+    )
+    profile = Profile(
+        cost=cost,
         blocks=blocks,
         ops=(),
         simulated=True,
         device=str(device),
         cuda_peak_bytes=None,
         peak_phase=tracker.peak_phase,
-        peak_breakdown=tracker.peak_breakdown,
         phase_peaks=tracker.phase_peaks,
     )
     return CompiledSimulation(profile=profile, regions=tuple(name for name, _ in regions),

@@ -3,7 +3,8 @@
 Budgets (``budget``), the peak model over memory windows (``peak``), the solver that
 picks one candidate per block (``solver``), record checks (``checks``), and the result
 records both backends return: profiles (``results``, ``ops``), comparison rows
-(``rows``) and gradient-parity reports (``parity``).
+(``rows``) and gradient-parity reports (``parity``), with the step cost they all embed and
+the byte categories every breakdown uses (``cost``).
 
 Nothing here imports torch or jax, and nothing here imports another remat package but
 ``remat.errors``, ``remat.units`` and ``remat.native`` (the lowest layer,

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from remat.core.cost import Category, StepCost
 from remat.core.ops import PHASES, OpRecord
 from remat.errors import message, one_line
 
@@ -23,14 +24,15 @@ class PhasePeak:
     Args:
         peak_bytes: the phase's high-water mark of live bytes (everything alive, not
             only what the phase created).
-        breakdown: bytes per kind at that moment (non-zero kinds only).
+        breakdown: bytes per :class:`~remat.core.cost.Category` at that moment (non-zero
+            categories only).
         order: when it was first reached, comparable across the phases of one step
             (smaller is earlier): the step's peak is the largest phase peak, the
             earliest on ties.
     """
 
     peak_bytes: int
-    breakdown: Mapping[str, int] = field(hash=False)
+    breakdown: Mapping[Category, int] = field(hash=False)
     order: int
 
     def __post_init__(self) -> None:
@@ -82,22 +84,21 @@ class Profile:
     ``torch.utils.flop_counter``.
 
     Args:
-        peak_bytes: the step's high-water mark of live tensor bytes, including
-            parameters, buffers, gradients, optimizer state and the batch.
-        activation_bytes: bytes created during forward (model and loss) that were
-            still alive when backward started: what autograd saved, plus the loss.
-        param_bytes: parameters (tied weights once).
-        buffer_bytes: buffers.
-        grad_bytes: gradients when backward ended.
-        optimizer_bytes: optimizer state (after the warm-up step created it).
-        batch_bytes: the batch's tensors.
-        flops: ``forward_flops + backward_flops + recompute_flops`` (optimizer excluded).
-        forward_flops: forward and loss.
-        backward_flops: backward, recomputation *excluded*.
-        recompute_flops: ops run while ``remat.recompute.is_recomputing()``.
-        forward_ms: median forward+loss time, ms (None when simulated or not timed).
-        backward_ms: median backward time, recomputation included, ms.
-        step_ms: median whole-step time, optimizer included, ms.
+        cost: the step's :class:`~remat.core.cost.StepCost`: ``peak_bytes`` (the step's
+            high-water mark of live tensor bytes, parameters, buffers, gradients,
+            optimizer state and the batch included), ``breakdown`` (bytes by
+            :class:`~remat.core.cost.Category` at the peak), ``activation_bytes`` (bytes
+            created during forward, model and loss, still alive when backward started:
+            what autograd saved, plus the loss), ``param_bytes`` (tied weights once),
+            ``buffer_bytes``, ``grad_bytes`` (when backward ended), ``optimizer_bytes``
+            (after the warm-up step created it), ``batch_bytes``; ``forward_flops``
+            (forward and loss), ``backward_flops`` (recomputation *excluded*),
+            ``recompute_flops`` (ops run while ``remat.recompute.is_recomputing()``) and
+            ``flops`` (their sum, optimizer excluded), all known; ``forward_ms`` (median
+            forward+loss time), ``backward_ms`` (median backward time, recomputation
+            included) and ``step_ms`` (median whole-step time, optimizer included), ms,
+            ``None`` when simulated or not timed. The flat names below
+            (``prof.peak_bytes``, ...) are read-only views of it.
         blocks: per-block figures, in forward order.
         ops: every op of the tracked step, in order.
         simulated: the step ran under FakeTensorMode.
@@ -108,63 +109,120 @@ class Profile:
             view of ``peak_bytes``. It reads higher by allocator rounding (512-byte
             blocks) and kernel workspaces. None elsewhere.
         peak_phase: the phase in which the peak was reached.
-        peak_breakdown: bytes per kind at the peak (``"params"``, ``"grads"``,
-            ``"optimizer_state"``, ``"batch"``, ``"forward"`` (activations),
-            ``"backward"``, ``"recompute"``, ``"optimizer"``, ...).
         phase_peaks: each phase's own peak (``"forward"``, ``"backward"``,
             ``"recompute"``, ``"optimizer"``) with its breakdown: the largest is the
             step's peak; the others are the other moments that could become it when
             something changes (e.g. under sharding). Tracked steps only.
     """
 
-    peak_bytes: int
-    activation_bytes: int
-    param_bytes: int
-    buffer_bytes: int
-    grad_bytes: int
-    optimizer_bytes: int
-    batch_bytes: int
-    flops: int
-    forward_flops: int
-    backward_flops: int
-    recompute_flops: int
-    forward_ms: float | None
-    backward_ms: float | None
-    step_ms: float | None
+    cost: StepCost
     blocks: tuple[BlockProfile, ...]
     ops: tuple[OpRecord, ...] = field(repr=False)  # thousands of them
     simulated: bool
     device: str
     cuda_peak_bytes: int | None = None
     peak_phase: str | None = None
-    peak_breakdown: Mapping[str, int] = field(default_factory=dict, hash=False)
     phase_peaks: Mapping[str, PhasePeak] = field(default_factory=dict, hash=False)
 
     def __post_init__(self) -> None:
-        for key in ("peak_bytes", "activation_bytes", "param_bytes", "buffer_bytes",
-                    "grad_bytes", "optimizer_bytes", "batch_bytes", "flops", "forward_flops",
-                    "backward_flops", "recompute_flops"):
-            if getattr(self, key) < 0:
-                raise ValueError(message("Profile", f"{key} must be >= 0",
-                                         {"found": getattr(self, key)}, fix=f"pass {key} >= 0"))
-        parts = self.forward_flops + self.backward_flops + self.recompute_flops
-        if self.flops != parts:
-            raise ValueError(message(
-                "Profile", "flops must equal forward_flops + backward_flops + recompute_flops",
-                {"flops": self.flops, "sum of the parts": parts},
-                fix="pass flops equal to the sum of its parts"))
+        cost = self.cost
+        if not isinstance(cost, StepCost):
+            raise ValueError(message("Profile", "cost must be a remat.StepCost",
+                                     {"found": repr(cost)},
+                                     fix="build one with StepCost(peak_bytes=..., ...)"))
+        if cost.forward_flops is None or cost.backward_flops is None:
+            raise ValueError(message("Profile", "cost must know forward_flops and backward_flops",
+                                     {"forward_flops": cost.forward_flops,
+                                      "backward_flops": cost.backward_flops},
+                                     fix="a profile counts every op of the step: pass both"))
         for key in ("forward_ms", "backward_ms", "step_ms"):
-            value = getattr(self, key)
-            if value is not None and (self.simulated or value < 0):
-                raise ValueError(message("Profile",
-                                         f"{key} must be None when simulated and >= 0 otherwise",
+            value = getattr(cost, key)
+            if value is not None and self.simulated:
+                raise ValueError(message("Profile", f"{key} must be None when simulated",
                                          {"found": value, "simulated": self.simulated},
                                          fix=f"pass {key}=None for a simulated profile"))
+
+    # ---- views of cost (read-only; the figures live in ``cost``) -------------------------
+
+    @property
+    def peak_bytes(self) -> int:
+        """``cost.peak_bytes``: the step's high-water mark of live bytes."""
+        return self.cost.peak_bytes
+
+    @property
+    def activation_bytes(self) -> int:
+        """``cost.activation_bytes``: forward's bytes still alive when backward started."""
+        return self.cost.activation_bytes
+
+    @property
+    def param_bytes(self) -> int:
+        """``cost.param_bytes``: parameter bytes (tied weights once)."""
+        return self.cost.param_bytes
+
+    @property
+    def buffer_bytes(self) -> int:
+        """``cost.buffer_bytes``: buffer bytes."""
+        return self.cost.buffer_bytes
+
+    @property
+    def grad_bytes(self) -> int:
+        """``cost.grad_bytes``: gradient bytes when backward ended."""
+        return self.cost.grad_bytes
+
+    @property
+    def optimizer_bytes(self) -> int:
+        """``cost.optimizer_bytes``: optimizer-state bytes."""
+        return self.cost.optimizer_bytes
+
+    @property
+    def batch_bytes(self) -> int:
+        """``cost.batch_bytes``: the batch's bytes."""
+        return self.cost.batch_bytes
+
+    @property
+    def flops(self) -> int:
+        """``cost.flops``: forward + backward + recompute FLOPs (optimizer excluded)."""
+        return self.forward_flops + self.backward_flops + self.recompute_flops
+
+    @property
+    def forward_flops(self) -> int:
+        """``cost.forward_flops``: forward and loss FLOPs."""
+        return self.cost.forward_flops or 0
+
+    @property
+    def backward_flops(self) -> int:
+        """``cost.backward_flops``: backward FLOPs, recomputation excluded."""
+        return self.cost.backward_flops or 0
+
+    @property
+    def recompute_flops(self) -> int:
+        """``cost.recompute_flops``: FLOPs run while recomputing."""
+        return self.cost.recompute_flops
+
+    @property
+    def forward_ms(self) -> float | None:
+        """``cost.forward_ms``: median forward+loss time, ms (None when not timed)."""
+        return self.cost.forward_ms
+
+    @property
+    def backward_ms(self) -> float | None:
+        """``cost.backward_ms``: median backward time, ms (None when not timed)."""
+        return self.cost.backward_ms
+
+    @property
+    def step_ms(self) -> float | None:
+        """``cost.step_ms``: median whole-step time, ms (None when not timed)."""
+        return self.cost.step_ms
+
+    @property
+    def peak_breakdown(self) -> Mapping[Category, int]:
+        """``cost.breakdown``: bytes by :class:`~remat.core.cost.Category` at the peak."""
+        return self.cost.breakdown
 
     @property
     def fixed_bytes(self) -> int:
         """Bytes no checkpointing can remove: parameters, buffers, gradients, optimizer state."""
-        return self.param_bytes + self.buffer_bytes + self.grad_bytes + self.optimizer_bytes
+        return self.cost.fixed_bytes
 
     @property
     def recompute_overhead(self) -> float:

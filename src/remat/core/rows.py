@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
+from remat.core.cost import StepCost
 from remat.errors import message, one_line
 
 __all__ = ["BASELINE", "ComparisonResult", "StrategyRow"]
@@ -18,20 +19,26 @@ _BASELINE = BASELINE
 _JSON_VERSION = 1
 
 
+#: The cost fields a row writes to JSON, in this order (NOTE: kept flat, as before
+#: ``StrategyRow.cost``, so comparison files read both ways).
+_COST_KEYS = ("peak_bytes", "activation_bytes", "param_bytes", "grad_bytes", "flops",
+              "recompute_flops", "step_ms")
+
+
 @dataclass(frozen=True)
 class StrategyRow:
     """One strategy's measurements and its comparison with the ``"none"`` baseline.
 
     Args:
         strategy: the strategy string, e.g. ``"every:2"``.
-        peak_bytes: peak memory of one training step (params, grads, batch and
-            activations included).
-        activation_bytes: bytes created in forward and still alive when backward starts.
-        param_bytes: parameter bytes.
-        grad_bytes: gradient bytes.
-        flops: forward + backward FLOPs, recomputation included.
-        recompute_flops: FLOPs of the recompute passes.
-        step_ms: median forward+backward wall time in ms; ``None`` when not timed.
+        cost: the step's :class:`~remat.core.cost.StepCost` as a row records it:
+            ``peak_bytes`` (peak memory of one training step, params, grads, batch and
+            activations included), ``activation_bytes`` (bytes created in forward and
+            still alive when backward starts), ``param_bytes``, ``grad_bytes``,
+            ``flops`` (forward + backward FLOPs, recomputation included; the
+            forward/backward split is not kept), ``recompute_flops`` (FLOPs of the
+            recompute passes) and ``step_ms`` (median forward+backward wall time in ms;
+            ``None`` when not timed). The flat names below are read-only views of it.
         peak_change_pct: ``100 * (peak / peak_none - 1)``; negative saves memory.
         activation_change_pct: the same for ``activation_bytes``.
         recompute_overhead_pct: ``100 * recompute_flops / flops_none``.
@@ -44,13 +51,7 @@ class StrategyRow:
     """
 
     strategy: str
-    peak_bytes: int
-    activation_bytes: int
-    param_bytes: int
-    grad_bytes: int
-    flops: int
-    recompute_flops: int
-    step_ms: float | None
+    cost: StepCost
     peak_change_pct: float
     activation_change_pct: float
     recompute_overhead_pct: float
@@ -66,13 +67,15 @@ class StrategyRow:
         """A row from a Profile, the ``none`` baseline's Profile and an optional ParityReport."""
         return cls(
             strategy=strategy,
-            peak_bytes=int(prof.peak_bytes),
-            activation_bytes=int(prof.activation_bytes),
-            param_bytes=int(prof.param_bytes),
-            grad_bytes=int(prof.grad_bytes),
-            flops=int(prof.flops),
-            recompute_flops=int(prof.recompute_flops),
-            step_ms=step_ms,
+            cost=StepCost(
+                peak_bytes=int(prof.peak_bytes),
+                activation_bytes=int(prof.activation_bytes),
+                param_bytes=int(prof.param_bytes),
+                grad_bytes=int(prof.grad_bytes),
+                flops=int(prof.flops),
+                recompute_flops=int(prof.recompute_flops),
+                step_ms=step_ms,
+            ),
             peak_change_pct=_change_pct(prof.peak_bytes, base.peak_bytes),
             activation_change_pct=_change_pct(prof.activation_bytes, base.activation_bytes),
             recompute_overhead_pct=100.0 * prof.recompute_flops / max(base.flops, 1),
@@ -87,20 +90,12 @@ class StrategyRow:
         if not self.strategy:
             raise ValueError(message("StrategyRow", "strategy must be a non-empty string",
                                      fix="pass the strategy's name, e.g. 'every:2'"))
-        for name in ("peak_bytes", "activation_bytes", "param_bytes", "grad_bytes", "flops",
-                     "recompute_flops"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise ValueError(message(f"StrategyRow({self.strategy!r})",
-                                         f"{name} must be an int >= 0", {"found": repr(value)},
-                                         fix=f"pass {name} as an int >= 0"))
-        if self.recompute_flops > self.flops:
+        if not isinstance(self.cost, StepCost) or self.cost.flops is None:
             raise ValueError(message(f"StrategyRow({self.strategy!r})",
-                                     "recompute_flops exceeds flops",
-                                     {"recompute_flops": self.recompute_flops,
-                                      "flops": self.flops},
-                                     fix="pass flops that include the recompute flops"))
-        for name in ("step_ms", "step_time_ratio", "grad_max_rel_error"):
+                                     "cost must be a StepCost with flops",
+                                     {"found": repr(self.cost)},
+                                     fix="build it with StepCost(peak_bytes=..., flops=..., ...)"))
+        for name in ("step_time_ratio", "grad_max_rel_error"):
             value = getattr(self, name)
             if value is not None and not (math.isfinite(value) and value >= 0):
                 raise ValueError(message(f"StrategyRow({self.strategy!r})",
@@ -114,6 +109,57 @@ class StrategyRow:
                 {"grad_passed": repr(self.grad_passed),
                  "grad_max_rel_error": repr(self.grad_max_rel_error)},
                 fix="set both (a gradient check ran) or neither"))
+
+    # ---- views of cost (read-only; the figures live in ``cost``) -------------------------
+
+    @property
+    def peak_bytes(self) -> int:
+        """``cost.peak_bytes``: peak memory of one training step."""
+        return self.cost.peak_bytes
+
+    @property
+    def activation_bytes(self) -> int:
+        """``cost.activation_bytes``: forward's bytes alive when backward starts."""
+        return self.cost.activation_bytes
+
+    @property
+    def param_bytes(self) -> int:
+        """``cost.param_bytes``: parameter bytes."""
+        return self.cost.param_bytes
+
+    @property
+    def grad_bytes(self) -> int:
+        """``cost.grad_bytes``: gradient bytes."""
+        return self.cost.grad_bytes
+
+    @property
+    def flops(self) -> int:
+        """``cost.flops``: forward + backward FLOPs, recomputation included."""
+        return self.cost.flops or 0
+
+    @property
+    def recompute_flops(self) -> int:
+        """``cost.recompute_flops``: FLOPs of the recompute passes."""
+        return self.cost.recompute_flops
+
+    @property
+    def step_ms(self) -> float | None:
+        """``cost.step_ms``: median step time, ms; ``None`` when not timed."""
+        return self.cost.step_ms
+
+    def to_dict(self) -> dict[str, Any]:
+        """The row as JSON-able data, cost fields flat (the comparison JSON's row format)."""
+        out: dict[str, Any] = {"strategy": self.strategy}
+        out.update({key: getattr(self, key) for key in _COST_KEYS})
+        out.update({f.name: getattr(self, f.name) for f in fields(self)
+                    if f.name not in ("strategy", "cost")})
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> StrategyRow:
+        """Rebuild a row written by :meth:`to_dict` (flat cost fields)."""
+        rest = {k: v for k, v in data.items() if k not in _COST_KEYS}
+        return cls(**rest, cost=StepCost(**{k: data[k] for k in _COST_KEYS}))
 
 
 @dataclass(frozen=True)
@@ -175,7 +221,7 @@ class ComparisonResult:
             "repeats": self.repeats,
             "baseline": self.baseline,
             "meta": dict(self.meta),
-            "rows": [asdict(row) for row in self.rows],
+            "rows": [row.to_dict() for row in self.rows],
         }
 
     def to_json(self, *, indent: int | None = 2) -> str:
@@ -192,7 +238,7 @@ class ComparisonResult:
                                      {"this remat reads version": _JSON_VERSION},
                                      fix="re-run the comparison with this remat version"))
         return cls(
-            rows=tuple(StrategyRow(**row) for row in data["rows"]),
+            rows=tuple(StrategyRow.from_dict(row) for row in data["rows"]),
             device=str(data["device"]),
             repeats=int(data["repeats"]),
             label=str(data.get("label", "")),

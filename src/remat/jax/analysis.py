@@ -59,6 +59,7 @@ import jax
 import numpy as np
 from flax import nnx
 
+from remat.core.cost import Category
 from remat.errors import message
 
 __all__ = ["LossFn", "StepAnalysis", "analyze_fns", "analyze_step", "analyze_steps", "cached",
@@ -162,6 +163,37 @@ class StepAnalysis:
     def peak_bytes(self) -> int:
         """``argument + output + temp - alias`` bytes: XLA's device peak of the step."""
         return self.argument_bytes + self.output_bytes + self.temp_bytes - self.alias_bytes
+
+    def breakdown(self, *, param_bytes: int, buffer_bytes: int,
+                  batch_bytes: int) -> dict[Category, int]:
+        """The peak by :class:`~remat.core.cost.Category` (NOTE [ Categories of each
+        backend ] in remat/core/cost.py); the values sum to :attr:`peak_bytes`.
+
+        Args:
+            param_bytes: bytes of the model's ``nnx.Param`` state (its gradients too).
+            buffer_bytes: bytes of the model's other state.
+            batch_bytes: bytes of the batch.
+        """
+        out: dict[Category, int] = {}
+
+        def add(category: Category, nbytes: int) -> None:
+            if nbytes:
+                out[category] = out.get(category, 0) + nbytes
+
+        known = param_bytes + buffer_bytes + batch_bytes
+        if known <= self.argument_bytes:
+            add(Category.PARAMETERS, param_bytes)
+            add(Category.BUFFERS, buffer_bytes)
+            add(Category.BATCH, batch_bytes)
+            add(Category.OTHER, self.argument_bytes - known)
+        else:  # XLA pruned arguments: no exact split
+            add(Category.OTHER, self.argument_bytes)
+        outputs = self.output_bytes - self.alias_bytes  # aliased outputs reuse arguments
+        grads = min(param_bytes, outputs)
+        add(Category.GRADIENTS, grads)
+        add(Category.OTHER, outputs - grads)
+        add(Category.STEP_TEMPORARIES, self.temp_bytes)
+        return out
 
     @classmethod
     def of(cls, compiled: Any) -> StepAnalysis:

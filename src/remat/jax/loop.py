@@ -54,12 +54,14 @@ from typing import Any
 from flax import nnx
 
 from remat.core.checks import decisions_label
+from remat.core.cost import StepCost
 from remat.core.loop import close_loop
 from remat.core.peak import PeakModel, Window
 from remat.core.solver import min_peak_choice
 from remat.errors import BudgetTooSmall
 from remat.jax.analysis import LossFn, StepAnalysis, analyze_steps
 from remat.jax.candidates import JaxCandidate
+from remat.jax.measure import _nbytes, _state_bytes
 from remat.jax.policies import Policy, strategy_policies
 from remat.jax.strategies import apply
 from remat.units import format_bytes
@@ -230,6 +232,14 @@ class Search:
         """The error when no compiled step fits (step 4 of NOTE [ JAX closed loop ])."""
         low = min(self.trials, key=lambda t: t.analysis.peak_bytes)
         a = low.analysis
+        param_bytes, buffer_bytes = _state_bytes(self.model)
+        batch_bytes = _nbytes(self.batch)
+        cost = StepCost(peak_bytes=a.peak_bytes,
+                        breakdown=a.breakdown(param_bytes=param_bytes,
+                                              buffer_bytes=buffer_bytes, batch_bytes=batch_bytes),
+                        param_bytes=param_bytes, buffer_bytes=buffer_bytes,
+                        grad_bytes=param_bytes, batch_bytes=batch_bytes, flops=a.flops,
+                        recompute_flops=min(a.flops, max(0, a.flops - self.base.flops)))
         return BudgetTooSmall(
             f"remat.jax.plan: budget {format_bytes(self.budget_bytes)} is below the lowest "
             f"peak any compiled plan reaches, {format_bytes(a.peak_bytes)} "
@@ -238,9 +248,7 @@ class Search:
             f"{format_bytes(a.temp_bytes)}; no checkpointing: "
             f"{format_bytes(self.base.peak_bytes)}). Raise the budget to at least "
             f"{format_bytes(a.peak_bytes)}, or shrink the batch.",
-            budget_bytes=self.budget_bytes, min_peak_bytes=a.peak_bytes,
-            breakdown={"arguments": a.argument_bytes, "outputs": a.output_bytes,
-                       "temporaries": a.temp_bytes},
+            budget_bytes=self.budget_bytes, min_peak_bytes=a.peak_bytes, cost=cost,
         )
 
 

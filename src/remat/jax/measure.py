@@ -15,6 +15,7 @@ import jax
 import numpy as np
 from flax import nnx
 
+from remat.core.cost import StepCost
 from remat.core.results import BlockProfile, Profile
 from remat.jax.analysis import (
     LossFn,
@@ -134,16 +135,18 @@ def profile(model: nnx.Module, batch: Any, *, loss_fn: LossFn | None = None,
     recompute = max(0, step.flops - base.flops)
     forward_flops = min(forward.flops, step.flops - recompute)
     param_bytes, buffer_bytes = _state_bytes(model)
-    return Profile(
-        peak_bytes=step.peak_bytes, activation_bytes=activation, param_bytes=param_bytes,
-        buffer_bytes=buffer_bytes, grad_bytes=param_bytes, optimizer_bytes=0,
-        batch_bytes=_nbytes(batch), flops=step.flops, forward_flops=forward_flops,
-        backward_flops=step.flops - recompute - forward_flops, recompute_flops=recompute,
-        forward_ms=None, backward_ms=None, step_ms=None, blocks=tuple(block_rows), ops=(),
-        simulated=False, device=jax.devices()[0].platform,
-        peak_breakdown={"arguments": step.argument_bytes, "outputs": step.output_bytes,
-                        "temporaries": step.temp_bytes, "aliased": -step.alias_bytes},
+    batch_bytes = _nbytes(batch)
+    cost = StepCost(
+        peak_bytes=step.peak_bytes,
+        breakdown=step.breakdown(param_bytes=param_bytes, buffer_bytes=buffer_bytes,
+                                 batch_bytes=batch_bytes),
+        activation_bytes=activation, param_bytes=param_bytes, buffer_bytes=buffer_bytes,
+        grad_bytes=param_bytes, optimizer_bytes=0, batch_bytes=batch_bytes,
+        forward_flops=forward_flops, backward_flops=step.flops - recompute - forward_flops,
+        recompute_flops=recompute,
     )
+    return Profile(cost=cost, blocks=tuple(block_rows), ops=(), simulated=False,
+                   device=jax.devices()[0].platform)
 
 
 # ---- the seeds' make_jaxpr comparison ---------------------------------------------------------

@@ -19,11 +19,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from remat.core.cost import Category
 from remat.core.ops import PHASES
 from remat.core.results import PhasePeak
 
 __all__ = [
-    "CREATED_KINDS", "KINDS", "REGISTERED_KINDS", "StorageLedger", "first_tensor",
+    "CREATED_KINDS", "KINDS", "KIND_CATEGORIES", "REGISTERED_KINDS", "StorageLedger",
+    "categorized", "first_tensor",
     "storage_of", "tensors_in",
 ]
 
@@ -32,6 +34,25 @@ REGISTERED_KINDS: tuple[str, ...] = (
 )
 CREATED_KINDS: tuple[str, ...] = PHASES
 KINDS = frozenset(REGISTERED_KINDS + CREATED_KINDS)
+#: Each kind's public :class:`~remat.core.cost.Category` (one to one; NOTE [ Categories of
+#: each backend ] in remat/core/cost.py). The kinds stay inside the tracker; every record
+#: it fills (Profile.peak_breakdown, PhasePeak.breakdown) is keyed by category.
+KIND_CATEGORIES: Mapping[str, Category] = {
+    "params": Category.PARAMETERS, "buffers": Category.BUFFERS, "grads": Category.GRADIENTS,
+    "optimizer_state": Category.OPTIMIZER_STATE, "batch": Category.BATCH,
+    "other": Category.OTHER, "forward": Category.ACTIVATIONS,
+    "backward": Category.BACKWARD_TEMPORARIES, "recompute": Category.RECOMPUTED,
+    "optimizer": Category.OPTIMIZER_TEMPORARIES,
+}
+
+
+def categorized(by_kind: Mapping[str, int]) -> dict[Category, int]:
+    """Bytes per tracker kind as bytes per :class:`~remat.core.cost.Category` (non-zero only).
+
+    Args:
+        by_kind: bytes per kind (``"params"``, ``"forward"``, ...), bytes.
+    """
+    return {KIND_CATEGORIES[k]: v for k, v in by_kind.items() if v}
 
 
 class StorageRecord(weakref.ref):  # type: ignore[type-arg]
@@ -179,7 +200,7 @@ class StorageLedger:
 
     def peaks_by_phase(self) -> dict[str, PhasePeak]:
         """Each phase's peak so far, by phase (phases no op ran in are absent)."""
-        return {phase: PhasePeak(peak, {k: v for k, v in kinds.items() if v}, order)
+        return {phase: PhasePeak(peak, categorized(kinds), order)
                 for phase, (peak, kinds, order) in self.phase_peaks.items()}
 
     def bytes_of_kind(self, kind: str) -> tuple[int, dict[str, int]]:

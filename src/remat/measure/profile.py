@@ -37,6 +37,7 @@ import torch
 from torch import nn
 from torch._subclasses.fake_tensor import DynamicOutputShapeException, FakeTensorMode
 
+from remat.core.cost import StepCost
 from remat.core.ops import PHASES
 from remat.core.results import BlockProfile, Profile
 from remat.errors import message
@@ -47,6 +48,7 @@ from remat.measure.fake import (
     fake_copy_with_map,
     fake_optimizer,
 )
+from remat.measure.ledger import categorized
 from remat.measure.state import preserved_state
 from remat.measure.step import LossFn, Step, check_runnable, clear_grads
 from remat.measure.timing import time_blocks, time_step
@@ -82,24 +84,26 @@ def _build(tracked: Tracked, blocks: Sequence[tuple[str, nn.Module]], *, simulat
         )
         for name, _ in blocks
     )
-    return Profile(
+    cost = StepCost(
         peak_bytes=tracker.peak_bytes,
+        breakdown=categorized(tracker.peak_breakdown),
         activation_bytes=tracker.activation_bytes,
         **tracked.resident_fields(),
-        flops=phase_flops["forward"] + phase_flops["backward"] + phase_flops["recompute"],
         forward_flops=phase_flops["forward"],
         backward_flops=phase_flops["backward"],
         recompute_flops=phase_flops["recompute"],
         forward_ms=times.forward_ms if times is not None else None,
         backward_ms=times.backward_ms if times is not None else None,
         step_ms=times.step_ms if times is not None else None,
+    )
+    return Profile(
+        cost=cost,
         blocks=block_profiles,
         ops=ops,
         simulated=simulated,
         device=str(device),
         cuda_peak_bytes=cuda_peak_bytes,
         peak_phase=tracker.peak_phase,
-        peak_breakdown=tracker.peak_breakdown,
         phase_peaks=tracker.phase_peaks,
     )
 

@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from remat.core.checks import decisions_label
+from remat.core.cost import Category, StepCost
 from remat.core.loop import close_loop as close_loop_core
 from remat.core.results import Profile
 from remat.core.solver import min_peak_choice
@@ -40,11 +41,13 @@ from remat.units import format_bytes
 __all__ = ["close_loop", "measure_decisions", "measure_on_copy", "timed_step_ms"]
 
 _MAX_ROUNDS = 6
-_KIND_NAMES = {
-    "params": "parameters", "grads": "gradients", "optimizer_state": "optimizer state",
-    "batch": "batch", "buffers": "buffers", "forward": "activations",
-    "recompute": "recomputed activations", "backward": "backward temporaries",
-    "optimizer": "optimizer temporaries", "other": "other tensors",
+_KIND_NAMES: dict[str, str] = {
+    Category.PARAMETERS: "parameters", Category.GRADIENTS: "gradients",
+    Category.OPTIMIZER_STATE: "optimizer state", Category.BATCH: "batch",
+    Category.BUFFERS: "buffers", Category.ACTIVATIONS: "activations",
+    Category.RECOMPUTED: "recomputed activations",
+    Category.BACKWARD_TEMPORARIES: "backward temporaries",
+    Category.OPTIMIZER_TEMPORARIES: "optimizer temporaries", Category.OTHER: "other tensors",
 }
 
 
@@ -127,11 +130,10 @@ def _build(ctx: PlanContext, choice: Sequence[int], prof: Profile, budget_bytes:
         decisions=decisions,
         block_names=ctx.block_names,
         budget_bytes=budget_bytes,
-        predicted_peak_bytes=ctx.peak_model.predict(choice),
+        cost=StepCost(peak_bytes=ctx.peak_model.predict(choice),
+                      recompute_flops=prof.recompute_flops, recompute_ms=cost_ms,
+                      step_ms=step_time),
         measured_peak_bytes=prof.peak_bytes,
-        recompute_flops=prof.recompute_flops,
-        recompute_ms=cost_ms,
-        predicted_step_ms=step_time,
         no_checkpoint_peak_bytes=ctx.no_checkpoint_peak_bytes,
         cost_device=ctx.device.name,
         cost_source=ctx.cost_source,
@@ -141,7 +143,7 @@ def _build(ctx: PlanContext, choice: Sequence[int], prof: Profile, budget_bytes:
     )
 
 
-def _dominant(breakdown: Mapping[str, int], peak: int) -> str:
+def _dominant(breakdown: Mapping[Category, int], peak: int) -> str:
     parts = sorted(((v, _KIND_NAMES.get(k, k)) for k, v in breakdown.items() if v > 0),
                    reverse=True)
     chosen: list[str] = []
@@ -158,8 +160,6 @@ def _dominant(breakdown: Mapping[str, int], peak: int) -> str:
 def _too_small(ctx: PlanContext, budget_bytes: int, choice: Sequence[int],
                prof: Profile) -> BudgetTooSmall:
     peak = prof.peak_bytes
-    breakdown = {_KIND_NAMES.get(k, k).replace(" ", "_"): v
-                 for k, v in prof.peak_breakdown.items() if v > 0}
     parts = ", ".join(f"{_KIND_NAMES.get(k, k)} {format_bytes(v)}"
                       for k, v in sorted(prof.peak_breakdown.items(), key=lambda kv: -kv[1])
                       if v > 0)
@@ -174,7 +174,8 @@ def _too_small(ctx: PlanContext, budget_bytes: int, choice: Sequence[int],
             fix=f"raise the budget to at least {format_bytes(peak)}, use a smaller batch or "
                 "sequence, or shrink what dominates (lower-precision parameters, sharded "
                 "optimizer state and gradients with FSDP)"),
-        budget_bytes=budget_bytes, min_peak_bytes=peak, breakdown=breakdown,
+        budget_bytes=budget_bytes, min_peak_bytes=peak, breakdown=prof.peak_breakdown,
+        cost=prof.cost,
     )
 
 

@@ -39,6 +39,7 @@ from torch import nn
 from remat.blocks import BlocksSpec
 from remat.compiled.install import check_compiled
 from remat.core.checks import check_float, check_int, decisions_label, opt_float, opt_int
+from remat.core.cost import StepCost
 from remat.core.plan_file import envelope, load_json, read_envelope
 from remat.errors import message, one_line
 from remat.planning.fingerprint import BlockPrint, check_fingerprint
@@ -73,17 +74,19 @@ class Plan:
             sub-layer choice. ``"none"`` entries are dropped.
         block_names: every block of the model, in forward order.
         budget_bytes: the peak-memory budget the plan was made for, bytes.
-        predicted_peak_bytes: the step's peak the peak model predicts, bytes.
+        cost: the plan's predicted step, a :class:`~remat.core.cost.StepCost`:
+            ``peak_bytes`` (the step's peak the peak model predicts, bytes),
+            ``recompute_flops`` (FLOPs recomputed per step), ``recompute_ms`` (recompute
+            cost per step, ms: with ``cost_source="roofline"`` the roofline time of the
+            recomputed ops on ``cost_device``, plus exposed transfer time for offload;
+            with ``"measured"`` the sum of each block's measured extra forward+backward
+            time on ``timed_on``; ``None`` reads as 0.0) and ``step_ms`` (time of the
+            whole step, ms: the step-time model on ``cost_device`` (``"roofline"``), or
+            a timed step of the model with the plan applied (``"measured"``); ``None``
+            when not known). ``predicted_peak_bytes``, ``recompute_flops``,
+            ``recompute_ms`` and ``predicted_step_ms`` are read-only views of it.
         measured_peak_bytes: the step's peak measured with the plan applied
             (``remat.profile(...).peak_bytes``); ``None`` until measured.
-        recompute_flops: FLOPs recomputed per step.
-        recompute_ms: recompute cost per step, ms: with ``cost_source="roofline"`` the
-            roofline time of the recomputed ops on ``cost_device`` (plus exposed transfer
-            time for offload); with ``"measured"`` the sum of each block's measured extra
-            forward+backward time on ``timed_on``.
-        predicted_step_ms: time of the whole step, ms: the step-time model on
-            ``cost_device`` (``"roofline"``), or a timed step of the model with the plan
-            applied (``"measured"``).
         no_checkpoint_peak_bytes: the un-checkpointed step's peak, bytes (what ``"60%"``
             budgets are relative to). Default: ``None``.
         cost_device: the device whose figures the costs use. Default: ``"h100-80gb"``.
@@ -116,11 +119,8 @@ class Plan:
     decisions: Mapping[str, BlockStrategy]
     block_names: tuple[str, ...]
     budget_bytes: int
-    predicted_peak_bytes: int
+    cost: StepCost
     measured_peak_bytes: int | None = None
-    recompute_flops: int = 0
-    recompute_ms: float = 0.0
-    predicted_step_ms: float | None = None
     no_checkpoint_peak_bytes: int | None = None
     cost_device: str = "h100-80gb"
     cost_source: str = "roofline"
@@ -158,13 +158,16 @@ class Plan:
         object.__setattr__(self, "decisions", MappingProxyType(ordered))
         object.__setattr__(self, "throughput", tuple(self.throughput))
         check_int("Plan", "budget_bytes", self.budget_bytes)
-        check_int("Plan", "predicted_peak_bytes", self.predicted_peak_bytes)
+        if not isinstance(self.cost, StepCost):
+            raise ValueError(f"Plan: cost must be a remat.StepCost (the predicted step)\n"
+                             f"got: {self.cost!r}\nbuild it with StepCost(peak_bytes=..., "
+                             "recompute_flops=..., recompute_ms=..., step_ms=...)")
+        if self.cost.recompute_ms is None:  # one spelling of "no recompute time": 0.0
+            object.__setattr__(self, "cost", replace(self.cost, recompute_ms=0.0))
         check_int("Plan", "measured_peak_bytes", self.measured_peak_bytes, optional=True)
-        check_int("Plan", "recompute_flops", self.recompute_flops)
         check_int("Plan", "no_checkpoint_peak_bytes", self.no_checkpoint_peak_bytes,
                    optional=True)
         check_int("Plan", "batch_size", self.batch_size, optional=True)
-        check_float("Plan", "recompute_ms", self.recompute_ms)
         if self.framework != "torch":
             raise ValueError(message("Plan", f"framework must be 'torch', not {self.framework!r}",
                                      fix="use remat.jax.Plan for JAX plans"))
@@ -176,7 +179,6 @@ class Plan:
                 "Plan", "timed_on is set exactly when cost_source is 'measured'",
                 {"cost_source": repr(self.cost_source), "timed_on": repr(self.timed_on)},
                 fix="set timed_on to the device measured costs come from, and only then"))
-        check_float("Plan", "predicted_step_ms", self.predicted_step_ms, optional=True)
         if self.fingerprint is not None:
             prints = tuple(self.fingerprint)
             object.__setattr__(self, "fingerprint", prints)
@@ -242,6 +244,28 @@ class Plan:
         """True when no block is checkpointed (the budget needs no checkpointing)."""
         return not self.decisions
 
+    # ---- views of cost (read-only; the figures live in ``cost``) -------------------------
+
+    @property
+    def predicted_peak_bytes(self) -> int:
+        """``cost.peak_bytes``: the step's peak the peak model predicts, bytes."""
+        return self.cost.peak_bytes
+
+    @property
+    def recompute_flops(self) -> int:
+        """``cost.recompute_flops``: FLOPs recomputed per step."""
+        return self.cost.recompute_flops
+
+    @property
+    def recompute_ms(self) -> float:
+        """``cost.recompute_ms``: recompute cost per step, ms."""
+        return self.cost.recompute_ms or 0.0
+
+    @property
+    def predicted_step_ms(self) -> float | None:
+        """``cost.step_ms``: time of the whole step, ms; ``None`` when not known."""
+        return self.cost.step_ms
+
     @property
     def peak_bytes(self) -> int:
         """The measured peak when known, else the predicted one."""
@@ -305,11 +329,11 @@ class Plan:
                 decisions=decisions,
                 block_names=names,
                 budget_bytes=int(data["budget_bytes"]),
-                predicted_peak_bytes=int(data["predicted_peak_bytes"]),
+                cost=StepCost(peak_bytes=int(data["predicted_peak_bytes"]),
+                              recompute_flops=int(data.get("recompute_flops", 0)),
+                              recompute_ms=float(data.get("recompute_ms", 0.0)),
+                              step_ms=opt_float(data.get("predicted_step_ms"))),
                 measured_peak_bytes=opt_int(data.get("measured_peak_bytes")),
-                recompute_flops=int(data.get("recompute_flops", 0)),
-                recompute_ms=float(data.get("recompute_ms", 0.0)),
-                predicted_step_ms=opt_float(data.get("predicted_step_ms")),
                 no_checkpoint_peak_bytes=opt_int(data.get("no_checkpoint_peak_bytes")),
                 cost_device=str(data.get("cost_device", "h100-80gb")),
                 cost_source=str(data.get("cost_source", "roofline")),

@@ -74,6 +74,7 @@ from typing import Any
 
 from torch import nn
 
+from remat.core.cost import StepCost
 from remat.measure.profile import WarmFake
 from remat.simulate._point import shard
 from remat.simulate._samples import (
@@ -384,15 +385,17 @@ def _row(setup: Setup, label: str, batch_size: int, seq_len: int,
         optimizer_ms /= setup.world_size
     step_ms = sample.compute_ms + optimizer_ms
     samples_per_s = batch_size * setup.world_size / (step_ms / 1e3) if step_ms > 0 else 0.0
-    return SimulationRow(
-        strategy=label, batch_size=batch_size, seq_len=seq_len, peak_bytes=rank_peak,
-        fits=rank_peak <= setup.device.memory_bytes, step_ms=step_ms,
-        samples_per_s=samples_per_s, tokens_per_s=samples_per_s * seq_len,
-        single_device_peak_bytes=peak, activation_bytes=sample.activation_bytes,
+    cost = StepCost(
+        peak_bytes=rank_peak, step_ms=step_ms, activation_bytes=sample.activation_bytes,
         param_bytes=per_rank(setup, sample.param_bytes),
         grad_bytes=per_rank(setup, sample.grad_bytes),
         optimizer_bytes=per_rank(setup, sample.optimizer_bytes),
         flops=sample.flops, recompute_flops=sample.recompute_flops,
         recompute_ms=sample.recompute_ms,
-        peak_phase=phase,
+    )
+    return SimulationRow(
+        strategy=label, batch_size=batch_size, seq_len=seq_len, cost=cost,
+        fits=rank_peak <= setup.device.memory_bytes,
+        samples_per_s=samples_per_s, tokens_per_s=samples_per_s * seq_len,
+        single_device_peak_bytes=peak, peak_phase=phase,
     )

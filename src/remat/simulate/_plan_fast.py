@@ -294,13 +294,15 @@ def _row(setup: Setup, batch_size: int, seq_len: int, fixed: tuple[int, int, int
                                                                    strict=True))
     step_ms = none.step_ms + recompute_ms
     samples_per_s = batch_size * setup.world_size / (step_ms / 1e3) if step_ms > 0 else 0.0
+    cost = dataclasses.replace(
+        none.cost, peak_bytes=rank_peak, step_ms=step_ms,
+        activation_bytes=none.activation_bytes - dropped, flops=none.flops + recompute_flops,
+        recompute_flops=recompute_flops, recompute_ms=recompute_ms)
     return dataclasses.replace(
-        none, strategy="plan", peak_bytes=rank_peak,
-        fits=rank_peak <= setup.device.memory_bytes, step_ms=step_ms,
+        none, strategy="plan", cost=cost,
+        fits=rank_peak <= setup.device.memory_bytes,
         samples_per_s=samples_per_s, tokens_per_s=samples_per_s * seq_len,
-        single_device_peak_bytes=peak, activation_bytes=none.activation_bytes - dropped,
-        flops=none.flops + recompute_flops, recompute_flops=recompute_flops,
-        recompute_ms=recompute_ms, peak_phase=_phase(model, windows, choice))
+        single_device_peak_bytes=peak, peak_phase=_phase(model, windows, choice))
 
 
 def fast_plan_rows(ctx: FastContext, sizes: Sequence[int], seq_len: int,

@@ -45,6 +45,7 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from remat.core.cost import StepCost
 from remat.simulate._fast import FastContext
 from remat.simulate._plan_fast import fast_plan_rows
 from remat.simulate._point import per_rank, point, row_of
@@ -94,14 +95,14 @@ def _no_plan_row(setup: Setup, batch_size: int, seq_len: int, fixed: tuple[int, 
     bound under FSDP, see NOTE [ Per-rank budgets ]).
     """
     rank_peak = min_peak_bytes + max(setup.device.memory_bytes - budget_bytes, 0)
+    cost = StepCost(peak_bytes=rank_peak, step_ms=0.0, activation_bytes=0,
+                    param_bytes=per_rank(setup, fixed[0]), grad_bytes=per_rank(setup, fixed[1]),
+                    optimizer_bytes=per_rank(setup, fixed[2]), flops=0, recompute_flops=0,
+                    recompute_ms=0.0)
     return SimulationRow(
-        strategy="plan", batch_size=batch_size, seq_len=seq_len,
-        peak_bytes=rank_peak, fits=False, step_ms=0.0,
-        samples_per_s=0.0, tokens_per_s=0.0,
-        single_device_peak_bytes=min_peak_bytes, activation_bytes=0,
-        param_bytes=per_rank(setup, fixed[0]), grad_bytes=per_rank(setup, fixed[1]),
-        optimizer_bytes=per_rank(setup, fixed[2]), flops=0,
-        recompute_flops=0, note="no plan fits the budget",
+        strategy="plan", batch_size=batch_size, seq_len=seq_len, cost=cost, fits=False,
+        samples_per_s=0.0, tokens_per_s=0.0, single_device_peak_bytes=min_peak_bytes,
+        note="no plan fits the budget",
     )
 
 

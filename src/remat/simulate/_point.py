@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from remat.core.cost import Category, StepCost
 from remat.simulate._setup import Setup
 from remat.simulate.result import SimulationRow
 from remat.simulate.sharding import ShardedPeak, shard_peak
@@ -33,15 +34,15 @@ from remat.simulate.sharding import ShardedPeak, shard_peak
 __all__ = ["fixed_bytes", "per_rank", "point", "profile_point", "row_of"]
 
 
-def shard(breakdown: Mapping[str, int], grad_total_bytes: int, setup: Setup) -> ShardedPeak:
+def shard(breakdown: Mapping[Category, int], grad_total_bytes: int, setup: Setup) -> ShardedPeak:
     """Shard one moment's live bytes; see NOTE [ Sharding arithmetic ] in sharding.py."""
     layout = setup.layout
     return shard_peak(
         peak_bytes=sum(breakdown.values()),
-        param_bytes=breakdown.get("params", 0),
-        grad_bytes=breakdown.get("grads", 0),
-        optimizer_bytes=breakdown.get("optimizer_state", 0),
-        optimizer_temp_bytes=breakdown.get("optimizer", 0),
+        param_bytes=breakdown.get(Category.PARAMETERS, 0),
+        grad_bytes=breakdown.get(Category.GRADIENTS, 0),
+        optimizer_bytes=breakdown.get(Category.OPTIMIZER_STATE, 0),
+        optimizer_temp_bytes=breakdown.get(Category.OPTIMIZER_TEMPORARIES, 0),
         total_grad_bytes=grad_total_bytes,
         sharding=setup.sharding,
         world_size=setup.world_size,
@@ -76,7 +77,7 @@ def _rank_peak(setup: Setup, prof: Any, batch: Any) -> int:
         # optimizer step) added back.
         fwd_bwd = profile_point(setup, batch, None)
         moments.append({**fwd_bwd.peak_breakdown,
-                        "optimizer_state": int(prof.optimizer_bytes)})
+                        Category.OPTIMIZER_STATE: int(prof.optimizer_bytes)})
     return max(shard(m, int(prof.grad_bytes), setup).peak_bytes for m in moments)
 
 
@@ -107,16 +108,9 @@ def row_of(setup: Setup, strategy: str, batch_size: int, seq_len: int, prof: Any
     peak = _rank_peak(setup, prof, batch)
     step_ms = _step_ms(setup, prof)
     samples_per_s = batch_size * setup.world_size / (step_ms / 1e3) if step_ms > 0 else 0.0
-    return SimulationRow(
-        strategy=strategy,
-        batch_size=batch_size,
-        seq_len=seq_len,
+    cost = StepCost(
         peak_bytes=peak,
-        fits=peak <= setup.device.memory_bytes,
         step_ms=step_ms,
-        samples_per_s=samples_per_s,
-        tokens_per_s=samples_per_s * seq_len,
-        single_device_peak_bytes=int(prof.peak_bytes),
         activation_bytes=int(prof.activation_bytes),
         param_bytes=per_rank(setup, int(prof.param_bytes)),
         grad_bytes=per_rank(setup, int(prof.grad_bytes)),
@@ -124,6 +118,16 @@ def row_of(setup: Setup, strategy: str, batch_size: int, seq_len: int, prof: Any
         flops=int(prof.flops),
         recompute_flops=int(prof.recompute_flops),
         recompute_ms=float(roofline_ms(prof.ops, setup.device, phases=("recompute",))),
+    )
+    return SimulationRow(
+        strategy=strategy,
+        batch_size=batch_size,
+        seq_len=seq_len,
+        cost=cost,
+        fits=peak <= setup.device.memory_bytes,
+        samples_per_s=samples_per_s,
+        tokens_per_s=samples_per_s * seq_len,
+        single_device_peak_bytes=int(prof.peak_bytes),
         peak_phase=prof.peak_phase,
     )
 

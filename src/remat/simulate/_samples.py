@@ -10,6 +10,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from remat.core.cost import Category
+
 __all__ = ["COMPUTE", "INTS", "NotAffine", "Sample", "affine", "deepen", "mix", "on_chord",
            "roofline_times", "same_moments", "sample_at", "sample_of"]
 
@@ -38,8 +40,8 @@ class Sample:
     flops: int
     recompute_flops: int
     phase: str | None
-    breakdown: dict[str, int]
-    opt_breakdown: dict[str, int]
+    breakdown: dict[Category, int]
+    opt_breakdown: dict[Category, int]
     ops: tuple[Any, ...]  # empty once extrapolated in depth
     compute_ms: float  # roofline of forward, backward and recompute
     recompute_ms: float

@@ -3,13 +3,25 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from remat.core.cost import StepCost
 from remat.errors import message, one_line
 from remat.simulate.sharding import SHARDINGS
 
 __all__ = ["SimulationResult", "SimulationRow"]
+
+
+#: The JSON keys of a row, in order: the simulation JSON keeps the cost fields flat, as
+#: before ``SimulationRow.cost``, so files written either way read the same.
+_ROW_KEYS = ("strategy", "batch_size", "seq_len", "peak_bytes", "fits", "step_ms",
+             "samples_per_s", "tokens_per_s", "single_device_peak_bytes", "activation_bytes",
+             "param_bytes", "grad_bytes", "optimizer_bytes", "flops", "recompute_flops",
+             "recompute_ms", "peak_phase", "note")
+_COST_KEYS = ("peak_bytes", "step_ms", "activation_bytes", "param_bytes", "grad_bytes",
+              "optimizer_bytes", "flops", "recompute_flops", "recompute_ms")
 
 
 @dataclass(frozen=True)
@@ -20,18 +32,20 @@ class SimulationRow:
         strategy: the strategy (``"plan"`` for the planner's plan).
         batch_size: sequences per micro-batch per rank.
         seq_len: tokens per sequence.
-        peak_bytes: peak live tensor bytes on one rank (after sharding arithmetic).
+        cost: one rank's step as a :class:`~remat.core.cost.StepCost`: ``peak_bytes``
+            (peak live tensor bytes on one rank, after sharding arithmetic),
+            ``step_ms`` (predicted step time, ms, see NOTE [ Step time ]),
+            ``activation_bytes`` (bytes saved by forward for backward),
+            ``param_bytes``, ``grad_bytes``, ``optimizer_bytes`` (resident, sharded for
+            FSDP), ``flops`` (forward + backward + recompute FLOPs; the split is not
+            kept), ``recompute_flops`` (0 for op-level checkpointing that recomputes only
+            pointwise ops: they cost bandwidth, not FLOPs) and ``recompute_ms`` (roofline
+            time of the recomputation, part of ``step_ms``); ``step_ms`` and
+            ``recompute_ms`` are always set. The flat names below are read-only views.
         fits: ``peak_bytes <= device memory``.
-        step_ms: predicted step time, ms (see NOTE [ Step time ]).
         samples_per_s: sequences per second over all ranks.
         tokens_per_s: tokens per second over all ranks.
         single_device_peak_bytes: the simulated one-device peak (before sharding).
-        activation_bytes: bytes saved by forward for backward (per rank).
-        param_bytes, grad_bytes, optimizer_bytes: per rank, resident (sharded for FSDP).
-        flops: forward + backward + recompute FLOPs of one rank's step.
-        recompute_flops: FLOPs spent recomputing (0 for op-level checkpointing that
-            recomputes only pointwise ops: they cost bandwidth, not FLOPs).
-        recompute_ms: roofline time of the recomputation, part of ``step_ms``.
         peak_phase: phase of the one-device peak (``"forward"``, ``"backward"``,
             ``"recompute"`` or ``"optimizer"``).
         note: why a row is missing figures (e.g. the planner found no plan), else ``""``.
@@ -40,19 +54,11 @@ class SimulationRow:
     strategy: str
     batch_size: int
     seq_len: int
-    peak_bytes: int
+    cost: StepCost
     fits: bool
-    step_ms: float
     samples_per_s: float
     tokens_per_s: float
     single_device_peak_bytes: int
-    activation_bytes: int
-    param_bytes: int
-    grad_bytes: int
-    optimizer_bytes: int
-    flops: int
-    recompute_flops: int
-    recompute_ms: float = 0.0
     peak_phase: str | None = None
     note: str = ""
 
@@ -62,18 +68,81 @@ class SimulationRow:
                 raise ValueError(message("SimulationRow", f"{key} must be >= 1",
                                          {"found": getattr(self, key)},
                                          fix=f"pass {key} >= 1"))
-        for key in ("peak_bytes", "single_device_peak_bytes", "activation_bytes",
-                    "param_bytes", "grad_bytes", "optimizer_bytes", "flops",
-                    "recompute_flops"):
-            if getattr(self, key) < 0:
-                raise ValueError(message("SimulationRow", f"{key} must be >= 0",
-                                         {"found": getattr(self, key)},
-                                         fix=f"pass {key} >= 0"))
-        for key in ("step_ms", "samples_per_s", "tokens_per_s", "recompute_ms"):
+        cost = self.cost
+        if not isinstance(cost, StepCost) or None in (cost.flops, cost.step_ms,
+                                                      cost.recompute_ms):
+            raise ValueError(message("SimulationRow",
+                                     "cost must be a StepCost with flops, step_ms and recompute_ms",
+                                     {"found": repr(cost)},
+                                     fix="build it with StepCost(peak_bytes=..., flops=..., "
+                                         "step_ms=..., recompute_ms=...)"))
+        if self.single_device_peak_bytes < 0:
+            raise ValueError(message("SimulationRow", "single_device_peak_bytes must be >= 0",
+                                     {"found": self.single_device_peak_bytes},
+                                     fix="pass single_device_peak_bytes >= 0"))
+        for key in ("samples_per_s", "tokens_per_s"):
             if not getattr(self, key) >= 0:
                 raise ValueError(message("SimulationRow", f"{key} must be >= 0",
                                          {"found": getattr(self, key)},
                                          fix=f"pass {key} >= 0"))
+
+    # ---- views of cost (read-only; the figures live in ``cost``) -------------------------
+
+    @property
+    def peak_bytes(self) -> int:
+        """``cost.peak_bytes``: peak live tensor bytes on one rank."""
+        return self.cost.peak_bytes
+
+    @property
+    def step_ms(self) -> float:
+        """``cost.step_ms``: predicted step time, ms."""
+        return self.cost.step_ms or 0.0
+
+    @property
+    def activation_bytes(self) -> int:
+        """``cost.activation_bytes``: bytes saved by forward for backward (per rank)."""
+        return self.cost.activation_bytes
+
+    @property
+    def param_bytes(self) -> int:
+        """``cost.param_bytes``: resident parameter bytes per rank."""
+        return self.cost.param_bytes
+
+    @property
+    def grad_bytes(self) -> int:
+        """``cost.grad_bytes``: resident gradient bytes per rank."""
+        return self.cost.grad_bytes
+
+    @property
+    def optimizer_bytes(self) -> int:
+        """``cost.optimizer_bytes``: resident optimizer-state bytes per rank."""
+        return self.cost.optimizer_bytes
+
+    @property
+    def flops(self) -> int:
+        """``cost.flops``: forward + backward + recompute FLOPs of one rank's step."""
+        return self.cost.flops or 0
+
+    @property
+    def recompute_flops(self) -> int:
+        """``cost.recompute_flops``: FLOPs spent recomputing."""
+        return self.cost.recompute_flops
+
+    @property
+    def recompute_ms(self) -> float:
+        """``cost.recompute_ms``: roofline time of the recomputation, ms."""
+        return self.cost.recompute_ms or 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        """The row as JSON-able data, cost fields flat (the simulation JSON's row format)."""
+        return {key: getattr(self, key) for key in _ROW_KEYS}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> SimulationRow:
+        """Rebuild a row written by :meth:`to_dict`."""
+        rest = {k: v for k, v in data.items() if k not in _COST_KEYS}
+        cost = {k: data[k] for k in _COST_KEYS if k in data}
+        return cls(**rest, cost=StepCost(**cost))
 
 
 @dataclass(frozen=True)
@@ -174,9 +243,9 @@ class SimulationResult:
             **{k: v for k, v in asdict(self).items() if k != "rows"},
             "batch_sizes": list(self.batch_sizes),
             "strategies": list(self.strategies),
-            "rows": [asdict(r) for r in self.rows],
+            "rows": [r.to_dict() for r in self.rows],
             "largest_batch": self.largest_batches,
-            "best": asdict(best) if best is not None else None,
+            "best": best.to_dict() if best is not None else None,
         }
 
     def to_json(self, **kwargs: Any) -> str:
