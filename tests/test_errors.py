@@ -7,6 +7,7 @@ import torch
 
 import remat
 from remat.compare.runner import compare
+from remat.core.cost import StepCost
 from remat.errors import StrategyError, message, one_line, with_api
 
 
@@ -81,7 +82,8 @@ def test_a_plan_for_another_model_names_the_call() -> None:
 
     small = build_model("gpt-tiny", n_layer=2)
     names = tuple(n for n, _ in remat.blocks.named_blocks(small))
-    plan = Plan({n: Full() for n in names}, names, 1, 1, fingerprint=fingerprint_of(small, names))
+    plan = Plan({n: Full() for n in names}, names, 1, StepCost(peak_bytes=1),
+                fingerprint=fingerprint_of(small, names))
     big = build_model("gpt-tiny", n_layer=4)
     for api, call in {"remat.apply": lambda: remat.apply(big, plan),
                       "remat.validate": lambda: remat.validate(big, make_batch(big, 2), plan),

@@ -32,11 +32,11 @@ def _row(name: str = "none", **overrides: object) -> StrategyRow:
 
 
 def test_row_validation() -> None:
-    with pytest.raises(ValueError, match="StepCost: peak_bytes must be an int >= 0\ngot: -1"):
+    with pytest.raises(ValueError, match="StepCost: peak_bytes must be an int >= 0\n  found: -1"):
         _row(peak_bytes=-1)
     with pytest.raises(ValueError,
-                       match=r"recompute_flops exceeds flops\n  recompute_flops: 2000\n"
-                             r"  flops: 1000"):
+                       match=r"StepCost: recompute_flops \(2000\) exceeds flops \(1000\)\n"
+                             r"  found: 2000"):
         _row(recompute_flops=2000)
     with pytest.raises(ValueError, match="step_ms must be a finite number"):
         _row(step_ms=float("nan"))

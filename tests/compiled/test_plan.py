@@ -131,7 +131,8 @@ def test_plan_json_without_compiled_is_eager() -> None:
     assert data["compiled"] is None
     del data["compiled"]  # a file written before compiled plans existed
     assert Plan.from_dict(data).compiled is None
-    with pytest.raises(ValueError, match="not one of block_names"):
+    with pytest.raises(ValueError,
+                       match=r"(?s)^Plan: compiled names 'z', which is not a block.*fix: name"):
         Plan(decisions={}, block_names=("a",), budget_bytes=1, cost=StepCost(peak_bytes=1),
              compiled={"z": 0.5})
     with pytest.raises(ValueError, match=r"\[0, 1\]"):
@@ -210,6 +211,6 @@ def test_the_compilers_own_setting_is_a_plan_when_it_recomputes_least(
 
 
 def test_compiled_names_the_whole_model_or_blocks_not_both() -> None:
-    with pytest.raises(ValueError, match="one or the other"):
+    with pytest.raises(ValueError, match=r"(?s)^Plan: .*fix: name the whole model or blocks"):
         Plan(decisions={}, block_names=("a", "b"), budget_bytes=10, cost=StepCost(peak_bytes=5),
              compiled={"": 0.5, "a": 1.0})

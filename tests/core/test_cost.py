@@ -27,10 +27,10 @@ def test_flops_are_derived_from_their_parts_and_checked_when_given() -> None:
 
 
 @pytest.mark.parametrize(("field", "value", "match"), [
-    ("peak_bytes", -1, "StepCost: peak_bytes must be an int >= 0\ngot: -1"),
-    ("param_bytes", 1.5, "StepCost: param_bytes must be an int >= 0\ngot: 1.5"),
-    ("activation_bytes", True, "StepCost: activation_bytes must be an int >= 0\ngot: True"),
-    ("forward_flops", -3, "StepCost: forward_flops must be an int >= 0 or None\ngot: -3"),
+    ("peak_bytes", -1, "StepCost: peak_bytes must be an int >= 0\n  found: -1"),
+    ("param_bytes", 1.5, "StepCost: param_bytes must be an int >= 0\n  found: 1.5"),
+    ("activation_bytes", True, "StepCost: activation_bytes must be an int >= 0\n  found: True"),
+    ("forward_flops", -3, "StepCost: forward_flops must be an int >= 0 or None\n  found: -3"),
     ("step_ms", float("nan"), "StepCost: step_ms must be a finite number of ms >= 0"),
     ("recompute_ms", -1.0, "StepCost: recompute_ms must be a finite number of ms >= 0"),
 ])

@@ -69,7 +69,9 @@ _TIMES = ("forward_ms", "backward_ms", "step_ms", "recompute_ms")
 
 
 def _bad(what: str, value: Any, fix: str) -> ValueError:
-    return ValueError(f"StepCost: {what}\ngot: {value!r}\n{fix}")
+    # remat.errors.message's format (remat.errors imports this module, so it is not
+    # imported here: NOTE [ Error message format ])
+    return ValueError(f"StepCost: {what}\n  found: {value!r}\n  fix: {fix}")
 
 
 def _is_int(value: Any) -> bool:

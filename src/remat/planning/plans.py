@@ -159,9 +159,10 @@ class Plan:
         object.__setattr__(self, "throughput", tuple(self.throughput))
         check_int("Plan", "budget_bytes", self.budget_bytes)
         if not isinstance(self.cost, StepCost):
-            raise ValueError(f"Plan: cost must be a remat.StepCost (the predicted step)\n"
-                             f"got: {self.cost!r}\nbuild it with StepCost(peak_bytes=..., "
-                             "recompute_flops=..., recompute_ms=..., step_ms=...)")
+            raise ValueError(message("Plan", "cost must be a remat.StepCost (the predicted step)",
+                                     {"found": repr(self.cost)},
+                                     fix="build it with StepCost(peak_bytes=..., "
+                                         "recompute_flops=..., recompute_ms=..., step_ms=...)"))
         if self.cost.recompute_ms is None:  # one spelling of "no recompute time": 0.0
             object.__setattr__(self, "cost", replace(self.cost, recompute_ms=0.0))
         check_int("Plan", "measured_peak_bytes", self.measured_peak_bytes, optional=True)
