@@ -198,3 +198,40 @@ def test_no_module_is_a_big_room() -> None:
                       + "\n".join(long), stacklevel=1)
     big = sorted(f"{m}: {n} lines" for m, n in lines.items() if n > MAX_LINES)
     assert big == [], f"modules over {MAX_LINES} lines:\n" + "\n".join(big)
+
+
+#: Modules users import from by name: every package's ``__init__`` and these leaves. Only
+#: they declare ``__all__``; every other module is the implementation behind them.
+PUBLIC_LEAVES = ("remat.errors", "remat.units", "remat.devices", "remat.blocks",
+                 "remat.recompute", "remat.progress", "remat.strategies.regions",
+                 "remat.integrations.hf", "remat.integrations.fsdp2",
+                 "remat.integrations.compile")
+
+
+def _declares_all(path: Path) -> bool:
+    tree = ast.parse(path.read_text())
+    return any(isinstance(node, (ast.Assign, ast.AnnAssign)) and any(
+        isinstance(t, ast.Name) and t.id == "__all__"
+        for t in (node.targets if isinstance(node, ast.Assign) else [node.target]))
+        for node in tree.body)
+
+
+def _exports_something(path: Path) -> bool:
+    """Anything but a docstring and ``from __future__`` (a package whose ``__init__`` loads
+    no submodule, such as ``remat.core``, exports nothing)."""
+    body = ast.parse(path.read_text()).body
+    return any(not (isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant))
+               and not (isinstance(n, ast.ImportFrom) and n.module == "__future__")
+               for n in body)
+
+
+def test_only_public_modules_declare_all() -> None:
+    public = {p for p in SRC.rglob("*.py")
+              if p.name == "__init__.py" or _module_name(p) in PUBLIC_LEAVES}
+    private_with_all = sorted(_module_name(p) for p in SRC.rglob("*.py")
+                              if p not in public and _declares_all(p))
+    public_without = sorted(_module_name(p) for p in public if not _declares_all(p)
+                            and _exports_something(p))
+    assert private_with_all == [], "private modules declaring __all__:\n" + \
+        "\n".join(private_with_all)
+    assert public_without == [], "public modules without __all__:\n" + "\n".join(public_without)

@@ -13,8 +13,6 @@ import os
 import sys
 from collections.abc import Iterator
 
-__all__ = ["silenced"]
-
 
 @contextlib.contextmanager
 def silenced(fd: int) -> Iterator[None]:

@@ -16,21 +16,6 @@ from typing import Any, NoReturn
 import typer
 from rich.console import Console
 
-__all__ = [
-    "ProgressFn",
-    "check_fits",
-    "err_console",
-    "fail",
-    "make_optimizer",
-    "notices",
-    "parse_strategies",
-    "progress_bar",
-    "resolve_device",
-    "stdout_console",
-    "user_errors",
-    "write_json",
-]
-
 ProgressFn = Callable[[str, int, int], None]
 """``update(step, done, total)``: what :func:`progress_bar` yields."""
 

@@ -19,8 +19,6 @@ from rich.markup import escape
 from remat.cli._common import fail
 from remat.errors import message
 
-__all__ = ["load_jax", "refuse", "strategies_for_jax"]
-
 
 def load_jax(model: str) -> Any:
     """``remat.jax``, with ``model`` checked against its presets (exit 2 otherwise)."""

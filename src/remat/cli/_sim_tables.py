@@ -10,8 +10,6 @@ if TYPE_CHECKING:
     from remat.simulate.estimate import EstimateTable
     from remat.simulate.result import SimulationResult
 
-__all__ = ["estimate_table", "rate", "simulation_tables"]
-
 
 def rate(value: float) -> str:
     if value >= 1e6:

@@ -21,8 +21,6 @@ from remat.errors import message
 if TYPE_CHECKING:
     from torch import nn
 
-__all__ = ["ModelChoice", "check_choice", "int_list", "model_choice", "overrides"]
-
 
 def int_list(value: str, option: str) -> list[int]:
     try:

@@ -36,8 +36,6 @@ from remat.cli.options import (
     plot_option,
 )
 
-__all__ = ["compare_command", "progress_bar"]
-
 _EPILOG = """\
 Examples:
 

@@ -17,7 +17,6 @@ from remat.cli.options import DtypeOpt, HfConfigOpt, HfOpt, JsonOpt, SetOpt, Sim
 if TYPE_CHECKING:
     from remat.simulate.estimate import EstimateRow
 
-__all__ = ["estimate_command", "estimate_table"]
 
 _EPILOG = """\
 Examples:

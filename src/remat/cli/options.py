@@ -31,36 +31,6 @@ import typer.core
 from remat.cli._common import parse_strategies
 from remat.errors import message
 
-__all__ = [
-    "COMPARE_DEFAULTS",
-    "DEFAULT_MODEL",
-    "FRONTIER_STRATEGIES",
-    "SIMULATE_DEFAULTS",
-    "STRATEGY_NAMES",
-    "BatchOpt",
-    "DeviceOpt",
-    "DtypeOpt",
-    "Framework",
-    "FrameworkOpt",
-    "GpuOpt",
-    "HfConfigOpt",
-    "HfOpt",
-    "JsonOpt",
-    "ModelOpt",
-    "OptimizerChoice",
-    "OptimizerOpt",
-    "RegistryHelpCommand",
-    "SeedOpt",
-    "SeqOpt",
-    "SetOpt",
-    "SimModelOpt",
-    "SimStrategiesOpt",
-    "StrategiesOpt",
-    "StrategyOpt",
-    "fill_registry_help",
-    "plot_option",
-]
-
 DEFAULT_MODEL = "gpt-small"
 
 # ---- help texts from the strategy registry (NOTE [ Help from the registry ]) ---------------

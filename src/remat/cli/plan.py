@@ -39,8 +39,6 @@ from remat.cli.options import (
 from remat.errors import message
 from remat.progress import reporting
 
-__all__ = ["Maximize", "plan_command"]
-
 _EPILOG = """\
 Examples:
 

@@ -36,8 +36,6 @@ from remat.cli.options import (
 )
 from remat.errors import message
 
-__all__ = ["OptimizerChoice", "export_trace", "profile_command", "profile_to_dict"]
-
 _EPILOG = """\
 Examples:
 

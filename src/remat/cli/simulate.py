@@ -24,7 +24,7 @@ from remat.cli._common import (
     user_errors,
     write_json,
 )
-from remat.cli._sim_tables import estimate_table, rate, simulation_tables
+from remat.cli._sim_tables import rate, simulation_tables
 from remat.cli._sources import check_choice, int_list, model_choice
 from remat.cli._sources import overrides as parse_overrides
 from remat.cli.options import (
@@ -44,7 +44,6 @@ from remat.errors import message
 if TYPE_CHECKING:
     from remat.simulate.result import SimulationResult, SimulationRow
 
-__all__ = ["estimate_table", "simulate_command", "simulation_tables"]
 
 _EPILOG = """\
 Examples:

@@ -39,8 +39,6 @@ from remat.strategies import apply, default_strategies, preserved_strategy
 if TYPE_CHECKING:
     from remat.core.rows import ComparisonResult
 
-__all__ = ["Frontier", "FrontierPoint", "add_plan_row", "frontier", "manual_strategies"]
-
 
 @dataclass(frozen=True)
 class FrontierPoint:

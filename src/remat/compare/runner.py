@@ -29,8 +29,6 @@ from torch import nn
 from remat.core.rows import BASELINE, ComparisonResult, StrategyRow
 from remat.errors import message
 
-__all__ = ["ComparisonResult", "StrategyRow", "compare", "compare_preset"]
-
 _BASELINE = BASELINE
 
 ProgressFn = Callable[[str, int, int], None]

@@ -39,10 +39,6 @@ from remat.strategies import BlockStrategy, parse_strategy
 from remat.strategies.apply import apply_decisions, preserved_strategy
 from remat.strategies.builtin import Full, NoCheckpoint, SelectiveOps
 
-__all__ = ["DEFAULT_COMPILED_CANDIDATES", "WHOLE_MODEL_BUDGETS", "CompiledCandidate",
-           "CompiledContext", "default_candidates", "measure_assignment", "measure_whole",
-           "prepare_compiled"]
-
 _API = "remat.plan_compiled"
 
 

@@ -25,8 +25,6 @@ from remat.compiled.replay import (
 )
 from remat.errors import message
 
-__all__ = ["SimRegion", "region_backend"]
-
 # ---- one region ------------------------------------------------------------------------
 
 def region_backend(name: str, region: nn.Module, wrapper: nn.Module | None,

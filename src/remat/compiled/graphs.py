@@ -72,16 +72,6 @@ from torch.utils._pytree import tree_map
 from remat.errors import message
 from remat.measure.flops import op_flops
 
-__all__ = [
-    "CompiledGraph",
-    "CountingBackend",
-    "GraphLog",
-    "backend_of",
-    "count_graph",
-    "counting_runs",
-    "register_backend",
-]
-
 KINDS = ("forward", "backward", "inference")
 
 

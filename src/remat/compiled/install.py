@@ -44,9 +44,6 @@ from remat.compiled.graphs import CountingBackend, GraphLog, register_backend
 from remat.errors import StrategyError, message
 from remat.strategies.regions import region_of
 
-__all__ = ["WHOLE_MODEL", "check_compilable", "check_compiled", "compile_blocks_with_budget",
-           "compile_plan", "compile_with_budget", "uncompile"]
-
 #: The key of ``Plan.compiled`` that stands for the whole model (its qualified name).
 WHOLE_MODEL = ""
 

@@ -76,15 +76,6 @@ from remat.measure.step import LossFn, Step, clear_grads, model_device, run_step
 from remat.measure.timing import time_step
 from remat.measure.tracked_step import check_trainable, tracked_step
 
-__all__ = [
-    "CompiledMeasurement",
-    "compiled_regions",
-    "dynamo_graph_count",
-    "is_compiled",
-    "measure_compiled",
-    "profile_compiled",
-]
-
 _API = "remat.profile_compiled"
 _ROOT = "<model>"  # the tracker's name for a region that is the whole model
 

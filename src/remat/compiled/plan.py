@@ -66,8 +66,6 @@ from remat.planning.options import PlanOptions
 from remat.planning.plans import Plan, apply_spec
 from remat.units import format_bytes
 
-__all__ = ["plan_compiled", "plan_compiled_step", "predict_peak"]
-
 _API = "remat.plan_compiled"
 Assignment = tuple[int, ...]
 

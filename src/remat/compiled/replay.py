@@ -21,9 +21,6 @@ from remat.compiled.graphs import CompiledGraph
 from remat.errors import RematError, message
 from remat.measure.tracker import MemoryTracker
 
-__all__ = ["CompiledSimulationError", "GraphMemory", "GraphRuns", "Replay", "load_wrapper",
-           "stop_at_wrapper"]
-
 _API = "remat.profile(simulate=True)"
 
 

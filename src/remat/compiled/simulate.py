@@ -100,7 +100,6 @@ from remat.compiled.capture import SimRegion, region_backend
 from remat.compiled.measure import compiled_regions
 from remat.compiled.replay import (
     _API,
-    CompiledSimulationError,
     GraphMemory,
     GraphRuns,
 )
@@ -114,7 +113,6 @@ from remat.measure.ledger import categorized
 from remat.measure.step import LossFn, Step, clear_grads
 from remat.measure.tracked_step import check_trainable, tracked_step
 
-__all__ = ["CompiledSimulation", "CompiledSimulationError", "GraphMemory", "simulate_compiled"]
 
 @dataclass(frozen=True)
 class CompiledSimulation:

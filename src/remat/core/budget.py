@@ -8,8 +8,6 @@ from dataclasses import dataclass
 from remat.errors import message
 from remat.units import parse_bytes
 
-__all__ = ["Budget", "parse_budget"]
-
 BudgetLike = int | str
 
 

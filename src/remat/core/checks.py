@@ -13,8 +13,6 @@ from typing import Any
 
 from remat.errors import message
 
-__all__ = ["check_float", "check_int", "decisions_label", "opt_float", "opt_int"]
-
 
 def check_int(owner: str, name: str, value: Any, *, optional: bool = False) -> None:
     if optional and value is None:

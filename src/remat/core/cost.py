@@ -32,8 +32,6 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-__all__ = ["Category", "StepCost"]
-
 
 class Category(str, Enum):
     """What a byte at a step's peak is: the one set of names every breakdown uses.

@@ -23,8 +23,6 @@ from collections.abc import Callable
 from remat.core.peak import PeakModel
 from remat.core.solver import solve
 
-__all__ = ["close_loop"]
-
 Choice = list[int]
 """One candidate index per block, in the peak model's block order."""
 

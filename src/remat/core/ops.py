@@ -13,8 +13,6 @@ from dataclasses import dataclass
 
 from remat.errors import message
 
-__all__ = ["PHASES", "OpRecord"]
-
 PHASES: tuple[str, ...] = ("forward", "backward", "recompute", "optimizer")
 
 

@@ -13,8 +13,6 @@ from dataclasses import dataclass, field
 
 from remat.errors import ParityError, message
 
-__all__ = ["ParityReport"]
-
 
 @dataclass(frozen=True)
 class ParityReport:

@@ -47,8 +47,6 @@ from typing import Generic, Literal, Protocol, TypeVar
 
 from remat.errors import message
 
-__all__ = ["PeakModel", "Window"]
-
 Term = Literal["forward", "backward"]
 
 

@@ -19,8 +19,6 @@ from typing import Any
 
 from remat.errors import message
 
-__all__ = ["FORMAT", "LOADERS", "envelope", "load_json", "read_envelope"]
-
 #: The ``format`` of every remat plan file.
 FORMAT = "remat.plan"
 #: Who reads a plan of each framework.

@@ -14,8 +14,6 @@ from remat.core.cost import Category, StepCost
 from remat.core.ops import PHASES, OpRecord
 from remat.errors import message, one_line
 
-__all__ = ["BlockProfile", "PhasePeak", "Profile"]
-
 
 @dataclass(frozen=True)
 class PhasePeak:

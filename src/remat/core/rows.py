@@ -11,8 +11,6 @@ from typing import Any
 from remat.core.cost import StepCost
 from remat.errors import message, one_line
 
-__all__ = ["BASELINE", "ComparisonResult", "StrategyRow"]
-
 #: The strategy every row is compared with.
 BASELINE = "none"
 _BASELINE = BASELINE

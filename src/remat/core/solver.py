@@ -43,7 +43,6 @@ from remat.native import silenced
 if TYPE_CHECKING:
     from scipy.optimize import Bounds, LinearConstraint
 
-__all__ = ["choice_cost_ps", "min_peak_choice", "solve"]
 
 _PS_PER_MS = 10**9
 _MAX_RESOLVES = 4

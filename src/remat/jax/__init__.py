@@ -25,28 +25,15 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
         "Install them with: pip install 'remat[jax]'"
     ) from exc
 
+from remat.jax.analysis import StepAnalysis, analyze_step, compiler_options
 from remat.jax.blocks import find_blocks
 from remat.jax.compare import DEFAULT_STRATEGIES, compare
-from remat.jax.measure import (
-    JaxprStats,
-    StepAnalysis,
-    analyze_step,
-    compiler_options,
-    jaxpr_stats,
-    profile,
-)
+from remat.jax.measure import JaxprStats, jaxpr_stats, profile
 from remat.jax.models import PRESETS, GPTConfig, build_model, make_batch
 from remat.jax.planner import auto, plan, plan_preset
 from remat.jax.plans import Plan
-from remat.jax.strategies import (
-    POLICIES,
-    STRATEGIES,
-    Policy,
-    apply,
-    checkpoint_layer,
-    decisions_of,
-    remove,
-)
+from remat.jax.policies import POLICIES, STRATEGIES, Policy
+from remat.jax.strategies import apply, checkpoint_layer, decisions_of, remove
 from remat.jax.validate import validate
 
 __all__ = [

@@ -62,11 +62,6 @@ from flax import nnx
 from remat.core.cost import Category
 from remat.errors import message
 
-__all__ = ["LossFn", "StepAnalysis", "analyze_fns", "analyze_step", "analyze_steps", "cached",
-           "clear_cache", "compile_fn", "compile_in_pool", "compiler_options", "default_loss",
-           "difference_options", "job_key", "lower_job", "prefetch_step", "shape_key", "step_fn",
-           "submit_fns", "submit_lowered", "wait"]
-
 LossFn = Callable[[Any, Any], Any]
 
 

@@ -21,10 +21,6 @@ from flax import nnx
 from remat.jax.analysis import LossFn, analyze_fns, shape_key
 from remat.jax.strategies import capture_block_inputs
 
-__all__ = ["BlockInputs", "block_fn", "block_forward_flops", "block_inputs", "block_saved_bytes",
-           "block_step_flops", "clear_block_cache", "memo", "residual_bytes", "subjaxprs",
-           "tagged_names"]
-
 #: A block's call as captured in the model: positional arguments (arrays as
 #: ``jax.ShapeDtypeStruct``) and keyword arguments.
 BlockInputs = tuple[tuple[Any, ...], dict[str, Any]]
@@ -175,8 +171,6 @@ def block_inputs(model: nnx.Module, batch: Any, paths: Sequence[str], loss_fn: L
         raise ValueError(f"remat.jax: blocks {missing} were never called by loss_fn(model, "
                          "batch); pass blocks= naming the modules the forward calls")
     return found
-
-
 
 
 def memo(key: Any, compute: Callable[[], Any]) -> Any:

@@ -20,8 +20,6 @@ from flax import nnx
 
 from remat.errors import BlocksNotFound
 
-__all__ = ["BlocksSpec", "find_blocks", "named_blocks"]
-
 BlocksSpec: TypeAlias = (
     type[nnx.Module] | Sequence[str] | Callable[[str, nnx.Module], bool] | None
 )

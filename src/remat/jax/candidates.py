@@ -79,12 +79,9 @@ from remat.jax.block_measure import (
     tagged_names,
 )
 from remat.jax.blocks import BlocksSpec, named_blocks
-from remat.jax.chains import CHAIN_BLOCKS, chain_analysis, chains, lower_chains, with_policy
+from remat.jax.chains import chains, lower_chains, with_policy
 from remat.jax.policies import NONE, Policy, parse_policy
 from remat.jax.strategies import apply, current_policies, remove
-
-__all__ = ["CHAIN_BLOCKS", "MEASURES", "JaxCandidate", "Measure", "candidate_tables",
-           "chain_analysis"]
 
 Measure = Literal["block", "step"]
 #: What ``measure=`` accepts (NOTE [ JAX candidates ]).

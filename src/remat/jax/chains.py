@@ -20,8 +20,6 @@ from remat.jax.block_measure import BlockInputs
 from remat.jax.policies import Policy
 from remat.jax.strategies import remove, set_policy
 
-__all__ = ["CHAIN_BLOCKS", "chain_analysis", "chains", "lower_chains", "with_policy"]
-
 #: Copies of the block in the chain a candidate is measured on (NOTE [ Block chain ]).
 CHAIN_BLOCKS = 3
 

@@ -25,10 +25,9 @@ from remat.jax.blocks import BlocksSpec
 from remat.jax.measure import profile
 from remat.jax.models import build_model, make_batch
 from remat.jax.planner import plan
-from remat.jax.strategies import apply, remove, strategy_policies
+from remat.jax.policies import strategy_policies
+from remat.jax.strategies import apply, remove
 from remat.jax.validate import validate
-
-__all__ = ["DEFAULT_STRATEGIES", "add_plan_row", "compare"]
 
 #: What ``remat compare --framework jax`` runs by default, baseline first.
 DEFAULT_STRATEGIES: tuple[str, ...] = (

@@ -66,8 +66,6 @@ from remat.jax.policies import Policy, strategy_policies
 from remat.jax.strategies import apply
 from remat.units import format_bytes
 
-__all__ = ["Search", "Trial", "label", "peak_model"]
-
 _MANUAL = ("every:2", "sqrt")
 #: Menu entries estimated up to this many percent of the two steps' estimated recompute
 #: above a plan are compiled with it (see :meth:`Search.tolerance`).

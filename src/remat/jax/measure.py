@@ -19,11 +19,7 @@ from remat.core.cost import StepCost
 from remat.core.results import BlockProfile, Profile
 from remat.jax.analysis import (
     LossFn,
-    StepAnalysis,
     analyze_step,
-    analyze_steps,
-    compile_fn,
-    compiler_options,
     default_loss,
     prefetch_step,
     step_fn,
@@ -33,32 +29,12 @@ from remat.jax.block_measure import (
     block_forward_flops,
     block_inputs,
     block_saved_bytes,
-    block_step_flops,
     clear_block_cache,
     residual_bytes,
     subjaxprs,
 )
 from remat.jax.blocks import BlocksSpec, named_blocks
 from remat.jax.strategies import remove
-
-__all__ = [
-    "JaxprStats",
-    "LossFn",
-    "StepAnalysis",
-    "analyze_step",
-    "analyze_steps",
-    "block_forward_flops",
-    "block_saved_bytes",
-    "block_step_flops",
-    "clear_cache",
-    "compile_fn",
-    "compiler_options",
-    "default_loss",
-    "jaxpr_stats",
-    "profile",
-    "residual_bytes",
-    "step_fn",
-]
 
 _API = "remat.jax.profile"
 

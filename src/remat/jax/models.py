@@ -18,9 +18,6 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
-__all__ = ["PRESETS", "TAGGED_NAMES", "GPT", "GPTBlock", "GPTConfig", "build_model",
-           "make_batch"]
-
 #: Names the preset tags with ``checkpoint_name``, in forward order within a block.
 TAGGED_NAMES: tuple[str, ...] = ("qkv", "attn_probs", "attn_out", "mlp_up", "mlp_act")
 

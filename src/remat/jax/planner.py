@@ -15,14 +15,12 @@ from flax import nnx
 from remat.core.budget import BudgetLike, parse_budget
 from remat.jax.analysis import LossFn, analyze_step, default_loss, prefetch_step
 from remat.jax.blocks import BlocksSpec, named_blocks
-from remat.jax.candidates import JaxCandidate, Measure, candidate_tables
+from remat.jax.candidates import Measure, candidate_tables
 from remat.jax.loop import Search
 from remat.jax.models import build_model, make_batch
 from remat.jax.plans import Plan
 from remat.jax.policies import Policy
 from remat.jax.strategies import apply, current_policies, remove
-
-__all__ = ["JaxCandidate", "auto", "candidate_tables", "plan", "plan_preset"]
 
 
 def plan(model: nnx.Module, batch: Any, *, budget: BudgetLike, loss_fn: LossFn | None = None,

@@ -21,8 +21,6 @@ from remat.core.plan_file import envelope, load_json, read_envelope
 from remat.jax.policies import Policy, parse_policy
 from remat.units import format_bytes
 
-__all__ = ["JAX_PLAN_VERSION", "Plan"]
-
 JAX_PLAN_VERSION = 1
 _FRAMEWORK = "jax"
 _OWNER = "remat.jax.Plan"

@@ -24,8 +24,6 @@ import jax
 
 from remat.errors import StrategyError
 
-__all__ = ["NONE", "POLICIES", "STRATEGIES", "Policy", "parse_policy", "strategy_policies"]
-
 PolicyKind = Literal["none", "nothing_saveable", "dots_saveable",
                      "dots_with_no_batch_dims_saveable", "save_only_these_names", "offload"]
 
@@ -92,7 +90,6 @@ class Policy:
                 names_which_can_be_saved=[], names_which_can_be_offloaded=list(self.names),
                 offload_src="device", offload_dst="pinned_host")
         return cp.nothing_saveable  # type: ignore[no-any-return]
-
 
 
 #: The policy of a block that runs without checkpoint.

@@ -30,16 +30,10 @@ from remat.jax.blocks import BlocksSpec, named_blocks
 from remat.jax.plans import Plan
 from remat.jax.policies import (
     NONE,
-    POLICIES,
-    STRATEGIES,
     Policy,
     parse_policy,
     strategy_policies,
 )
-
-__all__ = ["POLICIES", "STRATEGIES", "Policy", "apply", "block_policies", "capture_block_inputs",
-           "checkpoint_layer", "current_policies", "decisions_of", "parse_policy", "remove",
-           "set_policy", "strategy_policies"]
 
 _ATTR = "remat_policy"
 

@@ -13,8 +13,6 @@ from remat.jax.analysis import LossFn, compile_in_pool, default_loss, shape_key,
 from remat.jax.blocks import BlocksSpec, named_blocks
 from remat.jax.strategies import apply, current_policies, remove
 
-__all__ = ["run_step", "validate"]
-
 
 def run_step(model: nnx.Module, batch: Any, *, loss_fn: LossFn | None = None
              ) -> tuple[float, dict[str, np.ndarray]]:

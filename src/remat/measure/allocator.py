@@ -57,8 +57,6 @@ import torch
 
 from remat.errors import message
 
-__all__ = ["AllocatorPeak", "allocator_peak", "mark", "quiet_profiler"]
-
 _API = "remat.measure.allocator_peak"
 
 # Lines the profiler and the CPU allocator print to stderr while profiling; see quiet_profiler.

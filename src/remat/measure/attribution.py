@@ -21,8 +21,6 @@ from torch.utils.hooks import RemovableHandle
 from remat.measure.ledger import first_tensor
 from remat.recompute import is_recomputing
 
-__all__ = ["BlockAttribution"]
-
 
 class BlockAttribution:
     """Hooks on ``blocks`` that say which block runs now (see NOTE [ Block attribution ]).

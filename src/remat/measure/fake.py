@@ -34,15 +34,6 @@ from remat.errors import message
 from remat.measure import shadow
 from remat.measure.fake_kernels import install_fake_kernels
 
-__all__ = [
-    "check_fake_device",
-    "fake_batch",
-    "fake_copy",
-    "fake_copy_with_map",
-    "fake_optimizer",
-    "fake_tensor",
-]
-
 
 def fake_tensor(
     t: Tensor, fake_mode: FakeTensorMode, *, device: torch.device | str | None = None

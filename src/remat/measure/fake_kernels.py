@@ -31,8 +31,6 @@ from typing import Any
 import torch
 from torch._subclasses import fake_impls
 
-__all__ = ["install_fake_kernels"]
-
 _aten = torch.ops.aten
 _installed = False
 

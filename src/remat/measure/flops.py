@@ -50,9 +50,6 @@ from typing import Any
 import torch
 from torch.utils.flop_counter import flop_registry
 
-__all__ = ["FRESH_OPS", "METADATA_OPS", "UNINITIALISED_OPS", "flop_formula", "op_flops",
-           "op_traffic"]
-
 _aten = torch.ops.aten
 
 # See NOTE [ CPU attention ].

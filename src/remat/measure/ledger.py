@@ -23,12 +23,6 @@ from remat.core.cost import Category
 from remat.core.ops import PHASES
 from remat.core.results import PhasePeak
 
-__all__ = [
-    "CREATED_KINDS", "KINDS", "KIND_CATEGORIES", "REGISTERED_KINDS", "StorageLedger",
-    "categorized", "first_tensor",
-    "storage_of", "tensors_in",
-]
-
 REGISTERED_KINDS: tuple[str, ...] = (
     "params", "buffers", "grads", "optimizer_state", "batch", "other",
 )

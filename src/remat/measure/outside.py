@@ -30,8 +30,6 @@ import torch
 import torch.random
 from torch import Tensor
 
-__all__ = ["cpu_rng_state_bytes", "watch_rng_states"]
-
 
 @functools.cache
 def cpu_rng_state_bytes() -> int:

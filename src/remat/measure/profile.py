@@ -54,9 +54,6 @@ from remat.measure.step import LossFn, Step, check_runnable, clear_grads
 from remat.measure.timing import time_blocks, time_step
 from remat.measure.tracked_step import Tracked, check_trainable, tracked_step
 
-__all__ = ["preserved_state", "profile", "profile_simulated", "profile_step",
-           "simulated_steps"]
-
 _API = "remat.profile"
 
 

@@ -16,8 +16,6 @@ from remat.core.ops import PHASES, OpRecord
 from remat.devices import DeviceSpec, get_device
 from remat.errors import message
 
-__all__ = ["op_roofline_ms", "roofline_ms"]
-
 
 def op_roofline_ms(op: OpRecord, device: DeviceSpec, *, dtype_bytes: int | None = None) -> float:
     """Roofline time of one op, in ms (see the module docstring).

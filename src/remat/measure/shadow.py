@@ -66,11 +66,6 @@ from torch.utils.weak import WeakTensorKeyDictionary
 
 from remat.measure.ledger import tensors_in
 
-__all__ = [
-    "MAX_SHADOW_NUMEL", "data_dependent_error", "eager_branches", "local_scalar", "propagate",
-    "remember",
-]
-
 #: Largest tensor (elements) whose value a simulated step keeps: a (64, 1024) batch of ids.
 MAX_SHADOW_NUMEL = 1 << 16
 

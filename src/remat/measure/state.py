@@ -11,8 +11,6 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-__all__ = ["preserved_state"]
-
 
 def _host_copy(t: Tensor) -> Tensor:
     return t.detach().to("cpu", copy=True)

@@ -12,18 +12,6 @@ from torch import Tensor, nn
 from remat.blocks import BlocksSpec, named_blocks
 from remat.errors import BlocksNotFound, RematError, message
 
-__all__ = [
-    "check_runnable",
-    "Batch",
-    "LossFn",
-    "PhaseCallback",
-    "Step",
-    "call_model",
-    "default_loss",
-    "model_device",
-    "run_step",
-]
-
 Batch = Tensor | tuple[Any, ...] | list[Any] | Mapping[str, Any]
 LossFn = Callable[[Any, Any], Tensor]
 PhaseCallback = Callable[[str], None]

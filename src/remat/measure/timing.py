@@ -27,8 +27,6 @@ from remat.measure.step import (
     run_step,
 )
 
-__all__ = ["Clock", "StepTimes", "time_blocks", "time_step"]
-
 
 class Clock:
     """Marks points in time; reads elapsed milliseconds after :meth:`sync`.

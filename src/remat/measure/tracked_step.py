@@ -14,8 +14,6 @@ from remat.errors import message
 from remat.measure.step import Step, batch_tensors
 from remat.measure.tracker import MemoryTracker
 
-__all__ = ["Tracked", "check_trainable", "held_gc", "tracked_step"]
-
 _API = "remat.profile"
 
 

@@ -59,14 +59,13 @@ from torch._subclasses.fake_tensor import DynamicOutputShapeException
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.hooks import RemovableHandle
 
-from remat.core.ops import PHASES, OpRecord
+from remat.core.ops import OpRecord
 from remat.core.results import PhasePeak
 from remat.errors import message
 from remat.measure import shadow
 from remat.measure.attribution import BlockAttribution
 from remat.measure.flops import FRESH_OPS, METADATA_OPS, op_flops, op_traffic
 from remat.measure.ledger import (
-    CREATED_KINDS,
     REGISTERED_KINDS,
     StorageLedger,
     storage_of,
@@ -75,7 +74,6 @@ from remat.measure.ledger import (
 from remat.measure.outside import watch_rng_states
 from remat.recompute import is_recomputing
 
-__all__ = ["CREATED_KINDS", "PHASES", "REGISTERED_KINDS", "MemoryTracker", "OpRecord"]
 
 class MemoryTracker(TorchDispatchMode):
     """Count the bytes of every live tensor storage, op by op, and record each op.

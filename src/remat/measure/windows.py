@@ -65,8 +65,6 @@ from remat.recompute import is_recomputing
 if TYPE_CHECKING:
     from remat.core.results import Profile
 
-__all__ = ["FakeSetup", "StepWindows", "WindowRecorder", "quiet", "run_windows"]
-
 
 @contextmanager
 def quiet() -> Iterator[None]:

@@ -10,16 +10,6 @@ from torch import Tensor, nn
 
 from remat.errors import message
 
-__all__ = [
-    "LMOutput",
-    "check_dropout",
-    "check_positive",
-    "check_seq_len",
-    "init_weights",
-    "next_token_loss",
-    "scale_residual_projections",
-]
-
 
 @dataclass(frozen=True)
 class LMOutput:

@@ -10,8 +10,6 @@ from remat.models.gpt import GPTConfig
 from remat.models.llama import LlamaConfig
 from remat.models.presets import get_config
 
-__all__ = ["make_batch"]
-
 _API = "remat.models.make_batch"
 
 

@@ -23,8 +23,6 @@ from remat.models.common import (
     scale_residual_projections,
 )
 
-__all__ = ["GPT", "CausalSelfAttention", "GPTBlock", "GPTConfig", "GPTMLP"]
-
 
 @dataclass(frozen=True)
 class GPTConfig:

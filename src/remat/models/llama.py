@@ -24,17 +24,6 @@ from remat.models.common import (
     scale_residual_projections,
 )
 
-__all__ = [
-    "Llama",
-    "LlamaAttention",
-    "LlamaBlock",
-    "LlamaConfig",
-    "LlamaMLP",
-    "RMSNorm",
-    "apply_rotary",
-    "rotary_cos_sin",
-]
-
 
 @dataclass(frozen=True)
 class LlamaConfig:

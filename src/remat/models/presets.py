@@ -11,8 +11,6 @@ from remat.errors import message
 from remat.models.gpt import GPT, GPTConfig
 from remat.models.llama import Llama, LlamaConfig
 
-__all__ = ["PRESETS", "ModelConfig", "build_model", "get_config", "model_from_config"]
-
 ModelConfig = GPTConfig | LlamaConfig
 
 # The large presets ("gpt2-124m", "llama-1b", "llama-7b") are for simulation and planning:

@@ -15,18 +15,17 @@ import torch
 from torch import Tensor, nn
 from torch.utils._pytree import tree_map
 
+from remat.core.ops import OpRecord
 from remat.errors import message
 from remat.measure.ledger import first_tensor
 from remat.measure.tracked_step import held_gc
-from remat.measure.tracker import MemoryTracker, OpRecord
+from remat.measure.tracker import MemoryTracker
 from remat.measure.windows import FakeSetup, WindowRecorder, quiet
 from remat.planning.capture import BlockInputs, fresh_inputs, tensors_in
 from remat.planning.plans import NamedBlocks
 from remat.strategies import Part, apply_decisions, remove
 from remat.strategies.builtin import NoCheckpoint
 from remat.strategies.op_graph import OpGraph, block_graphs
-
-__all__ = ["BlockRun", "apply_parts", "record_graphs", "run_block"]
 
 
 @dataclass(frozen=True)

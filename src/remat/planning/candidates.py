@@ -54,19 +54,16 @@ from typing import Any
 from torch import nn
 
 from remat.blocks import find_sublayer
+from remat.core.ops import OpRecord
 from remat.devices import DeviceSpec
 from remat.errors import BlocksNotFound, RematWarning, message
 from remat.measure.roofline import op_roofline_ms
-from remat.measure.tracker import OpRecord
 from remat.measure.windows import FakeSetup
 from remat.planning.block_run import BlockRun, record_graphs, run_block
 from remat.planning.capture import BlockInputs, capture_inputs, group_key, in_call_order
 from remat.progress import report
 from remat.strategies import BlockContext, BlockStrategy, Offer, Part, Strategy, registered
 from remat.strategies.builtin import Full, NoCheckpoint
-
-__all__ = ["BlockGroup", "Candidate", "RunBlock", "measure_groups", "offload_exposed_ms",
-           "parts_label", "prune_candidates"]
 
 
 @dataclass(frozen=True)

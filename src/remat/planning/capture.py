@@ -19,9 +19,6 @@ from remat.measure.ledger import first_tensor
 from remat.measure.step import call_model
 from remat.measure.tracker import MemoryTracker
 
-__all__ = ["BlockInputs", "capture_inputs", "fresh_inputs", "group_key", "in_call_order",
-           "tensors_in"]
-
 BlockInputs = tuple[tuple[Any, ...], dict[str, Any]]
 """``(args, kwargs)`` a block is called with."""
 

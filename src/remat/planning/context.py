@@ -32,9 +32,6 @@ from remat.progress import report
 from remat.strategies import BlockStrategy, remove
 from remat.strategies.pitfalls import check_model, warn_pitfalls
 
-__all__ = ["PlanContext", "batch_size_of", "check_plannable", "fake_setup", "prepare",
-           "prepare_step", "resolve_cost"]
-
 
 def fake_setup(model: nn.Module, batch: Any, *, optimizer: torch.optim.Optimizer | None,
                blocks: BlocksSpec) -> FakeSetup:

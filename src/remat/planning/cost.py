@@ -27,8 +27,6 @@ from remat.core.ops import OpRecord
 from remat.devices import DEVICES, DeviceSpec, get_device
 from remat.measure.roofline import op_roofline_ms
 
-__all__ = ["DEFAULT_COST_DEVICE", "LAUNCH_FLOOR_MS", "cost_device", "recompute_ms", "step_ms"]
-
 #: The device whose figures costs use when the model is not on a known GPU.
 DEFAULT_COST_DEVICE = "h100-80gb"
 #: Fixed time per executed (data-moving) op in the step-time model, ms (NOTE [ Step-time model ]).

@@ -26,8 +26,6 @@ from torch import nn
 
 from remat.errors import StrategyError, message
 
-__all__ = ["BlockPrint", "check_fingerprint", "fingerprint_of"]
-
 
 @dataclass(frozen=True)
 class BlockPrint:

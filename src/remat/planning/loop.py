@@ -24,7 +24,8 @@ from remat.core.results import Profile
 from remat.core.solver import min_peak_choice
 from remat.errors import BudgetTooSmall, message
 from remat.measure.profile import _build as _build_profile
-from remat.measure.profile import preserved_state, profile_step
+from remat.measure.profile import profile_step
+from remat.measure.state import preserved_state
 from remat.measure.step import Step, clear_grads, model_device
 from remat.measure.timing import time_step
 from remat.measure.tracked_step import tracked_step
@@ -37,8 +38,6 @@ from remat.progress import report
 from remat.strategies import BlockStrategy, apply_decisions, preserved_strategy
 from remat.strategies.builtin import Full
 from remat.units import format_bytes
-
-__all__ = ["close_loop", "measure_decisions", "measure_on_copy", "timed_step_ms"]
 
 _MAX_ROUNDS = 6
 _KIND_NAMES: dict[str, str] = {

@@ -9,8 +9,6 @@ from remat.core.budget import Budget, BudgetLike, parse_budget
 from remat.devices import DeviceSpec
 from remat.errors import message
 
-__all__ = ["COSTS", "PlanOptions"]
-
 #: ``cost=`` values: measured time on CUDA and roofline elsewhere, or either one forced.
 COSTS: tuple[str, ...] = ("auto", "roofline", "measured")
 

@@ -47,8 +47,6 @@ from remat.planning.plans import Plan
 from remat.planning.throughput import ThroughputSearch, search_throughput
 from remat.strategies import apply
 
-__all__ = ["auto", "plan", "plan_step", "plan_throughput"]
-
 
 def plan(
     model: nn.Module,

@@ -46,9 +46,6 @@ from remat.planning.fingerprint import BlockPrint, check_fingerprint
 from remat.strategies import BlockStrategy, strategy_from_dict, strategy_to_dict
 from remat.strategies.builtin import NoCheckpoint
 
-__all__ = ["COST_SOURCES", "PLAN_FORMAT_VERSION", "NamedBlocks", "Plan", "ThroughputRow",
-           "apply_spec", "decisions_label"]
-
 #: Version of the JSON written by :meth:`Plan.to_json` (see NOTE [ Plan JSON format ]).
 PLAN_FORMAT_VERSION = 2
 #: Versions :meth:`Plan.from_json` reads (1: remat 0.1's decisions as kind and save set).

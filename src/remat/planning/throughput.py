@@ -16,8 +16,6 @@ from remat.planning.options import PlanOptions
 from remat.planning.plans import Plan, ThroughputRow
 from remat.progress import report
 
-__all__ = ["ThroughputSearch", "search_throughput"]
-
 _REFINE_STEPS = 4
 
 PlanOne = Callable[[Step, PlanOptions], Plan]

@@ -32,15 +32,13 @@ from torch import nn
 from remat.blocks import BlocksSpec, named_blocks
 from remat.errors import message
 from remat.measure.ledger import first_tensor
-from remat.measure.profile import preserved_state
+from remat.measure.state import preserved_state
 from remat.measure.step import model_device
 from remat.measure.timing import Clock
 from remat.planning.block_run import apply_parts
 from remat.planning.candidates import BlockGroup, Candidate, prune_candidates
 from remat.planning.capture import capture_inputs, fresh_inputs
 from remat.strategies import preserved_strategy, remove
-
-__all__ = ["TimingClock", "time_groups"]
 
 DEFAULT_REPEATS = 5
 DEFAULT_WARMUP = 1

@@ -13,9 +13,9 @@ from remat.report.tables import (
     blocks_table,
     comparison_markdown,
     comparison_table,
-    markdown_table,
     totals_table,
 )
+from remat.units import markdown_table
 
 __all__ = [
     "blocks_table",

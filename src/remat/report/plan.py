@@ -17,14 +17,6 @@ from remat.units import format_bytes, format_flops, format_ms, markdown_table
 if TYPE_CHECKING:
     from remat.planning.plans import Plan
 
-__all__ = [
-    "THROUGHPUT_COLUMNS",
-    "decision_runs",
-    "plan_renderable",
-    "plan_text",
-    "throughput_markdown",
-    "throughput_table",
-]
 
 THROUGHPUT_COLUMNS = ("Batch", "Fits", "Best plan", "Peak memory", "Recompute",
                       "Step time", "Samples/s")

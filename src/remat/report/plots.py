@@ -18,7 +18,6 @@ if TYPE_CHECKING:
     from remat.compare.frontier import Frontier
     from remat.core.rows import ComparisonResult
 
-__all__ = ["plot_comparison", "plot_frontier"]
 
 _MARKERS = ("o", "s", "^", "D", "v", "P")
 

@@ -27,20 +27,6 @@ if TYPE_CHECKING:
     from remat.compare.frontier import Frontier
     from remat.core.rows import ComparisonResult, StrategyRow
 
-__all__ = [
-    "COMPARISON_COLUMNS",
-    "FRONTIER_COLUMNS",
-    "backward_forward_ratio",
-    "blocks_table",
-    "comparison_cells",
-    "comparison_markdown",
-    "comparison_table",
-    "frontier_markdown",
-    "frontier_table",
-    "markdown_table",
-    "totals_cells",
-    "totals_table",
-]
 
 #: Column headers of the comparison table, in order.
 COMPARISON_COLUMNS: tuple[str, ...] = (

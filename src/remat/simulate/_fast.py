@@ -90,8 +90,6 @@ from remat.simulate._samples import (
 from remat.simulate._setup import Setup
 from remat.simulate.result import SimulationRow
 
-__all__ = ["FastContext", "fast_rows"]
-
 _DEEPER = 3  # depth pairs tried before a row takes the exact path (NOTE [ Fast rows ], 5)
 
 

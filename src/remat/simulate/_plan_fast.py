@@ -66,8 +66,6 @@ from remat.simulate._samples import NotAffine
 from remat.simulate._setup import Setup
 from remat.simulate.result import SimulationRow
 
-__all__ = ["fast_plan_rows"]
-
 _CANDIDATE_DEPTH = 2  # blocks the stack is cut to for measuring candidates
 
 #: ``(budget_bytes, no_plan)``: ``no_plan(batch_size, min_peak_bytes)`` is the row of a

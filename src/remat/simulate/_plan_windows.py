@@ -34,8 +34,6 @@ from remat.measure.windows import StepWindows
 from remat.planning.block_run import BlockRun
 from remat.simulate._samples import NotAffine, affine
 
-__all__ = ["SHALLOW", "deepen_windows", "interpolate_windows", "mix_run"]
-
 #: Stack lengths the windows are measured at: two to fit, the third to check.
 SHALLOW = (2, 3, 4)
 _INDEXED = ("fwd", "gap", "bwd", "after")

@@ -52,8 +52,6 @@ from remat.simulate._point import per_rank, point, row_of
 from remat.simulate._setup import Setup
 from remat.simulate.result import SimulationRow
 
-__all__ = ["plan_rows"]
-
 _FSDP_ROUNDS = 4
 
 

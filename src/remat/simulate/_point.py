@@ -31,8 +31,6 @@ from remat.simulate._setup import Setup
 from remat.simulate.result import SimulationRow
 from remat.simulate.sharding import ShardedPeak, shard_peak
 
-__all__ = ["fixed_bytes", "per_rank", "point", "profile_point", "row_of"]
-
 
 def shard(breakdown: Mapping[Category, int], grad_total_bytes: int, setup: Setup) -> ShardedPeak:
     """Shard one moment's live bytes; see NOTE [ Sharding arithmetic ] in sharding.py."""

@@ -12,9 +12,6 @@ from typing import Any
 
 from remat.core.cost import Category
 
-__all__ = ["COMPUTE", "INTS", "NotAffine", "Sample", "affine", "deepen", "mix", "on_chord",
-           "roofline_times", "same_moments", "sample_at", "sample_of"]
-
 COMPUTE = ("forward", "backward", "recompute")
 INTS = ("peak_bytes", "opt_peak_bytes", "activation_bytes", "param_bytes", "grad_bytes",
          "optimizer_bytes", "batch_bytes", "flops", "recompute_flops")

@@ -17,20 +17,6 @@ from remat.devices import DeviceSpec
 from remat.errors import message
 from remat.simulate.precision import Precision, make_optimizer
 
-__all__ = [
-    "API",
-    "Autocast",
-    "BatchFn",
-    "Layout",
-    "LossFn",
-    "ModelSource",
-    "Setup",
-    "build_model",
-    "check_ints",
-    "default_batch",
-    "make_setup",
-]
-
 API = "remat.simulate"
 
 ModelSource = nn.Module | Callable[[], nn.Module] | str
@@ -139,7 +125,6 @@ def _layout(model: nn.Module, blocks: Any) -> Layout:
     root = [p for p in dict.fromkeys(model.parameters()) if id(p) not in in_block]
     return Layout(largest[0], largest[1], _nbytes(root, trainable=False),
                    _nbytes(root, trainable=True))
-
 
 
 @dataclass(frozen=True)

@@ -38,8 +38,6 @@ from remat.simulate.formulas import (
 from remat.simulate.hf import is_hf_model, unpacked_sequences
 from remat.simulate.precision import Precision, get_precision
 
-__all__ = ["EstimateRow", "EstimateTable", "FormulaEstimate", "estimate", "model_dims"]
-
 _API = "remat.simulate.estimate"
 
 #: Formula names as displayed, in column order.

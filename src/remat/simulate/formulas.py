@@ -47,13 +47,6 @@ from __future__ import annotations
 
 from remat.errors import message
 
-__all__ = [
-    "full_checkpoint_bytes",
-    "korthikanti_bytes",
-    "korthikanti_flash_bytes",
-    "rule_of_thumb_bytes",
-]
-
 
 def _check(api: str, **values: int) -> None:
     for name, value in values.items():

@@ -29,17 +29,6 @@ from torch import nn
 
 from remat.errors import message
 
-__all__ = [
-    "HF_ALIASES",
-    "hf_config_from_file",
-    "hf_config_from_name",
-    "hf_model_from_config",
-    "hf_model_from_config_file",
-    "hf_model_from_name",
-    "is_hf_model",
-    "unpacked_sequences",
-]
-
 # Short names people type -> transformers ``model_type`` (keys of CONFIG_MAPPING).
 # Any other model_type transformers knows is accepted as is.
 HF_ALIASES: dict[str, str] = {

@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from remat.simulate.result import SimulationResult
 
-__all__ = ["plot_simulation"]
 
 _GIB = 1024**3
 _MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "h")

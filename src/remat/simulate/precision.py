@@ -46,15 +46,6 @@ from torch import nn
 
 from remat.errors import message
 
-__all__ = [
-    "OPTIMIZERS",
-    "PRECISIONS",
-    "Precision",
-    "get_precision",
-    "make_optimizer",
-    "optimizer_factory",
-]
-
 
 @dataclass(frozen=True)
 class Precision:

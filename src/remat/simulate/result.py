@@ -11,9 +11,6 @@ from remat.core.cost import StepCost
 from remat.errors import message, one_line
 from remat.simulate.sharding import SHARDINGS
 
-__all__ = ["SimulationResult", "SimulationRow"]
-
-
 #: The JSON keys of a row, in order: the simulation JSON keeps the cost fields flat, as
 #: before ``SimulationRow.cost``, so files written either way read the same.
 _ROW_KEYS = ("strategy", "batch_size", "seq_len", "peak_bytes", "fits", "step_ms",

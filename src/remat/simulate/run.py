@@ -64,21 +64,12 @@ from remat.simulate._setup import (
     Setup,
     build_model,
     check_ints,
-    default_batch,
     make_setup,
 )
 from remat.simulate.hf import is_hf_model, unpacked_sequences
 from remat.simulate.precision import Precision, get_precision
 from remat.simulate.result import SimulationResult, SimulationRow
 from remat.simulate.sharding import SHARDINGS
-
-__all__ = [
-    "DEFAULT_STRATEGIES",  # noqa: F822  (module __getattr__, read from the registry)
-    "SimulationResult",
-    "SimulationRow",
-    "default_batch",
-    "simulate",
-]
 
 
 def __getattr__(name: str) -> Any:

@@ -42,8 +42,6 @@ from typing import Any, Literal
 
 from remat.errors import message
 
-__all__ = ["SHARDINGS", "ShardedPeak", "Sharding", "shard_peak"]
-
 Sharding = Literal["none", "fsdp", "ddp"]
 SHARDINGS: tuple[str, ...] = ("none", "fsdp", "ddp")
 

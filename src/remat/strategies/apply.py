@@ -17,15 +17,6 @@ from remat.strategies.pitfalls import check_model, check_regions, warn_pitfalls
 from remat.strategies.regions import region_of, uninstall
 from remat.strategies.registry import parse_strategy
 
-__all__ = [
-    "AppliedStrategy",
-    "applied",
-    "apply",
-    "apply_decisions",
-    "preserved_strategy",
-    "remove",
-]
-
 M = TypeVar("M", bound=nn.Module)
 _APPLIED = "_remat_applied"
 #: Set on the blocks ``apply`` compiled for a plan made by ``remat.plan_compiled``.

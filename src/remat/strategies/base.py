@@ -30,14 +30,13 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from torch import nn
 
+from remat.core.ops import OpRecord
 from remat.devices import DeviceSpec
 from remat.errors import StrategyError, message
-from remat.measure.tracker import OpRecord
 
 if TYPE_CHECKING:
     from remat.strategies.op_graph import OpGraph
 
-__all__ = ["BlockContext", "BlockStrategy", "Offer", "Part", "Purpose", "Strategy"]
 
 Part = tuple[str, "BlockStrategy"]
 """``(path, strategy)``: ``""`` for the block itself, else a sub-layer's path in the block."""

@@ -75,15 +75,6 @@ from torch.utils._pytree import tree_leaves
 from remat.errors import message
 from remat.strategies.op_kinds import DETACH, METADATA, SKIPPABLE, UNKNOWN, VIEW, op_kind
 
-__all__ = [
-    "Ledger",
-    "dead_op_contexts",
-    "mark_region_outputs",
-    "skip_dead_ops_enabled",
-    "skipping_dead_ops",
-    "supported",
-]
-
 _RECOMPUTE: Any = getattr(_checkpoint, "_RECOMPUTE", None)
 _top_hooks: Callable[[bool], Any] = torch._C._autograd._top_saved_tensors_default_hooks
 

@@ -47,8 +47,6 @@ import torch
 from torch import nn
 from torch.multiprocessing.reductions import StorageWeakRef
 
-__all__ = ["offloading"]
-
 _STREAMS: dict[int, Any] = {}
 
 

@@ -23,8 +23,6 @@ from remat.strategies.dead_ops import Ledger
 from remat.strategies.op_kinds import classify
 from remat.strategies.sac import op_name, split_entries
 
-__all__ = ["OpGraph", "block_graphs"]
-
 
 @dataclass(frozen=True)
 class OpGraph:

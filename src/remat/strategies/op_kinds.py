@@ -8,9 +8,6 @@ from typing import Any
 import torch
 import torch.utils.checkpoint as _checkpoint
 
-__all__ = ["DETACH", "IGNORED", "LIVE", "METADATA", "SKIPPABLE", "UNKNOWN", "VIEW", "classify",
-           "op_kind"]
-
 IGNORED: frozenset[Any] = frozenset(getattr(_checkpoint, "SAC_IGNORED_OPS", ()))
 DETACH = torch.ops.aten.detach.default
 _RANDOM_ARGS = frozenset({"dropout", "dropout_p", "dropout_state", "seed", "offset",

@@ -28,8 +28,6 @@ from torch import nn
 
 from remat.errors import RematWarning, message
 
-__all__ = ["Pitfall", "check_model", "check_regions", "warn_pitfalls"]
-
 
 @dataclass(frozen=True)
 class Pitfall:

@@ -26,19 +26,6 @@ from remat.errors import RematWarning, StrategyError, message, with_api
 from remat.strategies.base import BlockStrategy, Purpose, Strategy
 from remat.strategies.builtin import BUILTIN
 
-__all__ = [
-    "ENTRY_POINT_GROUP",
-    "STRATEGIES",
-    "default_strategies",
-    "load_entry_points",
-    "parse_strategy",
-    "register_strategy",
-    "registered",
-    "strategy_from_dict",
-    "strategy_to_dict",
-    "unregister_strategy",
-]
-
 S = TypeVar("S", bound=type[Strategy])
 
 #: Installed packages register strategies under this entry-point group, e.g. in their

@@ -38,9 +38,6 @@ from remat.errors import RematError, RematWarning, message
 from remat.strategies.pitfalls import Pitfall, warn_pitfalls
 from remat.strategies.sac import parse_entry
 
-__all__ = ["BoundForward", "HookWatch", "check_inputs_unchanged", "check_save_ops",
-           "check_save_ops_once", "input_versions", "restore_running_stats", "stateful_modules"]
-
 
 class BoundForward:
     """``fn`` bound to ``module``, as the instance forward (NOTE [ Picklable regions ]).

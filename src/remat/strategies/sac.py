@@ -82,17 +82,6 @@ from remat.errors import message
 from remat.strategies.dead_ops import dead_op_contexts, skip_dead_ops_enabled, supported
 from remat.strategies.sac_rng import names_random_op, rng_replay
 
-__all__ = [
-    "COMPUTE_HEAVY_OPS",
-    "SavePolicy",
-    "call_entry",
-    "default_save_ops",
-    "make_policy",
-    "parse_entry",
-    "sac_context_fn",
-    "split_entries",
-]
-
 #: aten overload packets that do the heavy math, as seen by the dispatcher
 #: (``nn.Linear`` and ``matmul`` decompose into mm/addmm/bmm before dispatch).
 COMPUTE_HEAVY_OPS: frozenset[str] = frozenset(

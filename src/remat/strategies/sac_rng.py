@@ -41,8 +41,6 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 from torch.utils._pytree import tree_leaves
 from torch.utils.checkpoint import CheckpointPolicy
 
-__all__ = ["RngLog", "names_random_op", "rng_replay"]
-
 _SEEDED = torch.Tag.nondeterministic_seeded
 _KEPT = CheckpointPolicy.MUST_SAVE
 

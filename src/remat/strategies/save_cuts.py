@@ -47,13 +47,11 @@ import numpy as np
 from scipy import sparse
 from scipy.sparse.csgraph import breadth_first_order, maximum_flow
 
+from remat.core.ops import OpRecord
 from remat.devices import DeviceSpec
 from remat.measure.roofline import op_roofline_ms
-from remat.measure.tracker import OpRecord
 from remat.strategies.op_graph import OpGraph
 from remat.strategies.sac import call_entry, split_entries
-
-__all__ = ["CutGraph", "cut_graph", "cut_save_sets", "with_cut_sets"]
 
 _CAPACITY = 2**28  # finite capacities, scaled to integers, sum to this
 _INFINITE = 2**30

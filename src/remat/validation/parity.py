@@ -26,8 +26,6 @@ from remat.strategies.base import Strategy
 from remat.strategies.regions import region_of
 from remat.strategies.registry import parse_strategy
 
-__all__ = ["relative_error", "validate"]
-
 _TINY = 1e-30
 _REMAT_KEYS = ("forward", "_remat_region", "_remat_prev_forward", "_remat_applied")
 #: Per-module state validation may change and puts back: remat's regions and Hugging Face's

@@ -12,8 +12,6 @@ from remat.errors import StrategyError, message
 from remat.strategies.base import BlockStrategy, Purpose, Strategy
 from remat.strategies.builtin.full import Full
 
-__all__ = ["EveryN"]
-
 
 @dataclass(frozen=True)
 class EveryN(Strategy):

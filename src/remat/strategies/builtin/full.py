@@ -10,8 +10,6 @@ from torch import nn
 from remat.strategies.base import BlockContext, BlockStrategy, Offer
 from remat.strategies.regions import install_checkpoint
 
-__all__ = ["Full"]
-
 
 @dataclass(frozen=True)
 class Full(BlockStrategy):

@@ -9,8 +9,6 @@ from torch import nn
 
 from remat.strategies.base import BlockStrategy
 
-__all__ = ["NoCheckpoint"]
-
 
 @dataclass(frozen=True)
 class NoCheckpoint(BlockStrategy):

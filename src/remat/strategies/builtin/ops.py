@@ -19,17 +19,15 @@ from typing import ClassVar
 import torch
 from torch import nn
 
+from remat.core.ops import OpRecord
 from remat.devices import DeviceSpec
 from remat.errors import message, with_api
 from remat.measure.roofline import op_roofline_ms
-from remat.measure.tracker import OpRecord
 from remat.strategies.base import BlockContext, BlockStrategy, Offer
 from remat.strategies.op_graph import OpGraph
 from remat.strategies.regions import install_checkpoint
 from remat.strategies.sac import COMPUTE_HEAVY_OPS, call_entry, default_save_ops, parse_entry
 from remat.strategies.save_cuts import with_cut_sets
-
-__all__ = ["SelectiveOps", "check_op_name", "save_set_chain"]
 
 _MAX_LIGHT_OPS = 4  # pointwise op names added one by one to a sub-layer's save-set chain
 _MAX_LIGHT_OPS_BLOCK = 2  # ... to a whole block's (block-wide pointwise sets rarely pay off)

@@ -12,8 +12,6 @@ from torch import nn
 from remat.strategies.base import BlockStrategy, Strategy
 from remat.strategies.regions import install_segment
 
-__all__ = ["SqrtSegments", "sqrt_segments"]
-
 
 def sqrt_segments(num_blocks: int) -> list[range]:
     """Split ``num_blocks`` consecutive blocks into about sqrt(L) segments.

@@ -15,8 +15,6 @@ from remat.strategies.base import BlockContext, BlockStrategy, Offer
 from remat.strategies.builtin.full import Full
 from remat.strategies.regions import install_checkpoint
 
-__all__ = ["Attention", "Mlp", "SublayerStrategy"]
-
 
 class SublayerStrategy(BlockStrategy):
     """Checkpoint the block's sub-layer of kind ``name`` (found by :func:`find_sublayer`).
