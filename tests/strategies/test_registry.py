@@ -299,3 +299,20 @@ def test_plans_written_by_remat_0_1_still_load() -> None:
     model = build_model("gpt-tiny")
     batch = make_batch(model, 2)
     assert remat.validate(model, batch, plan).passed
+
+
+def test_a_label_parses_back_to_the_instance(firstk: type) -> None:
+    three = FirstChildren(count=3)
+    assert str(three) == "firstk(count=3)" and parse_strategy(str(three)) == three
+    assert parse_strategy("firstk") == FirstChildren()
+    with pytest.raises(StrategyError) as info:
+        parse_strategy("firstk(depth=2)", api="remat.apply")
+    lines = str(info.value).splitlines()
+    assert lines[0] == "remat.apply: cannot read 'firstk(depth=2)'"
+    assert "fix: write firstk(field=value, ...)" in lines[-1]
+    with pytest.raises(StrategyError, match="count must be an int >= 1"):
+        parse_strategy("firstk(count=0)")
+    model = build_model("gpt-tiny")
+    remat.apply(model, "firstk(count=3)")
+    applied = remat.strategies.applied(model)
+    assert applied is not None and {label for _, label in applied.decisions} == {str(three)}

@@ -17,7 +17,9 @@ Example::
 
 from __future__ import annotations
 
+import ast
 import importlib.metadata
+import re
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, TypeVar, overload
@@ -155,7 +157,11 @@ def parse_strategy(strategy: str | Strategy, *,
             api, "strategy must be a string or a Plan (or a Strategy config)",
             {"found": type(strategy).__name__, "valid strategies": _valid()},
             fix="pass one of the valid strategies, a Plan from remat.plan or a Strategy"))
-    text = strategy.strip().lower()
+    text = strategy.strip()
+    call = _LABEL.fullmatch(text)
+    if call is not None and call.group(1).lower() in _REGISTRY:  # a label: name(field=value)
+        return _from_label(_REGISTRY[call.group(1).lower()], call.group(2), strategy, api)
+    text = text.lower()
     name, sep, argument = text.partition(":")
     cls = _REGISTRY.get(name.strip())
     if cls is None:
@@ -167,6 +173,26 @@ def parse_strategy(strategy: str | Strategy, *,
         return cls.parse(argument.strip() if sep else None)
     except StrategyError as exc:
         raise StrategyError(with_api(api, str(exc))) from None
+
+
+#: ``name(field=value, ...)``: how :meth:`BlockStrategy.label` writes an instance whose
+#: fields differ from their defaults; :func:`parse_strategy` reads it back.
+_LABEL = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)\((.*)\)", re.S)
+
+
+def _from_label(cls: type[Strategy], arguments: str, text: str, api: str) -> Strategy:
+    """``cls(**fields)`` from the ``field=value, ...`` of a label (values are literals)."""
+    try:
+        call = ast.parse(f"f({arguments})", mode="eval").body
+        if not isinstance(call, ast.Call) or call.args:
+            raise ValueError("fields are written field=value")
+        fields = {k.arg: ast.literal_eval(k.value) for k in call.keywords if k.arg}
+        return cls(**fields)
+    except (SyntaxError, ValueError, TypeError) as exc:
+        raise StrategyError(message(
+            api, f"cannot read {text!r}", {"error": exc},
+            fix=f"write {cls.name}(field=value, ...) with the fields of {cls.__name__} and "
+                "literal values, as its label shows")) from None
 
 
 def strategy_to_dict(strategy: BlockStrategy) -> dict[str, Any]:
