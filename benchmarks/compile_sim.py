@@ -42,7 +42,8 @@ from torch import nn
 
 from remat.compiled.install import compile_blocks_with_budget, compile_with_budget
 from remat.compiled.measure import measure_compiled
-from remat.compiled.simulate import CompiledSimulationError, simulate_compiled
+from remat.compiled.replay import CompiledSimulationError
+from remat.compiled.simulate import simulate_compiled
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _results import replace_section, run_header  # noqa: E402

@@ -19,7 +19,8 @@ from torch import nn
 import remat
 from remat.compiled.install import compile_blocks_with_budget, compile_with_budget
 from remat.compiled.measure import dynamo_graph_count, measure_compiled
-from remat.compiled.simulate import CompiledSimulationError, simulate_compiled
+from remat.compiled.replay import CompiledSimulationError
+from remat.compiled.simulate import simulate_compiled
 from remat.measure.step import clear_grads, run_step
 from tiny_nets import Block, D, Net
 from tiny_nets import net as _net

@@ -7,7 +7,7 @@ import pytest
 from flax import nnx
 
 import remat.jax as rj
-from remat.jax.measure import compiler_options, default_loss
+from remat.jax.analysis import compiler_options, default_loss
 
 from .conftest import TINY, TINY_BATCH
 

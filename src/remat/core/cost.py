@@ -193,3 +193,60 @@ class StepCost:
         """Bytes no checkpointing can remove: parameters, buffers, gradients, optimizer state."""
         return self.param_bytes + self.buffer_bytes + self.grad_bytes + self.optimizer_bytes
 
+
+
+class CostViews:
+    """Read-only views of a record's ``cost`` under the names its readers use.
+
+    :class:`~remat.core.results.Profile`, :class:`~remat.core.rows.StrategyRow` and
+    :class:`~remat.simulate.result.SimulationRow` hold one :class:`StepCost` (their only
+    copy of these figures) and inherit these views of it, so ``profile.peak_bytes`` is
+    ``profile.cost.peak_bytes``: a name to read it by, not a second value.
+    """
+
+    cost: StepCost
+
+    @property
+    def peak_bytes(self) -> int:
+        """``cost.peak_bytes``: the step's high-water mark of live bytes."""
+        return self.cost.peak_bytes
+
+    @property
+    def activation_bytes(self) -> int:
+        """``cost.activation_bytes``: forward's bytes still alive when backward starts."""
+        return self.cost.activation_bytes
+
+    @property
+    def param_bytes(self) -> int:
+        """``cost.param_bytes``: parameter bytes (tied weights once)."""
+        return self.cost.param_bytes
+
+    @property
+    def buffer_bytes(self) -> int:
+        """``cost.buffer_bytes``: buffer bytes."""
+        return self.cost.buffer_bytes
+
+    @property
+    def grad_bytes(self) -> int:
+        """``cost.grad_bytes``: gradient bytes."""
+        return self.cost.grad_bytes
+
+    @property
+    def optimizer_bytes(self) -> int:
+        """``cost.optimizer_bytes``: optimizer-state bytes."""
+        return self.cost.optimizer_bytes
+
+    @property
+    def batch_bytes(self) -> int:
+        """``cost.batch_bytes``: the batch's bytes."""
+        return self.cost.batch_bytes
+
+    @property
+    def flops(self) -> int:
+        """``cost.flops``: forward + backward + recompute FLOPs (0 when not known)."""
+        return self.cost.flops or 0
+
+    @property
+    def recompute_flops(self) -> int:
+        """``cost.recompute_flops``: FLOPs run while recomputing."""
+        return self.cost.recompute_flops

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from remat.core.cost import Category, StepCost
+from remat.core.cost import Category, CostViews, StepCost
 from remat.core.ops import PHASES, OpRecord
 from remat.errors import message, one_line
 
@@ -74,7 +74,7 @@ class BlockProfile:
 
 
 @dataclass(frozen=True)
-class Profile:
+class Profile(CostViews):
     """One training step, measured: exact bytes and FLOPs, and (real runs) times.
 
     Bytes are exact sums of tensor storage sizes on the model's device (see
@@ -143,46 +143,6 @@ class Profile:
     # ---- views of cost (read-only; the figures live in ``cost``) -------------------------
 
     @property
-    def peak_bytes(self) -> int:
-        """``cost.peak_bytes``: the step's high-water mark of live bytes."""
-        return self.cost.peak_bytes
-
-    @property
-    def activation_bytes(self) -> int:
-        """``cost.activation_bytes``: forward's bytes still alive when backward started."""
-        return self.cost.activation_bytes
-
-    @property
-    def param_bytes(self) -> int:
-        """``cost.param_bytes``: parameter bytes (tied weights once)."""
-        return self.cost.param_bytes
-
-    @property
-    def buffer_bytes(self) -> int:
-        """``cost.buffer_bytes``: buffer bytes."""
-        return self.cost.buffer_bytes
-
-    @property
-    def grad_bytes(self) -> int:
-        """``cost.grad_bytes``: gradient bytes when backward ended."""
-        return self.cost.grad_bytes
-
-    @property
-    def optimizer_bytes(self) -> int:
-        """``cost.optimizer_bytes``: optimizer-state bytes."""
-        return self.cost.optimizer_bytes
-
-    @property
-    def batch_bytes(self) -> int:
-        """``cost.batch_bytes``: the batch's bytes."""
-        return self.cost.batch_bytes
-
-    @property
-    def flops(self) -> int:
-        """``cost.flops``: forward + backward + recompute FLOPs (optimizer excluded)."""
-        return self.forward_flops + self.backward_flops + self.recompute_flops
-
-    @property
     def forward_flops(self) -> int:
         """``cost.forward_flops``: forward and loss FLOPs."""
         return self.cost.forward_flops or 0
@@ -191,11 +151,6 @@ class Profile:
     def backward_flops(self) -> int:
         """``cost.backward_flops``: backward FLOPs, recomputation excluded."""
         return self.cost.backward_flops or 0
-
-    @property
-    def recompute_flops(self) -> int:
-        """``cost.recompute_flops``: FLOPs run while recomputing."""
-        return self.cost.recompute_flops
 
     @property
     def forward_ms(self) -> float | None:

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from remat.core.cost import StepCost
+from remat.core.cost import CostViews, StepCost
 from remat.errors import message, one_line
 
 #: The strategy every row is compared with.
@@ -24,7 +24,7 @@ _COST_KEYS = ("peak_bytes", "activation_bytes", "param_bytes", "grad_bytes", "fl
 
 
 @dataclass(frozen=True)
-class StrategyRow:
+class StrategyRow(CostViews):
     """One strategy's measurements and its comparison with the ``"none"`` baseline.
 
     Args:
@@ -109,36 +109,6 @@ class StrategyRow:
                 fix="set both (a gradient check ran) or neither"))
 
     # ---- views of cost (read-only; the figures live in ``cost``) -------------------------
-
-    @property
-    def peak_bytes(self) -> int:
-        """``cost.peak_bytes``: peak memory of one training step."""
-        return self.cost.peak_bytes
-
-    @property
-    def activation_bytes(self) -> int:
-        """``cost.activation_bytes``: forward's bytes alive when backward starts."""
-        return self.cost.activation_bytes
-
-    @property
-    def param_bytes(self) -> int:
-        """``cost.param_bytes``: parameter bytes."""
-        return self.cost.param_bytes
-
-    @property
-    def grad_bytes(self) -> int:
-        """``cost.grad_bytes``: gradient bytes."""
-        return self.cost.grad_bytes
-
-    @property
-    def flops(self) -> int:
-        """``cost.flops``: forward + backward FLOPs, recomputation included."""
-        return self.cost.flops or 0
-
-    @property
-    def recompute_flops(self) -> int:
-        """``cost.recompute_flops``: FLOPs of the recompute passes."""
-        return self.cost.recompute_flops
 
     @property
     def step_ms(self) -> float | None:

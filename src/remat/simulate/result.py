@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from remat.core.cost import StepCost
+from remat.core.cost import CostViews, StepCost
 from remat.errors import message, one_line
 from remat.simulate.sharding import SHARDINGS
 
@@ -22,7 +22,7 @@ _COST_KEYS = ("peak_bytes", "step_ms", "activation_bytes", "param_bytes", "grad_
 
 
 @dataclass(frozen=True)
-class SimulationRow:
+class SimulationRow(CostViews):
     """One strategy at one micro-batch size, simulated.
 
     Args:
@@ -86,44 +86,9 @@ class SimulationRow:
     # ---- views of cost (read-only; the figures live in ``cost``) -------------------------
 
     @property
-    def peak_bytes(self) -> int:
-        """``cost.peak_bytes``: peak live tensor bytes on one rank."""
-        return self.cost.peak_bytes
-
-    @property
     def step_ms(self) -> float:
         """``cost.step_ms``: predicted step time, ms."""
         return self.cost.step_ms or 0.0
-
-    @property
-    def activation_bytes(self) -> int:
-        """``cost.activation_bytes``: bytes saved by forward for backward (per rank)."""
-        return self.cost.activation_bytes
-
-    @property
-    def param_bytes(self) -> int:
-        """``cost.param_bytes``: resident parameter bytes per rank."""
-        return self.cost.param_bytes
-
-    @property
-    def grad_bytes(self) -> int:
-        """``cost.grad_bytes``: resident gradient bytes per rank."""
-        return self.cost.grad_bytes
-
-    @property
-    def optimizer_bytes(self) -> int:
-        """``cost.optimizer_bytes``: resident optimizer-state bytes per rank."""
-        return self.cost.optimizer_bytes
-
-    @property
-    def flops(self) -> int:
-        """``cost.flops``: forward + backward + recompute FLOPs of one rank's step."""
-        return self.cost.flops or 0
-
-    @property
-    def recompute_flops(self) -> int:
-        """``cost.recompute_flops``: FLOPs spent recomputing."""
-        return self.cost.recompute_flops
 
     @property
     def recompute_ms(self) -> float:
