@@ -45,3 +45,25 @@ def test_budget_needs_exactly_one_form() -> None:
     with pytest.raises(ValueError, match="exactly one"):
         Budget(bytes_=1, fraction=0.5)
     assert parse_budget(Budget(bytes_=7)) == Budget(bytes_=7)
+
+
+def test_an_activations_budget_keeps_the_static_bytes_and_a_share_of_the_rest() -> None:
+    budget = parse_budget("activations:50%")
+    assert budget == Budget(fraction=0.5, of="activations") and budget.is_relative
+    assert str(budget) == "activations:50%" and str(parse_budget("50%")) == "50%"
+    assert budget.resolve(1000, static_bytes=400) == 700  # 400 + 0.5 * (1000 - 400)
+    assert parse_budget(" Activations: 150 % ").resolve(1000, static_bytes=400) == 1300
+    with pytest.raises(ValueError, match=r"^Budget.resolve: activations:50% needs the step's"):
+        budget.resolve(1000)
+    # the other form, for messages
+    assert budget.other_form(700, 1000, 400) == "70% of the peak"
+    assert parse_budget("70%").other_form(700, 1000, 400) == "activations:50%"
+    assert parse_budget("30%").other_form(300, 1000, 400).startswith("below the static bytes")
+
+
+@pytest.mark.parametrize("text", ["activations:12GiB", "activations:", "activations:-5%"])
+def test_a_bad_activations_budget_names_the_form(text: str) -> None:
+    with pytest.raises(ValueError) as info:
+        parse_budget(text)
+    assert str(info.value).startswith("remat.plan: ")
+    assert "activations:" in str(info.value).splitlines()[-1]

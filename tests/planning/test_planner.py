@@ -79,6 +79,43 @@ def test_percent_budget_is_relative_to_the_uncheckpointed_peak(gpt_tiny: Prepare
     assert result.measured_peak_bytes <= result.budget_bytes
 
 
+def test_an_activations_budget_keeps_the_static_bytes_and_a_share_of_the_rest(
+        gpt_tiny: Prepared) -> None:
+    ctx = gpt_tiny.context
+    peak, static = ctx.no_checkpoint_peak_bytes, ctx.static_bytes
+    assert 0 < static < peak
+    assert static == sum(v for k, v in prof_breakdown(gpt_tiny).items()
+                         if k in ("parameters", "buffers", "gradients", "optimizer_state",
+                                  "batch"))
+    result = plan(gpt_tiny.model, gpt_tiny.batch, budget="activations:85%", context=ctx)
+    assert result.budget_bytes == static + int(0.85 * (peak - static))
+    assert result.measured_peak_bytes is not None
+    assert result.measured_peak_bytes <= result.budget_bytes
+
+
+def prof_breakdown(prepared: Prepared) -> dict[str, int]:
+    """The un-checkpointed profile's bytes by category at its peak."""
+    return dict(profile(prepared.model, prepared.batch, timing=False).peak_breakdown)
+
+
+def test_budget_too_small_names_the_other_budget_form(tiny: Prepared) -> None:
+    ctx = tiny.context
+    with pytest.raises(BudgetTooSmall) as info:
+        plan(tiny.model, tiny.batch, budget="10%", context=ctx)
+    lines = str(info.value).splitlines()
+    assert "  budget given as: 10%" in lines
+    share = 100 * (int(0.1 * ctx.no_checkpoint_peak_bytes) - ctx.static_bytes) / (
+        ctx.no_checkpoint_peak_bytes - ctx.static_bytes)
+    expected = f"activations:{share:.3g}%" if share > 0 else "below the static bytes"
+    assert any(line.startswith(f"  the same budget: {expected}") for line in lines), lines
+    with pytest.raises(BudgetTooSmall) as info:
+        plan(tiny.model, tiny.batch, budget="activations:1%", context=ctx)
+    lines = str(info.value).splitlines()
+    assert "  budget given as: activations:1%" in lines
+    percent = 100 * info.value.budget_bytes / ctx.no_checkpoint_peak_bytes
+    assert f"  the same budget: {percent:.3g}% of the peak" in lines
+
+
 def test_budget_too_small_names_the_smallest_peak_and_what_dominates(tiny: Prepared) -> None:
     with pytest.raises(BudgetTooSmall) as info:
         plan(tiny.model, tiny.batch, budget="10%", context=tiny.context)

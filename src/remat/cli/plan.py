@@ -43,6 +43,7 @@ _EPILOG = """\
 Examples:
 
   remat plan --budget 60%
+  remat plan --budget activations:50%
 
   remat plan --model llama-small --budget 120MiB --batch 4 --out out/plan.json
 
@@ -90,8 +91,9 @@ def plan_command(
     model: ModelOpt = DEFAULT_MODEL,
     budget: Annotated[str, typer.Option(
         "--budget", callback=_check_budget, metavar="BUDGET",
-        help="Peak memory of the whole step: bytes, 12GiB / 800MB, or 60% of the "
-             "un-checkpointed peak.",
+        help="Peak memory of the whole step: bytes, 12GiB / 800MB, 60% of the "
+             "un-checkpointed peak, or activations:50% (the parameters, gradients, optimizer "
+             "state and batch plus half of the rest of that peak).",
     )] = "60%",
     batch: Annotated[int, typer.Option(
         "--batch", "-b", min=1, metavar="N",

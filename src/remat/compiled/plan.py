@@ -175,7 +175,7 @@ def plan_compiled_step(step: Step, options: PlanOptions, *,
                                  fix="materialize the model on a real device first"))
     check_plannable(step.model)
     ctx = context if context is not None else prepare_compiled(step, candidates)
-    budget = options.budget.resolve(ctx.no_checkpoint_peak_bytes)
+    budget = options.budget.resolve(ctx.no_checkpoint_peak_bytes, static_bytes=ctx.static_bytes)
     device = cost_device(model_device(step.model), options.device)
     ms_per_flop = 1e3 / device.flops_per_s(dtype_bytes(step))
     trials = 0

@@ -1,4 +1,16 @@
-"""Memory budgets: absolute byte counts, or a percentage of the un-checkpointed peak."""
+"""Memory budgets: absolute byte counts, or a percentage of the un-checkpointed peak or of
+its activations.
+
+NOTE [ Budget forms ]
+    ``"60%"`` is 60% of the whole un-checkpointed peak, parameters, gradients, optimizer
+    state and batch included. Those *static* bytes no checkpointing can remove, so on a
+    small model ``"50%"`` can lie below every plan. ``"activations:50%"`` is what users
+    usually mean: the static bytes plus half of the rest of the peak (the activations and
+    temporaries checkpointing can trade), ``static + 0.5 * (peak - static)``, where
+    ``static`` is the parameters, buffers, gradients, optimizer state and batch alive at
+    the un-checkpointed peak. :meth:`Budget.other_form` writes a resolved budget in the
+    other form, for messages (``BudgetTooSmall``).
+"""
 
 from __future__ import annotations
 
@@ -15,19 +27,24 @@ BudgetLike = int | str
 class Budget:
     """A peak-memory budget for a whole training step.
 
-    Exactly one of the fields is set.
+    Exactly one of ``bytes_`` and ``fraction`` is set.
 
     Args:
         bytes_: an absolute budget, bytes.
-        fraction: a fraction of the un-checkpointed step's peak (``"60%"`` is 0.6).
+        fraction: a fraction of the un-checkpointed step's peak (``"60%"`` is 0.6), or of
+            its activations with ``of="activations"`` (NOTE [ Budget forms ]).
+        of: what ``fraction`` is of: ``"peak"`` or ``"activations"``. Default: ``"peak"``.
 
     Example:
         >>> parse_budget("60%").resolve(1000)
         600
+        >>> parse_budget("activations:50%").resolve(1000, static_bytes=400)
+        700
     """
 
     bytes_: int | None = None
     fraction: float | None = None
+    of: str = "peak"
 
     def __post_init__(self) -> None:
         if (self.bytes_ is None) == (self.fraction is None):
@@ -37,6 +54,12 @@ class Budget:
         if self.bytes_ is not None and self.bytes_ <= 0:
             raise ValueError(message("Budget", "bytes_ must be > 0", {"found": self.bytes_},
                                      fix="pass a positive byte count"))
+        if self.of not in _OF:
+            raise ValueError(message("Budget", f"unknown of={self.of!r}",
+                                     fix=f"pass one of {', '.join(_OF)}"))
+        if self.of != "peak" and self.fraction is None:
+            raise ValueError(message("Budget", f"of={self.of!r} needs a fraction",
+                                     fix="pass Budget(fraction=..., of=...)"))
         if self.fraction is not None and not (math.isfinite(self.fraction)
                                               and self.fraction > 0):
             raise ValueError(message("Budget", "fraction must be > 0", {"found": self.fraction},
@@ -47,24 +70,62 @@ class Budget:
         """True for a percentage budget."""
         return self.fraction is not None
 
-    def resolve(self, no_checkpoint_peak_bytes: int) -> int:
-        """The budget in bytes, given the un-checkpointed step's peak."""
+    def resolve(self, no_checkpoint_peak_bytes: int, *, static_bytes: int | None = None) -> int:
+        """The budget in bytes, given the un-checkpointed step's peak and, for an
+        ``"activations:"`` budget, its static bytes (NOTE [ Budget forms ]).
+
+        Raises:
+            ValueError: an ``"activations:"`` budget without ``static_bytes``.
+        """
         if self.bytes_ is not None:
             return self.bytes_
-        return int((self.fraction or 0.0) * no_checkpoint_peak_bytes)
+        fraction = self.fraction or 0.0
+        if self.of == "peak":
+            return int(fraction * no_checkpoint_peak_bytes)
+        if static_bytes is None:
+            raise ValueError(message("Budget.resolve", f"{self} needs the step's static bytes",
+                                     fix="pass static_bytes= (parameters, buffers, gradients, "
+                                         "optimizer state and batch at the peak)"))
+        static = min(static_bytes, no_checkpoint_peak_bytes)
+        return static + int(fraction * (no_checkpoint_peak_bytes - static))
+
+    def other_form(self, budget_bytes: int, no_checkpoint_peak_bytes: int,
+                   static_bytes: int) -> str:
+        """``budget_bytes`` written in the form not given (NOTE [ Budget forms ]): a
+        percentage of the peak for an ``"activations:"`` budget, ``"activations:X%"``
+        otherwise.
+
+        Example:
+            >>> parse_budget("activations:50%").other_form(700, 1000, 400)
+            '70% of the peak'
+        """
+        if self.of == "activations":
+            share = 100.0 * budget_bytes / max(no_checkpoint_peak_bytes, 1)
+            return f"{share:.3g}% of the peak"
+        active = no_checkpoint_peak_bytes - static_bytes
+        share = 100.0 * (budget_bytes - static_bytes) / max(active, 1)
+        return f"activations:{share:.3g}%" if share > 0 else \
+            "below the static bytes (no activations:X% reaches it)"
 
     def __str__(self) -> str:
         if self.fraction is not None:
-            return f"{self.fraction * 100:g}%"
+            prefix = "activations:" if self.of == "activations" else ""
+            return f"{prefix}{self.fraction * 100:g}%"
         return f"{self.bytes_} B"
 
 
+#: What a fractional budget is of (NOTE [ Budget forms ]).
+_OF: tuple[str, ...] = ("peak", "activations")
+
+
 def parse_budget(budget: BudgetLike | Budget) -> Budget:
-    """Read a budget: an int (bytes), ``"12GiB"`` / ``"800MB"``, or ``"60%"``.
+    """Read a budget: an int (bytes), ``"12GiB"`` / ``"800MB"``, ``"60%"`` or
+    ``"activations:50%"``.
 
     A percentage is a fraction of the un-checkpointed step's peak
     (``remat.profile(model, batch).peak_bytes`` without checkpointing); it may exceed
-    100%, which asks for no checkpointing at all.
+    100%, which asks for no checkpointing at all. ``"activations:50%"`` keeps the static
+    bytes and half of the rest of that peak (NOTE [ Budget forms ]).
 
     Raises:
         ValueError: not a positive byte count or percentage; the message shows the forms.
@@ -77,11 +138,18 @@ def parse_budget(budget: BudgetLike | Budget) -> Budget:
     """
     if isinstance(budget, Budget):
         return budget
-    hint = "write budget as bytes (an int), with a unit (\"12GiB\", \"800MB\") or as a " \
-           "percentage of the un-checkpointed peak (\"60%\")"
+    hint = "write budget as bytes (an int), with a unit (\"12GiB\", \"800MB\"), as a " \
+           "percentage of the un-checkpointed peak (\"60%\") or of its activations " \
+           "(\"activations:50%\")"
     if isinstance(budget, bool) or not isinstance(budget, (int, str)):
         raise ValueError(message("remat.plan", f"cannot read budget {budget!r}",
                                  {"type": type(budget).__name__}, fix=hint))
+    of = "peak"
+    if isinstance(budget, str) and budget.strip().lower().startswith("activations:"):
+        of, budget = "activations", budget.strip()[len("activations:"):]
+        if not budget.strip().endswith("%"):
+            raise ValueError(message("remat.plan", f"cannot read budget 'activations:{budget}'",
+                                     fix="write activations:X% (a percentage)"))
     if isinstance(budget, str) and budget.strip().endswith("%"):
         text = budget.strip()[:-1].strip()
         try:
@@ -92,7 +160,7 @@ def parse_budget(budget: BudgetLike | Budget) -> Budget:
         if not (math.isfinite(percent) and percent > 0):
             raise ValueError(message("remat.plan", f"budget {budget!r} must be a percentage > 0",
                                      fix=hint))
-        return Budget(fraction=percent / 100.0)
+        return Budget(fraction=percent / 100.0, of=of)
     try:
         value = parse_bytes(budget)
     except ValueError:

@@ -66,6 +66,16 @@ _OPTIONAL_INTS = ("forward_flops", "backward_flops", "flops")
 _TIMES = ("forward_ms", "backward_ms", "step_ms", "recompute_ms")
 
 
+#: The categories no checkpointing can remove (NOTE [ Budget forms ] in budget.py).
+STATIC: tuple[Category, ...] = (Category.PARAMETERS, Category.BUFFERS, Category.GRADIENTS,
+                                Category.OPTIMIZER_STATE, Category.BATCH)
+
+
+def static_bytes(breakdown: Mapping[Category, int]) -> int:
+    """The bytes of a peak's breakdown that no checkpointing can remove (:data:`STATIC`)."""
+    return sum(breakdown.get(category, 0) for category in STATIC)
+
+
 def _bad(what: str, value: Any, fix: str) -> ValueError:
     # remat.errors.message's format (remat.errors imports this module, so it is not
     # imported here: NOTE [ Error message format ])

@@ -13,10 +13,12 @@ import jax
 from flax import nnx
 
 from remat.core.budget import BudgetLike, parse_budget
+from remat.core.cost import static_bytes
 from remat.jax.analysis import LossFn, analyze_step, default_loss, prefetch_step
 from remat.jax.blocks import BlocksSpec, named_blocks
 from remat.jax.candidates import Measure, candidate_tables
 from remat.jax.loop import Search
+from remat.jax.measure import _nbytes, _state_bytes
 from remat.jax.models import build_model, make_batch
 from remat.jax.plans import Plan
 from remat.jax.policies import Policy
@@ -69,7 +71,10 @@ def plan(model: nnx.Module, batch: Any, *, budget: BudgetLike, loss_fn: LossFn |
         by_path = candidate_tables(model, batch, loss_fn=fn, blocks=paths, policies=policies,
                                    measure=measure)
         base = analyze_step(model, batch, loss_fn=fn)
-        budget_bytes = parsed.resolve(base.peak_bytes)
+        param_bytes, buffer_bytes = _state_bytes(model)
+        static = static_bytes(base.breakdown(param_bytes=param_bytes, buffer_bytes=buffer_bytes,
+                                             batch_bytes=_nbytes(batch)))
+        budget_bytes = parsed.resolve(base.peak_bytes, static_bytes=static)
         search = Search(model, batch, fn, paths, [by_path[p] for p in paths], base,
                         budget_bytes)
         best = search.run(max_rounds)

@@ -16,10 +16,12 @@ from torch import Tensor, nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from remat.blocks import BlocksSpec, named_blocks
+from remat.core.cost import static_bytes
 from remat.core.peak import PeakModel
 from remat.devices import DeviceSpec
 from remat.errors import message
 from remat.measure.fake import fake_batch, fake_copy_with_map, fake_optimizer
+from remat.measure.ledger import categorized
 from remat.measure.step import Step, model_device
 from remat.measure.tracked_step import check_trainable
 from remat.measure.windows import FakeSetup, run_windows
@@ -56,6 +58,9 @@ class PlanContext:
         no_checkpoint_peak_bytes: peak of the step without checkpointing (simulated;
             on CPU equal to a real run's).
         batch_size: the batch's leading dimension, when there is one.
+        static_bytes: the bytes at the un-checkpointed peak that no checkpointing can
+            remove (parameters, buffers, gradients, optimizer state, batch): what an
+            ``"activations:50%"`` budget keeps whole (NOTE [ Budget forms ]).
         cost_source: ``"roofline"`` or ``"measured"`` (candidates' costs timed on the
             model's device; see NOTE [ Measured cost ] in timed.py).
         timed_on: with ``"measured"``, the device the times come from.
@@ -68,6 +73,7 @@ class PlanContext:
     device: DeviceSpec
     no_checkpoint_peak_bytes: int
     batch_size: int | None
+    static_bytes: int
     cost_source: str = "roofline"
     timed_on: str | None = None
     setup: FakeSetup | None = field(default=None, compare=False, repr=False)
@@ -179,8 +185,9 @@ def prepare_step(step: Step, *, device: str | DeviceSpec | None = None,
     report("memory windows of the whole step", 2, 3)
     windows = run_windows(setup, loss_fn=step.loss_fn)
     peak_model = PeakModel.calibrate(groups, [n for n, _ in setup.blocks], windows)
-    return PlanContext(peak_model, spec, windows.peak_bytes, batch_size_of(step.batch), source,
-                       timed_on, setup)
+    static = static_bytes(categorized(windows.peak_breakdown))
+    return PlanContext(peak_model, spec, windows.peak_bytes, batch_size_of(step.batch), static,
+                       source, timed_on, setup)
 
 
 def check_plannable(model: nn.Module) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from remat.core.budget import Budget
 from remat.core.checks import decisions_label
 from remat.core.cost import Category, StepCost
 from remat.core.loop import close_loop as close_loop_core
@@ -157,7 +158,7 @@ def _dominant(breakdown: Mapping[Category, int], peak: int) -> str:
 
 
 def _too_small(ctx: PlanContext, budget_bytes: int, choice: Sequence[int],
-               prof: Profile) -> BudgetTooSmall:
+               prof: Profile, budget: Budget | None) -> BudgetTooSmall:
     peak = prof.peak_bytes
     parts = ", ".join(f"{_KIND_NAMES.get(k, k)} {format_bytes(v)}"
                       for k, v in sorted(prof.peak_breakdown.items(), key=lambda kv: -kv[1])
@@ -169,13 +170,22 @@ def _too_small(ctx: PlanContext, budget_bytes: int, choice: Sequence[int],
             {"budget": f"{format_bytes(budget_bytes)} ({budget_bytes} B)",
              "smallest reachable peak": f"{format_bytes(peak)} ({peak} B, with {label})",
              "dominated by": _dominant(prof.peak_breakdown, peak),
-             "at that peak": parts},
+             "at that peak": parts,
+             **_forms(ctx, budget_bytes, budget)},
             fix=f"raise the budget to at least {format_bytes(peak)}, use a smaller batch or "
                 "sequence, or shrink what dominates (lower-precision parameters, sharded "
                 "optimizer state and gradients with FSDP)"),
         budget_bytes=budget_bytes, min_peak_bytes=peak, breakdown=prof.peak_breakdown,
         cost=prof.cost,
     )
+
+
+def _forms(ctx: PlanContext, budget_bytes: int, budget: Budget | None) -> dict[str, str]:
+    """The budget as given and in the other form (NOTE [ Budget forms ])."""
+    given = budget if budget is not None else Budget(bytes_=max(budget_bytes, 1))
+    return {"budget given as": str(given),
+            "the same budget": given.other_form(budget_bytes, ctx.no_checkpoint_peak_bytes,
+                                                ctx.static_bytes)}
 
 
 def _lowest_choices(ctx: PlanContext) -> list[list[int]]:
@@ -202,7 +212,7 @@ def _lowest_choices(ctx: PlanContext) -> list[list[int]]:
 
 
 def close_loop(step: Step, ctx: PlanContext, budget_bytes: int, *, simulate: bool,
-               fake_loop: bool = True) -> Plan:
+               fake_loop: bool = True, budget: Budget | None = None) -> Plan:
     """Step 4 of NOTE [ How a plan is made ]: NOTE [ Closed loop ] (remat.core.loop) with a
     tracked step as the measurement; ``fake_loop=False`` measures every choice with
     :func:`measure_decisions` (NOTE [ Closed loop on the fake copy ])."""
@@ -244,4 +254,4 @@ def close_loop(step: Step, ctx: PlanContext, budget_bytes: int, *, simulate: boo
         cheapest = min(fitted, key=lambda kp: cost(kp[0], kp[1]))
         return build(cheapest[0], cheapest[1])
     lowest = min(measured.items(), key=lambda kp: kp[1].peak_bytes)
-    raise _too_small(ctx, budget_bytes, lowest[0], lowest[1])
+    raise _too_small(ctx, budget_bytes, lowest[0], lowest[1], budget)

@@ -197,8 +197,10 @@ def plan_step(step: Step, options: PlanOptions, *, context: PlanContext | None =
         context = prepare_step(step, device=options.device, cost=source)
     else:
         check_plannable(step.model)
-    budget_bytes = options.budget.resolve(context.no_checkpoint_peak_bytes)
-    plan = close_loop(step, context, budget_bytes, simulate=options.simulate)
+    budget_bytes = options.budget.resolve(context.no_checkpoint_peak_bytes,
+                                          static_bytes=context.static_bytes)
+    plan = close_loop(step, context, budget_bytes, simulate=options.simulate,
+                      budget=options.budget)
     # What the plan is for, so remat.apply refuses another model (NOTE [ Plan fingerprint ]).
     return replace(plan, fingerprint=fingerprint_of(step.model, plan.block_names))
 

@@ -93,7 +93,8 @@ def search_throughput(step: Step, make_batch: Callable[[int], Any], options: Pla
     if budget.is_relative:
         reference = prepare_step(step.with_batch(make_batch(sizes.batch_size)),
                                  device=options.device, cost="roofline")
-        budget_bytes = budget.resolve(reference.no_checkpoint_peak_bytes)
+        budget_bytes = budget.resolve(reference.no_checkpoint_peak_bytes,
+                                      static_bytes=reference.static_bytes)
     else:
         budget_bytes = budget.resolve(0)
     search = _Search(step, make_batch, options.with_budget(budget_bytes), plan_one)
