@@ -59,9 +59,9 @@ def main(argv: list[str] | None = None) -> int:
     class Done(Exception):
         pass
 
-    def report(step: Any, ctx: Any, budget: int, **_: Any) -> Any:
+    def report(step: Any, ctx: Any, budget_bytes: int, **_: Any) -> Any:
         model = ctx.peak_model
-        choice = solve(model, budget)
+        choice = solve(model, budget_bytes)
         if choice is None:
             print("no choice fits the budget")
             raise Done
