@@ -61,7 +61,7 @@ from remat.core.solver import min_peak_choice
 from remat.errors import BudgetTooSmall
 from remat.jax.analysis import LossFn, StepAnalysis, analyze_steps
 from remat.jax.candidates import JaxCandidate
-from remat.jax.measure import _nbytes, _state_bytes
+from remat.jax.measure import state_bytes, tree_bytes
 from remat.jax.policies import Policy, strategy_policies
 from remat.jax.strategies import apply
 from remat.units import format_bytes
@@ -230,8 +230,8 @@ class Search:
         """The error when no compiled step fits (step 4 of NOTE [ JAX closed loop ])."""
         low = min(self.trials, key=lambda t: t.analysis.peak_bytes)
         a = low.analysis
-        param_bytes, buffer_bytes = _state_bytes(self.model)
-        batch_bytes = _nbytes(self.batch)
+        param_bytes, buffer_bytes = state_bytes(self.model)
+        batch_bytes = tree_bytes(self.batch)
         cost = StepCost(peak_bytes=a.peak_bytes,
                         breakdown=a.breakdown(param_bytes=param_bytes,
                                               buffer_bytes=buffer_bytes, batch_bytes=batch_bytes),

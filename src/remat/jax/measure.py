@@ -45,16 +45,18 @@ def clear_cache() -> None:
     clear_block_cache()
 
 
-def _nbytes(tree: Any) -> int:
+def tree_bytes(tree: Any) -> int:
+    """Bytes of every array leaf of ``tree``."""
     return sum(int(np.prod(np.shape(x))) * np.dtype(x.dtype).itemsize
                for x in jax.tree.leaves(tree) if hasattr(x, "dtype"))
 
 
 # ---- profile ------------------------------------------------------------------------------
 
-def _state_bytes(model: nnx.Module) -> tuple[int, int]:
-    params = _nbytes(nnx.state(model, nnx.Param))
-    return params, _nbytes(nnx.state(model)) - params
+def state_bytes(model: nnx.Module) -> tuple[int, int]:
+    """``(parameter bytes, other state bytes)`` of an NNX model."""
+    params = tree_bytes(nnx.state(model, nnx.Param))
+    return params, tree_bytes(nnx.state(model)) - params
 
 
 def profile(model: nnx.Module, batch: Any, *, loss_fn: LossFn | None = None,
@@ -110,8 +112,8 @@ def profile(model: nnx.Module, batch: Any, *, loss_fn: LossFn | None = None,
             ))
     recompute = max(0, step.flops - base.flops)
     forward_flops = min(forward.flops, step.flops - recompute)
-    param_bytes, buffer_bytes = _state_bytes(model)
-    batch_bytes = _nbytes(batch)
+    param_bytes, buffer_bytes = state_bytes(model)
+    batch_bytes = tree_bytes(batch)
     cost = StepCost(
         peak_bytes=step.peak_bytes,
         breakdown=step.breakdown(param_bytes=param_bytes, buffer_bytes=buffer_bytes,

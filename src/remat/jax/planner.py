@@ -18,7 +18,7 @@ from remat.jax.analysis import LossFn, analyze_step, default_loss, prefetch_step
 from remat.jax.blocks import BlocksSpec, named_blocks
 from remat.jax.candidates import Measure, candidate_tables
 from remat.jax.loop import Search
-from remat.jax.measure import _nbytes, _state_bytes
+from remat.jax.measure import state_bytes, tree_bytes
 from remat.jax.models import build_model, make_batch
 from remat.jax.plans import Plan
 from remat.jax.policies import Policy
@@ -71,9 +71,9 @@ def plan(model: nnx.Module, batch: Any, *, budget: BudgetLike, loss_fn: LossFn |
         by_path = candidate_tables(model, batch, loss_fn=fn, blocks=paths, policies=policies,
                                    measure=measure)
         base = analyze_step(model, batch, loss_fn=fn)
-        param_bytes, buffer_bytes = _state_bytes(model)
+        param_bytes, buffer_bytes = state_bytes(model)
         static = static_bytes(base.breakdown(param_bytes=param_bytes, buffer_bytes=buffer_bytes,
-                                             batch_bytes=_nbytes(batch)))
+                                             batch_bytes=tree_bytes(batch)))
         budget_bytes = parsed.resolve(base.peak_bytes, static_bytes=static)
         search = Search(model, batch, fn, paths, [by_path[p] for p in paths], base,
                         budget_bytes)
