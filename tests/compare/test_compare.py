@@ -149,4 +149,4 @@ def test_compare_on_cuda() -> None:
                             device="cuda", repeats=1)
     assert result.device.startswith("cuda")
     assert all(row.grad_passed for row in result.rows)
-    assert all(row.cuda_peak_bytes is not None for row in result.rows)
+    assert all(row.allocator_peak_bytes is not None for row in result.rows)

@@ -26,7 +26,7 @@ def test_toy_totals_without_optimizer(toy):
     assert prof.activation_bytes == 2 * ACT + F32  # see test_activation_bytes_by_hand
     assert prof.peak_bytes == 69640  # see test_peak_by_hand
     assert [(b.name, b.saved_bytes) for b in prof.blocks] == [("blocks.0", ACT), ("blocks.1", ACT)]
-    assert prof.device == "cpu" and not prof.simulated and prof.cuda_peak_bytes is None
+    assert prof.device == "cpu" and not prof.simulated and prof.allocator_peak_bytes is None
 
 
 def test_adam_state_counts_toward_peak(toy):
@@ -204,11 +204,11 @@ def test_cuda_peak_cross_check():
     opt = torch.optim.AdamW(model.parameters())
     prof = profile(model, make_batch(model, 4), optimizer=opt, repeats=2)
     assert prof.device.startswith("cuda")
-    assert prof.cuda_peak_bytes is not None
+    assert prof.allocator_peak_bytes is not None
     # The allocator rounds each block up to 512 B and adds kernel workspaces: it reads
     # higher, but within a few MiB on this model.
-    assert prof.peak_bytes <= prof.cuda_peak_bytes <= prof.peak_bytes + 64 * 2**20, (
-        prof.peak_bytes, prof.cuda_peak_bytes)
+    assert prof.peak_bytes <= prof.allocator_peak_bytes <= prof.peak_bytes + 64 * 2**20, (
+        prof.peak_bytes, prof.allocator_peak_bytes)
 
 
 def test_explicit_blocks(toy):

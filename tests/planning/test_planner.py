@@ -129,8 +129,10 @@ def test_budget_too_small_names_the_smallest_peak_and_what_dominates(tiny: Prepa
     assert f"({err.min_peak_bytes} B" in message and "dominated by" in message
     assert message.splitlines()[-1].startswith("  fix: raise the budget to at least")
     # The smallest reachable peak is reachable: planning for it succeeds.
+    # (min_peak_bytes is the allocator's figure: NOTE [ Fits on the allocator ].)
     at_min = plan(tiny.model, tiny.batch, budget=err.min_peak_bytes, context=tiny.context)
-    assert at_min.measured_peak_bytes == err.min_peak_bytes
+    assert at_min.allocator_peak_bytes is not None and at_min.measured_peak_bytes is not None
+    assert max(at_min.measured_peak_bytes, at_min.allocator_peak_bytes) == err.min_peak_bytes
 
 
 def test_budget_too_small_reports_optimizer_state() -> None:

@@ -98,7 +98,7 @@ def _profile(**overrides: object) -> SimpleNamespace:
         peak_bytes=3 * MIB, activation_bytes=MIB, param_bytes=MIB // 2, buffer_bytes=0,
         grad_bytes=MIB // 2, optimizer_bytes=0, batch_bytes=256, flops=3_000_000,
         forward_flops=1_000_000, backward_flops=2_000_000, recompute_flops=0, forward_ms=2.0,
-        backward_ms=4.5, step_ms=6.5, cuda_peak_bytes=None,
+        backward_ms=4.5, step_ms=6.5, allocator_peak_bytes=None,
         blocks=(SimpleNamespace(name="blocks.0", saved_bytes=4096, forward_flops=500_000,
                                 forward_ms=0.75),),
     )

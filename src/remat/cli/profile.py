@@ -140,7 +140,7 @@ def profile_to_dict(result: Any) -> dict[str, Any]:
         for key in ("peak_bytes", "activation_bytes", "param_bytes", "buffer_bytes",
                     "grad_bytes", "optimizer_bytes", "batch_bytes", "flops", "forward_flops",
                     "backward_flops", "recompute_flops", "forward_ms", "backward_ms", "step_ms",
-                    "simulated", "device", "cuda_peak_bytes")
+                    "simulated", "device", "allocator_peak_bytes")
     }
     blocks = [
         {"name": b.name, "saved_bytes": b.saved_bytes, "forward_flops": b.forward_flops,

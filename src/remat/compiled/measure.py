@@ -328,7 +328,7 @@ def _build(tracked: Any, alloc: AllocatorPeak, regions: Sequence[tuple[str, nn.M
         ops=(),
         simulated=False,
         device=str(device),
-        cuda_peak_bytes=static_bytes + alloc.peak_bytes if device.type == "cuda" else None,
+        allocator_peak_bytes=static_bytes + alloc.peak_bytes,
         peak_phase=alloc.peak_phase,
     )
     return CompiledMeasurement(profile=profile, allocator=alloc,

@@ -311,7 +311,7 @@ def _build(tracked: Any, counter: GraphRuns, regions: Sequence[tuple[str, nn.Mod
         ops=(),
         simulated=True,
         device=str(device),
-        cuda_peak_bytes=None,
+        allocator_peak_bytes=None,
         peak_phase=tracker.peak_phase,
         phase_peaks=tracker.phase_peaks,
     )

@@ -101,11 +101,14 @@ class Profile(CostViews):
         ops: every op of the tracked step, in order.
         simulated: the step ran under FakeTensorMode.
         device: the device the step ran on (fake device when simulated), e.g. ``"cpu"``.
-        cuda_peak_bytes: on CUDA, ``max_memory_allocated`` during an untracked step,
-            minus what was allocated before it, plus the bytes the tracker counts at the
-            step's start (parameters, buffers, optimizer state, batch): the allocator's
-            view of ``peak_bytes``. It reads higher by allocator rounding (512-byte
-            blocks) and kernel workspaces. None elsewhere.
+        allocator_peak_bytes: the allocator's view of ``peak_bytes``: its high-water mark
+            during an untracked step (CUDA: ``max_memory_allocated``; CPU: the
+            allocator's events under the profiler), minus what was allocated before it,
+            plus the bytes the tracker counts at the step's start (parameters, buffers,
+            optimizer state, batch). It reads higher by what the tracker cannot see:
+            CUDA's 512-byte rounding and workspaces, kernel scratch on either device.
+            Read on CUDA and for compiled steps; on CPU when asked (the planner's
+            closed loop asks); else ``None``.
         peak_phase: the phase in which the peak was reached.
         phase_peaks: each phase's own peak (``"forward"``, ``"backward"``,
             ``"recompute"``, ``"optimizer"``) with its breakdown: the largest is the
@@ -118,7 +121,7 @@ class Profile(CostViews):
     ops: tuple[OpRecord, ...] = field(repr=False)  # thousands of them
     simulated: bool
     device: str
-    cuda_peak_bytes: int | None = None
+    allocator_peak_bytes: int | None = None
     peak_phase: str | None = None
     phase_peaks: Mapping[str, PhasePeak] = field(default_factory=dict, hash=False)
 

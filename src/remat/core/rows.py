@@ -45,7 +45,8 @@ class StrategyRow(CostViews):
             un-checkpointed model; ``None`` when validation was skipped.
         grad_passed: whether that error is within tolerance; ``None`` when skipped.
         worst_param: the parameter with the worst error; ``None`` when skipped.
-        cuda_peak_bytes: ``torch.cuda.max_memory_allocated`` cross-check on CUDA, else ``None``.
+        allocator_peak_bytes: the allocator's peak (``Profile.allocator_peak_bytes``),
+            else ``None``.
     """
 
     strategy: str
@@ -57,7 +58,7 @@ class StrategyRow(CostViews):
     grad_max_rel_error: float | None = None
     grad_passed: bool | None = None
     worst_param: str | None = None
-    cuda_peak_bytes: int | None = None
+    allocator_peak_bytes: int | None = None
 
     @classmethod
     def from_profile(cls, strategy: str, prof: Any, base: Any, *, step_ms: float | None = None,
@@ -81,7 +82,7 @@ class StrategyRow(CostViews):
             grad_max_rel_error=_report_error(report),
             grad_passed=None if report is None else bool(report.passed),
             worst_param=None if report is None else str(report.worst_param),
-            cuda_peak_bytes=getattr(prof, "cuda_peak_bytes", None),
+            allocator_peak_bytes=getattr(prof, "allocator_peak_bytes", None),
         )
 
     def __post_init__(self) -> None:

@@ -21,8 +21,9 @@ NOTE [ What a profile runs ]
     3. Timing (real runs, ``timing=True``): ``repeats`` untracked steps for the
        phase times, then ``repeats`` forward passes with block hooks for the
        per-block times (medians).
-    4. On CUDA, one more untracked step between ``reset_peak_memory_stats`` and
-       ``max_memory_allocated`` for ``cuda_peak_bytes``.
+    4. On CUDA (or when asked, on CPU), one more untracked step read by the allocator
+       (``max_memory_allocated``; the CPU allocator's profiler events) for
+       ``allocator_peak_bytes``.
     Everything the steps change is restored afterwards (see :func:`profile`).
     With ``simulate=True`` steps 1-2 run on fake copies under FakeTensorMode
     and 3-4 are skipped.
@@ -30,6 +31,7 @@ NOTE [ What a profile runs ]
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -42,6 +44,7 @@ from remat.core.ops import PHASES
 from remat.core.results import BlockProfile, Profile
 from remat.errors import message
 from remat.measure import shadow
+from remat.measure.allocator import allocator_peak
 from remat.measure.fake import (
     check_fake_device,
     fake_batch,
@@ -59,7 +62,7 @@ _API = "remat.profile"
 
 def _build(tracked: Tracked, blocks: Sequence[tuple[str, nn.Module]], *, simulated: bool,
            device: torch.device, times: Any = None, block_ms: Mapping[str, float] | None = None,
-           cuda_peak_bytes: int | None = None) -> Profile:
+           allocator_peak_bytes: int | None = None) -> Profile:
     tracker = tracked.tracker
     ops = tracker.ops
     phase_flops = dict.fromkeys(PHASES, 0)
@@ -99,23 +102,39 @@ def _build(tracked: Tracked, blocks: Sequence[tuple[str, nn.Module]], *, simulat
         ops=ops,
         simulated=simulated,
         device=str(device),
-        cuda_peak_bytes=cuda_peak_bytes,
+        allocator_peak_bytes=allocator_peak_bytes,
         peak_phase=tracker.peak_phase,
         phase_peaks=tracker.phase_peaks,
     )
 
 
-def _cuda_peak(step: Step, static_bytes: int) -> int:
-    device = step.device
+def allocator_step_peak(step: Step, start_bytes: int) -> int:
+    """The allocator's peak of one untracked step of ``step``, as the tracker counts a peak.
+
+    The allocator's high-water mark above where the step started (NOTE [ What the
+    allocator peak includes ] in allocator.py: CUDA's ``max_memory_allocated``, the CPU
+    allocator's events under the profiler), plus ``start_bytes``, the bytes alive before
+    the step that the tracker counts (parameters, buffers, optimizer state, batch). The
+    caller has run a warm-up step (optimizer state exists) and restores the model after.
+    Automatic garbage collection is held, as in the tracked step.
+
+    Args:
+        step: the step to run once, untracked.
+        start_bytes: bytes alive at the step's start, from the tracker, bytes.
+
+    Example:
+        >>> allocator_step_peak(step, prof.param_bytes + prof.batch_bytes)
+    """
     clear_grads(step.model)
-    torch.cuda.synchronize(device)
-    before = torch.cuda.memory_allocated(device)
-    torch.cuda.reset_peak_memory_stats(device)
-    step.run()
-    torch.cuda.synchronize(device)
-    peak = torch.cuda.max_memory_allocated(device)
+    held = gc.isenabled()
+    gc.disable()
+    try:
+        peak = allocator_peak(step.run, device=step.device).peak_bytes
+    finally:
+        if held:
+            gc.enable()
     clear_grads(step.model)
-    return int(peak - before + static_bytes)
+    return int(peak + start_bytes)
 
 
 # ---- public entry points -----------------------------------------------------------------
@@ -203,8 +222,13 @@ def profile(
 
 
 def profile_step(step: Step, *, simulate: bool = False, timing: bool = True,
-                 repeats: int = 5) -> Profile:
+                 repeats: int = 5, allocator: bool | None = None) -> Profile:
     """:func:`profile` of a resolved :class:`~remat.measure.step.Step` (its blocks found once).
+
+    ``allocator`` also reads the allocator's peak of one more untracked step
+    (:func:`allocator_step_peak`, ``Profile.allocator_peak_bytes``); ``None`` (the
+    default) reads it on CUDA only, where it costs one step; on CPU the profiler's
+    memory events make that step slower.
 
     Example:
         >>> profile_step(Step(model, batch), timing=False).peak_bytes > 0
@@ -231,11 +255,11 @@ def profile_step(step: Step, *, simulate: bool = False, timing: bool = True,
                               repeats=repeats, device=device, warmup=0)
             block_ms = time_blocks(model, step.batch, named, loss_fn=step.loss_fn,
                                    repeats=repeats, device=device, warmup=0)
-        cuda_peak = None
-        if device.type == "cuda":
-            cuda_peak = _cuda_peak(step, sum(tracked.static.values()))
+        allocator_bytes = None
+        if allocator if allocator is not None else device.type == "cuda":
+            allocator_bytes = allocator_step_peak(step, sum(tracked.static.values()))
     return _build(tracked, named, simulated=False, device=device, times=times,
-                  block_ms=block_ms, cuda_peak_bytes=cuda_peak)
+                  block_ms=block_ms, allocator_peak_bytes=allocator_bytes)
 
 
 def profile_simulated(

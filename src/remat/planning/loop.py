@@ -10,11 +10,25 @@ NOTE [ Closed loop on the fake copy ]
     again and run a warm-up step, and a real CPU step would compute every FLOP twice.
     For a 32-layer model this is a third of the planning time. Anything the fake copy
     cannot run (a data-dependent shape, say) falls back to the measured step.
+
+NOTE [ Fits on the allocator ]
+    The tracker counts every storage the step's ops create, but kernels also allocate
+    scratch the dispatcher never sees (the CPU flash-attention backward's per-thread
+    buffers, growing with sequence length; CUDA workspaces and 512-byte rounding). A
+    plan whose tracked peak sits within those bytes of the budget is over it on the
+    allocator. So when a real (not simulated) step's tracked peak fits, the loop runs
+    the step once more for real with the choice applied and reads the allocator
+    (:func:`~remat.measure.profile.allocator_step_peak`); the choice's peak is the
+    higher of the two. Over by ``d`` there, the next round asks the solver for ``d``
+    bytes less, like any other miss (NOTE [ Closed loop ]). That costs one real step
+    per fitting choice (typically one or two per plan), and makes "fits" mean what the
+    device's allocator says: ``Plan.allocator_peak_bytes <= Plan.budget_bytes``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from remat.core.budget import Budget
@@ -25,7 +39,7 @@ from remat.core.results import Profile
 from remat.core.solver import min_peak_choice
 from remat.errors import BudgetTooSmall, message
 from remat.measure.profile import _build as _build_profile
-from remat.measure.profile import profile_step
+from remat.measure.profile import allocator_step_peak, profile_step
 from remat.measure.state import preserved_state
 from remat.measure.step import Step, clear_grads, model_device
 from remat.measure.timing import time_step
@@ -65,6 +79,24 @@ def measure_decisions(step: Step, decisions: Mapping[str, BlockStrategy], *,
     with preserved_strategy(step.model), quiet():
         apply_decisions(step.model, decisions, blocks=apply_spec(decisions, names, step.blocks))
         return profile_step(step, simulate=simulate, timing=timing and not simulate, repeats=3)
+
+
+def allocator_peak_of(step: Step, decisions: Mapping[str, BlockStrategy], prof: Profile
+                      ) -> int:
+    """The allocator's peak of a real step with ``decisions`` applied (NOTE [ Fits on
+    the allocator ]), with the bytes ``prof`` counts at the step's start added; the
+    model is restored. 0 where no allocator is read (a device other than CPU or CUDA).
+    """
+    if step.device.type not in ("cpu", "cuda"):
+        return 0
+    names = step.block_names(api="remat.plan")
+    start_bytes = prof.param_bytes + prof.buffer_bytes + prof.optimizer_bytes + prof.batch_bytes
+    model = step.model
+    with preserved_strategy(model), quiet(), preserved_state(model, step.optimizer, step.device):
+        apply_decisions(model, decisions, blocks=apply_spec(decisions, names, step.blocks))
+        clear_grads(model)
+        step.run()  # warm-up: optimizer state and lazy caches exist before the window
+        return allocator_step_peak(step, start_bytes)
 
 
 def measure_on_copy(step: Step, ctx: PlanContext, decisions: Mapping[str, BlockStrategy]
@@ -158,8 +190,7 @@ def _dominant(breakdown: Mapping[Category, int], peak: int) -> str:
 
 
 def _too_small(ctx: PlanContext, budget_bytes: int, choice: Sequence[int],
-               prof: Profile, budget: Budget | None) -> BudgetTooSmall:
-    peak = prof.peak_bytes
+               prof: Profile, budget: Budget | None, peak: int) -> BudgetTooSmall:
     parts = ", ".join(f"{_KIND_NAMES.get(k, k)} {format_bytes(v)}"
                       for k, v in sorted(prof.peak_breakdown.items(), key=lambda kv: -kv[1])
                       if v > 0)
@@ -217,6 +248,7 @@ def close_loop(step: Step, ctx: PlanContext, budget_bytes: int, *, simulate: boo
     tracked step as the measurement; ``fake_loop=False`` measures every choice with
     :func:`measure_decisions` (NOTE [ Closed loop on the fake copy ])."""
     measured: dict[tuple[int, ...], Profile] = {}
+    allocated: dict[tuple[int, ...], int] = {}
 
     def measure(choice: Sequence[int]) -> Profile:
         key = tuple(choice)
@@ -227,11 +259,27 @@ def close_loop(step: Step, ctx: PlanContext, budget_bytes: int, *, simulate: boo
                 measure_decisions(step, decisions, simulate=simulate)
         return measured[key]
 
+    def truth(choice: Sequence[int]) -> int:
+        """The higher of the tracker's and the allocator's peak (real steps only)."""
+        prof = measure(choice)
+        if simulate:
+            return prof.peak_bytes
+        key = tuple(choice)
+        if key not in allocated:
+            allocated[key] = allocator_peak_of(step, ctx.decisions(choice), prof)
+        return max(prof.peak_bytes, allocated[key])
+
+    def peak(choice: Sequence[int]) -> int:
+        """NOTE [ Fits on the allocator ]: the tracker's peak, and the allocator's too
+        when the tracker's fits."""
+        prof = measure(choice)
+        return prof.peak_bytes if prof.peak_bytes > budget_bytes else truth(choice)
+
     def build(choice: Sequence[int], prof: Profile) -> Plan:
-        if ctx.cost_source == "measured":
-            step_time = timed_step_ms(step, ctx.decisions(choice))
-            return _build(ctx, choice, prof, budget_bytes, step.blocks, step_time)
-        return _build(ctx, choice, prof, budget_bytes, step.blocks)
+        step_time = timed_step_ms(step, ctx.decisions(choice)) \
+            if ctx.cost_source == "measured" else None
+        plan = _build(ctx, choice, prof, budget_bytes, step.blocks, step_time)
+        return replace(plan, allocator_peak_bytes=allocated.get(tuple(choice)))
 
     def cost(choice: Sequence[int], prof: Profile) -> float:
         if ctx.cost_source == "measured":
@@ -239,19 +287,18 @@ def close_loop(step: Step, ctx: PlanContext, budget_bytes: int, *, simulate: boo
         return recompute_ms(prof.ops, ctx.device)
 
     choice = close_loop_core(
-        ctx.peak_model, budget_bytes, lambda c: measure(c).peak_bytes, max_rounds=_MAX_ROUNDS,
+        ctx.peak_model, budget_bytes, peak, max_rounds=_MAX_ROUNDS,
         on_round=lambda done, total: report(f"closed loop, round {done + 1}", done, total))
     if choice is not None:
         return build(choice, measure(choice))
     # Nothing predicted to fit fits: measure the lowest choices themselves, since the
     # peak model may over-predict them (it is calibrated to be safe, not tight).
     for lowest_choice in _lowest_choices(ctx):
-        prof = measure(lowest_choice)
-        if prof.peak_bytes <= budget_bytes:
+        if peak(lowest_choice) <= budget_bytes:
             break
-    fitted = [(k, p) for k, p in measured.items() if p.peak_bytes <= budget_bytes]
+    fitted = [(k, p) for k, p in measured.items() if peak(k) <= budget_bytes]
     if fitted:  # a measured choice fits after all: the cheapest of them
         cheapest = min(fitted, key=lambda kp: cost(kp[0], kp[1]))
         return build(cheapest[0], cheapest[1])
-    lowest = min(measured.items(), key=lambda kp: kp[1].peak_bytes)
-    raise _too_small(ctx, budget_bytes, lowest[0], lowest[1], budget)
+    lowest = min(measured, key=lambda k: measured[k].peak_bytes)
+    raise _too_small(ctx, budget_bytes, lowest, measured[lowest], budget, truth(lowest))

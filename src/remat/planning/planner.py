@@ -104,7 +104,9 @@ def plan(
             budgets without measuring again. Default: measured now.
 
     Returns:
-        A :class:`~remat.Plan` with ``measured_peak_bytes <= budget_bytes``.
+        A :class:`~remat.Plan` with ``measured_peak_bytes <= budget_bytes`` (the tracked
+        step) and, when the step runs for real, ``allocator_peak_bytes <= budget_bytes``
+        (the device's allocator: NOTE [ Fits on the allocator ] in planning/loop.py).
 
     Raises:
         BudgetTooSmall: no plan fits; the message gives the smallest reachable peak and

@@ -20,7 +20,8 @@ NOTE [ Plan JSON format ]
     ``blocks=`` specs (classes or predicates) are not serialisable, so the file stores
     the block names and reads back a :class:`NamedBlocks` selecting exactly those
     modules. Fields added later with a default that keeps the old meaning
-    (``cost_source``, ``timed_on``, ``framework``, ``fingerprint``, ``compiled``) do not
+    (``cost_source``, ``timed_on``, ``framework``, ``fingerprint``, ``compiled``,
+    ``allocator_peak_bytes``) do not
     change the version: an older file reads as before (a plan without a fingerprint is
     applied unchecked; one without ``compiled`` is for eager execution). A file whose
     ``framework`` is not ``"torch"`` is refused with the loader to use.
@@ -111,6 +112,10 @@ class Plan:
             the compiler's activation memory budget that block is compiled with by
             ``remat.apply``, or ``{"": budget}``: the whole model compiled at one budget
             (the compiler's own setting won); ``None``: an eager plan. Default: ``None``.
+        allocator_peak_bytes: the step's peak on the device's allocator with the plan
+            applied (``Profile.allocator_peak_bytes``), which the closed loop checks
+            against the budget when the step runs for real (NOTE [ Fits on the
+            allocator ]); ``None`` when simulated. Default: ``None``.
     """
 
     decisions: Mapping[str, BlockStrategy]
@@ -128,6 +133,7 @@ class Plan:
     framework: str = "torch"
     fingerprint: tuple[BlockPrint, ...] | None = None
     compiled: Mapping[str, float] | None = None
+    allocator_peak_bytes: int | None = None
 
     def __post_init__(self) -> None:
         names = tuple(self.block_names)
@@ -163,6 +169,7 @@ class Plan:
         if self.cost.recompute_ms is None:  # one spelling of "no recompute time": 0.0
             object.__setattr__(self, "cost", replace(self.cost, recompute_ms=0.0))
         check_int("Plan", "measured_peak_bytes", self.measured_peak_bytes, optional=True)
+        check_int("Plan", "allocator_peak_bytes", self.allocator_peak_bytes, optional=True)
         check_int("Plan", "no_checkpoint_peak_bytes", self.no_checkpoint_peak_bytes,
                    optional=True)
         check_int("Plan", "batch_size", self.batch_size, optional=True)
@@ -285,6 +292,7 @@ class Plan:
             "budget_bytes": self.budget_bytes,
             "predicted_peak_bytes": self.predicted_peak_bytes,
             "measured_peak_bytes": self.measured_peak_bytes,
+            "allocator_peak_bytes": self.allocator_peak_bytes,
             "recompute_flops": self.recompute_flops,
             "recompute_ms": self.recompute_ms,
             "predicted_step_ms": self.predicted_step_ms,
@@ -332,6 +340,7 @@ class Plan:
                               recompute_ms=float(data.get("recompute_ms", 0.0)),
                               step_ms=opt_float(data.get("predicted_step_ms"))),
                 measured_peak_bytes=opt_int(data.get("measured_peak_bytes")),
+                allocator_peak_bytes=opt_int(data.get("allocator_peak_bytes")),
                 no_checkpoint_peak_bytes=opt_int(data.get("no_checkpoint_peak_bytes")),
                 cost_device=str(data.get("cost_device", "h100-80gb")),
                 cost_source=str(data.get("cost_source", "roofline")),

@@ -140,8 +140,8 @@ def totals_cells(profile: Any) -> list[tuple[str, str]]:
         ("Optimizer state", format_bytes(profile.optimizer_bytes)),
         ("Batch", format_bytes(profile.batch_bytes)),
     ]
-    if profile.cuda_peak_bytes is not None:
-        cells.append(("CUDA max allocated", format_bytes(profile.cuda_peak_bytes)))
+    if profile.allocator_peak_bytes is not None:
+        cells.append(("Allocator peak", format_bytes(profile.allocator_peak_bytes)))
     cells += [
         ("FLOPs (fwd+bwd)", format_flops(profile.flops)),
         ("Forward FLOPs", format_flops(profile.forward_flops)),

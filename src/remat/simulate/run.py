@@ -35,7 +35,7 @@ reads higher, by:
    ``nvidia-smi``) and NCCL buffers for distributed runs.
 
 So a plan that simulates at 79 GiB of an 80 GiB card is not safe; keep a margin of
-a few GiB. ``remat.profile`` on CUDA reports ``cuda_peak_bytes`` next to the
+a few GiB. ``remat.profile`` on CUDA reports ``allocator_peak_bytes`` next to the
 tracker's ``peak_bytes`` to measure items 1-3 on a real device.
 
 The parts: :mod:`~remat.simulate._setup` (model, batch, precision),
