@@ -72,16 +72,30 @@ def apply_or_plan(model: nn.Module, *, strategy: Any, budget: int | str | None, 
     if budget is None:
         apply(model, strategy if strategy is not None else "full", blocks=blocks)
         return None
+    chosen = plan_budget(model, budget=budget, batch=batch, blocks=blocks, optimizer=optimizer,
+                         loss_fn=loss_fn, api=api)
+    apply(model, chosen, blocks=blocks)
+    return chosen
+
+
+def plan_budget(model: nn.Module, *, budget: int | str, batch: Any, blocks: BlocksSpec,
+                optimizer: torch.optim.Optimizer | None, loss_fn: LossFn | None = None,
+                api: str) -> Plan:
+    """:func:`remat.plan` of one step of ``batch`` (arguments as for :func:`apply_or_plan`);
+    nothing is applied.
+
+    Raises:
+        ValueError: ``batch`` is ``None``.
+        BudgetTooSmall: no plan fits ``budget``.
+    """
     if batch is None:
         raise ValueError(message(api, f"budget={budget!r} needs batch= to measure the step",
                                  fix="pass batch=, one training batch as the data loader "
                                      "yields it"))
     from remat.planning import plan  # lazily: planning loads the solver
 
-    chosen = plan(model, batch, budget=budget, blocks=blocks, optimizer=optimizer,
-                  loss_fn=loss_fn)
-    apply(model, chosen, blocks=blocks)
-    return chosen
+    return plan(model, batch, budget=budget, blocks=blocks, optimizer=optimizer,
+                loss_fn=loss_fn)
 
 
 def on_model_device(batch: Any, model: nn.Module) -> Any:
