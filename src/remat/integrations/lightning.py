@@ -106,8 +106,8 @@ def _no_log(*args: Any, **kwargs: Any) -> None:
 
 @contextlib.contextmanager
 def _logging_off(lightning_module: nn.Module) -> Iterator[None]:
-    own = {k: lightning_module.__dict__[k] for k in ("log", "log_dict")
-           if k in lightning_module.__dict__}
+    own: dict[str, Any] = {k: lightning_module.__dict__[k] for k in ("log", "log_dict")
+                           if k in lightning_module.__dict__}
     lightning_module.__dict__.update(log=_no_log, log_dict=_no_log)
     try:
         yield
@@ -240,6 +240,7 @@ class RematCallback(Callback):  # type: ignore[misc]
         self.applied = applied(target)
 
     def _plan(self, trainer: Any, pl_module: Any, target: nn.Module, path: str) -> Plan:
+        assert self.budget is not None  # on_train_start plans only with a budget
         if self.step_fn is None and not pl_module.automatic_optimization:
             raise ValueError(message(
                 _API, "budget= with manual optimization: training_step steps the "
