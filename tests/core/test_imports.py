@@ -66,3 +66,12 @@ def test_the_core_imports_only_the_lowest_layer() -> None:
                         if n.split(".")[0] in ("remat", "torch", "jax", "flax")
                         and not n.startswith(allowed)]
     assert outside == []
+
+
+def test_import_remat_loads_no_training_stack() -> None:
+    """The integrations are imported on demand: ``import remat`` and its verbs, and the
+    integrations package itself, load none of the training frameworks."""
+    code = ("import remat, remat.integrations; "
+            "remat.plan, remat.profile, remat.apply, remat.validate, remat.Plan")
+    stacks = ("lightning", "pytorch_lightning", "peft", "trl", "accelerate", "transformers")
+    assert _loaded_after(code, stacks) == []

@@ -1,8 +1,10 @@
-"""remat with the tools people train with: FSDP2, torch.compile, Hugging Face transformers.
+"""remat with the tools people train with: FSDP2, torch.compile, Hugging Face transformers
+(and TRL, PEFT, accelerate through it), PyTorch Lightning.
 
 Submodules are imported on demand (``from remat.integrations.fsdp2 import apply_fsdp``):
 ``fsdp2`` needs ``torch.distributed``, ``hf`` needs ``transformers`` (``pip install
-'remat[hf]'``), so importing this package imports neither.
+'remat[hf]'``), ``lightning`` needs ``lightning`` (``pip install 'remat[lightning]'``), so
+importing this package imports none of them.
 """
 
-__all__ = ["compile", "fsdp2", "hf"]
+__all__ = ["compile", "fsdp2", "hf", "lightning"]

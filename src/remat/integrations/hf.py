@@ -28,16 +28,19 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Mapping
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 from torch import nn
 
 from remat.blocks import BlocksSpec
 from remat.errors import RematWarning, message
-from remat.measure.step import model_device
-from remat.strategies.apply import AppliedStrategy, applied, apply
+from remat.integrations._prepare import apply_or_plan, check_one_of, on_model_device
+from remat.strategies.apply import AppliedStrategy, applied
 from remat.strategies.registry import parse_strategy
+
+if TYPE_CHECKING:
+    from remat.planning.plans import Plan
 
 try:
     from transformers import TrainerCallback
@@ -94,21 +97,13 @@ def to_model_batch(batch: Any, model: nn.Module) -> Any:
         >>> to_model_batch(tokenizer(["hi"], return_tensors="pt"), model).keys()
         dict_keys(['input_ids', 'attention_mask'])
     """
-    device = model_device(model)
-
-    def move(value: Any) -> Any:
-        return value.to(device) if isinstance(value, torch.Tensor) else value
-
-    if isinstance(batch, Mapping):
-        return {key: move(value) for key, value in batch.items()}
-    if isinstance(batch, (tuple, list)):
-        return type(batch)(move(value) for value in batch)
-    return move(batch)
+    return on_model_device(batch, model)
 
 
 def prepare_model(model: M, *, strategy: str | Any | None = None, budget: int | str | None = None,
                   batch: Any = None, blocks: BlocksSpec = None,
-                  optimizer: torch.optim.Optimizer | None = None) -> M:
+                  optimizer: torch.optim.Optimizer | None = None,
+                  forward_kwargs: Mapping[str, Any] | None = None) -> M:
     """Apply a strategy, or plan for a memory budget and apply the plan, to a transformers model.
 
     ``use_cache`` is turned off in every config of the model (T5's decoder stack has
@@ -125,6 +120,10 @@ def prepare_model(model: M, *, strategy: str | Any | None = None, budget: int | 
             Default: ``None``.
         blocks: which modules are blocks (see :func:`remat.find_blocks`). Default: automatic.
         optimizer: counted in the budget (its state) when planning. Default: ``None``.
+        forward_kwargs: keyword arguments the training loop adds to ``model(**batch)``,
+            added to the measured step when planning (TRL's ``SFTTrainer`` calls
+            ``model(**batch, fused_lm_head=True)``: pass ``{"fused_lm_head": True}``).
+            Default: ``None``.
 
     Returns:
         ``model``, modified in place.
@@ -137,10 +136,16 @@ def prepare_model(model: M, *, strategy: str | Any | None = None, budget: int | 
         >>> model = AutoModelForCausalLM.from_config(LlamaConfig(num_hidden_layers=4))
         >>> prepare_model(model, strategy="ops")
     """
-    if strategy is not None and budget is not None:
-        raise ValueError(message(_API, "strategy= and budget= were both given",
-                                 {"strategy": repr(strategy), "budget": repr(budget)},
-                                 fix="pass strategy= or budget=, not both"))
+    _prepare(model, strategy=strategy, budget=budget, batch=batch, blocks=blocks,
+             optimizer=optimizer, forward_kwargs=forward_kwargs)
+    return model
+
+
+def _prepare(model: nn.Module, *, strategy: str | Any | None, budget: int | str | None,
+             batch: Any, blocks: BlocksSpec, optimizer: torch.optim.Optimizer | None,
+             forward_kwargs: Mapping[str, Any] | None) -> Plan | None:
+    """:func:`prepare_model`, returning the plan it applied (``None`` for a strategy)."""
+    check_one_of(_API, strategy, budget, spelled="strategy=")
     if isinstance(strategy, str):  # an unknown strategy fails here, naming this call
         strategy = parse_strategy(strategy, api=_API)
     elif callable(check := getattr(strategy, "check_model", None)):
@@ -157,25 +162,17 @@ def prepare_model(model: M, *, strategy: str | Any | None = None, budget: int | 
                             "and values a second time, which fails or corrupts the cache, so "
                             "remat set use_cache=False for training"},
                     fix="set it back to True before generation"),
-            RematWarning, stacklevel=2,
+            RematWarning, stacklevel=3,
         )
+    if batch is not None:
+        batch = to_model_batch(batch, model)
+        if forward_kwargs and isinstance(batch, dict):
+            batch = {**batch, **forward_kwargs}
     try:
-        if budget is not None:
-            if batch is None:
-                raise ValueError(message(
-                    _API, f"budget={budget!r} needs batch= to measure the step",
-                    fix="pass batch=, one training batch as the Trainer's data collator "
-                        "produces it"))
-            from remat.planning import plan
-
-            chosen = plan(model, to_model_batch(batch, model), budget=budget, blocks=blocks,
-                          optimizer=optimizer)
-            apply(model, chosen, blocks=blocks)
-        else:
-            apply(model, strategy if strategy is not None else "full", blocks=blocks)
+        return apply_or_plan(model, strategy=strategy, budget=budget, batch=batch,
+                             blocks=blocks, optimizer=optimizer, api=_API)
     finally:
         model.train(was_training)
-    return model
 
 
 class RematCallback(TrainerCallback):  # type: ignore[misc]
@@ -191,9 +188,14 @@ class RematCallback(TrainerCallback):  # type: ignore[misc]
         budget: the step's peak memory (bytes, ``"12GiB"``, ``"60%"``). Default: ``None``.
         batch: the batch to plan with. Default: ``None`` (the first training batch).
         blocks: which modules are blocks. Default: automatic.
+        forward_kwargs: what the Trainer adds to ``model(**batch)``, for the measured step
+            (see :func:`prepare_model`; TRL's ``SFTTrainer``: ``{"fused_lm_head": True}``).
+            Default: ``None``.
 
     Attributes:
         applied: what was applied (``remat.strategies.applied(model)``), after training began.
+        plan: the :class:`remat.Plan` a budget gave (``plan.measured_peak_bytes``,
+            ``plan.budget_bytes``), after training began; ``None`` with a strategy.
 
     Example:
         >>> trainer = Trainer(model, args, train_dataset=data,
@@ -201,17 +203,16 @@ class RematCallback(TrainerCallback):  # type: ignore[misc]
     """
 
     def __init__(self, strategy: str | Any | None = None, *, budget: int | str | None = None,
-                 batch: Any = None, blocks: BlocksSpec = None) -> None:
-        if strategy is not None and budget is not None:
-            raise ValueError(message(
-                "remat.integrations.hf.RematCallback", "strategy and budget= were both given",
-                {"strategy": repr(strategy), "budget": repr(budget)},
-                fix="pass strategy or budget=, not both"))
+                 batch: Any = None, blocks: BlocksSpec = None,
+                 forward_kwargs: Mapping[str, Any] | None = None) -> None:
+        check_one_of("remat.integrations.hf.RematCallback", strategy, budget)
         self.strategy = strategy
         self.budget = budget
         self.batch = batch
         self.blocks = blocks
+        self.forward_kwargs = forward_kwargs
         self.applied: AppliedStrategy | None = None
+        self.plan: Plan | None = None
 
     def on_train_begin(self, args: Any, state: Any, control: Any, model: nn.Module | None = None,
                        train_dataloader: Any = None, optimizer: Any = None,
@@ -231,7 +232,8 @@ class RematCallback(TrainerCallback):  # type: ignore[misc]
             batch = next(iter(train_dataloader))
         # accelerate wraps the Trainer's optimizer; the planner rebuilds the torch one.
         inner = getattr(optimizer, "optimizer", optimizer)
-        prepare_model(model, strategy=self.strategy, budget=self.budget, batch=batch,
-                      blocks=self.blocks,
-                      optimizer=inner if isinstance(inner, torch.optim.Optimizer) else None)
+        self.plan = _prepare(model, strategy=self.strategy, budget=self.budget, batch=batch,
+                             blocks=self.blocks,
+                             optimizer=inner if isinstance(inner, torch.optim.Optimizer)
+                             else None, forward_kwargs=self.forward_kwargs)
         self.applied = applied(model)

@@ -14,8 +14,9 @@ NOTE [ Fake copies ]
     deepcopy rebinds it to the copy: a bound-method forward (``types.MethodType``,
     or the picklable one ``remat.apply`` installs, see strategies/regions.py
     NOTE [ Instance forward ]) is re-bound to the copied module and a ``functools.partial`` gets its
-    arguments deep-copied through the same memo. A plain closure over the
-    original module would still call the original; remat never installs one.
+    arguments deep-copied through the same memo. A closure over the original
+    module (TRL and accelerate install them) is rebuilt to close over the copy
+    (measure/closures.py NOTE [ Closures over the original model ]).
     Meta tensors become fake tensors on ``device`` (CPU by default) that keep
     the meta tensor's storage, so aliasing between them is kept too.
 """
@@ -32,6 +33,7 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
 from remat.errors import message
 from remat.measure import shadow
+from remat.measure.closures import rebind_closures
 from remat.measure.fake_kernels import install_fake_kernels
 
 
@@ -108,6 +110,7 @@ def fake_copy_with_map(
                 replaced[id(t)] = fake_tensor(t, fake_mode, device=device)
     memo: dict[int, Any] = dict(replaced)
     copied = copy.deepcopy(model, memo)
+    rebind_closures(copied, memo)
     return copied, replaced
 
 

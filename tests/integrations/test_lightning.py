@@ -1,0 +1,99 @@
+"""PyTorch Lightning: remat.integrations.lightning.RematCallback in ``Trainer.fit``
+(examples/lightning_fit.py, in-process, 2 steps each)."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import io
+import sys
+import warnings
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+import torch
+
+pytest.importorskip("lightning")
+
+from remat.integrations.lightning import RematCallback  # noqa: E402
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "lightning_fit.py"
+
+
+@pytest.fixture(scope="module")
+def example() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("lightning_fit_example", EXAMPLE)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault(spec.name, module)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _fit(example: ModuleType, *argv: str) -> tuple[list[float], Any, str]:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    out = io.StringIO()
+    try:
+        with warnings.catch_warnings(), contextlib.redirect_stdout(out), \
+                contextlib.redirect_stderr(io.StringIO()):
+            warnings.simplefilter("ignore")
+            losses, callback = example.main(list(argv))
+    finally:
+        torch.set_num_threads(threads)
+    return losses, callback, out.getvalue()
+
+
+@pytest.fixture(scope="module")
+def baseline(example: ModuleType) -> list[float]:
+    losses, callback, _ = _fit(example, "--no-remat")
+    assert callback is None and len(losses) == 2
+    return losses
+
+
+@pytest.mark.parametrize(("module", "names"), [
+    ("model", ["blocks.0", "blocks.1"]),
+    ("", ["model.blocks.0", "model.blocks.1"]),  # the LightningModule itself
+])
+def test_strategy_is_applied_and_losses_are_unchanged(example: ModuleType, baseline: list[float],
+                                                      module: str, names: list[str]) -> None:
+    losses, callback, out = _fit(example, "--strategy", "full", f"--module={module}")
+    assert callback.applied is not None and callback.applied.strategy == "full"
+    assert [name for name, _ in callback.applied.decisions] == names
+    assert callback.plan is None
+    assert losses == pytest.approx(baseline, rel=1e-6, abs=0)
+    assert "remat applied full" in out
+
+
+def test_budget_plans_the_training_step_and_fits(example: ModuleType,
+                                                 baseline: list[float]) -> None:
+    import remat
+    from remat.models import make_batch
+
+    losses, callback, out = _fit(example, "--budget", "activations:60%")
+    plan = callback.plan
+    assert plan is not None and not plan.is_empty and callback.applied.strategy == "plan"
+    assert plan.measured_peak_bytes <= plan.budget_bytes < plan.no_checkpoint_peak_bytes
+    assert all(name.startswith("blocks.") for name in plan.decisions)  # relative to .model
+    assert losses == pytest.approx(baseline, rel=1e-6, abs=0)
+    # The planned step is training_step + backward + AdamW: the same bytes as profiling
+    # the model itself with that optimizer (the step module adds nothing).
+    lit = example.LitLM()
+    batch = make_batch(lit.model, 4, 32, seed=1)
+    optimizer = torch.optim.AdamW(lit.parameters(), lr=1e-3)
+    none = remat.profile(lit.model, batch, optimizer=optimizer, timing=False)
+    assert plan.no_checkpoint_peak_bytes == none.peak_bytes
+    assert f"measured peak {plan.measured_peak_bytes:,} B" in out
+
+
+def test_bad_arguments_are_refused(example: ModuleType) -> None:
+    with pytest.raises(ValueError, match="strategy or budget=, not both"):
+        RematCallback("full", budget="1GiB")
+    callback = RematCallback("full", module="encoder")
+    with pytest.raises(ValueError, match=r"module='encoder' is not a submodule of LitLM"):
+        callback.on_train_start(None, example.LitLM())
+    callback = RematCallback("full", module=lambda lm: torch.nn.Linear(2, 2))
+    with pytest.raises(ValueError, match="that is not inside LitLM"):
+        callback.on_train_start(None, example.LitLM())
