@@ -4,10 +4,10 @@ Every ``remat`` command takes ``--module FILE.py:FACTORY`` (or ``package.module:
 the factory is called with no arguments (see docs/cli.md, "Your own model"). This file
 needs nothing but torch. From the repository root::
 
-    remat plan --module examples/my_model.py:build --budget 70% --batch 2 --seq 32
+    remat plan --module examples/my_model.py:build --budget 70% --batch 2 --seq 128
     remat profile --module examples/my_model.py:build_with_batch
-    remat compare --module examples/my_model.py:build_training --batch 2 --seq 32
-    remat simulate --module examples/my_model.py:build_training --seq 1024 --batch 1,8
+    remat compare --module examples/my_model.py:build_training --batch 2 --seq 64
+    remat simulate --module examples/my_model.py:build_training --seq 512 --batch 1,8
 
 ``build`` returns the model alone: it has ``config.vocab_size``, so remat makes random
 token batches (``input_ids`` and ``labels``) for it and trains on the loss the model
@@ -36,14 +36,14 @@ class TinyLMConfig:
         hidden_size: model width. Default: 64.
         num_attention_heads: attention heads. Default: 4.
         num_hidden_layers: blocks. Default: 2.
-        max_seq_len: positions in the learned position table. Default: 2048.
+        max_seq_len: positions in the learned position table. Default: 512.
     """
 
     vocab_size: int = 256
     hidden_size: int = 64
     num_attention_heads: int = 4
     num_hidden_layers: int = 2
-    max_seq_len: int = 2048
+    max_seq_len: int = 512
 
 
 class Block(nn.Module):
@@ -110,8 +110,8 @@ def build() -> nn.Module:
 
 
 def build_with_batch() -> tuple[nn.Module, dict[str, Tensor]]:
-    """(b) The model and one fixed batch (2 sequences of 32 tokens)."""
-    return TinyLM(TinyLMConfig()), token_batch(2, 32)
+    """(b) The model and one fixed batch (2 sequences of 64 tokens)."""
+    return TinyLM(TinyLMConfig()), token_batch(2, 64)
 
 
 def build_training() -> Any:

@@ -51,6 +51,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, NoReturn
 
+from rich.markup import escape
+
 from remat.cli._common import fail
 from remat.errors import message
 
@@ -82,14 +84,19 @@ class UserModel:
 
 
 def raised(api: str, what: str, exc: BaseException, fix: str) -> NoReturn:
-    """Exit 2 naming the user's exception and where in their code it was raised."""
+    """Exit 2 naming the user's exception and the line of their code that raised it (the
+    deepest frame outside torch, remat and importlib)."""
+    import torch
+
+    import remat
+
+    skip = (str(Path(torch.__file__).parent), str(Path(remat.__file__).parent), "<frozen")
+    frames = traceback.extract_tb(exc.__traceback__)
+    own = [f for f in frames if not f.filename.startswith(skip)] or frames
     facts = {"error": f"{type(exc).__name__}: {exc}"}
-    frames = [f for f in traceback.extract_tb(exc.__traceback__)
-              if not f.filename.startswith("<frozen") and f"{Path('remat', 'cli')}" not in
-              f.filename]
-    if frames:
-        facts["at"] = f"{frames[-1].filename}:{frames[-1].lineno} in {frames[-1].name}"
-    fail(message(api, what, facts, fix=fix))
+    if own:
+        facts["at"] = f"{own[-1].filename}:{own[-1].lineno} in {own[-1].name}"
+    fail(escape(message(api, what, facts, fix=fix)))  # the user's text is not rich markup
 
 
 @contextlib.contextmanager
@@ -206,11 +213,11 @@ def call_factory(factory: Callable[[], Any], folder: Path | None, spec: str, api
     except Exception as exc:
         if meta:
             raised(api, f"--module {spec}: the model cannot be simulated: calling the "
-                         "factory on the meta device raised an error", exc,
-                    fix="build the model without reading tensor values (no weight loading, "
-                        "no .item()), or measure it for real with remat profile / remat plan")
+                        "factory on the meta device raised an error", exc,
+                   fix="build the model without reading tensor values (no weight loading, "
+                       "no .item()), or measure it for real with remat profile / remat plan")
         raised(api, f"--module {spec}: calling the factory raised an error", exc,
-                fix="fix the error in the factory")
+               fix="fix the factory (call it in Python to see the whole traceback)")
     return check_contract(result, spec, api)
 
 

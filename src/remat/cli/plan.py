@@ -67,7 +67,7 @@ Examples:
 
   remat plan --model gpt-tiny --budget 80% --compile --out out/plan.json   # compiled step
 
-  remat plan --module examples/my_model.py:build --budget 70% --batch 2 --seq 32   # yours
+  remat plan --module examples/my_model.py:build --budget 70% --batch 2 --seq 128   # yours
 
 Then train with it:  remat.apply(model, remat.Plan.from_json(open("plan.json").read()))
 """
