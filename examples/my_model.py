@@ -46,27 +46,37 @@ class TinyLMConfig:
     max_seq_len: int = 512
 
 
+class Attention(nn.Module):
+    """Causal multi-head self-attention (fused: ``scaled_dot_product_attention``)."""
+
+    def __init__(self, config: TinyLMConfig) -> None:
+        super().__init__()
+        self.heads = config.num_attention_heads
+        self.qkv = nn.Linear(config.hidden_size, 3 * config.hidden_size)
+        self.proj = nn.Linear(config.hidden_size, config.hidden_size)
+
+    def forward(self, x: Tensor) -> Tensor:
+        b, t, c = x.shape  # (B, T, C)
+        q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2)
+                   for z in self.qkv(x).split(c, dim=-1))  # (B, heads, T, C / heads)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.proj(y.transpose(1, 2).reshape(b, t, c))
+
+
 class Block(nn.Module):
-    """Pre-norm transformer block: causal self-attention, then a 4x MLP."""
+    """Pre-norm transformer block: attention, then a 4x MLP, each with a residual."""
 
     def __init__(self, config: TinyLMConfig) -> None:
         super().__init__()
         width = config.hidden_size
-        self.heads = config.num_attention_heads
         self.norm1 = nn.LayerNorm(width)
-        self.qkv = nn.Linear(width, 3 * width)
-        self.proj = nn.Linear(width, width)
+        self.attn = Attention(config)
         self.norm2 = nn.LayerNorm(width)
         self.mlp = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(),
                                  nn.Linear(4 * width, width))
 
     def forward(self, x: Tensor) -> Tensor:
-        b, t, c = x.shape  # (B, T, C)
-        q, k, v = self.qkv(self.norm1(x)).split(c, dim=-1)
-        q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2)
-                   for z in (q, k, v))  # (B, heads, T, C / heads)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.proj(y.transpose(1, 2).reshape(b, t, c))
+        x = x + self.attn(self.norm1(x))
         return x + self.mlp(self.norm2(x))
 
 

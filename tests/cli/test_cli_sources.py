@@ -165,6 +165,18 @@ def test_simulate_every_source(source: str) -> None:
     assert rows["full", 2]["activation_bytes"] < rows["none", 2]["activation_bytes"]
 
 
+def test_simulate_a_module_with_every_default_strategy_and_the_plan() -> None:
+    from remat.strategies.registry import default_strategies
+
+    data = _invoke(["simulate", "--module", f"{EXAMPLE}:build_training", "--seq", "32",
+                    "--batch", "1", "--json", "-"])
+    assert data["strategies"] == [*default_strategies("simulate"), "plan"]
+    rows = {row["strategy"]: row for row in data["rows"]}
+    assert rows["plan"]["peak_bytes"] <= rows["none"]["peak_bytes"]
+    for name in ("full", "every:2", "sqrt", "attn", "mlp"):
+        assert rows[name]["activation_bytes"] < rows["none"]["activation_bytes"], name
+
+
 @pytest.mark.parametrize("source", [s for s in SOURCES if s != "module-tuple"])
 def test_estimate_every_source(source: str) -> None:
     data = _invoke(["estimate", *_sources()[source], "--seq", "16,32", "--batch", "1",
