@@ -248,6 +248,8 @@ def test_bad_module_specs_exit_2() -> None:
         ["plan", "--model", "gpt-tiny", "--module", f"{EXAMPLE}:build"])
     assert "--set changes config fields" in _error(
         ["simulate", "--module", f"{EXAMPLE}:build", "--set", "n_layer=2"])
+    assert "--module is not supported with --framework jax" in _error(
+        ["compare", "--framework", "jax", "--module", f"{EXAMPLE}:build"])
 
 
 def test_a_fixed_batch_cannot_be_swept() -> None:

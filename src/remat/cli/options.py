@@ -1,10 +1,11 @@
 """Every option the ``remat`` commands share, declared once as an ``Annotated`` alias.
 
 Commands declare an option in one line and behave the same: ``--model`` takes any
-:data:`remat.models.PRESETS` key, ``--strategies`` a comma-separated list checked
-against :func:`remat.strategies.parse_strategy`, ``--device`` ``auto`` (CUDA when
-available), ``cpu``, ``cuda`` or ``cuda:N``. Bad values exit with code 2 and a
-message that lists the valid ones, never a traceback.
+:data:`remat.models.PRESETS` key (``--hf``, ``--hf-config`` and ``--module`` are the other
+model sources, resolved in :mod:`remat.cli._sources`), ``--strategies`` a
+comma-separated list checked against :func:`remat.strategies.parse_strategy`,
+``--device`` ``auto`` (CUDA when available), ``cpu``, ``cuda`` or ``cuda:N``. Bad
+values exit with code 2 and a message that lists the valid ones, never a traceback.
 
 NOTE [ Help from the registry ]
 Strategy lists in help texts (``--strategies``' default, ``--strategy``'s names, the
@@ -337,8 +338,9 @@ ModuleOpt = Annotated[str | None, typer.Option(
     help="Your own model: FILE.py:FACTORY or package.module:FACTORY. FACTORY() takes no "
          "arguments and returns an nn.Module (token batches made from its "
          "config.vocab_size), a tuple (model, batch), or an object with .model and optionally "
-         ".make_batch(batch_size, seq_len), .batch and .loss_fn(output, batch). Default "
-         "loss: output.loss, else the mean of the output. See docs/cli.md.",
+         ".make_batch(batch_size, seq_len), .batch and .loss_fn(output, batch). A fixed "
+         "batch is used as it is (--batch/--seq ignored, with a note). Default loss: "
+         "output.loss, else the mean of the output. See docs/cli.md.",
 )]
 SetOpt = Annotated[list[str] | None, typer.Option(
     "--set", metavar="KEY=VALUE",
