@@ -161,29 +161,23 @@ def _available_bytes(device: Any) -> int | None:
         return None
 
 
-def check_fits(preset: str, device: Any, *, copies: int) -> None:
-    """Exit 2 with advice when ``copies`` x (params + grads) of ``preset`` cannot fit on ``device``.
+def check_fits(name: str, param_bytes: int, device: Any, *, copies: int) -> None:
+    """Exit 2 with advice when ``copies`` x (params + grads) of a model cannot fit on ``device``.
 
-    The parameter count comes from building the model on the meta device (no memory).
-    Activations are not counted, so this only rejects runs that are sure to fail,
-    e.g. ``remat compare --model llama-7b`` on a laptop.
+    ``param_bytes`` is the model's parameter bytes (a preset or Hugging Face model is built
+    on the meta device to count them: no memory). Activations are not counted, so this only
+    rejects runs that are sure to fail, e.g. ``remat compare --model llama-7b`` on a laptop.
     """
-    import torch
-
-    from remat.models import build_model
     from remat.units import format_bytes
 
-    with torch.device("meta"):
-        model = build_model(preset)
-    param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     needed = copies * 2 * param_bytes  # parameters + gradients per live copy
     available = _available_bytes(device)
     if available is not None and needed > available:
         fail(
-            f"{preset} has {format_bytes(param_bytes)} of parameters; this run keeps about "
+            f"{name} has {format_bytes(param_bytes)} of parameters; this run keeps about "
             f"{copies} copies with gradients alive (~{format_bytes(needed)}), but {device} has "
-            f"{format_bytes(available)} free. Use a smaller preset (e.g. gpt-small), fewer "
-            "--strategies, --repeats 0 (one model at a time), or `remat simulate` to "
+            f"{format_bytes(available)} free. Use a smaller model (e.g. --model gpt-small), "
+            "fewer --strategies, --repeats 0 (one model at a time), or `remat simulate` to "
             "measure without allocating."
         )
 

@@ -35,6 +35,15 @@ def load_jax(model: str) -> Any:
     return rj
 
 
+#: The torch model sources, which have no NNX counterpart (``refuse`` reasons).
+SOURCES_REFUSED = {
+    "hf": "the JAX backend runs remat.jax's NNX presets (--model)",
+    "hf_config": "the JAX backend runs remat.jax's NNX presets (--model)",
+    "module": "--module builds a PyTorch model; the JAX backend runs its NNX presets (--model)",
+    "settings": "the NNX presets are run as they are",
+}
+
+
 def refuse(ctx: typer.Context, reasons: dict[str, str]) -> None:
     """Exit 2 when an option in ``reasons`` was given on the command line with jax.
 

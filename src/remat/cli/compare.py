@@ -21,17 +21,29 @@ from remat.cli._common import (
     user_errors,
     write_json,
 )
+from remat.cli._sources import (
+    Sources,
+    batch_shape,
+    given_flags,
+    given_sources,
+    run_source,
+    shape_label,
+)
 from remat.cli.options import (
     DEFAULT_MODEL,
     BatchOpt,
     DeviceOpt,
     Framework,
     FrameworkOpt,
+    HfConfigOpt,
+    HfOpt,
     JsonOpt,
     ModelOpt,
+    ModuleOpt,
     RegistryHelpCommand,
     SeedOpt,
     SeqOpt,
+    SetOpt,
     StrategiesOpt,
     plot_option,
 )
@@ -50,13 +62,19 @@ Examples:
   remat compare --plan-budget 40% (the plan row: the cheapest plan under 40% of none's peak)
 
   remat compare --framework jax --model gpt-small   (JAX/Flax NNX, XLA's compiled analysis)
+
+  remat compare --module examples/my_model.py:build_training --batch 2 --seq 64
 """
 
 
 @app.command("compare", epilog=_EPILOG, cls=RegistryHelpCommand)
 def compare_command(
     ctx: typer.Context,
-    model: ModelOpt = DEFAULT_MODEL,
+    model: ModelOpt = None,
+    hf: HfOpt = None,
+    hf_config: HfConfigOpt = None,
+    module: ModuleOpt = None,
+    settings: SetOpt = None,
     batch: BatchOpt = 8,
     seq: SeqOpt = None,
     strategies: StrategiesOpt = None,
@@ -79,25 +97,28 @@ def compare_command(
     )] = "50%",
     framework: FrameworkOpt = Framework.torch,
 ) -> None:
-    """Run every checkpointing strategy on a built-in model and compare them.
+    """Run every checkpointing strategy on a model and compare them.
 
     For each strategy: a fresh model with identical weights, one measured training
     step (exact peak and activation bytes, FLOPs including recomputation), a
     gradient check against the un-checkpointed model, and the median step time,
     measured side by side with the other strategies. Exits with code 1 when a
-    gradient check fails. With --framework jax: the JAX backend on the NNX preset of
-    the same name, every byte and FLOP from XLA's compiled analysis of the step.
+    gradient check fails. The model is a preset, a Hugging Face config or your own
+    (--module; its factory is called once per strategy). With --framework jax: the JAX
+    backend on the NNX preset of the same name, every byte and FLOP from XLA's compiled
+    analysis of the step.
     """
     from remat.report.plots import plot_comparison
     from remat.report.tables import comparison_table
 
+    sources = given_sources(model, hf, hf_config, module, settings)
     started = time.perf_counter()
     if framework is Framework.jax:
-        result = _compare_jax(ctx, model, batch, seq, strategies, repeats, seed, check_grads,
-                              plan_budget)
+        result = _compare_jax(ctx, model or DEFAULT_MODEL, batch, seq, strategies, repeats,
+                              seed, check_grads, plan_budget)
     else:
-        result = _compare_torch(model, batch, seq, strategies, device, repeats, seed,
-                                check_grads, plan_budget)
+        result = _compare_torch(sources, given_flags(ctx, "batch", "seq"), batch, seq,
+                                strategies, device, repeats, seed, check_grads, plan_budget)
     elapsed_s = time.perf_counter() - started
 
     if json_out != "-":
@@ -115,31 +136,37 @@ def compare_command(
         raise typer.Exit(1)
 
 
-def _compare_torch(model: str, batch: int, seq: int | None, strategies: str | None,
-                   device: str, repeats: int, seed: int, check_grads: bool,
-                   plan_budget: str) -> Any:
+def _compare_torch(sources: Sources, given: list[str], batch: int, seq: int | None,
+                   strategies: str | None, device: str, repeats: int, seed: int,
+                   check_grads: bool, plan_budget: str) -> Any:
     """The PyTorch comparison (and its plan row)."""
-    from remat.compare.runner import compare_preset
-    from remat.models import make_batch
+    import torch
+
+    from remat.compare.runner import compare
     from remat.strategies.registry import default_strategies
 
     names = parse_strategies(strategies) if strategies else default_strategies("compare")
-    try:  # reject a bad --seq before anything is built
-        make_batch(model, batch, seq, device="meta")
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc).removeprefix("remat.models.make_batch: "),
-                                 param_hint="'--seq'") from None
     target = resolve_device(device)
+    source = run_source(sources, api="remat compare", seq=seq, seed=seed, target=target,
+                        given=given)
     # One model per strategy stays alive for interleaved timing; the gradient check adds two.
-    check_fits(model, target, copies=(len(names) + 1 if repeats else 1) + 2)
-    with user_errors(), notices(), progress_bar(f"compare {model}") as update:
-        result = compare_preset(model, batch, seq, names, device=target, seed=seed,
-                                repeats=repeats, check_grads=check_grads, progress=update)
+    check_fits(source.name, source.param_bytes, target,
+               copies=(len(names) + 1 if repeats else 1) + 2)
+    sample = source.batch(batch)
+    batch_size, seq_len = batch_shape(sample)
+    meta = {"model": source.name, "batch_size": batch_size, "seq_len": seq_len, "seed": seed,
+            "torch": torch.__version__}
+    with user_errors(), notices(), progress_bar(f"compare {source.name}") as update:
+        result = compare(source.build, sample, names, loss_fn=source.loss_fn, seed=seed,
+                         repeats=repeats, check_grads=check_grads,
+                         label=shape_label(source.name, batch_size, seq_len), meta=meta,
+                         progress=update)
         if plan_budget.strip().lower() != "off":
             from remat.compare.frontier import add_plan_row
 
             result = _with_plan_row(result, plan_budget, update, lambda r: add_plan_row(
-                r, budget=plan_budget, check_grads=check_grads))
+                r, budget=plan_budget, model_factory=source.build, batch=sample,
+                loss_fn=source.loss_fn, check_grads=check_grads))
     return result
 
 
@@ -163,10 +190,11 @@ def _compare_jax(ctx: typer.Context, model: str, batch: int, seq: int | None,
                  strategies: str | None, repeats: int, seed: int, check_grads: bool,
                  plan_budget: str) -> Any:
     """``remat.jax.compare`` on the NNX preset, plan row included (see _jax.py)."""
-    from remat.cli._jax import load_jax, refuse, strategies_for_jax
+    from remat.cli._jax import SOURCES_REFUSED, load_jax, refuse, strategies_for_jax
 
     refuse(ctx, {
         "device": "JAX runs on its default backend (set JAX_PLATFORMS=cpu to force the CPU)",
+        **SOURCES_REFUSED,
     })
     rj = load_jax(model)
     names = strategies_for_jax(rj, strategies)

@@ -1,10 +1,11 @@
 """Every option the ``remat`` commands share, declared once as an ``Annotated`` alias.
 
 Commands declare an option in one line and behave the same: ``--model`` takes any
-:data:`remat.models.PRESETS` key, ``--strategies`` a comma-separated list checked
-against :func:`remat.strategies.parse_strategy`, ``--device`` ``auto`` (CUDA when
-available), ``cpu``, ``cuda`` or ``cuda:N``. Bad values exit with code 2 and a
-message that lists the valid ones, never a traceback.
+:data:`remat.models.PRESETS` key (``--hf``, ``--hf-config`` and ``--module`` are the other
+model sources, resolved in :mod:`remat.cli._sources`), ``--strategies`` a
+comma-separated list checked against :func:`remat.strategies.parse_strategy`,
+``--device`` ``auto`` (CUDA when available), ``cpu``, ``cuda`` or ``cuda:N``. Bad
+values exit with code 2 and a message that lists the valid ones, never a traceback.
 
 NOTE [ Help from the registry ]
 Strategy lists in help texts (``--strategies``' default, ``--strategy``'s names, the
@@ -91,8 +92,9 @@ def _jax(ctx: typer.Context | None) -> bool:
     return ctx is not None and ctx.params.get("framework") == Framework.jax
 
 
-def _check_model(ctx: typer.Context, value: str) -> str:
-    if _jax(ctx):  # the NNX presets are checked when remat.jax is loaded (cli/_jax.py)
+def _check_model(ctx: typer.Context, value: str | None) -> str | None:
+    # the NNX presets are checked when remat.jax is loaded (cli/_jax.py)
+    if value is None or _jax(ctx):
         return value
     from remat.models import PRESETS
 
@@ -188,16 +190,18 @@ class OptimizerChoice(str, Enum):
     adamw = "adamw"
 
 
-ModelOpt = Annotated[str, typer.Option(
+ModelOpt = Annotated[str | None, typer.Option(
     "--model", "-m", callback=_check_model, metavar="PRESET",
-    help="Built-in model preset (gpt-tiny, gpt-small, gpt2-124m, llama-tiny, llama-small, ...).",
+    help="Built-in model preset (gpt-tiny, gpt-small, gpt2-124m, llama-tiny, llama-small, "
+         f"...). Default: {DEFAULT_MODEL} unless --hf, --hf-config or --module is given.",
 )]
 BatchOpt = Annotated[int, typer.Option(
     "--batch", "-b", min=1, metavar="N", help="Sequences per batch.",
 )]
 SeqOpt = Annotated[int | None, typer.Option(
     "--seq", "-s", min=2, metavar="S",
-    help="Tokens per sequence. Default: the preset's max_seq_len.",
+    help="Tokens per sequence. Default: the preset's max_seq_len; 128 for --hf, "
+         "--hf-config and --module batches made by remat or make_batch.",
 )]
 StrategiesOpt = Annotated[str | None, typer.Option(
     "--strategies", callback=_check_strategies, metavar="A,B,C",
@@ -258,12 +262,66 @@ def plot_option(help: str) -> Any:
                         callback=check_output)
 
 
-# ---- options of simulate and estimate (models you don't have) ----------------------------
+# ---- list and KEY=VALUE options ----------------------------------------------------------
+
+def int_list(value: str, option: str) -> list[int]:
+    """``"4,1,2"`` as ``[1, 2, 4]`` (sorted, distinct); exits 2 unless positive integers."""
+    try:
+        items = [int(part) for part in value.split(",") if part.strip()]
+    except ValueError:
+        raise typer.BadParameter(message("", "expected comma-separated integers",
+                                         {"found": repr(value)},
+                                         fix="write integers like 1,2,4"),
+                                 param_hint=f"'{option}'") from None
+    if not items or any(i < 1 for i in items):
+        raise typer.BadParameter(message("", "expected positive integers",
+                                         {"found": repr(value)},
+                                         fix="write integers >= 1 like 1,2,4"),
+                                 param_hint=f"'{option}'")
+    return sorted(set(items))
+
+
+def _parse_value(text: str) -> Any:
+    lowered = text.lower()
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def overrides(pairs: list[str] | None) -> dict[str, Any]:
+    """``--set KEY=VALUE`` pairs as a dict, numbers and booleans converted; exits 2 on a
+    pair without ``=``."""
+    out: dict[str, Any] = {}
+    for pair in pairs or []:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise typer.BadParameter(message("", "expected KEY=VALUE", {"found": repr(pair)},
+                                             fix="write --set KEY=VALUE, e.g. n_layer=4"),
+                                     param_hint="'--set'")
+        out[key.strip()] = _parse_value(value.strip())
+    return out
+
+
+def check_choice(value: str, choices: list[str], option: str) -> str:
+    """``value`` lower-cased if it is one of ``choices``; exits 2 otherwise."""
+    if value.lower() not in choices:
+        raise typer.BadParameter(message("", f"unknown value {value!r}",
+                                         fix=f"choose one of {', '.join(choices)}"),
+                                 param_hint=f"'{option}'")
+    return value.lower()
+
+
+# ---- model sources (every command) and options of simulate and estimate -----------------
 
 SimModelOpt = Annotated[str | None, typer.Option(
     "--model", "-m", metavar="PRESET",
     help="Built-in preset (llama-7b, llama-1b, gpt2-124m, ...). Default: llama-7b unless "
-         "--hf or --hf-config is given.",
+         "--hf, --hf-config or --module is given.",
 )]
 HfOpt = Annotated[str | None, typer.Option(
     "--hf", metavar="NAME",
@@ -272,11 +330,21 @@ HfOpt = Annotated[str | None, typer.Option(
          "downloaded. Needs pip install 'remat\\[hf]'.",
 )]
 HfConfigOpt = Annotated[Path | None, typer.Option(
-    "--hf-config", metavar="PATH", help="A Hugging Face config.json (or its directory).",
+    "--hf-config", metavar="PATH",
+    help="A Hugging Face config.json (or its directory); random weights, nothing downloaded.",
+)]
+ModuleOpt = Annotated[str | None, typer.Option(
+    "--module", metavar="FILE.py:FACTORY",
+    help="Your own model: FILE.py:FACTORY or package.module:FACTORY. FACTORY() takes no "
+         "arguments and returns an nn.Module (token batches made from its "
+         "config.vocab_size), a tuple (model, batch), or an object with .model and optionally "
+         ".make_batch(batch_size, seq_len), .batch and .loss_fn(output, batch). A fixed "
+         "batch is used as it is (--batch/--seq ignored, with a note). Default loss: "
+         "output.loss, else the mean of the output. See docs/cli.md.",
 )]
 SetOpt = Annotated[list[str] | None, typer.Option(
     "--set", metavar="KEY=VALUE",
-    help="Override a config field of the preset or HF config; repeatable "
+    help="Override a config field of the preset or Hugging Face config; repeatable "
          "(e.g. --set num_hidden_layers=16).",
 )]
 SimStrategiesOpt = Annotated[str | None, typer.Option(

@@ -6,13 +6,14 @@ import time
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from remat.cli import app
 from remat.cli._common import (
     err_console,
+    fail,
     make_optimizer,
     notices,
     progress_bar,
@@ -21,23 +22,32 @@ from remat.cli._common import (
     user_errors,
     write_json,
 )
+from remat.cli._jax import SOURCES_REFUSED
+from remat.cli._sources import batch_shape, given_flags, given_sources, run_source, shape_label
 from remat.cli.options import (
     DEFAULT_MODEL,
     DeviceOpt,
     Framework,
     FrameworkOpt,
+    HfConfigOpt,
+    HfOpt,
     JsonOpt,
     ModelOpt,
+    ModuleOpt,
     OptimizerChoice,
     OptimizerOpt,
     RegistryHelpCommand,
     SeedOpt,
     SeqOpt,
+    SetOpt,
     check_output,
     plot_option,
 )
 from remat.errors import message
 from remat.progress import reporting
+
+if TYPE_CHECKING:
+    from remat.cli._sources import RunSource
 
 _EPILOG = """\
 Examples:
@@ -56,6 +66,8 @@ Examples:
   remat plan --framework jax --model gpt-small --budget 50% --out plan.json   (JAX/Flax NNX)
 
   remat plan --model gpt-tiny --budget 80% --compile --out out/plan.json   # compiled step
+
+  remat plan --module examples/my_model.py:build --budget 70% --batch 2 --seq 128   # yours
 
 Then train with it:  remat.apply(model, remat.Plan.from_json(open("plan.json").read()))
 """
@@ -88,7 +100,11 @@ def _check_budget(value: str) -> str:
 @app.command("plan", epilog=_EPILOG, cls=RegistryHelpCommand)
 def plan_command(
     ctx: typer.Context,
-    model: ModelOpt = DEFAULT_MODEL,
+    model: ModelOpt = None,
+    hf: HfOpt = None,
+    hf_config: HfConfigOpt = None,
+    module: ModuleOpt = None,
+    settings: SetOpt = None,
     budget: Annotated[str, typer.Option(
         "--budget", callback=_check_budget, metavar="BUDGET",
         help="Peak memory of the whole step: bytes, 12GiB / 800MB, 60% of the "
@@ -141,7 +157,8 @@ def plan_command(
         "Draw the frontier: peak memory vs recompute overhead, the budget as a line.")] = None,
     framework: FrameworkOpt = Framework.torch,
 ) -> None:
-    """Plan checkpointing for a built-in model under a peak-memory budget.
+    """Plan checkpointing for a model (a preset, a Hugging Face config or --module yours)
+    under a peak-memory budget.
 
     Finds, block by block, the decisions (keep, checkpoint the block, its attention or
     MLP, or keep only chosen ops' outputs) with the least recompute whose measured peak
@@ -152,9 +169,10 @@ def plan_command(
     NNX preset of the same name (jax.checkpoint policies per block, XLA's compiled peak
     and FLOPs); --out writes the remat.jax plan.
     """
+    sources = given_sources(model, hf, hf_config, module, settings)
     if framework is Framework.jax:
-        _plan_jax(ctx, model=model, budget=budget, batch=batch, seq=seq, seed=seed, out=out,
-                  json_out=json_out)
+        _plan_jax(ctx, model=model or DEFAULT_MODEL, budget=budget, batch=batch, seq=seq,
+                  seed=seed, out=out, json_out=json_out)
         return
     if cost is CostChoice.measured and simulate:
         raise typer.BadParameter(
@@ -170,7 +188,14 @@ def plan_command(
             param_hint="'--compile'",
         )
     target = resolve_device(device)
-    request = _Request(model=model, budget=budget, batch=batch, seq=seq, maximize=maximize,
+    source = run_source(sources, api="remat plan", seq=seq, seed=seed, target=target,
+                        given=given_flags(ctx, "batch", "seq"))
+    if maximize is not None and source.make_batch is None:
+        fail(message("remat plan", f"{source.name} gives one fixed batch",
+                     {"why": "--maximize throughput searches batch sizes"},
+                     fix="return an object with make_batch(batch_size, seq_len) from the "
+                         "factory, or drop --maximize"))
+    request = _Request(source=source, budget=budget, batch=batch, seq=seq, maximize=maximize,
                        max_batch=max_batch, optimizer=optimizer, target=target,
                        cost_device=cost_device, simulate=simulate, cost=cost,
                        frontier=(frontier or plot is not None) and not compile_, seed=seed,
@@ -183,9 +208,9 @@ def plan_command(
 
 @dataclass(frozen=True)
 class _Request:
-    """What ``remat plan`` was asked for (its options, the device resolved)."""
+    """What ``remat plan`` was asked for (its options, the device and source resolved)."""
 
-    model: str
+    source: RunSource
     budget: str
     batch: int
     seq: int | None
@@ -201,9 +226,7 @@ class _Request:
     compile: bool = False
 
     def make_batch(self, n: int) -> Any:
-        from remat.models import make_batch
-
-        return make_batch(self.model, n, self.seq, seed=self.seed, device=self.target)
+        return self.source.batch(n)
 
 
 @dataclass(frozen=True)
@@ -212,7 +235,7 @@ class _Outcome:
 
     plan: Any
     batch_size: int
-    seq_len: int
+    seq_len: int | None
     frontier: Any
     elapsed_s: float
 
@@ -224,11 +247,12 @@ def _budget_value(budget: str) -> int | str:
 def _make_plan(request: _Request, net: Any, sample: Any, opt: Any) -> tuple[Any, int, Any]:
     """The plan, the batch size it is for, and that batch."""
     common = {"budget": _budget_value(request.budget), "optimizer": opt,
-              "device": request.cost_device}
+              "device": request.cost_device, "loss_fn": request.source.loss_fn}
+    size = batch_shape(sample)[0] or request.batch
     if request.compile:
         from remat.compiled.plan import plan_compiled
 
-        return plan_compiled(net, sample, **common), request.batch, sample
+        return plan_compiled(net, sample, **common), size, sample
     from remat.planning import plan, plan_throughput
     from remat.planning.throughput import ThroughputSearch
 
@@ -238,29 +262,20 @@ def _make_plan(request: _Request, net: Any, sample: Any, opt: Any) -> tuple[Any,
         result = plan_throughput(net, request.make_batch, search=search, **common)
         chosen_batch = result.batch_size or request.batch
         return result, chosen_batch, request.make_batch(chosen_batch)
-    return plan(net, sample, **common), request.batch, sample
+    return plan(net, sample, **common), size, sample
 
 
 def _run(request: _Request) -> _Outcome:
     """Build the model, plan it, and measure the frontier (with a progress bar)."""
-    import torch
-
     from remat.compare.frontier import frontier as measure_frontier
-    from remat.models import build_model
 
-    try:
-        sample = request.make_batch(request.batch)
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc).removeprefix("remat.models.make_batch: "),
-                                 param_hint="'--seq'") from None
-    seq_len = int(sample["input_ids"].shape[1])
+    sample = request.make_batch(request.batch)
+    seq_len = batch_shape(sample)[1]
+    name = request.source.name
     started = time.perf_counter()
-    with user_errors(), notices(), progress_bar(f"plan {request.model}") as update:
+    with user_errors(), notices(), progress_bar(f"plan {name}") as update:
         update("build model", 0, 3)
-        torch.manual_seed(request.seed)
-        with torch.device(request.target):
-            net = build_model(request.model)
-        net.train()
+        net = request.source.build()
         opt = make_optimizer(request.optimizer.value, net)
         update("measure candidates and plan", 1, 3)
         with reporting(lambda step, done, total: update(f"plan: {step}", done, total)):
@@ -271,8 +286,8 @@ def _run(request: _Request) -> _Outcome:
             with reporting(lambda step, done, total: update(f"frontier: {step}", done, total)):
                 front = measure_frontier(net, sample, result, optimizer=opt,
                                          simulate=request.simulate,
-                                         label=f"{request.model}, batch {chosen_batch}, "
-                                               f"seq {seq_len}")
+                                         loss_fn=request.source.loss_fn,
+                                         label=shape_label(name, chosen_batch, seq_len))
         update("done", 3, 3)
     return _Outcome(result, chosen_batch, seq_len, front, time.perf_counter() - started)
 
@@ -282,8 +297,8 @@ def _print_outcome(request: _Request, outcome: _Outcome) -> None:
     from remat.report.tables import frontier_table
 
     console = stdout_console()
-    console.print(f"remat plan: {request.model}, batch {outcome.batch_size}, seq "
-                  f"{outcome.seq_len}, budget {request.budget} on {request.target}",
+    shape = shape_label(request.source.name, outcome.batch_size, outcome.seq_len)
+    console.print(f"remat plan: {shape}, budget {request.budget} on {request.target}",
                   highlight=False)
     console.print(plan_renderable(outcome.plan))
     front = outcome.frontier
@@ -309,7 +324,7 @@ def _write_outputs(request: _Request, outcome: _Outcome, *, out: Path | None,
         err_console.print(f"Wrote {out}", highlight=False)
     front = outcome.frontier
     if json_out is not None:
-        meta = {"model": request.model, "batch_size": outcome.batch_size,
+        meta = {"model": request.source.name, "batch_size": outcome.batch_size,
                 "seq_len": outcome.seq_len, "budget": request.budget,
                 "optimizer": request.optimizer.value, "seed": request.seed,
                 "simulate": request.simulate, "torch": torch.__version__}
@@ -321,6 +336,7 @@ def _write_outputs(request: _Request, outcome: _Outcome, *, out: Path | None,
 
 
 _JAX_REFUSED = {
+    **SOURCES_REFUSED,
     "maximize": "the JAX planner plans one batch size",
     "max_batch": "it goes with --maximize, which the JAX planner does not do",
     "optimizer": "the JAX step is loss and gradients (no optimizer state)",

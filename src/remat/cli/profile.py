@@ -20,17 +20,27 @@ from remat.cli._common import (
     user_errors,
     write_json,
 )
+from remat.cli._sources import (
+    batch_shape,
+    given_flags,
+    given_sources,
+    run_source,
+    shape_label,
+)
 from remat.cli.options import (
-    DEFAULT_MODEL,
     BatchOpt,
     DeviceOpt,
+    HfConfigOpt,
+    HfOpt,
     JsonOpt,
     ModelOpt,
+    ModuleOpt,
     OptimizerChoice,
     OptimizerOpt,
     RegistryHelpCommand,
     SeedOpt,
     SeqOpt,
+    SetOpt,
     StrategyOpt,
     check_output,
 )
@@ -46,12 +56,21 @@ Examples:
   remat profile --model gpt-tiny --strategy ops --optimizer adamw --json out/profile.json
 
   remat profile --trace out/trace.json   (open it in https://ui.perfetto.dev)
+
+  remat profile --module examples/my_model.py:build --batch 2 --seq 64   (your own model)
+
+  remat profile --hf llama --set num_hidden_layers=2 --set hidden_size=256 --seq 64
 """
 
 
 @app.command("profile", epilog=_EPILOG, cls=RegistryHelpCommand)
 def profile_command(
-    model: ModelOpt = DEFAULT_MODEL,
+    ctx: typer.Context,
+    model: ModelOpt = None,
+    hf: HfOpt = None,
+    hf_config: HfConfigOpt = None,
+    module: ModuleOpt = None,
+    settings: SetOpt = None,
     batch: BatchOpt = 8,
     seq: SeqOpt = None,
     strategy: StrategyOpt = "none",
@@ -67,49 +86,48 @@ def profile_command(
         help="Export a torch.profiler Chrome trace of one step (open in Perfetto).",
     )] = None,
 ) -> None:
-    """Measure one training step of a built-in model under one strategy.
+    """Measure one training step of a model under one strategy.
 
     Prints the per-block table (bytes saved for backward, forward FLOPs and time),
     the memory totals by category, and the backward/forward time ratio: about 2
     without checkpointing, higher when blocks are recomputed during backward.
+    The model is a preset, a Hugging Face config or your own (--module).
     """
     import torch
 
     from remat.measure import profile as measure_profile
-    from remat.models import build_model, make_batch
     from remat.report.tables import blocks_table, totals_table
     from remat.strategies import apply
 
+    sources = given_sources(model, hf, hf_config, module, settings)
     target = resolve_device(device)
-    check_fits(model, target, copies=2 if optimizer is OptimizerChoice.none else 4)
-    try:
-        sample = make_batch(model, batch, seq, seed=seed, device=target)
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc).removeprefix("remat.models.make_batch: "),
-                                 param_hint="'--seq'") from None
-    seq_len = int(sample["input_ids"].shape[1])
+    source = run_source(sources, api="remat profile", seq=seq, seed=seed, target=target,
+                        given=given_flags(ctx, "batch", "seq"))
+    name = source.name
+    check_fits(name, source.param_bytes, target,
+               copies=2 if optimizer is OptimizerChoice.none else 4)
+    sample = source.batch(batch)
+    batch_size, seq_len = batch_shape(sample)
 
-    with user_errors(), notices(), progress_bar(f"profile {model} ({strategy})") as update:
+    with user_errors(), notices(), progress_bar(f"profile {name} ({strategy})") as update:
         update("build model", 0, 3)
-        torch.manual_seed(seed)
-        with torch.device(target):
-            net = build_model(model)
-        net.train()
+        net = source.build()
         apply(net, strategy)
         opt = make_optimizer(optimizer.value, net)
         update("measure step", 1, 3)
-        result = measure_profile(net, sample, optimizer=opt, repeats=repeats)
+        result = measure_profile(net, sample, optimizer=opt, repeats=repeats,
+                                 loss_fn=source.loss_fn)
         update("trace" if trace else "done", 2, 3)
         if trace is not None:
-            export_trace(net, sample, trace, optimizer=opt)
+            export_trace(net, sample, trace, optimizer=opt, loss_fn=source.loss_fn)
         update("done", 3, 3)
 
-    meta = {"model": model, "batch_size": batch, "seq_len": seq_len, "strategy": strategy,
+    meta = {"model": name, "batch_size": batch_size, "seq_len": seq_len, "strategy": strategy,
             "optimizer": optimizer.value, "seed": seed, "torch": torch.__version__}
     if json_out != "-":
         console = stdout_console()
-        title = f"remat profile: {model}, batch {batch}, seq {seq_len}, strategy {strategy} " \
-                f"on {result.device}"
+        title = f"remat profile: {shape_label(name, batch_size, seq_len)}, strategy " \
+                f"{strategy} on {result.device}"
         console.print(blocks_table(result, title=title))
         console.print(totals_table(result))
         from remat.report.tables import backward_forward_ratio

@@ -19,27 +19,31 @@ from remat.cli import app
 from remat.cli._common import (
     ProgressFn,
     err_console,
+    fail,
     progress_bar,
     stdout_console,
     user_errors,
     write_json,
 )
 from remat.cli._sim_tables import rate, simulation_tables
-from remat.cli._sources import check_choice, int_list, model_choice
-from remat.cli._sources import overrides as parse_overrides
+from remat.cli._sources import ModelChoice, batch_shape, given_flags, given_sources, model_choice
+from remat.cli._user_model import raised
 from remat.cli.options import (
     DtypeOpt,
     GpuOpt,
     HfConfigOpt,
     HfOpt,
     JsonOpt,
+    ModuleOpt,
     RegistryHelpCommand,
     SetOpt,
     SimModelOpt,
     SimStrategiesOpt,
+    check_choice,
+    int_list,
     plot_option,
 )
-from remat.errors import message
+from remat.errors import RematError, message
 
 if TYPE_CHECKING:
     from remat.simulate.result import SimulationResult, SimulationRow
@@ -57,6 +61,8 @@ Examples:
   remat simulate --hf-config llama-3-8b/config.json --seq 8192 --strategies none,full --json s.json
 
   remat simulate --hf llama --set num_hidden_layers=16 --set hidden_size=2048 --device l4
+
+  remat simulate --module examples/my_model.py:build_training --seq 1024 --batch 1,8
 """
 
 
@@ -77,6 +83,25 @@ def _sharding(sharding: str | None, world_size: int) -> str:
                                          fix="pass --sharding fsdp or ddp"),
                                  param_hint="'--sharding'")
     return mode
+
+
+API = "remat simulate"
+
+
+def _fixed_batch_size(choice: ModelChoice, given: list[str]) -> int:
+    """The size of a ``--module`` source's fixed batch: the one batch size to simulate."""
+    size = batch_shape(choice.fixed_batch)[0]
+    if given or size is None:
+        fail(message(API, f"{choice.name} gives one fixed batch"
+                          + (f" of {size}" if size is not None else "")
+                          + ("; --batch asks for other sizes" if given else
+                             ", whose size cannot be read"),
+                     {"why": "simulate sweeps micro-batch sizes, which a fixed batch cannot"},
+                     fix="return an object with make_batch(batch_size, seq_len) from the "
+                         "factory" + (", or drop --batch" if given else "")))
+    err_console.print(f"Simulating the fixed batch of {choice.name} (batch {size}).",
+                      highlight=False)
+    return size
 
 
 def _row_progress(update: ProgressFn, names: Sequence[str], batch_sizes: Sequence[int],
@@ -117,9 +142,11 @@ def _print_result(result: SimulationResult) -> None:
 
 @app.command("simulate", epilog=_EPILOG, cls=RegistryHelpCommand)
 def simulate_command(
+    ctx: typer.Context,
     model: SimModelOpt = None,
     hf: HfOpt = None,
     hf_config: HfConfigOpt = None,
+    module: ModuleOpt = None,
     overrides: SetOpt = None,
     seq: Annotated[int, typer.Option("--seq", "-s", min=1, metavar="S",
                                      help="Tokens per sequence.")] = 2048,
@@ -158,7 +185,8 @@ def simulate_command(
     backward, optimizer) runs under FakeTensorMode: bytes are exact, nothing is
     allocated, a Llama-7B step takes seconds on a laptop. Step times are roofline
     predictions from the recorded ops. Peaks are tensor bytes; leave a few GiB for
-    the CUDA context, allocator fragmentation and workspaces.
+    the CUDA context, allocator fragmentation and workspaces. --module factories are
+    called on the meta device too.
     """
     import dataclasses
 
@@ -166,16 +194,33 @@ def simulate_command(
     from remat.simulate.run import simulate
     from remat.strategies.registry import default_strategies
 
+    sources = given_sources(model, hf, hf_config, module, overrides)
     batch_sizes = int_list(batch, "--batch")
     mode = _sharding(sharding, world_size)
-    choice = model_choice(model, hf, hf_config, parse_overrides(overrides), seq)
+    choice = model_choice(sources, seq, api=API)
+    batch_fn = choice.batch_fn
+    if choice.fixed_batch is not None and batch_fn is None:
+        batch_sizes = [_fixed_batch_size(choice, given_flags(ctx, "batch"))]
+        fixed = choice.fixed_batch
+        batch_fn = lambda _b, _s: fixed  # noqa: E731
     names = strategies.split(",") if strategies else default_strategies("simulate")
     with user_errors(), progress_bar(f"simulate {choice.name}", log_when_piped=True) as update:
-        result = simulate(
-            choice.source, seq_len=seq, batch_sizes=batch_sizes, dtype=dtype, optimizer=optimizer,
-            device=device, strategies=names, world_size=world_size, sharding=mode,
-            plan=plan, on_row=_row_progress(update, names, batch_sizes, plan), exact=exact,
-        )
+        try:
+            result = simulate(
+                choice.source, seq_len=seq, batch_sizes=batch_sizes, dtype=dtype,
+                optimizer=optimizer, device=device, strategies=names, world_size=world_size,
+                sharding=mode, plan=plan, on_row=_row_progress(update, names, batch_sizes, plan),
+                exact=exact, batch_fn=batch_fn, loss_fn=choice.loss_fn,
+            )
+        except (RematError, typer.Exit):
+            raise
+        except Exception as exc:
+            if choice.user is None:
+                raise
+            raised(API, f"--module {module}: the model cannot be simulated", exc,
+                   fix="simulate a model that runs on fake tensors (no reading of tensor "
+                       "values, batches in the parameters' dtype; see --dtype), or measure "
+                       "it for real with remat profile / remat plan")
     if choice.name != result.model:
         result = dataclasses.replace(result, model=choice.name)
     if json_out != "-":

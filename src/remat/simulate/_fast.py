@@ -123,6 +123,8 @@ def _depths(label: str, n_blocks: int) -> tuple[int, int] | None:
     """``(L1, step)``: the shallowest stack length to cut to and the step between cut
     lengths over which ``label``'s pattern repeats, else None (stack too short)."""
     kind, _, arg = label.partition(":")
+    if n_blocks < 1:  # no uniform stack to cut
+        return None
     if kind == "sqrt":
         k, r = _sqrt_shape(n_blocks)
         return (k + r, k) if 2 * k + r < n_blocks else None

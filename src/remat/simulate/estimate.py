@@ -23,6 +23,7 @@ import json
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -170,6 +171,8 @@ def estimate(
     layers: int | None = 2,
     n_layers: int | None = None,
     blocks: Any = None,
+    batch_fn: Callable[[int, int], Any] | None = None,
+    loss_fn: Callable[[Any, Any], torch.Tensor] | None = None,
     on_row: Callable[[EstimateRow], None] | None = None,
 ) -> EstimateTable:
     """Closed-form activation estimates next to the exact simulated bytes, per layer.
@@ -189,6 +192,10 @@ def estimate(
         layers: blocks to simulate a preset with. Default: ``2``; ``None`` for all.
         n_layers: layers of the full model (reported only). Default: read from the config.
         blocks: which modules are blocks (as for :func:`remat.apply`).
+        batch_fn: ``batch_fn(batch_size, seq_len) -> batch``. Default: random token ids
+            and labels from ``model.config.vocab_size``.
+        loss_fn: ``loss_fn(output, batch) -> scalar``. Default: ``output.loss``, as in
+            :func:`remat.measure.profile`.
         on_row: called with each row as it is simulated (progress bars).
 
     Returns:
@@ -236,10 +243,10 @@ def estimate(
         stack.callback(remove, run)
         for seq in seqs:
             for batch_size in sizes:
-                batch = default_batch(net, batch_size, seq)
+                batch = (batch_fn or partial(default_batch, net))(batch_size, seq)
                 for checkpointing in ("none", "full"):
                     apply(run, checkpointing, blocks=blocks)
-                    prof = profile(run, batch, simulate=True, blocks=blocks)
+                    prof = profile(run, batch, simulate=True, blocks=blocks, loss_fn=loss_fn)
                     if not prof.blocks:
                         raise ValueError(message(_API, f"no blocks found in {name}",
                                                  fix="pass blocks="))
