@@ -97,6 +97,8 @@ def test_plan_and_profile_of_a_patched_model() -> None:
     assert simulated.peak_bytes == none.peak_bytes
     # Planning captures block inputs on a fake copy: before the copy's closures were
     # rebuilt, its blocks were never called (BlocksNotFound).
-    plan = remat.plan(model, x, budget=none.peak_bytes)
+    # (1 KiB above the tracked peak: the allocator also sees a few bytes of kernel
+    # scratch, NOTE [ Fits on the allocator ].)
+    plan = remat.plan(model, x, budget=none.peak_bytes + 1024)
     assert plan.block_names == ("blocks.0", "blocks.1")
     assert plan.measured_peak_bytes == none.peak_bytes
