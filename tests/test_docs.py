@@ -45,3 +45,40 @@ def test_every_documented_plan_loader_names_an_existing_attribute() -> None:
             obj = getattr(obj, part) if hasattr(obj, part) else importlib.import_module(
                 f"{obj.__name__}.{part}")  # type: ignore[attr-defined]
         assert callable(obj.from_json), dotted  # type: ignore[attr-defined]
+
+
+def test_readme_your_model_quickstart_runs_on_a_model_of_ones_own() -> None:
+    import torch
+    from torch import nn
+
+    import remat
+
+    class MyModel(nn.Module):  # a model remat has never seen: blocks found by its rules
+        def __init__(self) -> None:
+            super().__init__()
+            self.layers = nn.ModuleList(
+                nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 32))
+                for _ in range(4))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            for layer in self.layers:
+                x = x + layer(x)
+            return x
+
+    def my_loss(output: torch.Tensor, batch: torch.Tensor) -> torch.Tensor:
+        return output.square().mean()
+
+    torch.manual_seed(0)
+    loader = [torch.randn(64, 32)]
+    none_peak = remat.profile(MyModel().train(), loader[0], loss_fn=my_loss,
+                              timing=False).peak_bytes
+    block = next(b for b in _python_blocks() if "MyModel()" in b)
+    block = block.replace('"12GiB"', str(none_peak - 1))  # a budget this tiny model needs
+    scope: dict[str, object] = {"MyModel": MyModel, "loader": loader, "my_loss": my_loss}
+    exec(compile(block, "README.md", "exec"), scope)  # noqa: S102  (the README's own code)
+    plan, model = scope["plan"], scope["model"]
+    assert isinstance(plan, remat.Plan) and isinstance(model, nn.Module)
+    assert plan.decisions  # something is checkpointed
+    assert plan.allocator_peak_bytes is not None and plan.allocator_peak_bytes < none_peak
+    assert remat.strategies.applied(model) is not None
+    assert remat.validate(model, loader[0], plan, loss_fn=my_loss).passed

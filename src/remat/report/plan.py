@@ -48,6 +48,10 @@ def _summary_cells(plan: Plan) -> list[tuple[str, str]]:
         ("Predicted peak", format_bytes(plan.predicted_peak_bytes)),
         ("Measured peak", "not measured" if plan.measured_peak_bytes is None
          else format_bytes(plan.measured_peak_bytes)),
+    ]
+    if plan.allocator_peak_bytes is not None:
+        cells.append(("Allocator peak", format_bytes(plan.allocator_peak_bytes)))
+    cells += [
         ("Recompute FLOPs", format_flops(plan.recompute_flops)),
     ]
     if plan.cost_source == "measured":
