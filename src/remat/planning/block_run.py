@@ -48,12 +48,8 @@ def apply_parts(model: nn.Module, name: str, parts: Sequence[Part],
     """Apply a candidate's ``parts`` to block ``name`` of ``model`` (undo with ``remove``)."""
     decisions = {f"{name}.{path}" if path else name: d for path, d in parts
                  if not isinstance(d, NoCheckpoint)}
-    if any(key != name for key in decisions):
-        spec = NamedBlocks(tuple(decisions))
-    else:
-        spec = NamedBlocks(tuple(block_names))
-    with quiet():
-        apply_decisions(model, decisions, blocks=spec)
+    with quiet():  # sub-layer paths resolve under the block (NOTE [ Decision keys ])
+        apply_decisions(model, decisions, blocks=NamedBlocks(tuple(block_names)))
 
 
 # NOTE [ Gradient of the block output ]

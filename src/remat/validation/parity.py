@@ -23,11 +23,11 @@ from remat.errors import RematWarning, message
 from remat.measure.step import Step, call_model, check_runnable, default_loss
 from remat.strategies.apply import apply, remove
 from remat.strategies.base import Strategy
-from remat.strategies.regions import region_of
+from remat.strategies.regions import installed_attributes, region_of
 from remat.strategies.registry import parse_strategy
 
 _TINY = 1e-30
-_REMAT_KEYS = ("forward", "_remat_region", "_remat_prev_forward", "_remat_applied")
+_APPLIED_KEY = "_remat_applied"
 #: Per-module state validation may change and puts back: remat's regions and Hugging Face's
 #: own checkpointing switches (``gradient_checkpointing_disable`` resets them).
 _HF_KEYS = ("gradient_checkpointing", "_gradient_checkpointing_func")
@@ -45,9 +45,10 @@ def relative_error(value: torch.Tensor, reference: torch.Tensor) -> float:
 @contextmanager
 def _preserved(model: nn.Module) -> Iterator[None]:
     """Restore remat regions, buffers, grads and the RNG state afterwards."""
-    keys = (*_REMAT_KEYS, *_HF_KEYS)
+    keys = (_APPLIED_KEY, *_HF_KEYS)
     installed = {
-        id(m): (m, {k: m.__dict__[k] for k in keys if k in m.__dict__})
+        id(m): (m, {**installed_attributes(m),
+                    **{k: m.__dict__[k] for k in keys if k in m.__dict__}})
         for m in model.modules()
     }
     configs = {id(c): (c, c.use_cache) for m in model.modules()
