@@ -15,6 +15,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils._pytree import tree_map
 
+from remat.blocks import Sublayer
 from remat.core.ops import OpRecord
 from remat.errors import message
 from remat.measure.ledger import first_tensor
@@ -94,7 +95,7 @@ def _swap(value: Any, old: Tensor, new: Tensor) -> Any:
 
 def run_block(setup: FakeSetup, name: str, block: nn.Module,
                inputs: BlockInputs, parts: Sequence[Part],
-               attribution: Sequence[tuple[str, nn.Module]] = ()) -> BlockRun:
+               attribution: Sequence[tuple[str, Sublayer]] = ()) -> BlockRun:
     """Forward and backward of one block under ``parts``, tracked (see module docstring)."""
     apply_parts(setup.model, name, parts, [n for n, _ in setup.blocks])
     try:
@@ -155,7 +156,7 @@ def run_block(setup: FakeSetup, name: str, block: nn.Module,
 
 
 def record_graphs(setup: FakeSetup, name: str, block: nn.Module, inputs: BlockInputs,
-                  sublayers: dict[str, nn.Module]) -> dict[str, OpGraph]:
+                  sublayers: dict[str, Sublayer]) -> dict[str, OpGraph]:
     """The block's and its sub-layers' op graphs (``remat.strategies.op_graph``), recorded
     by one forward on the fake copy; empty where the forward cannot be followed."""
     with setup.mode:
