@@ -459,7 +459,8 @@ def find_sublayer(
         raise ValueError(message("remat.find_sublayer", "kind must be 'attn' or 'mlp'",
                                  {"found": repr(kind)}, fix="pass kind='attn' or kind='mlp'"))
     wanted = tuple(names) if names is not None else _SUBLAYER_NAMES[kind]
-    found = _find_module(block, kind, wanted, explicit=names is not None)
+    found: tuple[str, Sublayer] | None = _find_module(block, kind, wanted,
+                                                      explicit=names is not None)
     if found is None:
         found = _find_method(block, wanted, explicit=names is not None)
     if found is not None:

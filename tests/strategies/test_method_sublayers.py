@@ -12,7 +12,6 @@ from typing import Any
 
 import pytest
 import torch
-from tiny_nets import MethodLayer, MethodLM, MhaNet
 from torch import nn
 
 import remat
@@ -21,6 +20,7 @@ from remat.errors import BlocksNotFound, RematWarning, StrategyError
 from remat.strategies import applied, apply, apply_decisions, remove
 from remat.strategies.builtin import Full, NoCheckpoint, SelectiveOps
 from remat.strategies.regions import has_region, method_regions, region_of
+from tiny_nets import MethodLayer, MethodLM, MhaNet
 
 X_SHAPE = (2, 16, 32)
 

@@ -28,7 +28,6 @@ from remat.blocks import BlockMethod, Sublayer
 from remat.measure.ledger import first_tensor
 from remat.recompute import is_recomputing
 
-
 PreHook = Callable[[nn.Module, tuple[Any, ...], dict[str, Any]], None]
 PostHook = Callable[[nn.Module, tuple[Any, ...], dict[str, Any], Any], None]
 
