@@ -21,14 +21,19 @@ NOTE [ Method regions ]
     A sub-layer written as a method of a block (NOTE [ Method sub-layers ] in
     remat/blocks.py) is made a region the same way: an instance attribute named like
     the method, a :class:`~remat.strategies.runtime.BoundForward` binding the module
-    and the method's name, shadows the class's function (an instance attribute wins
-    over a function on the class), so ``self._attention_forward(x, mask)`` in the
-    block's forward runs the region. Its :class:`RegionInfo` is kept per method name
-    in the module's ``_remat_methods``, and an instance attribute the method already
-    had in ``_remat_prev_methods``; both dicts are replaced, never changed in place, so
-    a saved copy (``preserved_strategy``) stays what it was. ``state_dict()`` and the
-    module tree do not change; :func:`uninstall` removes method regions with the
-    module's own, and copies and pickles rebind them like a forward.
+    and a marker naming the method (``_Method``), shadows the class's function (an
+    instance attribute wins over a function on the class), so
+    ``self._attention_forward(x, mask)`` in the block's forward runs the region. The
+    region functions are the forward's own: the marker, passed first, says which
+    region and function a call is for (``_region_call``), so a region stays one frame
+    from ``BoundForward`` to ``checkpoint``, which ``torch.compile`` needs (a graph
+    break in a nested helper costs a frame and recompiles of its own). Its
+    :class:`RegionInfo` is kept per method name in the module's ``_remat_methods``, and
+    an instance attribute the method already had in ``_remat_prev_methods``; both dicts
+    are replaced, never changed in place, so a saved copy (``preserved_strategy``) stays
+    what it was. ``state_dict()`` and the module tree do not change; :func:`uninstall`
+    removes method regions with the module's own, and copies and pickles rebind them
+    like a forward.
 
 NOTE [ Segments ]
     ``sqrt`` makes several consecutive blocks one region. The parent module's loop
@@ -187,6 +192,23 @@ def _inner_method(module: nn.Module, method: str) -> Callable[..., Any]:
     return getattr(type(module), method).__get__(module)  # type: ignore[no-any-return]
 
 
+@dataclass(frozen=True)
+class _Method:
+    """The first argument a method region's forward gets: which method is called."""
+
+    name: str
+
+
+def _region_call(module: nn.Module, args: tuple[Any, ...]
+                 ) -> tuple[RegionInfo, Callable[..., Any], tuple[Any, ...]]:
+    """The region a call is for, the function it runs, and the call's own arguments:
+    ``module``'s forward, or the method named by a leading :class:`_Method`."""
+    if args and isinstance(args[0], _Method):
+        name = args[0].name
+        return module.__dict__[_METHODS][name], _inner_method(module, name), args[1:]
+    return module.__dict__.get(_STATE), _inner_forward(module), args  # type: ignore[return-value]
+
+
 def _replace(module: nn.Module, key: str, value: dict[str, Any]) -> None:
     if value:
         module.__dict__[key] = value
@@ -205,7 +227,7 @@ def _set_method(module: nn.Module, method: str, fn: Callable[..., Any],
     if info.hooks is None:
         info.hooks = HookWatch(module)
     _replace(module, _METHODS, {**method_regions(module), method: info})
-    module.__dict__[method] = BoundForward(module, fn, method)
+    module.__dict__[method] = BoundForward(module, fn, _Method(method))
 
 
 def _uninstall_method(module: nn.Module, method: str) -> None:
@@ -281,15 +303,16 @@ def _context_fn(info: RegionInfo | None,
 
 # ---- single-module checkpoint ------------------------------------------------------------
 
-def _run_checkpointed(module: nn.Module, info: RegionInfo, inner: Callable[..., Any],
-                      args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+def _checkpointed_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
+    # One frame from BoundForward to checkpoint: see NOTE [ Method regions ].
+    info, inner, args = _region_call(self, args)
     if not torch.is_grad_enabled():
         return inner(*args, **kwargs)
     if info.save_ops is None and torch.compiler.is_compiling():
         # Dynamo traces a checkpoint with no context_fn, or SAC's own (see _context_fn).
         return checkpoint(inner, *args, use_reentrant=False, preserve_rng_state=True, **kwargs)
     if info.hooks is not None:
-        info.hooks.check(module)
+        info.hooks.check(self)
     versions = input_versions(args, kwargs)
     output = checkpoint(
         inner,
@@ -300,18 +323,9 @@ def _run_checkpointed(module: nn.Module, info: RegionInfo, inner: Callable[..., 
         **kwargs,
     )
     mark_region_outputs(info.sac_contexts, output)
-    check_inputs_unchanged(module, versions)
-    check_save_ops_once(module, info)
+    check_inputs_unchanged(self, versions)
+    check_save_ops_once(self, info)
     return output
-
-
-def _checkpointed_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
-    return _run_checkpointed(self, self.__dict__[_STATE], _inner_forward(self), args, kwargs)
-
-
-def _checkpointed_method(self: nn.Module, method: str, *args: Any, **kwargs: Any) -> Any:
-    return _run_checkpointed(self, self.__dict__[_METHODS][method], _inner_method(self, method),
-                             args, kwargs)
 
 
 def install_checkpoint(module: nn.Module, *, label: str = "full",
@@ -331,7 +345,7 @@ def install_checkpoint(module: nn.Module, *, label: str = "full",
     """
     info = RegionInfo("checkpoint", label, save_ops=save_ops, stateful=stateful_modules(module))
     if method is not None:
-        _set_method(module, method, _checkpointed_method, info)
+        _set_method(module, method, _checkpointed_forward, info)
     else:
         _set_forward(module, _checkpointed_forward, info)
 
@@ -345,23 +359,15 @@ def _first_tensor(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor
     return None
 
 
-def _run_offloaded(module: nn.Module, inner: Callable[..., Any], args: tuple[Any, ...],
-                   kwargs: dict[str, Any]) -> Any:
+def _offload_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
+    _, inner, args = _region_call(self, args)
     first = _first_tensor(args, kwargs)
     if not torch.is_grad_enabled() or first is None or first.device.type in ("cpu", "meta"):
         return inner(*args, **kwargs)
     # NOTE [ Asynchronous offload ]: fake tensors (the planner's measurements) take the
     # same steps without streams, so the tracker sees the bytes the real run holds.
-    with offloading(module, first.device, fake=isinstance(first, FakeTensor)):
+    with offloading(self, first.device, fake=isinstance(first, FakeTensor)):
         return inner(*args, **kwargs)
-
-
-def _offload_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
-    return _run_offloaded(self, _inner_forward(self), args, kwargs)
-
-
-def _offload_method(self: nn.Module, method: str, *args: Any, **kwargs: Any) -> Any:
-    return _run_offloaded(self, _inner_method(self, method), args, kwargs)
 
 
 def install_offload(module: nn.Module, *, label: str = "offload",
@@ -372,7 +378,7 @@ def install_offload(module: nn.Module, *, label: str = "offload",
     On a CPU-only run there is no separate host memory and this is a no-op.
     """
     if method is not None:
-        _set_method(module, method, _offload_method, RegionInfo("offload", label))
+        _set_method(module, method, _offload_forward, RegionInfo("offload", label))
     else:
         _set_forward(module, _offload_forward, RegionInfo("offload", label))
 
@@ -485,20 +491,7 @@ def _segment_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
 
 
 def install_segment(modules: list[nn.Module], *, label: str = "sqrt") -> None:
-    """Make consecutive ``modules`` one checkpointed region (see NOTE [ Method regions ]
-    A sub-layer written as a method of a block (NOTE [ Method sub-layers ] in
-    remat/blocks.py) is made a region the same way: an instance attribute named like
-    the method, a :class:`~remat.strategies.runtime.BoundForward` binding the module
-    and the method's name, shadows the class's function (an instance attribute wins
-    over a function on the class), so ``self._attention_forward(x, mask)`` in the
-    block's forward runs the region. Its :class:`RegionInfo` is kept per method name
-    in the module's ``_remat_methods``, and an instance attribute the method already
-    had in ``_remat_prev_methods``; both dicts are replaced, never changed in place, so
-    a saved copy (``preserved_strategy``) stays what it was. ``state_dict()`` and the
-    module tree do not change; :func:`uninstall` removes method regions with the
-    module's own, and copies and pickles rebind them like a forward.
-
-NOTE [ Segments ]).
+    """Make consecutive ``modules`` one checkpointed region (see NOTE [ Segments ]).
 
     Args:
         modules: blocks called one after another by their parent, each taking the

@@ -45,8 +45,8 @@ class BoundForward:
     Args:
         module: the module whose forward (or method) it replaces (``__self__``).
         fn: a module-level function ``fn(module, *bound, *args, **kwargs)`` (``__func__``).
-        bound: picklable values passed before the call's arguments: the method's name,
-            for a region on a method (NOTE [ Method regions ] in regions.py).
+        bound: picklable values passed before the call's arguments: a marker naming the
+            method, for a region on a method (NOTE [ Method regions ] in regions.py).
     """
 
     __slots__ = ("__func__", "__self__", "bound")
@@ -63,7 +63,7 @@ class BoundForward:
         return BoundForward, (self.__self__, self.__func__, *self.bound)
 
     def __repr__(self) -> str:
-        on = f" {self.bound[0]}" if self.bound else ""
+        on = f" {getattr(self.bound[0], 'name', self.bound[0])}" if self.bound else ""
         return (f"<remat region forward {self.__func__.__name__}{on} of "
                 f"{type(self.__self__).__name__}>")
 
