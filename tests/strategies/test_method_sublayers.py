@@ -239,6 +239,18 @@ def test_a_hybrid_stack_with_method_blocks_skips_the_blocks_without_them() -> No
         _assert_parity(model, x, "attn")
 
 
+def test_validate_warns_when_a_method_region_never_runs() -> None:
+    model = _method_lm()
+    x = torch.randn(*X_SHAPE)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RematWarning)
+        assert remat.validate(model, x, "mlp").passed  # the regions ran: no warning
+    model.layers = nn.ModuleList(_Bypass() for _ in range(2))
+    with pytest.warns(RematWarning, match=r"(?s)installed 2 checkpointed region\(s\), but "
+                                          r"none ran.*layers\.0\._ffn_forward"):
+        remat.validate(model, x, "mlp")
+
+
 # ---- models for the tests above -----------------------------------------------------------
 
 
@@ -273,6 +285,14 @@ class _ModuleLM(MethodLM):
         copied = copy.deepcopy(source)
         self.inp, self.head = copied.inp, copied.head
         self.layers = nn.ModuleList(_ModuleLayer(layer) for layer in copied.layers)
+
+
+class _Bypass(MethodLayer):
+    """Calls its methods through the class, so a region on the instance never runs."""
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        x = x + MethodLayer._attention_forward(self, self.norm1(x), mask)
+        return x + MethodLayer._ffn_forward(self, self.norm2(x))
 
 
 class _ConvLayer(nn.Module):

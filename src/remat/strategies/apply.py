@@ -213,7 +213,8 @@ def apply(model: M, strategy: str | Strategy | Any, *, blocks: BlocksSpec = None
         strategy: a registered strategy (``remat.STRATEGIES``): ``"none"``, ``"full"``
             (each block), ``"every:N"`` (blocks 0, N, 2N, ...), ``"sqrt"`` (consecutive
             blocks of each stack in ~sqrt(L) segments, one region each), ``"attn"`` /
-            ``"mlp"`` (only that sub-layer of each block), ``"ops"`` (op-level selective
+            ``"mlp"`` (only that sub-layer of each block: a module, or a method of the
+            block such as ``_attention_forward``), ``"ops"`` (op-level selective
             checkpointing: keep matmul/attention/conv outputs, recompute the rest),
             ``"offload"`` (saved activations in pinned host memory; a no-op on CPU); a
             :class:`~remat.strategies.base.Strategy` config; or a Plan from
