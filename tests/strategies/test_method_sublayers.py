@@ -222,7 +222,8 @@ def test_plan_keys_resolve_to_methods_and_unknown_keys_are_refused() -> None:
     with pytest.raises(StrategyError, match=r"(?s)does not have.*layers\.0\._nope"):
         apply_decisions(model, {"layers.0._nope": Full()})
     with pytest.raises(StrategyError, match="cannot be installed on a method"):
-        apply_decisions(model, {"layers.0._ffn_forward": _ModuleOnly()})
+        apply_decisions(model, {"layers.0": Full(), "layers.1._ffn_forward": _ModuleOnly()})
+    assert not any(has_region(m) for m in model.modules())  # nothing half-applied
 
 
 def test_a_hybrid_stack_with_method_blocks_skips_the_blocks_without_them() -> None:

@@ -85,8 +85,7 @@ def _measure_on_copy(step: Step, setup: FakeSetup, decisions: Mapping[str, Block
     fstep = step.with_model(setup.model, setup.optimizer, setup.batch)
     try:
         with preserved_strategy(setup.model), quiet(), setup.mode:
-            apply_decisions(setup.model, decisions,
-                            blocks=step.blocks)
+            apply_decisions(setup.model, decisions, blocks=step.blocks)
             clear_grads(setup.model)
             named = fstep.blocks_found(api="remat.plan", required=False)
             try:

@@ -162,15 +162,19 @@ def apply_decisions(model: M, decisions: Mapping[str, BlockStrategy], *,
     pitfalls = check_model(model)
     regions: list[nn.Module] = []
     labels: list[tuple[str, str]] = []
-    for name, _ in named:
-        decided = targets.get(name, [])
-        if not any(key == name for key, _ in decided):
-            labels.append((name, "none"))
-        for key, target in decided:
-            decision = decisions[key]
-            regions += decision.install_method(target) if isinstance(target, BlockMethod) \
-                else decision.install_block(target)
-            labels.append((key, decision.label()))
+    try:
+        for name, _ in named:
+            decided = targets.get(name, [])
+            if not any(key == name for key, _ in decided):
+                labels.append((name, "none"))
+            for key, target in decided:
+                decision = decisions[key]
+                regions += decision.install_method(target) \
+                    if isinstance(target, BlockMethod) else decision.install_block(target)
+                labels.append((key, decision.label()))
+    except BaseException:
+        remove(model)  # nothing half-applied
+        raise
     pitfalls += check_regions(model, regions)
     warn_pitfalls(pitfalls, model_name=type(model).__name__)
     _offload_notice(model, decisions)
