@@ -52,7 +52,6 @@ def main(argv: list[str] | None = None) -> int:
     from remat.core.solver import solve
     from remat.measure.step import clear_grads
     from remat.measure.windows import quiet, run_windows
-    from remat.planning.plans import apply_spec
     from remat.simulate import simulate
     from remat.strategies import apply_decisions, remove
 
@@ -66,10 +65,8 @@ def main(argv: list[str] | None = None) -> int:
             print("no choice fits the budget")
             raise Done
         setup, decisions = ctx.setup, ctx.decisions(choice)
-        names = step.block_names(api="remat.plan")
         with quiet(), setup.mode:
-            apply_decisions(setup.model, decisions,
-                            blocks=apply_spec(decisions, names, step.blocks))
+            apply_decisions(setup.model, decisions, blocks=step.blocks)
             clear_grads(setup.model)
         try:
             measured = run_windows(setup, loss_fn=step.loss_fn)

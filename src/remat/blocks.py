@@ -23,14 +23,25 @@ Rule 4: blocks are returned in module registration order (``named_modules``), th
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Iterator, Sequence
-from typing import Literal, TypeAlias
+from dataclasses import dataclass
+from typing import Any, Literal, TypeAlias
 
 from torch import nn
 
 from remat.errors import BlocksNotFound, message
 
-__all__ = ["BlocksSpec", "find_blocks", "find_sublayer", "named_blocks"]
+__all__ = [
+    "BlockMethod",
+    "BlocksSpec",
+    "Sublayer",
+    "block_methods",
+    "find_blocks",
+    "find_sublayer",
+    "named_blocks",
+    "sublayer_at",
+]
 
 BlocksSpec: TypeAlias = (
     type[nn.Module] | Sequence[type[nn.Module]] | Callable[[str, nn.Module], bool] | None
@@ -279,6 +290,118 @@ def _overlaps(a: str, b: str) -> bool:
 
 # --------------------------------------------------------------------------- sub-layers
 
+# NOTE [ Method sub-layers ]
+#   Many blocks write attention and MLP as methods of the block (``self._attention_forward
+#   (x, mask)``, ``self._ffn(x)``), with no module of their own. Such a method is a
+#   sub-layer too, when the block has no sub-layer *module* of that kind (modules keep
+#   priority). The matcher, in order:
+#   Rule 1: candidates are plain functions defined on the module's class or a base class
+#           below ``nn.Module`` (``vars(cls)``, in definition order), except ``forward``,
+#           dunders, static/class methods and names ``nn.Module`` itself defines.
+#   Rule 2: a candidate's name is compared with the kind's names (``_SUBLAYER_NAMES``,
+#           case-insensitively) as written less its leading underscores, and also less a
+#           ``_forward`` suffix or a ``forward_`` prefix: ``_attention_forward`` ->
+#           ``attention``, ``attn_forward`` -> ``attn``, ``_ffn`` -> ``ffn``;
+#           ``feed_forward`` matches as written. The kind's names are tried in order, so
+#           ``attn`` beats ``attention`` when a block has both.
+#   Rule 3: ``names=`` may name a method (or ``"child.method"``) exactly; it is tried
+#           after the module names and before Rule 2.
+#   A method sub-layer is installed on the instance (NOTE [ Instance forward ] in
+#   remat/strategies/regions.py), so it must be called as ``self.<name>(...)``.
+
+
+@dataclass(frozen=True, repr=False)
+class BlockMethod:
+    """A sub-layer written as a method of a module: ``owner.<name>(...)`` (NOTE [ Method
+    sub-layers ]).
+
+    Args:
+        owner: the module whose class defines the method (a block, or a module inside one).
+        name: the method's name, e.g. ``"_attention_forward"``.
+
+    Example::
+
+        >>> BlockMethod(block, "_attention_forward")(x, mask)  # calls block's method
+    """
+
+    owner: nn.Module
+    name: str
+
+    def __post_init__(self) -> None:
+        if self.name not in block_methods(self.owner):
+            raise ValueError(message(
+                "BlockMethod", f"{type(self.owner).__name__} defines no method {self.name!r} "
+                "that can be a sub-layer",
+                {"its methods": ", ".join(block_methods(self.owner)) or "none"},
+                fix="name a method defined on the module's own class (not forward)"))
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return getattr(self.owner, self.name)(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"BlockMethod({type(self.owner).__name__}.{self.name})"
+
+
+Sublayer: TypeAlias = nn.Module | BlockMethod
+"""A sub-layer: a module, or a method of a module (:class:`BlockMethod`)."""
+
+_MODULE_NAMES = frozenset(dir(nn.Module))
+
+
+def block_methods(module: nn.Module) -> list[str]:
+    """The methods of ``module`` that can be sub-layers (Rule 1 of NOTE [ Method sub-layers ]),
+    in definition order, the module's own class first.
+
+    Example::
+
+        >>> block_methods(block)
+        ['_attention_forward', '_ffn_forward']
+    """
+    found: list[str] = []
+    for cls in type(module).__mro__:
+        if cls is nn.Module or not issubclass(cls, nn.Module):
+            continue
+        for name, value in vars(cls).items():
+            if (inspect.isfunction(value) and name != "forward" and name not in _MODULE_NAMES
+                    and not (name.startswith("__") and name.endswith("__"))
+                    and name not in found):
+                found.append(name)
+    return found
+
+
+def _method_spellings(name: str) -> set[str]:
+    """``name`` less leading underscores, with and without a ``_forward`` / ``forward_``
+    affix, lower-cased (Rule 2 of NOTE [ Method sub-layers ])."""
+    bare = name.lstrip("_").lower()
+    out = {bare}
+    if bare.endswith("_forward") and len(bare) > len("_forward"):
+        out.add(bare[: -len("_forward")])
+    if bare.startswith("forward_") and len(bare) > len("forward_"):
+        out.add(bare[len("forward_"):])
+    return out
+
+
+def sublayer_at(block: nn.Module, path: str) -> Sublayer | None:
+    """The module or method at ``path`` inside ``block`` (``"self_attn"``, ``"attn.proj"``,
+    ``"_attention_forward"``, ``"attn._core"``), or None.
+
+    Example::
+
+        >>> sublayer_at(block, "_ffn_forward")
+        BlockMethod(DecoderLayer._ffn_forward)
+    """
+    try:
+        return block.get_submodule(path)
+    except AttributeError:
+        pass
+    owner_path, _, method = path.rpartition(".")
+    try:
+        owner = block.get_submodule(owner_path) if owner_path else block
+    except AttributeError:
+        return None
+    return BlockMethod(owner, method) if method in block_methods(owner) else None
+
+
 SublayerKind = Literal["attn", "mlp"]
 
 _SUBLAYER_NAMES: dict[str, tuple[str, ...]] = {
@@ -295,28 +418,35 @@ _SUBLAYER_CLASS_HINTS: dict[str, tuple[str, ...]] = {
 
 def find_sublayer(
     block: nn.Module, kind: SublayerKind, *, names: Sequence[str] | None = None
-) -> tuple[str, nn.Module]:
-    """The attention or MLP sub-layer of ``block``, as ``(name_within_block, module)``.
+) -> tuple[str, Sublayer]:
+    """The attention or MLP sub-layer of ``block``: a module, or a method of the block.
 
     Search order: direct children named like the kind (attention: ``attn``, ``attention``,
     ``self_attn``, ``self_attention``, ``SelfAttention`` ...; MLP: ``mlp``, ``ffn``,
     ``feed_forward``, ``ff``, ``DenseReluDense`` ...), then descendants with such a name
     (shallowest first), then descendants whose class name contains ``Attention``/``Attn`` or
-    ``MLP``/``FeedForward``/``FFN``. Some layouts have no single MLP module (Hugging Face
-    BERT/ViT split it into ``intermediate`` and ``output``): those raise, pass ``names=``.
+    ``MLP``/``FeedForward``/``FFN``; then, for blocks that write the sub-layer as a method
+    (``def _attention_forward(self, x, mask)``), the block's methods named like the kind
+    less leading underscores and a ``_forward`` affix (NOTE [ Method sub-layers ]). A
+    module always wins over a method. Some layouts have no single MLP module or method
+    (Hugging Face BERT/ViT split it into ``intermediate`` and ``output``): those raise,
+    pass ``names=``.
 
     Args:
         block: one block, e.g. an element of :func:`find_blocks`.
         kind: "attn" or "mlp".
-        names: names (or dotted paths inside the block) to use instead of the defaults, in
-            order of preference; the class-name fallback is then skipped. Default: None.
+        names: names (or dotted paths inside the block) of modules or methods to use
+            instead of the defaults, in order of preference; the class-name fallback is
+            then skipped. Default: None.
 
     Returns:
-        ``(name, module)`` where ``name`` is relative to ``block`` (``block.get_submodule(name)``
-        is ``module``).
+        ``(name, sublayer)`` where ``name`` is relative to ``block``: for a module,
+        ``block.get_submodule(name)`` is ``sublayer``; for a method, ``sublayer`` is a
+        :class:`BlockMethod` and ``name`` its name (``"_attention_forward"``).
 
     Raises:
-        BlocksNotFound: nothing matched; the message lists the block's children.
+        BlocksNotFound: nothing matched; the message lists the block's children and the
+            methods that could be sub-layers.
         ValueError: unknown ``kind``.
 
     Example::
@@ -329,6 +459,26 @@ def find_sublayer(
         raise ValueError(message("remat.find_sublayer", "kind must be 'attn' or 'mlp'",
                                  {"found": repr(kind)}, fix="pass kind='attn' or kind='mlp'"))
     wanted = tuple(names) if names is not None else _SUBLAYER_NAMES[kind]
+    found: tuple[str, Sublayer] | None = _find_module(block, kind, wanted,
+                                                      explicit=names is not None)
+    if found is None:
+        found = _find_method(block, wanted, explicit=names is not None)
+    if found is not None:
+        return found
+    children = dict(block.named_children())
+    listing = ", ".join(f"{n} ({type(c).__name__})" for n, c in children.items()) or "none"
+    facts = {"looked for names": ", ".join(wanted)}
+    if names is None:
+        facts["and classes containing"] = "/".join(_SUBLAYER_CLASS_HINTS[kind])
+    facts["children"] = listing
+    facts["methods"] = ", ".join(block_methods(block)) or "none"
+    raise BlocksNotFound(message(
+        "remat.find_sublayer", f"no {kind} sub-layer in {type(block).__name__}", facts,
+        fix=f"pass names=['your_{kind}_child'] (a child, a dotted path or a method name)"))
+
+
+def _find_module(block: nn.Module, kind: str, wanted: tuple[str, ...],
+                 explicit: bool) -> tuple[str, nn.Module] | None:
     lowered = [n.lower() for n in wanted]
     children = dict(block.named_children())
     # 1. direct children (or explicit dotted paths), in order of preference.
@@ -352,16 +502,26 @@ def find_sublayer(
             if name.rsplit(".", 1)[-1].lower() == n:
                 return name, m
     # 3. class-name substring (defaults only).
-    if names is None:
+    if not explicit:
         for hint in _SUBLAYER_CLASS_HINTS[kind]:
             for name, m in descendants:
                 if hint in type(m).__name__.lower() and not isinstance(m, _CONTAINERS):
                     return name, m
-    listing = ", ".join(f"{n} ({type(c).__name__})" for n, c in children.items()) or "none"
-    facts = {"looked for names": ", ".join(wanted)}
-    if names is None:
-        facts["and classes containing"] = "/".join(_SUBLAYER_CLASS_HINTS[kind])
-    facts["children"] = listing
-    raise BlocksNotFound(message(
-        "remat.find_sublayer", f"no {kind} sub-layer in {type(block).__name__}", facts,
-        fix=f"pass names=['your_{kind}_child'] or a dotted path"))
+    return None
+
+
+def _find_method(block: nn.Module, wanted: tuple[str, ...],
+                 explicit: bool) -> tuple[str, BlockMethod] | None:
+    """NOTE [ Method sub-layers ]: exact names when explicit (Rule 3), then Rule 2."""
+    if explicit:
+        for n in wanted:
+            found = sublayer_at(block, n)
+            if isinstance(found, BlockMethod):
+                return n, found
+    methods = block_methods(block)
+    spellings = {m: _method_spellings(m) for m in methods}
+    for n in wanted:
+        for m in methods:
+            if n.lower() in spellings[m]:
+                return m, BlockMethod(block, m)
+    return None

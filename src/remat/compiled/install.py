@@ -42,7 +42,7 @@ from torch import nn
 from remat.blocks import BlocksSpec, named_blocks
 from remat.compiled.graphs import CountingBackend, GraphLog, register_backend
 from remat.errors import StrategyError, message
-from remat.strategies.regions import region_of
+from remat.strategies.regions import method_regions, region_of
 
 #: The key of ``Plan.compiled`` that stands for the whole model (its qualified name).
 WHOLE_MODEL = ""
@@ -246,9 +246,10 @@ def _fingerprint(block: nn.Module) -> tuple[Any, ...]:
     regions installed on it and its submodules (kind, decision, saved ops)."""
     regions = []
     for sub_name, sub in block.named_modules():
-        info = region_of(sub)
-        if info is not None:
-            regions.append((sub_name, info.kind, info.label,
-                            tuple(sorted(info.save_ops)) if info.save_ops else None))
+        infos = {"": region_of(sub), **method_regions(sub)}
+        for method, info in infos.items():
+            if info is not None:
+                regions.append((sub_name, method, info.kind, info.label,
+                                tuple(sorted(info.save_ops)) if info.save_ops else None))
     shapes = tuple((n, tuple(p.shape), p.dtype) for n, p in block.named_parameters())
     return (type(block), tuple(regions), shapes)

@@ -63,7 +63,7 @@ from remat.measure.step import LossFn, Step, model_device
 from remat.planning.context import check_plannable
 from remat.planning.cost import cost_device
 from remat.planning.options import PlanOptions
-from remat.planning.plans import Plan, apply_spec
+from remat.planning.plans import Plan
 from remat.units import format_bytes
 
 _API = "remat.plan_compiled"
@@ -242,7 +242,7 @@ def _whole_model(step: Step, ctx: CompiledContext, budget: int, ms_per_flop: flo
                 measured_peak_bytes=m.peak_bytes,
                 no_checkpoint_peak_bytes=ctx.no_checkpoint_peak_bytes,
                 cost_device=device_name, cost_source="roofline",
-                blocks=apply_spec(decisions, ctx.names, step.blocks),
+                blocks=step.blocks,
                 compiled={WHOLE_MODEL: setting})
     return None
 
@@ -268,7 +268,7 @@ def _plan(step: Step, ctx: CompiledContext, assignment: Assignment, budget: int,
         no_checkpoint_peak_bytes=ctx.no_checkpoint_peak_bytes,
         cost_device=device_name,
         cost_source="roofline",
-        blocks=apply_spec(decisions, ctx.names, step.blocks),
+        blocks=step.blocks,
         compiled={n: ctx.candidates[c].compiler_budget
                   for n, c in zip(ctx.names, assignment, strict=True)},
     )

@@ -59,6 +59,7 @@ from torch._subclasses.fake_tensor import DynamicOutputShapeException
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.hooks import RemovableHandle
 
+from remat.blocks import Sublayer
 from remat.core.ops import OpRecord
 from remat.core.results import PhasePeak
 from remat.errors import message
@@ -91,7 +92,8 @@ class MemoryTracker(TorchDispatchMode):
             ``"cpu"``); host copies of offloaded activations are then left out.
             Default: ``None``, every device.
         blocks: ``(qualified_name, module)`` pairs to attribute ops and saved bytes
-            to, e.g. ``remat.blocks.named_blocks(model)``. Default: none.
+            to, e.g. ``remat.blocks.named_blocks(model)``; a method sub-layer
+            (:class:`~remat.blocks.BlockMethod`) may stand for a module. Default: none.
         record_ops: keep an :class:`OpRecord` per op. Default: ``True``.
         after_op: called with no arguments after every op, once its outputs are counted
             (to read :attr:`current_bytes` op by op). Default: none.
@@ -118,7 +120,7 @@ class MemoryTracker(TorchDispatchMode):
         self,
         *,
         device: torch.device | str | None = None,
-        blocks: Sequence[tuple[str, nn.Module]] = (),
+        blocks: Sequence[tuple[str, Sublayer]] = (),
         record_ops: bool = True,
         after_op: Callable[[], None] | None = None,
     ) -> None:

@@ -15,6 +15,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils._pytree import tree_map
 
+from remat.blocks import Sublayer
 from remat.core.ops import OpRecord
 from remat.errors import message
 from remat.measure.ledger import first_tensor
@@ -48,12 +49,8 @@ def apply_parts(model: nn.Module, name: str, parts: Sequence[Part],
     """Apply a candidate's ``parts`` to block ``name`` of ``model`` (undo with ``remove``)."""
     decisions = {f"{name}.{path}" if path else name: d for path, d in parts
                  if not isinstance(d, NoCheckpoint)}
-    if any(key != name for key in decisions):
-        spec = NamedBlocks(tuple(decisions))
-    else:
-        spec = NamedBlocks(tuple(block_names))
-    with quiet():
-        apply_decisions(model, decisions, blocks=spec)
+    with quiet():  # sub-layer paths resolve under the block (NOTE [ Decision keys ])
+        apply_decisions(model, decisions, blocks=NamedBlocks(tuple(block_names)))
 
 
 # NOTE [ Gradient of the block output ]
@@ -98,7 +95,7 @@ def _swap(value: Any, old: Tensor, new: Tensor) -> Any:
 
 def run_block(setup: FakeSetup, name: str, block: nn.Module,
                inputs: BlockInputs, parts: Sequence[Part],
-               attribution: Sequence[tuple[str, nn.Module]] = ()) -> BlockRun:
+               attribution: Sequence[tuple[str, Sublayer]] = ()) -> BlockRun:
     """Forward and backward of one block under ``parts``, tracked (see module docstring)."""
     apply_parts(setup.model, name, parts, [n for n, _ in setup.blocks])
     try:
@@ -159,7 +156,7 @@ def run_block(setup: FakeSetup, name: str, block: nn.Module,
 
 
 def record_graphs(setup: FakeSetup, name: str, block: nn.Module, inputs: BlockInputs,
-                  sublayers: dict[str, nn.Module]) -> dict[str, OpGraph]:
+                  sublayers: dict[str, Sublayer]) -> dict[str, OpGraph]:
     """The block's and its sub-layers' op graphs (``remat.strategies.op_graph``), recorded
     by one forward on the fake copy; empty where the forward cannot be followed."""
     with setup.mode:

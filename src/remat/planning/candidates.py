@@ -10,7 +10,8 @@ the whole model.
 
 NOTE [ Candidate decisions ]
     1. ``none`` (keep everything) and ``full`` (checkpoint the block).
-    2. ``attn`` / ``mlp``: checkpoint that sub-layer only (when the block has one).
+    2. ``attn`` / ``mlp``: checkpoint that sub-layer only (when the block has one: a
+       module, or a method of the block, NOTE [ Method sub-layers ] in remat/blocks.py).
     3. ``ops`` with save sets of increasing size: the entries of the block's
        forward (each call of a compute-heavy op that runs more than once, e.g.
        ``aten.mm#2``; other ops by name) are ranked by how much recompute time a
@@ -40,7 +41,8 @@ NOTE [ Candidate decisions ]
        memory levels block-wide save sets cannot. Each sub-layer's options
        (``full`` and its own save-set chain) are measured alone; the pairs whose
        summed numbers lie on the bytes/cost frontier are then measured together.
-       The plan applies them by the sub-layers' qualified names.
+       The plan applies them by the sub-layers' qualified names (a method's: the block's
+       name and the method's, ``"layers.3._attention_forward"``).
     Candidates no better than another in every measured number are dropped.
 """
 
@@ -53,7 +55,7 @@ from typing import Any
 
 from torch import nn
 
-from remat.blocks import find_sublayer
+from remat.blocks import Sublayer, find_sublayer
 from remat.core.ops import OpRecord
 from remat.devices import DeviceSpec
 from remat.errors import BlocksNotFound, RematWarning, message
@@ -250,8 +252,10 @@ def _pareto(points: Sequence[tuple[int, float, Any]], limit: int) -> list[Any]:
     return [item for _, _, item in front]
 
 
-def _sublayers(block: nn.Module) -> dict[str, tuple[str, nn.Module]]:
-    found: dict[str, tuple[str, nn.Module]] = {}
+def _sublayers(block: nn.Module) -> dict[str, tuple[str, Sublayer]]:
+    """Per kind, the block's sub-layer: a module, or a method whose ops the measurements
+    attribute through a wrapper on the instance (``hook_calls`` in measure/attribution.py)."""
+    found: dict[str, tuple[str, Sublayer]] = {}
     for kind in ("attn", "mlp"):
         try:
             found[kind] = find_sublayer(block, kind)  # type: ignore[arg-type]

@@ -48,7 +48,7 @@ from remat.measure.windows import FakeSetup, quiet
 from remat.planning.candidates import Candidate
 from remat.planning.context import PlanContext
 from remat.planning.cost import recompute_ms, step_ms
-from remat.planning.plans import Plan, apply_spec
+from remat.planning.plans import Plan
 from remat.progress import report
 from remat.strategies import BlockStrategy, apply_decisions, preserved_strategy
 from remat.strategies.builtin import Full
@@ -75,9 +75,8 @@ def measure_decisions(step: Step, decisions: Mapping[str, BlockStrategy], *,
         simulate: on fake tensors. Default: False.
         timing: also time the step (real runs only). Default: False.
     """
-    names = step.block_names(api="remat.plan")
     with preserved_strategy(step.model), quiet():
-        apply_decisions(step.model, decisions, blocks=apply_spec(decisions, names, step.blocks))
+        apply_decisions(step.model, decisions, blocks=step.blocks)
         return profile_step(step, simulate=simulate, timing=timing and not simulate, repeats=3)
 
 
@@ -116,11 +115,9 @@ def measure_on_copy(step: Step, ctx: PlanContext, decisions: Mapping[str, BlockS
 def _measure_on_copy(step: Step, setup: FakeSetup, decisions: Mapping[str, BlockStrategy]
                      ) -> Profile | None:
     fstep = step.with_model(setup.model, setup.optimizer, setup.batch)
-    names = step.block_names(api="remat.plan")
     try:
         with preserved_strategy(setup.model), quiet(), setup.mode:
-            apply_decisions(setup.model, decisions,
-                            blocks=apply_spec(decisions, names, step.blocks))
+            apply_decisions(setup.model, decisions, blocks=step.blocks)
             clear_grads(setup.model)
             named = fstep.blocks_found(api="remat.plan", required=False)
             try:
@@ -135,10 +132,9 @@ def _measure_on_copy(step: Step, setup: FakeSetup, decisions: Mapping[str, Block
 def timed_step_ms(step: Step, decisions: Mapping[str, BlockStrategy], *,
                   repeats: int = 3) -> float:
     """Median time of a real training step with ``decisions`` applied, ms; model restored."""
-    names = step.block_names(api="remat.plan")
     model = step.model
     with preserved_strategy(model), quiet(), preserved_state(model, step.optimizer, step.device):
-        apply_decisions(model, decisions, blocks=apply_spec(decisions, names, step.blocks))
+        apply_decisions(model, decisions, blocks=step.blocks)
         return time_step(model, step.batch, loss_fn=step.loss_fn, optimizer=step.optimizer,
                          repeats=repeats).step_ms
 
@@ -170,7 +166,7 @@ def _build(ctx: PlanContext, choice: Sequence[int], prof: Profile, budget_bytes:
         cost_device=ctx.device.name,
         cost_source=ctx.cost_source,
         timed_on=ctx.timed_on,
-        blocks=apply_spec(decisions, ctx.block_names, blocks),
+        blocks=blocks,
         batch_size=ctx.batch_size,
     )
 

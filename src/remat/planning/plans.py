@@ -67,9 +67,10 @@ class Plan:
         decisions: per qualified module name, the block-level strategy *instance* it
             gets (:class:`~remat.strategies.BlockStrategy`: ``Full()``,
             ``SelectiveOps(save_ops=...)``, ``Offload()``, or a registered strategy with
-            its fields). Keys are blocks, or modules inside a block (``"blocks.3.mlp"``)
-            when the plan decides on a sub-layer: the one spelling remat writes for a
-            sub-layer choice. ``"none"`` entries are dropped.
+            its fields). Keys are blocks, or sub-layers inside a block when the plan
+            decides on a sub-layer: a module's path (``"blocks.3.mlp"``) or a method's
+            (``"blocks.3._ffn_forward"``), the one spelling remat writes for a sub-layer
+            choice. ``"none"`` entries are dropped.
         block_names: every block of the model, in forward order.
         budget_bytes: the peak-memory budget the plan was made for, bytes.
         cost: the plan's predicted step, a :class:`~remat.core.cost.StepCost`:
@@ -92,9 +93,10 @@ class Plan:
             ``"measured"`` (timed on the model's device). Default: ``"roofline"``.
         timed_on: with ``"measured"``, the device the times come from, e.g.
             ``"cuda:0 (NVIDIA H100 80GB HBM3)"``. Default: ``None``.
-        blocks: the ``blocks=`` spec ``remat.apply`` finds the decided modules with: the
-            spec the plan was made with (``None``: automatic), or a :class:`NamedBlocks`
-            of the decided modules when the plan decides on sub-layers.
+        blocks: the ``blocks=`` spec ``remat.apply`` finds the blocks with: the spec the
+            plan was made with (``None``: automatic), or a :class:`NamedBlocks` read from a
+            plan file. Decisions on sub-layers are found under their blocks (NOTE
+            [ Decision keys ] in remat/strategies/apply.py).
         batch_size: samples per step the plan is for, when known. Default: ``None``.
         throughput: the throughput search's table (:func:`remat.plan_throughput`), else ``()``.
         framework: the framework the plan is for; ``"torch"`` here (JAX plans are
@@ -455,19 +457,6 @@ def owner_block(name: str, blocks: Sequence[str]) -> str | None:
         if name == block or name.startswith(block + "."):
             return block
     return None
-
-
-def apply_spec(decisions: Mapping[str, BlockStrategy], block_names: Sequence[str],
-               blocks: BlocksSpec) -> BlocksSpec:
-    """The ``blocks=`` that makes ``remat.apply`` find every module ``decisions`` names.
-
-    Decisions on blocks need the blocks spec the plan was made with; decisions on
-    sub-layers name modules inside blocks, selected by name (:class:`NamedBlocks`).
-    """
-    names = set(block_names)
-    if all(n in names for n in decisions):
-        return blocks
-    return NamedBlocks(tuple(decisions))
 
 
 def print_from_dict(data: Any) -> BlockPrint:

@@ -203,7 +203,7 @@ def _confirmed(shallow: _Shallow, seq_len: int,
     rows ] 4); ``todo`` holds per size its candidates, shallow windows and the chosen
     candidate of each block."""
     from remat.measure.windows import quiet
-    from remat.planning.plans import apply_spec
+    from remat.planning.plans import NamedBlocks
     from remat.strategies import apply_decisions, preserved_strategy
 
     def confirm(b: int, table: tuple[Candidate, ...], steps: Mapping[int, StepWindows],
@@ -217,8 +217,7 @@ def _confirmed(shallow: _Shallow, seq_len: int,
             decisions = {k: v for name, c in zip(names, pick, strict=True)
                          for k, v in c.decisions_for(name).items()}
             with preserved_strategy(fake.model), quiet():
-                apply_decisions(fake.model, decisions,
-                                blocks=apply_spec(decisions, names, shallow.cut.blocks))
+                apply_decisions(fake.model, decisions, blocks=NamedBlocks(tuple(names)))
                 measured = shallow.windows(fake, b, seq_len)
         return measured.peak_bytes == model.predict([table.index(c) for c in pick])
 

@@ -10,19 +10,17 @@ from typing import Any, TypeVar
 
 from torch import nn
 
-from remat.blocks import BlocksSpec, named_blocks
+from remat.blocks import BlockMethod, BlocksSpec, Sublayer, named_blocks, sublayer_at
 from remat.errors import RematWarning, StrategyError, message
 from remat.strategies.base import BlockStrategy, Strategy
 from remat.strategies.pitfalls import check_model, check_regions, warn_pitfalls
-from remat.strategies.regions import region_of, uninstall
+from remat.strategies.regions import has_region, installed_attributes, uninstall
 from remat.strategies.registry import parse_strategy
 
 M = TypeVar("M", bound=nn.Module)
 _APPLIED = "_remat_applied"
 #: Set on the blocks ``apply`` compiled for a plan made by ``remat.plan_compiled``.
 _COMPILED_BY_PLAN = "_remat_compiled_by_plan"
-#: Instance attributes remat installs on a module (regions.py and ``_APPLIED``).
-_INSTALLED_KEYS = ("forward", "_remat_region", "_remat_prev_forward", _APPLIED)
 
 
 @dataclass(frozen=True)
@@ -31,7 +29,9 @@ class AppliedStrategy:
 
     Args:
         strategy: the strategy string, or ``"plan"``.
-        decisions: per block qualified name, the label of the strategy it got.
+        decisions: per block qualified name, the label of the strategy it got; a decision
+            on a sub-layer (a module or method inside a block) is listed by its own path
+            after its block's entry.
     """
 
     strategy: str
@@ -78,7 +78,7 @@ def _offload_notice(model: nn.Module, decisions: Mapping[str, BlockStrategy]) ->
 
 
 def _installed(model: nn.Module) -> bool:
-    return any(region_of(m) is not None for m in model.modules())
+    return any(has_region(m) for m in model.modules())
 
 
 def _no_region_notice(model: nn.Module, label: str, blocks: list[str]) -> None:
@@ -96,27 +96,62 @@ def _no_region_notice(model: nn.Module, label: str, blocks: list[str]) -> None:
     )
 
 
-def apply_decisions(model: M, decisions: Mapping[str, BlockStrategy], *,
-                    blocks: BlocksSpec = None, label: str = "plan") -> M:
-    """Install one block-level strategy per block, by qualified block name (how a Plan is
-    applied).
+def _owner(key: str, names: list[str]) -> str | None:
+    """The block ``key`` is or lies under: the longest block name that is a prefix."""
+    owners = [n for n in names if key == n or key.startswith(n + ".")]
+    return max(owners, key=len) if owners else None
 
-    Blocks missing from ``decisions`` get nothing (``"none"``).
 
-    Raises:
-        StrategyError: a name in ``decisions`` is not one of the model's blocks, or a
-            value is not a block-level strategy.
+def _resolve(named: list[tuple[str, nn.Module]], decisions: Mapping[str, BlockStrategy]
+             ) -> dict[str, list[tuple[str, Sublayer]]]:
+    """Per block name, the decided targets in it, ``(key, module or method)``.
+
+    NOTE [ Decision keys ]
+        A key is a block's name, or a path under a block: a module inside it
+        (``"layers.3.self_attn"``) or a method sub-layer (``"layers.3._attention_forward"``,
+        NOTE [ Method sub-layers ] in remat/blocks.py), found by
+        :func:`~remat.blocks.sublayer_at`. So a plan's decisions on sub-layers apply with
+        the same ``blocks=`` its blocks were found with.
     """
-    remove(model)
-    named = named_blocks(model, blocks, api="remat.apply")
-    known = {name for name, _ in named}
-    unknown = sorted(set(decisions) - known)
+    names = [name for name, _ in named]
+    modules = dict(named)
+    found: dict[str, list[tuple[str, Sublayer]]] = {}
+    unknown: list[str] = []
+    for key in decisions:
+        owner = _owner(key, names)
+        target = None if owner is None else modules[owner] if key == owner else \
+            sublayer_at(modules[owner], key[len(owner) + 1:])
+        if owner is None or target is None:
+            unknown.append(key)
+        else:
+            found.setdefault(owner, []).append((key, target))
     if unknown:
         raise StrategyError(message(
             "remat.apply", "the plan names blocks this model does not have",
-            {"plan's blocks": unknown[:5],
-             "model's blocks": f"{sorted(known)[:5]}{' ...' if len(known) > 5 else ''}"},
+            {"plan's blocks": sorted(unknown)[:5],
+             "model's blocks": f"{sorted(names)[:5]}{' ...' if len(names) > 5 else ''}",
+             "a name is": "a block, or a module or method sub-layer inside one"},
             fix="apply a plan made for this model with the same blocks= setting"))
+    return found
+
+
+def apply_decisions(model: M, decisions: Mapping[str, BlockStrategy], *,
+                    blocks: BlocksSpec = None, label: str = "plan") -> M:
+    """Install one block-level strategy per decided block or sub-layer (how a Plan is
+    applied).
+
+    Keys are block names, or paths under a block: a module or a method sub-layer inside
+    it (NOTE [ Decision keys ]). Blocks missing from ``decisions`` get nothing
+    (``"none"``).
+
+    Raises:
+        StrategyError: a name in ``decisions`` is neither one of the model's blocks nor
+            a module or method inside one, or a value is not a block-level strategy (or
+            cannot be installed on the method it names).
+    """
+    remove(model)
+    named = named_blocks(model, blocks, api="remat.apply")
+    targets = _resolve(named, decisions)
     wrong = {n: d for n, d in decisions.items() if not isinstance(d, BlockStrategy)}
     if wrong:
         name, value = next(iter(wrong.items()))
@@ -126,18 +161,26 @@ def apply_decisions(model: M, decisions: Mapping[str, BlockStrategy], *,
             fix="use an instance such as remat.strategies.parse_strategy('full')"))
     pitfalls = check_model(model)
     regions: list[nn.Module] = []
-    for name, block in named:
-        if name in decisions:
-            regions += decisions[name].install_block(block)
+    labels: list[tuple[str, str]] = []
+    try:
+        for name, _ in named:
+            decided = targets.get(name, [])
+            if not any(key == name for key, _ in decided):
+                labels.append((name, "none"))
+            for key, target in decided:
+                decision = decisions[key]
+                regions += decision.install_method(target) \
+                    if isinstance(target, BlockMethod) else decision.install_block(target)
+                labels.append((key, decision.label()))
+    except BaseException:
+        remove(model)  # nothing half-applied
+        raise
     pitfalls += check_regions(model, regions)
     warn_pitfalls(pitfalls, model_name=type(model).__name__)
     _offload_notice(model, decisions)
     if not _installed(model) and any(d.name != "none" for d in decisions.values()):
         _no_region_notice(model, label, [name for name, _ in named])
-    model.__dict__[_APPLIED] = AppliedStrategy(
-        label, tuple((name, decisions[name].label() if name in decisions else "none")
-                     for name, _ in named)
-    )
+    model.__dict__[_APPLIED] = AppliedStrategy(label, tuple(labels))
     return model
 
 
@@ -174,7 +217,8 @@ def apply(model: M, strategy: str | Strategy | Any, *, blocks: BlocksSpec = None
         strategy: a registered strategy (``remat.STRATEGIES``): ``"none"``, ``"full"``
             (each block), ``"every:N"`` (blocks 0, N, 2N, ...), ``"sqrt"`` (consecutive
             blocks of each stack in ~sqrt(L) segments, one region each), ``"attn"`` /
-            ``"mlp"`` (only that sub-layer of each block), ``"ops"`` (op-level selective
+            ``"mlp"`` (only that sub-layer of each block: a module, or a method of the
+            block such as ``_attention_forward``), ``"ops"`` (op-level selective
             checkpointing: keep matmul/attention/conv outputs, recompute the rest),
             ``"offload"`` (saved activations in pinned host memory; a no-op on CPU); a
             :class:`~remat.strategies.base.Strategy` config; or a Plan from
@@ -229,7 +273,8 @@ def preserved_strategy(model: nn.Module) -> Iterator[None]:
         ...     apply(model, "full")
         ...     prof = remat.profile(model, batch)
     """
-    installed = [(m, {k: m.__dict__[k] for k in _INSTALLED_KEYS if k in m.__dict__})
+    installed = [(m, {**installed_attributes(m),
+                      **({_APPLIED: m.__dict__[_APPLIED]} if _APPLIED in m.__dict__ else {})})
                  for m in model.modules()]
     try:
         yield

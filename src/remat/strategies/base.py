@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from torch import nn
 
+from remat.blocks import BlockMethod
 from remat.core.ops import OpRecord
 from remat.devices import DeviceSpec
 from remat.errors import StrategyError, message
@@ -198,6 +199,22 @@ class BlockStrategy(Strategy):
     def install_block(self, block: nn.Module) -> list[nn.Module]:
         """Install this strategy on ``block`` (a block, or a module inside one); return the
         modules made regions."""
+
+    def install_method(self, method: BlockMethod) -> list[nn.Module]:
+        """Install this strategy on a sub-layer written as a method (a decision keyed
+        ``"layers.3._attention_forward"``; NOTE [ Method regions ] in regions.py); return
+        the modules holding regions.
+
+        Default: refused; ``full``, ``ops`` and ``offload`` override it.
+
+        Raises:
+            StrategyError: the strategy installs on modules only.
+        """
+        raise StrategyError(message(
+            "remat.apply", f"strategy {self.label()!r} cannot be installed on a method",
+            {"method": f"{type(method.owner).__name__}.{method.name}",
+             "why": f"{type(self).__name__} installs on modules only (install_block)"},
+            fix="decide on the method with full, ops or offload, or decide on the block"))
 
     def fields_dict(self) -> dict[str, Any]:
         """The fields that differ from their defaults, as JSON values (sets sorted)."""

@@ -19,6 +19,8 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from remat.blocks import Sublayer
+from remat.measure.attribution import hook_calls
 from remat.strategies.dead_ops import Ledger
 from remat.strategies.op_kinds import classify
 from remat.strategies.sac import op_name, split_entries
@@ -96,8 +98,9 @@ def _region(ledger: Ledger, start: int, end: int) -> OpGraph:
 
 
 def block_graphs(block: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
-                 sublayers: Mapping[str, nn.Module]) -> dict[str, OpGraph]:
-    """Per region (``""``: the block, else each sub-layer kind), its :class:`OpGraph`.
+                 sublayers: Mapping[str, Sublayer]) -> dict[str, OpGraph]:
+    """Per region (``""``: the block, else each sub-layer kind: a module or a method), its
+    :class:`OpGraph`.
 
     Runs ``block``'s forward once with grad enabled (call it under the fake copy's
     mode); regions whose forward the ledger cannot follow are left out.
@@ -105,11 +108,9 @@ def block_graphs(block: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
     ledger = Ledger(None)
     spans: dict[str, list[int]] = {kind: [] for kind in sublayers}
     handles = []
-    for kind, module in sublayers.items():
-        handles.append(module.register_forward_pre_hook(
-            lambda *_, kind=kind: spans[kind].append(len(ledger.calls))))
-        handles.append(module.register_forward_hook(
-            lambda *_, kind=kind: spans[kind].append(len(ledger.calls))))
+    for kind, target in sublayers.items():
+        handles += hook_calls(target, lambda *_, kind=kind: spans[kind].append(len(ledger.calls)),
+                              lambda *_, kind=kind: spans[kind].append(len(ledger.calls)))
     try:
         with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(
                 lambda t: t, lambda t: t):

@@ -17,6 +17,24 @@ NOTE [ Instance forward ]
     descendants run again on recompute (pitfalls.py warns about them at apply
     time, runtime.py about hooks registered later).
 
+NOTE [ Method regions ]
+    A sub-layer written as a method of a block (NOTE [ Method sub-layers ] in
+    remat/blocks.py) is made a region the same way: an instance attribute named like
+    the method, a :class:`~remat.strategies.runtime.BoundForward` binding the module
+    and a marker naming the method (``_Method``), shadows the class's function (an
+    instance attribute wins over a function on the class), so
+    ``self._attention_forward(x, mask)`` in the block's forward runs the region. The
+    region functions are the forward's own: the marker, passed first, says which
+    region and function a call is for (``_region_call``), so a region stays one frame
+    from ``BoundForward`` to ``checkpoint``, which ``torch.compile`` needs (a graph
+    break in a nested helper costs a frame and recompiles of its own). Its
+    :class:`RegionInfo` is kept per method name in the module's ``_remat_methods``, and
+    an instance attribute the method already had in ``_remat_prev_methods``; both dicts
+    are replaced, never changed in place, so a saved copy (``preserved_strategy``) stays
+    what it was. ``state_dict()`` and the module tree do not change; :func:`uninstall`
+    removes method regions with the module's own, and copies and pickles rebind them
+    like a forward.
+
 NOTE [ Segments ]
     ``sqrt`` makes several consecutive blocks one region. The parent module's loop
     (``for block in blocks: x = block(x, ...)``) stays as it is: the first block
@@ -63,15 +81,20 @@ from remat.strategies.sac import sac_context_fn
 
 __all__ = [
     "RegionInfo",
+    "has_region",
     "install_checkpoint",
     "install_offload",
     "install_segment",
+    "installed_attributes",
+    "method_regions",
     "region_of",
     "uninstall",
 ]
 
 _STATE = "_remat_region"
 _PREV_FORWARD = "_remat_prev_forward"
+_METHODS = "_remat_methods"  # method name -> RegionInfo (NOTE [ Method regions ])
+_PREV_METHODS = "_remat_prev_methods"  # method name -> the instance attribute it replaced
 
 
 @dataclass
@@ -144,6 +167,81 @@ def region_of(module: nn.Module) -> RegionInfo | None:
     return info if isinstance(info, RegionInfo) else None
 
 
+def method_regions(module: nn.Module) -> dict[str, RegionInfo]:
+    """The regions remat installed on methods of ``module``, by method name (a copy)."""
+    regions = module.__dict__.get(_METHODS)
+    return dict(regions) if isinstance(regions, dict) else {}
+
+
+def has_region(module: nn.Module) -> bool:
+    """Whether remat installed a region on ``module``'s forward or on one of its methods."""
+    return region_of(module) is not None or bool(method_regions(module))
+
+
+def installed_attributes(module: nn.Module) -> dict[str, Any]:
+    """The instance attributes regions put on ``module`` (and a ``forward`` it had), to
+    put back after :func:`uninstall` (``module.__dict__.update(saved)``)."""
+    keys = ("forward", _STATE, _PREV_FORWARD, _METHODS, _PREV_METHODS, *method_regions(module))
+    return {k: module.__dict__[k] for k in keys if k in module.__dict__}
+
+
+def _inner_method(module: nn.Module, method: str) -> Callable[..., Any]:
+    previous = module.__dict__.get(_PREV_METHODS, {}).get(method)
+    if previous is not None:
+        return previous  # type: ignore[no-any-return]
+    return getattr(type(module), method).__get__(module)  # type: ignore[no-any-return]
+
+
+@dataclass(frozen=True)
+class _Method:
+    """The first argument a method region's forward gets: which method is called."""
+
+    name: str
+
+
+def _region_call(module: nn.Module, args: tuple[Any, ...]
+                 ) -> tuple[RegionInfo, Callable[..., Any], tuple[Any, ...]]:
+    """The region a call is for, the function it runs, and the call's own arguments:
+    ``module``'s forward, or the method named by a leading :class:`_Method`."""
+    if args and isinstance(args[0], _Method):
+        name = args[0].name
+        return module.__dict__[_METHODS][name], _inner_method(module, name), args[1:]
+    return module.__dict__.get(_STATE), _inner_forward(module), args  # type: ignore[return-value]
+
+
+def _replace(module: nn.Module, key: str, value: dict[str, Any]) -> None:
+    if value:
+        module.__dict__[key] = value
+    else:
+        module.__dict__.pop(key, None)
+
+
+def _set_method(module: nn.Module, method: str, fn: Callable[..., Any],
+                info: RegionInfo) -> None:
+    """NOTE [ Method regions ]."""
+    _uninstall_method(module, method)
+    if method in module.__dict__:
+        previous = dict(module.__dict__.get(_PREV_METHODS, {}))
+        previous[method] = module.__dict__.pop(method)
+        _replace(module, _PREV_METHODS, previous)
+    if info.hooks is None:
+        info.hooks = HookWatch(module)
+    _replace(module, _METHODS, {**method_regions(module), method: info})
+    module.__dict__[method] = BoundForward(module, fn, _Method(method))
+
+
+def _uninstall_method(module: nn.Module, method: str) -> None:
+    regions = method_regions(module)
+    if regions.pop(method, None) is None:
+        return
+    _replace(module, _METHODS, regions)
+    module.__dict__.pop(method, None)
+    previous = dict(module.__dict__.get(_PREV_METHODS, {}))
+    if method in previous:
+        module.__dict__[method] = previous.pop(method)
+    _replace(module, _PREV_METHODS, previous)
+
+
 def _inner_forward(module: nn.Module) -> Callable[..., Any]:
     previous = module.__dict__.get(_PREV_FORWARD)
     if previous is not None:
@@ -163,7 +261,9 @@ def _set_forward(module: nn.Module, fn: Callable[..., Any], info: RegionInfo) ->
 
 
 def uninstall(module: nn.Module) -> None:
-    """Restore ``module``'s own forward (no-op when nothing is installed)."""
+    """Restore ``module``'s own forward and methods (no-op when nothing is installed)."""
+    for method in method_regions(module):
+        _uninstall_method(module, method)
     if region_of(module) is None:
         return
     del module.__dict__[_STATE]
@@ -204,8 +304,8 @@ def _context_fn(info: RegionInfo | None,
 # ---- single-module checkpoint ------------------------------------------------------------
 
 def _checkpointed_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
-    info: RegionInfo = self.__dict__[_STATE]
-    inner = _inner_forward(self)
+    # One frame from BoundForward to checkpoint: see NOTE [ Method regions ].
+    info, inner, args = _region_call(self, args)
     if not torch.is_grad_enabled():
         return inner(*args, **kwargs)
     if info.save_ops is None and torch.compiler.is_compiling():
@@ -229,17 +329,25 @@ def _checkpointed_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
 
 
 def install_checkpoint(module: nn.Module, *, label: str = "full",
-                       save_ops: frozenset[str] | None = None) -> None:
-    """Run ``module`` under non-reentrant checkpoint (op-level SAC when ``save_ops``).
+                       save_ops: frozenset[str] | None = None,
+                       method: str | None = None) -> None:
+    """Run ``module`` (or one of its methods) under non-reentrant checkpoint (op-level SAC
+    when ``save_ops``).
 
     Args:
         module: the module whose forward becomes one checkpointed region.
         label: the decision name recorded for reporting. Default: ``"full"``.
         save_ops: aten op names whose outputs are kept (selective checkpointing);
             ``None`` recomputes everything. Default: ``None``.
+        method: the name of a method of ``module`` to make the region instead of its
+            forward (NOTE [ Method regions ]), e.g. ``"_attention_forward"``.
+            Default: ``None`` (the forward).
     """
     info = RegionInfo("checkpoint", label, save_ops=save_ops, stateful=stateful_modules(module))
-    _set_forward(module, _checkpointed_forward, info)
+    if method is not None:
+        _set_method(module, method, _checkpointed_forward, info)
+    else:
+        _set_forward(module, _checkpointed_forward, info)
 
 
 # ---- offload -----------------------------------------------------------------------------
@@ -252,7 +360,7 @@ def _first_tensor(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor
 
 
 def _offload_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
-    inner = _inner_forward(self)
+    _, inner, args = _region_call(self, args)
     first = _first_tensor(args, kwargs)
     if not torch.is_grad_enabled() or first is None or first.device.type in ("cpu", "meta"):
         return inner(*args, **kwargs)
@@ -262,12 +370,17 @@ def _offload_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
         return inner(*args, **kwargs)
 
 
-def install_offload(module: nn.Module, *, label: str = "offload") -> None:
-    """Keep the tensors ``module`` saves for backward in (pinned) host memory.
+def install_offload(module: nn.Module, *, label: str = "offload",
+                    method: str | None = None) -> None:
+    """Keep the tensors ``module`` (or its method ``method``, NOTE [ Method regions ])
+    saves for backward in (pinned) host memory.
 
     On a CPU-only run there is no separate host memory and this is a no-op.
     """
-    _set_forward(module, _offload_forward, RegionInfo("offload", label))
+    if method is not None:
+        _set_method(module, method, _offload_forward, RegionInfo("offload", label))
+    else:
+        _set_forward(module, _offload_forward, RegionInfo("offload", label))
 
 
 # ---- segments (several consecutive blocks as one region) --------------------------------

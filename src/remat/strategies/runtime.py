@@ -43,24 +43,29 @@ class BoundForward:
     """``fn`` bound to ``module``, as the instance forward (NOTE [ Picklable regions ]).
 
     Args:
-        module: the module whose forward it replaces (``__self__``).
-        fn: a module-level function ``fn(module, *args, **kwargs)`` (``__func__``).
+        module: the module whose forward (or method) it replaces (``__self__``).
+        fn: a module-level function ``fn(module, *bound, *args, **kwargs)`` (``__func__``).
+        bound: picklable values passed before the call's arguments: a marker naming the
+            method, for a region on a method (NOTE [ Method regions ] in regions.py).
     """
 
-    __slots__ = ("__func__", "__self__")
+    __slots__ = ("__func__", "__self__", "bound")
 
-    def __init__(self, module: nn.Module, fn: Callable[..., Any]) -> None:
+    def __init__(self, module: nn.Module, fn: Callable[..., Any], *bound: Any) -> None:
         self.__self__ = module
         self.__func__ = fn
+        self.bound = bound
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self.__func__(self.__self__, *args, **kwargs)
+        return self.__func__(self.__self__, *self.bound, *args, **kwargs)
 
-    def __reduce__(self) -> tuple[Any, tuple[nn.Module, Callable[..., Any]]]:
-        return BoundForward, (self.__self__, self.__func__)
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return BoundForward, (self.__self__, self.__func__, *self.bound)
 
     def __repr__(self) -> str:
-        return f"<remat region forward {self.__func__.__name__} of {type(self.__self__).__name__}>"
+        on = f" {getattr(self.bound[0], 'name', self.bound[0])}" if self.bound else ""
+        return (f"<remat region forward {self.__func__.__name__}{on} of "
+                f"{type(self.__self__).__name__}>")
 
 
 def _hook_ids(module: nn.Module) -> list[int]:

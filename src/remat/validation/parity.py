@@ -17,17 +17,18 @@ from typing import Any
 import torch
 from torch import nn
 
-from remat.blocks import BlocksSpec
+from remat.blocks import BlockMethod, BlocksSpec, Sublayer
 from remat.core.parity import ParityReport
 from remat.errors import RematWarning, message
+from remat.measure.attribution import hook_calls
 from remat.measure.step import Step, call_model, check_runnable, default_loss
 from remat.strategies.apply import apply, remove
 from remat.strategies.base import Strategy
-from remat.strategies.regions import region_of
+from remat.strategies.regions import installed_attributes, method_regions, region_of
 from remat.strategies.registry import parse_strategy
 
 _TINY = 1e-30
-_REMAT_KEYS = ("forward", "_remat_region", "_remat_prev_forward", "_remat_applied")
+_APPLIED_KEY = "_remat_applied"
 #: Per-module state validation may change and puts back: remat's regions and Hugging Face's
 #: own checkpointing switches (``gradient_checkpointing_disable`` resets them).
 _HF_KEYS = ("gradient_checkpointing", "_gradient_checkpointing_func")
@@ -45,9 +46,10 @@ def relative_error(value: torch.Tensor, reference: torch.Tensor) -> float:
 @contextmanager
 def _preserved(model: nn.Module) -> Iterator[None]:
     """Restore remat regions, buffers, grads and the RNG state afterwards."""
-    keys = (*_REMAT_KEYS, *_HF_KEYS)
+    keys = (_APPLIED_KEY, *_HF_KEYS)
     installed = {
-        id(m): (m, {k: m.__dict__[k] for k in keys if k in m.__dict__})
+        id(m): (m, {**installed_attributes(m),
+                    **{k: m.__dict__[k] for k in keys if k in m.__dict__}})
         for m in model.modules()
     }
     configs = {id(c): (c, c.use_cache) for m in model.modules()
@@ -84,18 +86,23 @@ class _Calls:
 
 @contextmanager
 def _region_calls(model: nn.Module) -> Iterator[_Calls]:
-    """Count the calls of ``model``'s checkpointed regions while the block runs."""
-    regions = [(n, m) for n, m in model.named_modules() if region_of(m) is not None]
+    """Count the calls of ``model``'s checkpointed regions (modules and methods) while the
+    block runs."""
+    regions: list[tuple[str, Sublayer]] = [
+        (n, m) for n, m in model.named_modules() if region_of(m) is not None]
+    regions += [(f"{n}.{method}" if n else method, BlockMethod(m, method))
+                for n, m in model.named_modules() for method in method_regions(m)]
     calls = _Calls([n for n, _ in regions], len(regions))
 
-    def hook(module: nn.Module, args: Any) -> None:
+    def hook(*_: Any) -> None:
         calls.ran += 1
 
-    handles = [m.register_forward_pre_hook(hook) for _, m in regions]
+    handles = [h for _, target in regions
+               for h in hook_calls(target, hook, lambda *_: None)]
     try:
         yield calls
     finally:
-        for handle in handles:
+        for handle in reversed(handles):
             handle.remove()
 
 

@@ -7,6 +7,7 @@ from typing import ClassVar
 
 from torch import nn
 
+from remat.blocks import BlockMethod
 from remat.strategies.base import BlockContext, BlockStrategy, Offer
 from remat.strategies.regions import install_checkpoint
 
@@ -25,6 +26,10 @@ class Full(BlockStrategy):
     def install_block(self, block: nn.Module) -> list[nn.Module]:
         install_checkpoint(block, label=self.label())
         return [block]
+
+    def install_method(self, method: BlockMethod) -> list[nn.Module]:
+        install_checkpoint(method.owner, label=self.label(), method=method.name)
+        return [method.owner]
 
     def offers(self, context: BlockContext) -> list[Offer]:
         return [Offer((("", self),))]

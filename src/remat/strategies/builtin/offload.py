@@ -7,6 +7,7 @@ from typing import ClassVar
 
 from torch import nn
 
+from remat.blocks import BlockMethod
 from remat.strategies.base import BlockContext, BlockStrategy, Offer
 from remat.strategies.regions import install_offload
 
@@ -32,6 +33,10 @@ class Offload(BlockStrategy):
 
     def install_block(self, block: nn.Module) -> list[nn.Module]:
         install_offload(block, label=self.label())
+        return []
+
+    def install_method(self, method: BlockMethod) -> list[nn.Module]:
+        install_offload(method.owner, label=self.label(), method=method.name)
         return []
 
     def offers(self, context: BlockContext) -> list[Offer]:

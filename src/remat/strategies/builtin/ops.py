@@ -19,6 +19,7 @@ from typing import ClassVar
 import torch
 from torch import nn
 
+from remat.blocks import BlockMethod
 from remat.core.ops import OpRecord
 from remat.devices import DeviceSpec
 from remat.errors import message, with_api
@@ -115,6 +116,12 @@ class SelectiveOps(BlockStrategy):
         save_ops = self.save_ops if self.save_ops is not None else default_save_ops()
         install_checkpoint(block, label=self.label(), save_ops=save_ops)
         return [block]
+
+    def install_method(self, method: BlockMethod) -> list[nn.Module]:
+        save_ops = self.save_ops if self.save_ops is not None else default_save_ops()
+        install_checkpoint(method.owner, label=self.label(), save_ops=save_ops,
+                           method=method.name)
+        return [method.owner]
 
     def offers(self, context: BlockContext) -> list[Offer]:
         """Block-wide save-set chains, then each sub-layer's (NOTE [ Candidate decisions ]

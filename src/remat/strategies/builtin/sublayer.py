@@ -9,7 +9,7 @@ from typing import ClassVar
 
 from torch import nn
 
-from remat.blocks import find_sublayer
+from remat.blocks import BlockMethod, find_sublayer
 from remat.errors import BlocksNotFound, RematWarning, message
 from remat.strategies.base import BlockContext, BlockStrategy, Offer
 from remat.strategies.builtin.full import Full
@@ -21,9 +21,12 @@ class SublayerStrategy(BlockStrategy):
 
     On a stack that mixes kinds of blocks (attention and Mamba layers in one list), the
     blocks without that sub-layer are left alone and a warning names them; a model none
-    of whose blocks has one is refused (:class:`~remat.errors.BlocksNotFound`). The
-    planner offers the sub-layer as a module of its own: ``full`` on the sub-layer's path
-    (``"self_attn"``), the one spelling plans use for a decision on a sub-layer.
+    of whose blocks has one is refused (:class:`~remat.errors.BlocksNotFound`). A
+    sub-layer written as a method of the block (``_attention_forward``) is checkpointed
+    as a method (NOTE [ Method sub-layers ] in remat/blocks.py). The planner offers the
+    sub-layer as a region of its own: ``full`` on the sub-layer's path (``"self_attn"``,
+    or the method's name ``"_attention_forward"``), the one spelling plans use for a
+    decision on a sub-layer.
     """
 
     def decisions(self, blocks: Sequence[tuple[str, nn.Module]]) -> dict[str, BlockStrategy]:
@@ -52,6 +55,9 @@ class SublayerStrategy(BlockStrategy):
 
     def install_block(self, block: nn.Module) -> list[nn.Module]:
         _, sub = find_sublayer(block, self.name)  # type: ignore[arg-type]
+        if isinstance(sub, BlockMethod):  # NOTE [ Method regions ] in regions.py
+            install_checkpoint(sub.owner, label=self.label(), method=sub.name)
+            return [sub.owner]
         install_checkpoint(sub, label=self.label())
         return [sub]
 
