@@ -88,11 +88,10 @@ def allocator_peak_of(step: Step, decisions: Mapping[str, BlockStrategy], prof: 
     """
     if step.device.type not in ("cpu", "cuda"):
         return 0
-    names = step.block_names(api="remat.plan")
     start_bytes = prof.param_bytes + prof.buffer_bytes + prof.optimizer_bytes + prof.batch_bytes
     model = step.model
     with preserved_strategy(model), quiet(), preserved_state(model, step.optimizer, step.device):
-        apply_decisions(model, decisions, blocks=apply_spec(decisions, names, step.blocks))
+        apply_decisions(model, decisions, blocks=step.blocks)
         clear_grads(model)
         step.run()  # warm-up: optimizer state and lazy caches exist before the window
         return allocator_step_peak(step, start_bytes)
