@@ -129,22 +129,26 @@ def test_plan_fits_its_budget_on_every_source(source: str) -> None:
     plan = data["plan"]
     assert plan["budget_bytes"] == int(0.85 * plan["no_checkpoint_peak_bytes"])
     assert plan["measured_peak_bytes"] <= plan["budget_bytes"]
+    assert plan["allocator_peak_bytes"] <= plan["budget_bytes"]
 
 
-def test_a_module_plan_applies_to_the_users_model_and_fits(tmp_path: Path) -> None:
+@pytest.mark.parametrize("source", ["module-object", "hf-config-file"])
+def test_a_plan_applies_to_the_users_model_fits_and_keeps_gradients(
+        source: str, tmp_path: Path) -> None:
     out = tmp_path / "plan.json"
-    result = runner.invoke(app, ["plan", "--module", f"{EXAMPLE}:build_training", "--budget",
-                                 "70%", "--batch", "2", "--seq", "128", "--no-frontier",
-                                 "--device", "cpu", "--out", str(out)])
+    result = runner.invoke(app, ["plan", *_sources()[source], "--budget", "70%", "--batch", "2",
+                                 "--seq", "128", "--no-frontier", "--device", "cpu",
+                                 "--out", str(out)])
     assert result.exit_code == 0, result.output
-    assert f"remat plan: module:{EXAMPLE}:build_training, batch 2, seq 128" in result.stdout
+    assert f"remat plan: {NAMES[source]}, batch 2, seq 128" in result.stdout
     plan = remat.Plan.from_json(out.read_text())
-    model, batch, loss_fn = _in_process("module-object", 2, 128)
+    model, batch, loss_fn = _in_process(source, 2, 128)
     base = remat.profile(model, batch, loss_fn=loss_fn, timing=False).peak_bytes
     remat.apply(model, plan)
     peak = remat.profile(model, batch, loss_fn=loss_fn, timing=False).peak_bytes
     assert plan.budget_bytes == int(0.7 * base)
     assert peak <= plan.budget_bytes < base
+    assert remat.validate(model, batch, plan, loss_fn=loss_fn).passed
 
 
 @pytest.mark.parametrize("source", SOURCES)

@@ -252,6 +252,13 @@ class CountingBackend:
         >>> model.blocks[0].compile(backend=backend)
     """
 
+    def __deepcopy__(self, memo: dict[int, Any]) -> CountingBackend:
+        # A backend is an identity, not a value (NOTE [ One backend per compile ]): a
+        # copy would log into another GraphLog. Lightning's fabric, once imported,
+        # deep-copies every torch.compile kwargs dict (backend included) and our log
+        # holds a lock, which cannot be copied.
+        return self
+
     def __init__(self, budget: float | None = None, *, label: str = "model",
                  log: GraphLog | None = None,
                  inner_compile: Callable[..., Any] | None = None) -> None:
