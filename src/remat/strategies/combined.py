@@ -48,7 +48,7 @@ class Combined(Strategy):
             if decided is None:
                 raise StrategyError(message(
                     "", f"{part} does not combine with other strategies",
-                    {"why": f"its regions span blocks, so it is not decided block by block"},
+                    {"why": "its regions span blocks, so it is not decided block by block"},
                     fix=f"apply {part} alone, or combine per-block strategies "
                         "(full, every:N, attn, mlp, ops, offload, chunked_head:N)"))
             both = sorted(set(merged) & set(decided))

@@ -13,5 +13,5 @@ from remat.strategies.builtin.sublayer import Attention, Mlp
 BUILTIN = (NoCheckpoint, Full, EveryN, SqrtSegments, Attention, Mlp, SelectiveOps, Offload,
            ChunkedHead)
 
-__all__ = ["BUILTIN", "Attention", "ChunkedHead", "EveryN", "Full", "Mlp", "NoCheckpoint", "Offload",
-           "SelectiveOps", "SqrtSegments"]
+__all__ = ["BUILTIN", "Attention", "ChunkedHead", "EveryN", "Full", "Mlp", "NoCheckpoint",
+           "Offload", "SelectiveOps", "SqrtSegments"]
