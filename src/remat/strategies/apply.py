@@ -248,7 +248,10 @@ def apply(model: M, strategy: str | Strategy | Any, *, blocks: BlocksSpec = None
             ``"mlp"`` (only that sub-layer of each block: a module, or a method of the
             block such as ``_attention_forward``), ``"ops"`` (op-level selective
             checkpointing: keep matmul/attention/conv outputs, recompute the rest),
-            ``"offload"`` (saved activations in pinned host memory; a no-op on CPU); a
+            ``"offload"`` (saved activations in pinned host memory; a no-op on CPU),
+            ``"chunked_head:N"`` (the output head and loss in N token slices, recomputed
+            in backward; NOTE [ Chunked head ]), several joined by ``+``
+            (``"full+chunked_head:8"``); a
             :class:`~remat.strategies.base.Strategy` config; or a Plan from
             :func:`remat.plan` (a plan made by ``remat.plan_compiled`` also compiles each
             block in place with the compiler budget it records).
