@@ -32,6 +32,7 @@ from remat.planning.plans import COST_SOURCES
 from remat.planning.timed import time_groups
 from remat.progress import report
 from remat.strategies import BlockStrategy, remove
+from remat.strategies.head import HEAD_KEY
 from remat.strategies.pitfalls import check_model, warn_pitfalls
 
 
@@ -67,6 +68,9 @@ class PlanContext:
         setup: the fake copy the candidates and windows were measured on, warm (optimizer
             state created); the closed loop measures on it where fake bytes are real bytes
             (NOTE [ Closed loop on the fake copy ] in loop.py). Default: None.
+        head: the output head's decision every choice includes (a chunked head, NOTE
+            [ Head choice ] in head.py), its bytes in the peak model's window constants.
+            Default: None (the head as the model runs it).
     """
 
     peak_model: PeakModel[Candidate]
@@ -77,6 +81,7 @@ class PlanContext:
     cost_source: str = "roofline"
     timed_on: str | None = None
     setup: FakeSetup | None = field(default=None, compare=False, repr=False)
+    head: BlockStrategy | None = None
 
     def __post_init__(self) -> None:
         if self.cost_source not in COST_SOURCES:
@@ -97,7 +102,7 @@ class PlanContext:
     def decisions(self, choice: Sequence[int]) -> dict[str, BlockStrategy]:
         """What each module gets under a choice (candidate index per block), ``"none"``
         left out."""
-        out: dict[str, BlockStrategy] = {}
+        out: dict[str, BlockStrategy] = {} if self.head is None else {HEAD_KEY: self.head}
         for name, table, c in zip(self.block_names, self.peak_model.tables, choice, strict=True):
             out.update(table[c].decisions_for(name))
         return out

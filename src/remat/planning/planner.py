@@ -37,10 +37,11 @@ from torch import Tensor, nn
 from remat.blocks import BlocksSpec
 from remat.core.budget import Budget, BudgetLike
 from remat.devices import DeviceSpec
-from remat.errors import message
+from remat.errors import BudgetTooSmall, message
 from remat.measure.step import LossFn, Step, model_device
 from remat.planning.context import PlanContext, check_plannable, prepare_step, resolve_cost
 from remat.planning.fingerprint import fingerprint_of
+from remat.planning.head import plan_with_head
 from remat.planning.loop import close_loop
 from remat.planning.options import PlanOptions
 from remat.planning.plans import Plan
@@ -201,8 +202,12 @@ def plan_step(step: Step, options: PlanOptions, *, context: PlanContext | None =
         check_plannable(step.model)
     budget_bytes = options.budget.resolve(context.no_checkpoint_peak_bytes,
                                           static_bytes=context.static_bytes)
-    plan = close_loop(step, context, budget_bytes, simulate=options.simulate,
-                      budget=options.budget)
+    try:
+        plan = close_loop(step, context, budget_bytes, simulate=options.simulate,
+                          budget=options.budget)
+    except BudgetTooSmall as error:  # a chunked output head may still fit it
+        plan = plan_with_head(step, context, budget_bytes, simulate=options.simulate,
+                              budget=options.budget, error=error)
     # What the plan is for, so remat.apply refuses another model (NOTE [ Plan fingerprint ]).
     return replace(plan, fingerprint=fingerprint_of(step.model, plan.block_names))
 

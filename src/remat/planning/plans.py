@@ -46,6 +46,7 @@ from remat.errors import message, one_line
 from remat.planning.fingerprint import BlockPrint, check_fingerprint
 from remat.strategies import BlockStrategy, strategy_from_dict, strategy_to_dict
 from remat.strategies.builtin import NoCheckpoint
+from remat.strategies.head import HEAD_KEY
 
 #: Version of the JSON written by :meth:`Plan.to_json` (see NOTE [ Plan JSON format ]).
 PLAN_FORMAT_VERSION = 2
@@ -150,7 +151,7 @@ class Plan:
                     "Plan", f"what {name!r} gets must be a block-level strategy",
                     {"found": f"{decision!r} ({type(decision).__name__})"},
                     fix="pass a remat.BlockStrategy, e.g. parse_strategy('full')"))
-            if owner_block(name, names) is None:
+            if name != HEAD_KEY and owner_block(name, names) is None:
                 raise ValueError(message(
                     "Plan", f"decision for {name!r}, which is neither a block nor inside one",
                     {"block_names": f"{', '.join(names[:4])}{' ...' if len(names) > 4 else ''}"},
@@ -158,8 +159,10 @@ class Plan:
             if not isinstance(decision, NoCheckpoint):
                 decisions[name] = decision
         order = {n: i for i, n in enumerate(names)}
-        ordered = dict(sorted(decisions.items(),
-                              key=lambda kv: (order[owner_block(kv[0], names) or ""], kv[0])))
+        order[HEAD_KEY] = len(names)  # the output head runs after the last block
+        ordered = dict(sorted(decisions.items(), key=lambda kv: (
+            order[HEAD_KEY if kv[0] == HEAD_KEY else owner_block(kv[0], names) or ""],
+            kv[0])))
         object.__setattr__(self, "decisions", MappingProxyType(ordered))
         object.__setattr__(self, "throughput", tuple(self.throughput))
         check_int("Plan", "budget_bytes", self.budget_bytes)
@@ -223,7 +226,7 @@ class Plan:
         Raises:
             KeyError: ``name`` is not a block of the plan nor inside one.
         """
-        if owner_block(name, self.block_names) is None:
+        if name != HEAD_KEY and owner_block(name, self.block_names) is None:
             raise KeyError(one_line(message("Plan.decision", f"no block {name!r}",
                                             {"blocks": ", ".join(self.block_names[:6])},
                                             fix="pass a block name or a module inside one")))

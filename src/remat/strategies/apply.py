@@ -11,8 +11,9 @@ from typing import Any, TypeVar
 from torch import nn
 
 from remat.blocks import BlockMethod, BlocksSpec, Sublayer, named_blocks, sublayer_at
-from remat.errors import RematWarning, StrategyError, message
+from remat.errors import RematWarning, StrategyError, message, with_api
 from remat.strategies.base import BlockStrategy, Strategy
+from remat.strategies.head import HEAD_KEY, head_attributes, head_of, uninstall_head
 from remat.strategies.pitfalls import check_model, check_regions, warn_pitfalls
 from remat.strategies.regions import has_region, installed_attributes, uninstall
 from remat.strategies.registry import parse_strategy
@@ -54,6 +55,7 @@ def remove(model: M) -> M:
         >>> remat.remove(remat.apply(model, "full")) is model
         True
     """
+    uninstall_head(model)
     for module in model.modules():
         uninstall(module)
         if module.__dict__.pop(_COMPILED_BY_PLAN, False):
@@ -78,7 +80,7 @@ def _offload_notice(model: nn.Module, decisions: Mapping[str, BlockStrategy]) ->
 
 
 def _installed(model: nn.Module) -> bool:
-    return any(has_region(m) for m in model.modules())
+    return head_of(model) is not None or any(has_region(m) for m in model.modules())
 
 
 def _no_region_notice(model: nn.Module, label: str, blocks: list[str]) -> None:
@@ -111,13 +113,17 @@ def _resolve(named: list[tuple[str, nn.Module]], decisions: Mapping[str, BlockSt
         (``"layers.3.self_attn"``) or a method sub-layer (``"layers.3._attention_forward"``,
         NOTE [ Method sub-layers ] in remat/blocks.py), found by
         :func:`~remat.blocks.sublayer_at`. So a plan's decisions on sub-layers apply with
-        the same ``blocks=`` its blocks were found with.
+        the same ``blocks=`` its blocks were found with. The key ``"<head>"``
+        (``HEAD_KEY``) is the model's output head and loss, decided by a whole-model
+        strategy such as ``chunked_head`` (NOTE [ Chunked head ] in head.py).
     """
     names = [name for name, _ in named]
     modules = dict(named)
     found: dict[str, list[tuple[str, Sublayer]]] = {}
     unknown: list[str] = []
     for key in decisions:
+        if key == HEAD_KEY:
+            continue
         owner = _owner(key, names)
         target = None if owner is None else modules[owner] if key == owner else \
             sublayer_at(modules[owner], key[len(owner) + 1:])
@@ -159,10 +165,15 @@ def apply_decisions(model: M, decisions: Mapping[str, BlockStrategy], *,
             "remat.apply", f"what {name!r} gets must be a block-level strategy",
             {"found": f"{value!r} ({type(value).__name__})"},
             fix="use an instance such as remat.strategies.parse_strategy('full')"))
+    _check_head_keys(decisions)
     pitfalls = check_model(model)
     regions: list[nn.Module] = []
     labels: list[tuple[str, str]] = []
     try:
+        head = decisions.get(HEAD_KEY)
+        if head is not None:
+            regions += head.install_block(model)
+            labels.append((HEAD_KEY, head.label()))
         for name, _ in named:
             decided = targets.get(name, [])
             if not any(key == name for key, _ in decided):
@@ -184,9 +195,26 @@ def apply_decisions(model: M, decisions: Mapping[str, BlockStrategy], *,
     return model
 
 
+def _check_head_keys(decisions: Mapping[str, BlockStrategy]) -> None:
+    """A whole-model strategy is decided under ``"<head>"`` and only there."""
+    for key, decision in decisions.items():
+        if decision.on_head != (key == HEAD_KEY):
+            raise StrategyError(message(
+                "remat.apply", f"{decision.label()!r} cannot be decided for {key!r}",
+                {"why": f"{decision.label()} installs on the model's output head, decided "
+                        f"under {HEAD_KEY!r}" if decision.on_head else
+                        f"{HEAD_KEY!r} is the output head, decided by a whole-model "
+                        "strategy such as chunked_head"},
+                fix=f"decide chunked_head under {HEAD_KEY!r} and block strategies under "
+                    "block names"))
+
+
 def _apply_strategy(model: M, strategy: Strategy, blocks: BlocksSpec) -> M:
     named = named_blocks(model, blocks, api="remat.apply")
-    decisions = strategy.decisions(named)
+    try:
+        decisions = strategy.decisions(named)
+    except StrategyError as exc:
+        raise StrategyError(with_api("remat.apply", str(exc))) from None
     if decisions is not None:
         return apply_decisions(model, decisions, blocks=blocks, label=str(strategy))
     remove(model)
@@ -220,7 +248,10 @@ def apply(model: M, strategy: str | Strategy | Any, *, blocks: BlocksSpec = None
             ``"mlp"`` (only that sub-layer of each block: a module, or a method of the
             block such as ``_attention_forward``), ``"ops"`` (op-level selective
             checkpointing: keep matmul/attention/conv outputs, recompute the rest),
-            ``"offload"`` (saved activations in pinned host memory; a no-op on CPU); a
+            ``"offload"`` (saved activations in pinned host memory; a no-op on CPU),
+            ``"chunked_head:N"`` (the output head and loss in N token slices, recomputed
+            in backward; NOTE [ Chunked head ]), several joined by ``+``
+            (``"full+chunked_head:8"``); a
             :class:`~remat.strategies.base.Strategy` config; or a Plan from
             :func:`remat.plan` (a plan made by ``remat.plan_compiled`` also compiles each
             block in place with the compiler budget it records).
@@ -273,7 +304,7 @@ def preserved_strategy(model: nn.Module) -> Iterator[None]:
         ...     apply(model, "full")
         ...     prof = remat.profile(model, batch)
     """
-    installed = [(m, {**installed_attributes(m),
+    installed = [(m, {**installed_attributes(m), **head_attributes(m),
                       **({_APPLIED: m.__dict__[_APPLIED]} if _APPLIED in m.__dict__ else {})})
                  for m in model.modules()]
     try:

@@ -188,9 +188,12 @@ class BlockStrategy(Strategy):
 
     Class attributes:
         moves_to_host: it costs host transfers rather than recompute (``offload``).
+        on_head: it installs on the whole model's output head and loss, decided under the
+            key ``"<head>"`` rather than per block (``chunked_head``).
     """
 
     moves_to_host: ClassVar[bool] = False
+    on_head: ClassVar[bool] = False
 
     def decisions(self, blocks: Sequence[tuple[str, nn.Module]]) -> dict[str, BlockStrategy]:
         return {name: self for name, _ in blocks}

@@ -27,6 +27,7 @@ from typing import Any, TypeVar, overload
 from remat.errors import RematWarning, StrategyError, message, with_api
 from remat.strategies.base import BlockStrategy, Purpose, Strategy
 from remat.strategies.builtin import BUILTIN
+from remat.strategies.combined import Combined
 
 S = TypeVar("S", bound=type[Strategy])
 
@@ -146,6 +147,9 @@ def parse_strategy(strategy: str | Strategy, *,
         StrategyError: not a string, an unknown name or a bad argument; the message lists
             the valid strategies.
 
+    Several strategies joined by ``+`` (``"full+chunked_head:8"``) parse to a
+    :class:`~remat.strategies.combined.Combined` of them.
+
     Example:
         >>> parse_strategy("every:3")
         EveryN(n=3)
@@ -158,6 +162,8 @@ def parse_strategy(strategy: str | Strategy, *,
             {"found": type(strategy).__name__, "valid strategies": _valid()},
             fix="pass one of the valid strategies, a Plan from remat.plan or a Strategy"))
     text = strategy.strip()
+    if "+" in text:  # several at once: "full+chunked_head:8"
+        return Combined(tuple(parse_strategy(part, api=api) for part in text.split("+")))
     call = _LABEL.fullmatch(text)
     if call is not None and call.group(1).lower() in _REGISTRY:  # a label: name(field=value)
         return _from_label(_REGISTRY[call.group(1).lower()], call.group(2), strategy, api)

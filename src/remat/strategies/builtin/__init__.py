@@ -1,5 +1,6 @@
 """The strategies remat ships, one module each; the registry registers them in this order."""
 
+from remat.strategies.builtin.chunked_head import ChunkedHead
 from remat.strategies.builtin.every import EveryN
 from remat.strategies.builtin.full import Full
 from remat.strategies.builtin.none import NoCheckpoint
@@ -9,7 +10,8 @@ from remat.strategies.builtin.sqrt import SqrtSegments
 from remat.strategies.builtin.sublayer import Attention, Mlp
 
 #: Registration order: the order of every default strategy list.
-BUILTIN = (NoCheckpoint, Full, EveryN, SqrtSegments, Attention, Mlp, SelectiveOps, Offload)
+BUILTIN = (NoCheckpoint, Full, EveryN, SqrtSegments, Attention, Mlp, SelectiveOps, Offload,
+           ChunkedHead)
 
-__all__ = ["BUILTIN", "Attention", "EveryN", "Full", "Mlp", "NoCheckpoint", "Offload",
-           "SelectiveOps", "SqrtSegments"]
+__all__ = ["BUILTIN", "Attention", "ChunkedHead", "EveryN", "Full", "Mlp", "NoCheckpoint",
+           "Offload", "SelectiveOps", "SqrtSegments"]
