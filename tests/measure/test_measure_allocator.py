@@ -65,3 +65,75 @@ def test_tracker_peak_matches_allocator_peak(model_type: str, strategy: str) -> 
         f"{model_type} {strategy}: tracker {tracked} B, allocator {allocated} B "
         f"(gap {gap} B, ratio {tracked / allocated:.5f})"
     )
+
+
+class _Scan(torch.nn.Module):
+    """A time-step loop over one tensor (Mamba's reference scan): autograd sums one
+    full-size ``select_backward`` gradient per step into the same buffer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.proj(x).exp()
+        state = torch.zeros_like(h[:, 0])
+        outs = []
+        for i in range(h.shape[1]):
+            state = h[:, i] * state + h[:, i]
+            outs.append(state)
+        return torch.stack(outs, 1)
+
+
+class _SumInBackward(torch.autograd.Function):
+    """A Python backward that adds two temporaries: out of place for real, too."""
+
+    @staticmethod
+    def forward(ctx: object, x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    @staticmethod
+    def backward(ctx: object, grad: torch.Tensor) -> torch.Tensor:
+        return grad * 2 + grad * 3
+
+
+@pytest.mark.parametrize("case", ["scan", "python_backward"])
+def test_gradient_sums_are_counted_as_the_engine_does_them(case: str) -> None:
+    # NOTE [ Gradient accumulation in place ] in tracker.py: the engine sums in place
+    # when no dispatch mode runs; a Python backward's own sum is out of place.
+    torch.manual_seed(0)
+    if case == "scan":
+        model: torch.nn.Module = _Scan()
+        x = torch.randn(8, 32, 16)
+    else:
+        class Net(torch.nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.fc = torch.nn.Linear(64, 64)
+
+            def forward(self, x: torch.Tensor) -> torch.Tensor:
+                y = self.fc(x)
+                return _SumInBackward.apply(y) + y.exp()
+
+        model, x = Net(), torch.randn(256, 64)
+    tracked, allocated = _gap(model, x)
+    assert tracked == allocated, f"tracker {tracked} B, allocator {allocated} B"
+    assert profile(model, x, simulate=True).peak_bytes == tracked
+
+
+def test_a_hybrid_mamba_attention_stack_is_exact() -> None:
+    transformers = pytest.importorskip("transformers")
+    config = transformers.AutoConfig.for_model(
+        "jamba", vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=1, attn_layer_period=2, attn_layer_offset=1,
+        expert_layer_period=2, expert_layer_offset=1, num_experts=2, use_mamba_kernels=False,
+        mamba_d_state=8, mamba_dt_rank=8, max_position_embeddings=64)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config).train()
+    ids = torch.randint(0, 128, (2, 32))
+    batch = {"input_ids": ids, "labels": ids.clone()}
+    for strategy in ("none", "full"):
+        apply(model, strategy)
+        tracked, allocated = _gap(model, batch)
+        assert tracked == allocated, f"{strategy}: tracker {tracked} B, allocator {allocated} B"
+    apply(model, "none")

@@ -166,6 +166,14 @@ class StorageLedger:
             if phase not in self._now:
                 self._now.append(phase)
 
+    def update_peak_at(self, phase: str, current: int, by_kind: dict[str, int]) -> None:
+        """:meth:`update_peak` for a moment already past: ``current`` bytes then,
+        ``by_kind`` their split."""
+        self._updates += 1
+        entry = self.phase_peaks.get(phase)
+        if entry is None or current > entry[0]:
+            self.phase_peaks[phase] = [current, dict(by_kind), self._updates]
+
     def _step_peak(self) -> list[Any] | None:
         """The step's peak entry: the largest phase peak, the earliest on ties."""
         if not self.phase_peaks:
