@@ -45,6 +45,8 @@ _EXPORTS: dict[str, str] = {
     "RematError": "remat.errors",
     "RematWarning": "remat.errors",
     "STRATEGIES": "remat.strategies.registry",
+    "SeqLenResult": "remat.planning.seq_len",
+    "SeqLenSearch": "remat.planning.seq_len",
     "Step": "remat.measure.step",
     "StepCost": "remat.core.cost",
     "Strategy": "remat.strategies.base",
@@ -58,6 +60,7 @@ _EXPORTS: dict[str, str] = {
     "parse_bytes": "remat.units",
     "plan": "remat.planning.planner",
     "plan_compiled": "remat.compiled.plan",
+    "plan_seq_len": "remat.planning.seq_len",
     "plan_throughput": "remat.planning.planner",
     "profile": "remat.measure.profile",
     "register_strategy": "remat.strategies.registry",
@@ -86,6 +89,7 @@ if TYPE_CHECKING:
     from remat.planning.options import PlanOptions
     from remat.planning.planner import auto, plan, plan_throughput
     from remat.planning.plans import Plan
+    from remat.planning.seq_len import SeqLenResult, SeqLenSearch, plan_seq_len
     from remat.planning.throughput import ThroughputSearch
     from remat.recompute import is_recomputing
     from remat.strategies.apply import apply, remove

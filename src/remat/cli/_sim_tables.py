@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from rich.table import Table
 
     from remat.simulate.estimate import EstimateTable
@@ -65,6 +67,40 @@ def simulation_tables(result: SimulationResult) -> tuple[Table, Table]:
         summary.add_row(strategy + mark, str(largest), format_bytes(r.peak_bytes),
                         rate(r.tokens_per_s))
     return main, summary
+
+
+def longest_seqs(results: Sequence[SimulationResult]) -> dict[str, dict[str, int] | None]:
+    """Per strategy: the longest sequence (of the runs) at which some micro-batch fits, with
+    the largest micro-batch that fits there and its peak per rank; None when none fits."""
+    out: dict[str, dict[str, int] | None] = {}
+    for strategy in results[0].strategies:
+        out[strategy] = None
+        for result in sorted(results, key=lambda r: r.seq_len):
+            largest = result.largest_batch(strategy) if strategy in result.strategies else None
+            if largest is not None:
+                out[strategy] = {"seq_len": result.seq_len, "batch_size": largest,
+                                 "peak_bytes": result.row(strategy, largest).peak_bytes}
+    return out
+
+
+def longest_seq_table(results: Sequence[SimulationResult]) -> Table:
+    """The longest sequence that fits per strategy, over one simulation per length."""
+    from rich.table import Table
+
+    from remat.units import format_bytes
+
+    seqs = ", ".join(str(r.seq_len) for r in sorted(results, key=lambda r: r.seq_len))
+    table = Table(title=f"Longest sequence that fits, per strategy (of {seqs})",
+                  title_justify="left")
+    for header in ("Strategy", "Longest seq", "Largest batch there", "Peak / rank"):
+        table.add_column(header, justify="left" if header == "Strategy" else "right")
+    for strategy, found in longest_seqs(results).items():
+        if found is None:
+            table.add_row(strategy, "[red]none fits[/]", "-", "-")
+        else:
+            table.add_row(strategy, str(found["seq_len"]), str(found["batch_size"]),
+                          format_bytes(found["peak_bytes"]))
+    return table
 
 
 def estimate_table(table: EstimateTable) -> Table:

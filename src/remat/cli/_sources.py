@@ -245,6 +245,8 @@ class RunSource:
         loss_fn: ``loss_fn(output, batch)``, or ``None`` (remat's default loss).
         param_bytes: bytes of the model's parameters.
         seq_len: tokens per sequence of its batches, when known.
+        make_seq_batch: ``make_seq_batch(batch_size, seq_len)`` on the device (``remat plan
+            --maximize seq-len``), or ``None`` when the source gives one fixed batch.
     """
 
     name: str
@@ -254,6 +256,7 @@ class RunSource:
     loss_fn: Callable[[Any, Any], Any] | None
     param_bytes: int
     seq_len: int | None
+    make_seq_batch: Callable[[int, int], Any] | None = None
 
     def batch(self, batch_size: int) -> Any:
         """A batch of ``batch_size`` sequences, or the source's fixed batch."""
@@ -301,7 +304,8 @@ def _preset_source(name: str, settings: dict[str, Any], *, seq: int | None, seed
     with torch.device("meta"):
         param_bytes = _param_bytes(model_from_config(config))
     return RunSource(name, build, lambda n: make_batch(config, n, seq, seed=seed, device=target),
-                     None, None, param_bytes, seq or config.max_seq_len)
+                     None, None, param_bytes, seq or config.max_seq_len,
+                     lambda n, s: make_batch(config, n, s, seed=seed, device=target))
 
 
 def _hf_source(sources: Sources, *, seq: int | None, seed: int, target: Any) -> RunSource:
@@ -321,7 +325,8 @@ def _hf_source(sources: Sources, *, seq: int | None, seed: int, target: Any) -> 
 
     return RunSource(name, build,
                      lambda n: _to_device(default_batch(meta_model, n, seq_len), target),
-                     None, None, _param_bytes(meta_model), seq_len)
+                     None, None, _param_bytes(meta_model), seq_len,
+                     lambda n, s: _to_device(default_batch(meta_model, n, s), target))
 
 
 def _module_source(spec: str, *, api: str, seq: int | None, seed: int, target: Any,
@@ -352,14 +357,17 @@ def _module_source(spec: str, *, api: str, seq: int | None, seed: int, target: A
                          batch_shape(batch)[1])
     make = user.make_batch
 
-    def make_batch(n: int) -> Any:
+    def make_seq_batch(n: int, s: int) -> Any:
         if make is None:
-            return _to_device(default_batch(user.model, n, seq_len), target)
+            return _to_device(default_batch(user.model, n, s), target)
         try:
-            return _to_device(make(n, seq_len), target)
+            return _to_device(make(n, s), target)
         except Exception as exc:
-            raised(api, f"--module {spec}: make_batch({n}, {seq_len}) raised an error", exc,
+            raised(api, f"--module {spec}: make_batch({n}, {s}) raised an error", exc,
                    fix="fix make_batch, or pass a --batch/--seq it accepts")
 
+    def make_batch(n: int) -> Any:
+        return make_seq_batch(n, seq_len)
+
     return RunSource(name, build, make_batch, None, user.loss_fn, _param_bytes(user.model),
-                     seq_len)
+                     seq_len, make_seq_batch)

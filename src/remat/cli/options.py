@@ -203,6 +203,14 @@ SeqOpt = Annotated[int | None, typer.Option(
     help="Tokens per sequence. Default: the preset's max_seq_len; 128 for --hf, "
          "--hf-config and --module batches made by remat or make_batch.",
 )]
+MinSeqOpt = Annotated[int | None, typer.Option(
+    "--min-seq", min=1, metavar="S",
+    help="Shortest sequence --maximize seq-len tries (a % budget refers to it). "
+         "Default: --seq-multiple.",
+)]
+SeqMultipleOpt = Annotated[int, typer.Option(
+    "--seq-multiple", min=1, metavar="S", help="--maximize seq-len tries multiples of S tokens.",
+)]
 StrategiesOpt = Annotated[str | None, typer.Option(
     "--strategies", callback=_check_strategies, metavar="A,B,C",
     help="Comma-separated strategies; none (the baseline) is always run. "

@@ -32,14 +32,17 @@ from remat.cli.options import (
     HfConfigOpt,
     HfOpt,
     JsonOpt,
+    MinSeqOpt,
     ModelOpt,
     ModuleOpt,
     OptimizerChoice,
     OptimizerOpt,
     RegistryHelpCommand,
     SeedOpt,
+    SeqMultipleOpt,
     SeqOpt,
     SetOpt,
+    SimStrategiesOpt,
     check_output,
     plot_option,
 )
@@ -60,6 +63,7 @@ Examples:
   remat plan --model gpt-tiny --budget 70% --plot out/frontier.png --json out/plan-run.json
 
   remat plan --model gpt-small --budget 60% --maximize throughput --simulate
+  remat plan --model gpt-small --budget 300MiB --maximize seq-len --seq 4096 --simulate
 
   remat plan --model gpt-tiny --budget 80% --cost measured   # time candidates (auto on CUDA)
 
@@ -77,6 +81,7 @@ class Maximize(str, Enum):
     """What ``remat plan --maximize`` searches for."""
 
     throughput = "throughput"
+    seq_len = "seq-len"
 
 
 class CostChoice(str, Enum):
@@ -113,16 +118,21 @@ def plan_command(
     )] = "60%",
     batch: Annotated[int, typer.Option(
         "--batch", "-b", min=1, metavar="N",
-        help="Sequences per batch (with --maximize: the batch size a % budget refers to).",
+        help="Sequences per batch (with --maximize throughput: the batch size a % budget "
+             "refers to; with --maximize seq-len: the micro-batch, default 1).",
     )] = 8,
     seq: SeqOpt = None,
     maximize: Annotated[Maximize | None, typer.Option(
         "--maximize", case_sensitive=False,
-        help="throughput: search the batch size (and plan) with the most samples/s.",
+        help="throughput: the batch size (and plan) with the most samples/s; seq-len: the "
+             "longest sequence (up to --seq) each strategy and a plan fit at --batch.",
     )] = None,
     max_batch: Annotated[int, typer.Option(
         "--max-batch", min=1, metavar="N", help="Largest batch size --maximize tries.",
     )] = 256,
+    min_seq: MinSeqOpt = None,
+    seq_multiple: SeqMultipleOpt = 64,
+    strategies: SimStrategiesOpt = None,
     optimizer: OptimizerOpt = OptimizerChoice.none,
     device: DeviceOpt = "auto",
     cost_device: Annotated[str | None, typer.Option(
@@ -187,6 +197,14 @@ def plan_command(
             "drop --simulate and --maximize, or drop --compile",
             param_hint="'--compile'",
         )
+    if maximize is Maximize.seq_len:
+        from remat.cli._seq_len import seq_len_command
+
+        return seq_len_command(ctx, sources, budget=budget, seq=seq, min_seq=min_seq,
+                               multiple_of=seq_multiple, strategies=strategies,
+                               optimizer=optimizer.value, simulate=simulate, cost=cost.value,
+                               cost_device=cost_device, device=device, seed=seed,
+                               json_out=json_out)
     target = resolve_device(device)
     source = run_source(sources, api="remat plan", seq=seq, seed=seed, target=target,
                         given=given_flags(ctx, "batch", "seq"))

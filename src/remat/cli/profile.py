@@ -42,6 +42,7 @@ from remat.cli.options import (
     SeqOpt,
     SetOpt,
     StrategyOpt,
+    _check_strategies,
     check_output,
 )
 from remat.errors import message
@@ -56,6 +57,8 @@ Examples:
   remat profile --model gpt-tiny --strategy ops --optimizer adamw --json out/profile.json
 
   remat profile --trace out/trace.json   (open it in https://ui.perfetto.dev)
+
+  remat profile --batch 2 --optimizer adamw --timeline out/memory.png --timeline-with full
 
   remat profile --module examples/my_model.py:build --batch 2 --seq 64   (your own model)
 
@@ -84,6 +87,14 @@ def profile_command(
     trace: Annotated[Path | None, typer.Option(
         "--trace", metavar="FILE.json", dir_okay=False, callback=check_output,
         help="Export a torch.profiler Chrome trace of one step (open in Perfetto).",
+    )] = None,
+    timeline: Annotated[Path | None, typer.Option(
+        "--timeline", metavar="FILE.png", dir_okay=False, callback=check_output,
+        help="Draw live bytes over the step's ops, stacked by category, phases shaded, the "
+             "peak annotated.")] = None,
+    timeline_with: Annotated[str | None, typer.Option(
+        "--timeline-with", callback=_check_strategies, metavar="A,B",
+        help="Strategies drawn beside --strategy in the --timeline picture.",
     )] = None,
 ) -> None:
     """Measure one training step of a model under one strategy.
@@ -120,6 +131,17 @@ def profile_command(
         update("trace" if trace else "done", 2, 3)
         if trace is not None:
             export_trace(net, sample, trace, optimizer=opt, loss_fn=source.loss_fn)
+        if timeline is not None:
+            from remat.report.timeline import plot_timeline
+
+            shown = [(strategy, result)]
+            for other in timeline_with.split(",") if timeline_with else []:
+                apply(net, other)
+                shown.append((other, measure_profile(net, sample, optimizer=opt, timing=False,
+                                                     loss_fn=source.loss_fn)))
+            label = shape_label(name, batch_size, seq_len)
+            plot_timeline([p for _, p in shown], timeline,
+                          titles=[f"{label}, {s}" for s, _ in shown])
         update("done", 3, 3)
 
     meta = {"model": name, "batch_size": batch_size, "seq_len": seq_len, "strategy": strategy,
@@ -141,6 +163,8 @@ def profile_command(
             )
     if trace is not None:
         err_console.print(f"Wrote {trace} (open it in https://ui.perfetto.dev)", highlight=False)
+    if timeline is not None:
+        err_console.print(f"Wrote {timeline}", highlight=False)
     if json_out is not None:
         write_json({**meta, **profile_to_dict(result)}, json_out)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -25,7 +25,7 @@ from remat.cli._common import (
     user_errors,
     write_json,
 )
-from remat.cli._sim_tables import rate, simulation_tables
+from remat.cli._sim_tables import longest_seq_table, longest_seqs, rate, simulation_tables
 from remat.cli._sources import ModelChoice, batch_shape, given_flags, given_sources, model_choice
 from remat.cli._user_model import raised
 from remat.cli.options import (
@@ -63,6 +63,8 @@ Examples:
   remat simulate --hf llama --set num_hidden_layers=16 --set hidden_size=2048 --device l4
 
   remat simulate --module examples/my_model.py:build_training --seq 1024 --batch 1,8
+
+  remat simulate --model llama-7b --seq 2048,4096,8192,16384 --batch 1,2 --strategies none,full
 """
 
 
@@ -105,15 +107,18 @@ def _fixed_batch_size(choice: ModelChoice, given: list[str]) -> int:
 
 
 def _row_progress(update: ProgressFn, names: Sequence[str], batch_sizes: Sequence[int],
-                  plan: bool) -> Callable[[SimulationRow], None]:
+                  plan: bool, seqs: Sequence[int] = ()) -> Callable[[SimulationRow], None]:
     """An ``on_row`` callback that shows rows done of all rows and which row runs now.
 
     ``simulate`` runs every strategy's batch sizes in order, then the plan's, so the
-    row after the last one done is the one running.
+    row after the last one done is the one running; with several ``seqs`` (one run per
+    sequence length, in order) the rows of every run count.
     """
     labels = [f"{name} batch {b}" for name in names for b in batch_sizes]
     if plan:
         labels += [f"plan batch {b}" for b in batch_sizes]
+    if len(seqs) > 1:
+        labels = [f"seq {s}: {label}" for s in seqs for label in labels]
     done = 0
     update(labels[0], 0, len(labels))
 
@@ -125,15 +130,20 @@ def _row_progress(update: ProgressFn, names: Sequence[str], batch_sizes: Sequenc
     return on_row
 
 
-def _print_result(result: SimulationResult) -> None:
-    err_console.print(f"Simulated {len(result.rows)} steps in {result.elapsed_s:.1f} s.",
-                      highlight=False)
+def _print_result(results: Sequence[SimulationResult]) -> None:
+    err_console.print(f"Simulated {sum(len(r.rows) for r in results)} steps in "
+                      f"{sum(r.elapsed_s for r in results):.1f} s.", highlight=False)
     console = stdout_console()
-    for table in simulation_tables(result):
-        console.print(table)
-    best = result.best()
-    if best is not None:
-        console.print(f"Best: {best.strategy} at micro-batch {best.batch_size} "
+    for result in results:
+        for table in simulation_tables(result):
+            console.print(table)
+    if len(results) > 1:
+        console.print(longest_seq_table(results))
+    fitting = [b for b in (r.best() for r in results) if b is not None]
+    if fitting:
+        best = max(fitting, key=lambda b: b.tokens_per_s)
+        at = f" and seq {best.seq_len}" if len(results) > 1 else ""
+        console.print(f"Best: {best.strategy} at micro-batch {best.batch_size}{at} "
                       f"({rate(best.tokens_per_s)} tokens/s predicted).", highlight=False)
     else:
         console.print("[red]Nothing fits[/red]: try a smaller --seq, --sharding fsdp, or a "
@@ -148,8 +158,11 @@ def simulate_command(
     hf_config: HfConfigOpt = None,
     module: ModuleOpt = None,
     overrides: SetOpt = None,
-    seq: Annotated[int, typer.Option("--seq", "-s", min=1, metavar="S",
-                                     help="Tokens per sequence.")] = 2048,
+    seq: Annotated[str, typer.Option(
+        "--seq", "-s", metavar="S1,S2,...",
+        help="Tokens per sequence; several give a run each and the longest sequence that "
+             "fits per strategy.",
+    )] = "2048",
     batch: Annotated[str, typer.Option(
         "--batch", "-b", metavar="B1,B2,...", help="Micro-batch sizes per rank.",
     )] = "1,2,4,8,16,32",
@@ -191,41 +204,62 @@ def simulate_command(
     import dataclasses
 
     from remat.simulate.plot import plot_simulation
-    from remat.simulate.run import simulate
     from remat.strategies.registry import default_strategies
 
     sources = given_sources(model, hf, hf_config, module, overrides)
     batch_sizes = int_list(batch, "--batch")
+    seqs = int_list(seq, "--seq")
     mode = _sharding(sharding, world_size)
-    choice = model_choice(sources, seq, api=API)
-    batch_fn = choice.batch_fn
-    if choice.fixed_batch is not None and batch_fn is None:
-        batch_sizes = [_fixed_batch_size(choice, given_flags(ctx, "batch"))]
-        fixed = choice.fixed_batch
-        batch_fn = lambda _b, _s: fixed  # noqa: E731
+    choices = [model_choice(sources, s, api=API) for s in seqs]
+    if choices[0].fixed_batch is not None and choices[0].batch_fn is None and len(seqs) > 1:
+        fail(message(API, f"{choices[0].name} gives one fixed batch; --seq asks for "
+                          f"{len(seqs)} lengths",
+                     fix="return an object with make_batch(batch_size, seq_len) from the "
+                         "factory, or pass one --seq"))
     names = strategies.split(",") if strategies else default_strategies("simulate")
-    with user_errors(), progress_bar(f"simulate {choice.name}", log_when_piped=True) as update:
-        try:
-            result = simulate(
-                choice.source, seq_len=seq, batch_sizes=batch_sizes, dtype=dtype,
-                optimizer=optimizer, device=device, strategies=names, world_size=world_size,
-                sharding=mode, plan=plan, on_row=_row_progress(update, names, batch_sizes, plan),
-                exact=exact, batch_fn=batch_fn, loss_fn=choice.loss_fn,
-            )
-        except (RematError, typer.Exit):
-            raise
-        except Exception as exc:
-            if choice.user is None:
-                raise
-            raised(API, f"--module {module}: the model cannot be simulated", exc,
-                   fix="simulate a model that runs on fake tensors (no reading of tensor "
-                       "values, batches in the parameters' dtype; see --dtype), or measure "
-                       "it for real with remat profile / remat plan")
-    if choice.name != result.model:
-        result = dataclasses.replace(result, model=choice.name)
+    results = []
+    with user_errors(), progress_bar(f"simulate {choices[0].name}",
+                                     log_when_piped=True) as update:
+        on_row = None
+        for seq_len, choice in zip(seqs, choices, strict=True):
+            batch_fn = choice.batch_fn
+            if choice.fixed_batch is not None and batch_fn is None:
+                batch_sizes = [_fixed_batch_size(choice, given_flags(ctx, "batch"))]
+                fixed = choice.fixed_batch
+                batch_fn = lambda _b, _s, fixed=fixed: fixed  # noqa: E731
+            on_row = on_row or _row_progress(update, names, batch_sizes, plan, seqs)
+            result = _simulate_one(choice, module, seq_len=seq_len, batch_sizes=batch_sizes,
+                                   batch_fn=batch_fn, dtype=dtype, optimizer=optimizer,
+                                   device=device, strategies=names, world_size=world_size,
+                                   sharding=mode, plan=plan, on_row=on_row, exact=exact)
+            if choice.name != result.model:
+                result = dataclasses.replace(result, model=choice.name)
+            results.append(result)
     if json_out != "-":
-        _print_result(result)
+        _print_result(results)
     if json_out is not None:
-        write_json(result.to_dict(), json_out)
+        write_json(results[0].to_dict() if len(results) == 1 else
+                   {"runs": [r.to_dict() for r in results],
+                    "longest_seq": longest_seqs(results)}, json_out)
     if plot is not None:
-        err_console.print(f"Wrote {plot_simulation(result, plot)}", highlight=False)
+        for result in results:
+            target = plot if len(results) == 1 else plot.with_stem(
+                f"{plot.stem}-seq{result.seq_len}")
+            err_console.print(f"Wrote {plot_simulation(result, target)}", highlight=False)
+
+
+def _simulate_one(choice: ModelChoice, module: str | None, **kwargs: Any) -> SimulationResult:
+    """One ``simulate`` run; a --module model that cannot run on fake tensors exits 1."""
+    from remat.simulate.run import simulate
+
+    try:
+        return simulate(choice.source, loss_fn=choice.loss_fn, **kwargs)
+    except (RematError, typer.Exit):
+        raise
+    except Exception as exc:
+        if choice.user is None:
+            raise
+        raised(API, f"--module {module}: the model cannot be simulated", exc,
+               fix="simulate a model that runs on fake tensors (no reading of tensor "
+                   "values, batches in the parameters' dtype; see --dtype), or measure "
+                   "it for real with remat profile / remat plan")

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from remat.core.cost import Category, CostViews, StepCost
 from remat.core.ops import PHASES, OpRecord
+from remat.core.timeline import MemoryTimeline
 from remat.errors import message, one_line
 
 
@@ -114,6 +115,9 @@ class Profile(CostViews):
             ``"recompute"``, ``"optimizer"``) with its breakdown: the largest is the
             step's peak; the others are the other moments that could become it when
             something changes (e.g. under sharding). Tracked steps only.
+        timeline: live bytes by category over the step, sample by sample (NOTE [ Memory
+            timeline ] in remat/core/timeline.py), for :func:`remat.report.plot_timeline`.
+            Tracked steps only, else None.
     """
 
     cost: StepCost
@@ -124,6 +128,7 @@ class Profile(CostViews):
     allocator_peak_bytes: int | None = None
     peak_phase: str | None = None
     phase_peaks: Mapping[str, PhasePeak] = field(default_factory=dict, hash=False)
+    timeline: MemoryTimeline | None = field(default=None, repr=False, compare=False, hash=False)
 
     def __post_init__(self) -> None:
         cost = self.cost

@@ -22,6 +22,7 @@ from torch import Tensor
 from remat.core.cost import Category
 from remat.core.ops import PHASES
 from remat.core.results import PhasePeak
+from remat.core.timeline import MemoryTimeline
 
 REGISTERED_KINDS: tuple[str, ...] = (
     "params", "buffers", "grads", "optimizer_state", "batch", "other",
@@ -110,6 +111,11 @@ class StorageLedger:
         self.phase_peaks: dict[str, list[Any]] = {}
         self._now: list[str] = []  # phases whose peak is this very moment
         self._updates = 0
+        # NOTE [ Memory timeline ] in remat/core/timeline.py: samples and events.
+        self.samples: list[int] = []
+        self.sample_phases: list[str] = []
+        self.events: list[tuple[int, str, str | None, int]] = []
+        self.found_later: list[tuple[int, int]] = []  # (sample, bytes) counted from the start
 
     def add(self, st: torch.UntypedStorage, kind: str, block: str | None) -> int:
         """Count ``st`` (not tracked yet) as ``kind``; return its bytes."""
@@ -124,11 +130,15 @@ class StorageLedger:
             self.current += nbytes
             self.by_kind[kind] += nbytes
             self._now.clear()
+            self.events.append((len(self.samples), kind, block, nbytes))
         return nbytes
 
     def add_preexisting(self, st: torch.UntypedStorage) -> None:
         """Count ``st`` as ``"other"`` from the start: now *and* at the peak."""
         nbytes = self.add(st, "other", None)
+        if nbytes:  # counted from the start (NOTE [ Memory timeline ])
+            self.events[-1] = (0, "other", None, nbytes)
+            self.found_later.append((len(self.samples), nbytes))
         for entry in self.phase_peaks.values():  # alive at every phase's peak
             entry[0] += nbytes
             entry[1]["other"] += nbytes
@@ -140,6 +150,7 @@ class StorageLedger:
                 self.current -= rec.nbytes
                 self.by_kind[rec.kind] -= rec.nbytes
                 self._now.clear()
+                self.events.append((len(self.samples), rec.kind, rec.block, -rec.nbytes))
 
     def resized(self, rec: StorageRecord, nbytes: int) -> None:
         """An op resized a tracked storage to ``nbytes``."""
@@ -148,6 +159,7 @@ class StorageLedger:
         self.current += delta
         self.by_kind[rec.kind] += delta
         self._now.clear()
+        self.events.append((len(self.samples), rec.kind, rec.block, delta))
 
     def retag(self, rec: StorageRecord, kind: str) -> None:
         """Count ``rec`` as ``kind`` from now on (keeps the peak's breakdown right)."""
@@ -155,11 +167,17 @@ class StorageLedger:
         self.by_kind[kind] += rec.nbytes
         for phase in self._now:  # a peak that is this very moment
             self.phase_peaks[phase][1] = dict(self.by_kind)
+        if rec.nbytes:  # at the latest sample when it is a peak, as above, else the next
+            at = len(self.samples) - 1 if self._now and self.samples else len(self.samples)
+            self.events.append((at, rec.kind, rec.block, -rec.nbytes))
+            self.events.append((at, kind, rec.block, rec.nbytes))
         rec.kind = kind
 
     def update_peak(self, phase: str) -> None:
         """After an op of ``phase``: a new high for the phase is recorded."""
         self._updates += 1
+        self.samples.append(self.current)
+        self.sample_phases.append(phase)
         entry = self.phase_peaks.get(phase)
         if entry is None or self.current > entry[0]:
             self.phase_peaks[phase] = [self.current, dict(self.by_kind), self._updates]
@@ -204,6 +222,17 @@ class StorageLedger:
         """Each phase's peak so far, by phase (phases no op ran in are absent)."""
         return {phase: PhasePeak(peak, categorized(kinds), order)
                 for phase, (peak, kinds, order) in self.phase_peaks.items()}
+
+    def timeline(self) -> MemoryTimeline:
+        """The samples and events so far as a :class:`~remat.core.timeline.MemoryTimeline`
+        (kinds as categories; NOTE [ Memory timeline ])."""
+        live = list(self.samples)
+        for sample, nbytes in self.found_later:
+            for i in range(min(sample, len(live))):
+                live[i] += nbytes
+        events = tuple((i, KIND_CATEGORIES[kind].value, block if kind == "forward" else None, d)
+                       for i, kind, block, d in self.events)
+        return MemoryTimeline(tuple(live), tuple(self.sample_phases), events)
 
     def bytes_of_kind(self, kind: str) -> tuple[int, dict[str, int]]:
         """Bytes of live storages of ``kind``, in total and per block."""

@@ -105,6 +105,7 @@ def _build(tracked: Tracked, blocks: Sequence[tuple[str, nn.Module]], *, simulat
         allocator_peak_bytes=allocator_peak_bytes,
         peak_phase=tracker.peak_phase,
         phase_peaks=tracker.phase_peaks,
+        timeline=tracker.timeline,
     )
 
 

@@ -83,6 +83,7 @@ from torch.utils.hooks import RemovableHandle
 from remat.blocks import Sublayer
 from remat.core.ops import OpRecord
 from remat.core.results import PhasePeak
+from remat.core.timeline import MemoryTimeline
 from remat.errors import message
 from remat.measure import shadow
 from remat.measure.attribution import BlockAttribution
@@ -438,6 +439,12 @@ class MemoryTracker(TorchDispatchMode):
     def current_breakdown(self) -> dict[str, int]:
         """Bytes per kind now (non-zero kinds only)."""
         return {k: v for k, v in self._ledger.by_kind.items() if v}
+
+    @property
+    def timeline(self) -> MemoryTimeline:
+        """Live bytes by category at every sample so far (NOTE [ Memory timeline ] in
+        remat/core/timeline.py)."""
+        return self._ledger.timeline()
 
     @property
     def activation_bytes(self) -> int:

@@ -25,6 +25,7 @@ from remat.planning.loop import measure_decisions
 from remat.planning.options import PlanOptions
 from remat.planning.planner import auto, plan, plan_step, plan_throughput
 from remat.planning.plans import PLAN_FORMAT_VERSION, NamedBlocks, Plan, ThroughputRow
+from remat.planning.seq_len import SeqLenResult, SeqLenRow, SeqLenSearch, plan_seq_len
 from remat.planning.throughput import ThroughputSearch
 
 __all__ = [
@@ -35,11 +36,15 @@ __all__ = [
     "Plan",
     "PlanContext",
     "PlanOptions",
+    "SeqLenResult",
+    "SeqLenRow",
+    "SeqLenSearch",
     "ThroughputRow",
     "ThroughputSearch",
     "auto",
     "measure_decisions",
     "plan",
+    "plan_seq_len",
     "plan_step",
     "plan_throughput",
     "prepare",

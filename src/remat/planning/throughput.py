@@ -14,6 +14,7 @@ from remat.measure.step import Step
 from remat.planning.context import prepare_step
 from remat.planning.options import PlanOptions
 from remat.planning.plans import Plan, ThroughputRow
+from remat.planning.search import largest_fitting
 from remat.progress import report
 
 _REFINE_STEPS = 4
@@ -77,9 +78,27 @@ class _Search:
         return True
 
 
+def search_budget_bytes(step: Step, options: PlanOptions,
+                        reference_batch: Callable[[], Any]) -> int:
+    """A search's budget in bytes: a percentage refers to the un-checkpointed step on
+    ``reference_batch()`` (made only then), bytes are bytes.
+
+    Example:
+        >>> search_budget_bytes(step, options, lambda: make_batch(8))
+    """
+    budget = options.budget
+    if not budget.is_relative:
+        return budget.resolve(0)
+    reference = prepare_step(step.with_batch(reference_batch()), device=options.device,
+                             cost="roofline")
+    return budget.resolve(reference.no_checkpoint_peak_bytes,
+                          static_bytes=reference.static_bytes)
+
+
 def search_throughput(step: Step, make_batch: Callable[[int], Any], options: PlanOptions,
                       sizes: ThroughputSearch, plan_one: PlanOne) -> Plan:
-    """NOTE [ Throughput search ]: double the batch size until nothing fits, then bisect.
+    """NOTE [ Throughput search ]: double the batch size until nothing fits, then bisect
+    (:func:`~remat.planning.search.largest_fitting`).
 
     Args:
         step: the step (its batch is replaced by ``make_batch(n)`` for each size n).
@@ -89,33 +108,14 @@ def search_throughput(step: Step, make_batch: Callable[[int], Any], options: Pla
         sizes: the batch sizes to search.
         plan_one: plans one batch size for a byte budget.
     """
-    budget = options.budget
-    if budget.is_relative:
-        reference = prepare_step(step.with_batch(make_batch(sizes.batch_size)),
-                                 device=options.device, cost="roofline")
-        budget_bytes = budget.resolve(reference.no_checkpoint_peak_bytes,
-                                      static_bytes=reference.static_bytes)
-    else:
-        budget_bytes = budget.resolve(0)
+    budget_bytes = search_budget_bytes(step, options,
+                                       lambda: make_batch(sizes.batch_size))
     search = _Search(step, make_batch, options.with_budget(budget_bytes), plan_one)
-    n, low, high = 1, 0, None
-    while n <= sizes.max_batch_size:
-        if not search.fits(n):
-            high = n
-            break
-        low, n = n, n * 2
-    if low == 0 and search.first_error is not None:
+    # NOTE [ Grow then bisect ] in search.py; a few steps: the winner is rarely the largest.
+    largest_fitting(search.fits, first=1, last=sizes.max_batch_size,
+                    refine_steps=_REFINE_STEPS)
+    if not search.plans and search.first_error is not None:
         raise search.first_error
-    if high is None and low < sizes.max_batch_size:
-        high = sizes.max_batch_size + 1
-    steps = 0
-    while high is not None and high - low > 1 and steps < _REFINE_STEPS:
-        steps += 1  # bisect toward the largest size that fits
-        mid = (low + high) // 2
-        if search.fits(mid):
-            low = mid
-        else:
-            high = mid
     best = max(search.plans, key=lambda k: (search.rows[k].samples_per_s, -k))
     table = tuple(search.rows[k] for k in sorted(search.rows))
     return replace(search.plans[best], throughput=table)
