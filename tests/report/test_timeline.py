@@ -77,3 +77,25 @@ def test_cli_writes_a_png(tmp_path: Path) -> None:
                                       "--timeline-with", "full"])
     assert result.exit_code == 0, result.output
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
+
+
+def test_live_bytes_match_the_tracker_when_the_engine_sums_gradients() -> None:
+    # y feeds two ops: its gradient is an engine sum, counted as the real engine does it
+    # (NOTE [ Gradient accumulation in place ] in tracker.py); the timeline follows.
+    lin = torch.nn.Linear(8, 16)
+    x = torch.randn(4, 8)
+    read: list[int] = []
+    tracker = MemoryTracker(after_op=lambda: read.append(tracker.current_bytes))
+    tracker.register_model(lin)
+    tracker.register([x], "batch")
+    with tracker:
+        y = lin(x)
+        loss = (y + y.relu()).sum()
+        tracker.set_phase("backward")
+        loss.backward()
+    live = tracker.timeline.live_bytes
+    assert live[-len(read):] == tuple(read)
+    assert max(live) == tracker.peak_bytes
+    series = timeline_series(tracker.timeline)
+    for i, value in enumerate(live):
+        assert sum(v[i] for v in series.values()) == value

@@ -184,10 +184,17 @@ class StorageLedger:
             if phase not in self._now:
                 self._now.append(phase)
 
-    def update_peak_at(self, phase: str, current: int, by_kind: dict[str, int]) -> None:
+    def update_peak_at(self, phase: str, current: int, by_kind: dict[str, int],
+                       events_then: int) -> None:
         """:meth:`update_peak` for a moment already past: ``current`` bytes then,
-        ``by_kind`` their split."""
+        ``by_kind`` their split, ``events_then`` events logged by then (the later ones
+        belong to the next sample)."""
         self._updates += 1
+        for i in range(events_then, len(self.events)):
+            at, kind, block, delta = self.events[i]
+            self.events[i] = (at + 1, kind, block, delta)
+        self.samples.append(current)
+        self.sample_phases.append(phase)
         entry = self.phase_peaks.get(phase)
         if entry is None or current > entry[0]:
             self.phase_peaks[phase] = [current, dict(by_kind), self._updates]

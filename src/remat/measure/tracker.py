@@ -173,8 +173,9 @@ class MemoryTracker(TorchDispatchMode):
         self.after_op = after_op
         self._ledger = StorageLedger()
         # NOTE [ Gradient accumulation in place ]: (phase, reusable input storage keys,
-        # current bytes and bytes per kind just after the op) of a deferred engine sum.
-        self._pending: tuple[str, tuple[int, ...], int, dict[str, int]] | None = None
+        # current bytes, bytes per kind and events logged just after the op) of a
+        # deferred engine sum.
+        self._pending: tuple[str, tuple[int, ...], int, dict[str, int], int] | None = None
         self._settling: int | None = None
         self._phase = "forward"
         self._activation: int | None = None
@@ -357,7 +358,8 @@ class MemoryTracker(TorchDispatchMode):
             self._record(func, args, kwargs, out, inputs, outputs, phase, alloc, aliases_only)
         if reusable and alloc:
             ledger = self._ledger
-            self._pending = (phase, reusable, ledger.current, dict(ledger.by_kind))
+            self._pending = (phase, reusable, ledger.current, dict(ledger.by_kind),
+                             len(ledger.events))
             return out
         self._ledger.update_peak(phase)
         if self.after_op is not None:
@@ -368,7 +370,7 @@ class MemoryTracker(TorchDispatchMode):
         """Resolve a deferred engine sum (NOTE [ Gradient accumulation in place ])."""
         if self._pending is None:
             return
-        phase, reusable, current, by_kind = self._pending
+        phase, reusable, current, by_kind, events_then = self._pending
         self._pending = None
         ledger = self._ledger
         if any(key not in ledger.live for key in reusable):  # summed in place for real
@@ -376,7 +378,7 @@ class MemoryTracker(TorchDispatchMode):
             if self.after_op is not None:
                 self.after_op()
             return
-        ledger.update_peak_at(phase, current, by_kind)
+        ledger.update_peak_at(phase, current, by_kind, events_then)
         if self.after_op is not None:
             self._settling = current
             try:
