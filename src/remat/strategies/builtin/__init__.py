@@ -2,6 +2,7 @@
 
 from remat.strategies.builtin.every import EveryN
 from remat.strategies.builtin.full import Full
+from remat.strategies.builtin.full_offload import FullOffload
 from remat.strategies.builtin.none import NoCheckpoint
 from remat.strategies.builtin.offload import Offload
 from remat.strategies.builtin.ops import SelectiveOps
@@ -9,7 +10,8 @@ from remat.strategies.builtin.sqrt import SqrtSegments
 from remat.strategies.builtin.sublayer import Attention, Mlp
 
 #: Registration order: the order of every default strategy list.
-BUILTIN = (NoCheckpoint, Full, EveryN, SqrtSegments, Attention, Mlp, SelectiveOps, Offload)
+BUILTIN = (NoCheckpoint, Full, EveryN, SqrtSegments, Attention, Mlp, SelectiveOps, Offload,
+           FullOffload)
 
-__all__ = ["BUILTIN", "Attention", "EveryN", "Full", "Mlp", "NoCheckpoint", "Offload",
-           "SelectiveOps", "SqrtSegments"]
+__all__ = ["BUILTIN", "Attention", "EveryN", "Full", "FullOffload", "Mlp", "NoCheckpoint",
+           "Offload", "SelectiveOps", "SqrtSegments"]
