@@ -134,7 +134,7 @@ class _Region:
     @torch.no_grad()
     def _copy_out(self, t: torch.Tensor) -> torch.Tensor:
         if not self.asynchronous:
-            return t.to(HOST)
+            return t.to(HOST, copy=True)  # a copy even on the host itself
         host = torch.empty(t.size(), dtype=t.dtype, pin_memory=True)
         stream = _side_stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
