@@ -19,9 +19,9 @@ from torch import nn
 
 import remat
 from remat.devices import get_device
-from remat.measure.roofline import op_roofline_ms
 from remat.errors import RematWarning
 from remat.measure.profile import profile_simulated
+from remat.measure.roofline import op_roofline_ms
 from remat.models import build_model, get_config, make_batch, model_from_config
 from remat.planning import Plan
 from remat.planning.block_run import BlockRun
@@ -34,8 +34,6 @@ from remat.planning.candidates import (
 from remat.planning.context import fake_setup
 from remat.strategies import BlockContext, Offer, offload, regions
 from remat.strategies.builtin import Full, FullOffload
-
-transformers = pytest.importorskip("transformers")
 
 H100 = get_device("h100-80gb")
 
@@ -57,6 +55,7 @@ def _hosted(monkeypatch: pytest.MonkeyPatch, host: str = "cpu") -> list[Any]:
 
 
 def _hf_llama() -> tuple[nn.Module, dict[str, torch.Tensor]]:
+    transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(transformers.LlamaConfig(
         num_hidden_layers=2, hidden_size=32, intermediate_size=64, num_attention_heads=4,

@@ -58,7 +58,9 @@ NOTE [ Offloaded checkpoints ]
        block i's recompute and backward, and block i-1's recompute waits for it on an
        event. Two blocks' inputs are on the device at once. The first block backward
        reaches (the last one run) waits for its copy back: one hidden state a step,
-       not hidden.
+       not hidden. A region freed with its copies back never waited for (a backward
+       that stopped before it) makes the compute stream wait for them first, so their
+       memory is not reused while the side stream still writes it.
     Rule 4. The regions are chained by weak references: a region that was freed (its
        graph released) is skipped, and a region whose inputs are already back is not
        copied again. Several forwards before one backward only prefetch early.
@@ -235,6 +237,7 @@ class _InputRegion(_Region):
 
     previous: weakref.ref[_InputRegion] | None = None  # the region run before, Rule 3
     ready: Any = None  # the side stream's event after this region's copies back
+    guard: Any = None  # waits for ``ready`` if the region dies without unpacking, Rule 3
 
     def _keep(self, t: torch.Tensor) -> bool:
         return t.grad_fn is None or super()._keep(t)  # Rule 1
@@ -251,16 +254,24 @@ class _InputRegion(_Region):
         """Start the copies back unless they started already (Rule 4)."""
         if self.back is None and self.host:
             self.back, self.ready = self._start_back()
+            if self.ready is not None:
+                self.guard = weakref.finalize(self, _wait_for, self.device, self.ready)
+                self.guard.atexit = False
 
     def unpack(self, key: int) -> torch.Tensor:
         self.prefetch()
         if self.ready is not None:  # Rule 3: wait for this region's own copies
-            torch.cuda.current_stream(self.device).wait_event(self.ready)
+            _wait_for(self.device, self.ready)
             self.ready = None
+            self.guard.detach()
         previous = self.previous() if self.previous is not None else None
         if previous is not None:  # Rule 3: one block ahead
             previous.prefetch()
         return super().unpack(key)
+
+
+def _wait_for(device: torch.device, event: Any) -> None:
+    torch.cuda.current_stream(device).wait_event(event)
 
 
 def offloads_from(device: torch.device) -> bool:
