@@ -16,10 +16,17 @@ One command on a CUDA machine records, for a ~1B model (``llama-1b``, bfloat16, 
    time ] in planning/candidates.py: ``none`` plus the copies out beyond the forward's
    roofline, plus the copies back), and the overlap: the
    share of the copies (``2 x moved bytes / measured link``) hidden behind compute,
-   ``1 - (offload_ms - none_ms) / copy_ms``, clipped to [0, 1].
+   ``1 - (offload_ms - none_ms) / copy_ms``, clipped to [0, 1];
+5. the ``full_offload`` strategy (every block checkpointed, its input on the host): a row
+   of the table like ``none`` and ``full``, and its overlap against ``full``: the bytes it
+   moves (simulated ``full`` minus ``full_offload`` activation bytes), the copies' time
+   at the measured link, ``1 - (full_offload_ms - full_ms) / copy_ms`` and the step time
+   the planner's model predicts (``full`` plus the copies out beyond the forward's
+   roofline and back beyond the recompute's and backward's).
 
 ``--dry-run`` runs the same path on CPU with ``llama-tiny`` (float32, batch 2, bytes
-from the tracker, offload skipped); the tests run it so the script cannot rot.
+from the tracker, offload skipped, ``full_offload`` running as ``full``); the tests run
+it so the script cannot rot.
 
 Usage::
 
@@ -36,6 +43,7 @@ import json
 import shlex
 import sys
 import time
+import warnings
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -45,6 +53,7 @@ import torch
 
 import remat
 from remat.devices import get_device
+from remat.errors import RematWarning
 from remat.measure import roofline_ms
 from remat.measure.timing import time_step
 from remat.models import build_model, make_batch
@@ -90,7 +99,8 @@ def _peak_and_ms(model: torch.nn.Module, batch: Any, optimizer: torch.optim.Opti
 def _simulated(model: torch.nn.Module, batch: Any, optimizer: torch.optim.Optimizer,
                strategy: Any) -> Any:
     """The simulated profile of a step with ``strategy`` applied (the model restored)."""
-    with preserved_strategy(model):
+    with preserved_strategy(model), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RematWarning)  # full_offload on the CPU
         remat.apply(model, strategy)
         return remat.profile(model, batch, optimizer=optimizer, simulate=True)
 
@@ -141,11 +151,12 @@ def run(*, preset: str, batch_size: int, seq: int | None, cap_bytes: int | None,
 
     spec = get_device(plan.cost_device) if cuda else get_device("h100-80gb")
     rows: list[Row] = []
-    for name in ("none", "full", "plan"):
+    for name in ("none", "full", "full_offload", "plan"):
         strategy: Any = plan if name == "plan" else name
         sim = sims.get(name) or _simulated(model, batch, optimizer, strategy)
         predicted = plan.predicted_peak_bytes if name == "plan" else sim.peak_bytes
-        with preserved_strategy(model):
+        with preserved_strategy(model), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RematWarning)  # full_offload on the CPU
             remat.apply(model, strategy)
             peak, ms = _peak_and_ms(model, batch, optimizer, device, repeats)
         rows.append(Row(name, predicted, peak,
@@ -153,6 +164,7 @@ def run(*, preset: str, batch_size: int, seq: int | None, cap_bytes: int | None,
                         step_ms(sim.ops, spec), ms, tokens / (ms / 1e3), peak <= cap_bytes))
 
     offload: dict[str, Any] = {"skipped": "no CUDA (dry run)"}
+    full_offload: dict[str, Any] = {"skipped": "no CUDA (dry run)"}
     if cuda:
         link = _host_link_bytes_per_s(device)
         offload_prof = _simulated(model, batch, optimizer, "offload")
@@ -176,6 +188,8 @@ def run(*, preset: str, batch_size: int, seq: int | None, cap_bytes: int | None,
             "copy_ms": copy_ms,
             "overlap": None if overlap is None else min(1.0, max(0.0, overlap)),
         }
+        full_offload = _full_offload_overlap(rows, sims["full"], _simulated(
+            model, batch, optimizer, "full_offload"), measured_link, spec)
     return {
         "command": "python benchmarks/gpu.py " + shlex.join(argv),
         "date": f"{dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC",
@@ -183,8 +197,26 @@ def run(*, preset: str, batch_size: int, seq: int | None, cap_bytes: int | None,
         "device": torch.cuda.get_device_name() if cuda else "cpu (dry run)",
         "preset": preset, "batch_size": batch_size, "tokens_per_step": tokens,
         "cap_bytes": cap_bytes, "plan_s": plan_s, "plan": plan_text(plan),
-        "rows": [asdict(r) for r in rows], "offload": offload,
+        "rows": [asdict(r) for r in rows], "offload": offload, "full_offload": full_offload,
     }
+
+
+def _full_offload_overlap(rows: Sequence[Row], full_prof: Any, ours_prof: Any,
+                          link_bytes_per_s: float, spec: Any) -> dict[str, Any]:
+    """Item 5 of the module docstring: ``full_offload``'s copies against ``full``'s step."""
+    by_name = {r.strategy: r for r in rows}
+    full_ms, ours_ms = by_name["full"].measured_step_ms, by_name["full_offload"].measured_step_ms
+    moved = full_prof.activation_bytes - ours_prof.activation_bytes
+    copy_ms = 2 * moved / link_bytes_per_s * 1e3
+    overlap = 1.0 - (ours_ms - full_ms) / copy_ms if copy_ms > 0 else None
+    forward_ms = roofline_ms(full_prof.ops, spec, phases=("forward",))
+    back_ms = roofline_ms(full_prof.ops, spec, phases=("recompute", "backward"))
+    blocks = max(len(full_prof.blocks), 1)  # each block: its share of copies and kernels
+    predicted = full_ms + blocks * offload_exposed_ms(
+        moved // blocks, forward_ms / blocks, spec, backward_ms=back_ms / blocks)
+    return {"moved_bytes": moved, "copy_ms": copy_ms, "full_step_ms": full_ms,
+            "full_offload_step_ms": ours_ms, "predicted_full_offload_step_ms": predicted,
+            "overlap": None if overlap is None else min(1.0, max(0.0, overlap))}
 
 
 def render(result: dict[str, Any]) -> str:
@@ -212,6 +244,8 @@ def render(result: dict[str, Any]) -> str:
                      f"{'yes' if off['measured_peak_bytes'] <= result['cap_bytes'] else 'no'} |")
     lines += ["", "The plan:", "", "```", result["plan"], "```", "",
               f"offload: `{json.dumps(off)}`"]
+    if "full_offload" in result:
+        lines.append(f"full_offload: `{json.dumps(result['full_offload'])}`")
     return "\n".join(lines)
 
 

@@ -20,10 +20,13 @@ def test_gpu_benchmark_dry_run(tmp_path: Path) -> None:
     result = module.main(["--dry-run", "--repeats", "1", "--json", str(out)])
     assert json.loads(out.read_text())["rows"] == result["rows"]
     rows = {r["strategy"]: r for r in result["rows"]}
-    assert set(rows) == {"none", "full", "plan"}
+    assert set(rows) == {"none", "full", "full_offload", "plan"}
     for row in rows.values():  # on CPU the prediction is the tracker's bytes, exactly
         assert row["predicted_peak_bytes"] == row["measured_peak_bytes"]
         assert row["tokens_per_s"] > 0
     assert rows["plan"]["fits"] and rows["plan"]["measured_peak_bytes"] <= result["cap_bytes"]
     assert result["offload"] == {"skipped": "no CUDA (dry run)"}
+    assert result["full_offload"] == {"skipped": "no CUDA (dry run)"}
+    # No host memory apart on the CPU: full_offload runs as full, to the byte.
+    assert rows["full_offload"]["measured_peak_bytes"] == rows["full"]["measured_peak_bytes"]
     assert "Command: `python benchmarks/gpu.py --dry-run" in module.render(result)

@@ -76,7 +76,7 @@ def test_help_lists_the_registry_including_strategies_registered_later() -> None
         assert "Default: " + ",".join(default_strategies("simulate")) in simulate.output
         assert default_strategies("simulate")[-1] == "twice" and ",twice" in simulate.output
         profile = runner.invoke(app, ["profile", "--help"], env=WIDE)
-        assert "ops, offload, chunked_head:N or twice" in profile.output
+        assert "ops, offload, full_offload, chunked_head:N or twice" in profile.output
     finally:
         unregister_strategy("twice")
     assert "twice" not in runner.invoke(app, ["simulate", "--help"], env=WIDE).output

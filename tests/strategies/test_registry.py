@@ -59,12 +59,12 @@ def halves() -> Iterator[type[CheckpointFirstHalf]]:
 
 def test_builtin_lists_come_from_the_registry() -> None:
     names = [cls.name for cls in registered()]
-    assert names[:9] == ["none", "full", "every", "sqrt", "attn", "mlp", "ops", "offload",
-                         "chunked_head"]
+    assert names[:10] == ["none", "full", "every", "sqrt", "attn", "mlp", "ops", "offload",
+                         "full_offload", "chunked_head"]
     assert list(remat.STRATEGIES) == ["none", "full", "every:N", "sqrt", "attn", "mlp", "ops",
-                                      "offload", "chunked_head:N"]
+                                      "offload", "full_offload", "chunked_head:N"]
     assert default_strategies("compare") == ["none", "full", "every:2", "sqrt", "attn", "mlp",
-                                             "ops", "offload"]
+                                             "ops", "offload", "full_offload"]
     assert default_strategies("simulate") == ["none", "full", "every:2", "sqrt", "attn", "mlp",
                                               "ops"]
     assert default_strategies("frontier", num_blocks=4) == [

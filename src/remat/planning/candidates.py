@@ -86,10 +86,13 @@ class Candidate:
             temporaries of the block being recomputed.
         recompute_flops: FLOPs recomputed in backward.
         recompute_ms: cost of the decision per step, ms: roofline time of the recomputed
-            ops on the cost device (offload: exposed transfer time).
+            ops on the cost device, plus ``transfer_ms``.
         recompute_bytes: bytes read and written by the recomputed ops.
         backward_peak_phase: the phase at the backward's high-water mark (``"backward"``
             or ``"recompute"``).
+        transfer_ms: the part of ``recompute_ms`` that is exposed host-link time, ms
+            (``offload``, ``full_offload``; NOTE [ Offload copies in the step time ]).
+            Default: 0.
     """
 
     parts: tuple[Part, ...]
@@ -100,6 +103,7 @@ class Candidate:
     recompute_ms: float
     recompute_bytes: int = 0
     backward_peak_phase: str = "backward"
+    transfer_ms: float = 0.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "parts", tuple((p, d) for p, d in self.parts
@@ -110,10 +114,11 @@ class Candidate:
             if value < 0:
                 raise ValueError(message(f"Candidate({self.label()})", f"{name} must be >= 0",
                                          {"found": value}, fix=f"pass {name} >= 0"))
-        if not self.recompute_ms >= 0:
-            raise ValueError(message(f"Candidate({self.label()})", "recompute_ms must be >= 0",
-                                     {"found": self.recompute_ms},
-                                     fix="pass recompute_ms >= 0"))
+        for name in ("recompute_ms", "transfer_ms"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(message(f"Candidate({self.label()})", f"{name} must be >= 0",
+                                         {"found": getattr(self, name)},
+                                         fix=f"pass {name} >= 0"))
 
     @property
     def is_none(self) -> bool:
@@ -176,25 +181,40 @@ RunBlock = Callable[..., BlockRun]
 # ---- all candidates of all groups ---------------------------------------------------------
 
 def _candidate(parts: Sequence[Part], run: BlockRun, device: DeviceSpec,
-               base: BlockRun | None = None) -> Candidate:
+               base: BlockRun | None = None, kept: BlockRun | None = None) -> Candidate:
+    """``kept``: the run of :func:`on_device_parts` of ``parts`` (the same decisions with
+    what they copy to the host kept on the device), when measured."""
     recompute = [op for op in run.ops if op.phase == "recompute"]
     ms = sum(op_roofline_ms(op, device) for op in recompute)
+    transfer_ms = 0.0
     if base is not None and _moves_to_host(parts):
-        ms += _offload_exposed_ms(run, base, device)
+        prefetched = kept is not None and any(d.offloads_inputs for _, d in parts)
+        transfer_ms = _offload_exposed_ms(run, kept if kept is not None and prefetched
+                                          else base, device, base=base, prefetched=prefetched)
     return Candidate(
         parts=tuple(parts),
         saved_bytes=run.saved_bytes,
         forward_peak_bytes=run.forward_peak_bytes,
         backward_peak_bytes=run.backward_peak_bytes,
         recompute_flops=sum(op.flops for op in recompute),
-        recompute_ms=ms,
+        recompute_ms=ms + transfer_ms,
         recompute_bytes=sum(op.bytes_moved for op in recompute),
         backward_peak_phase=run.backward_peak_phase,
+        transfer_ms=transfer_ms,
     )
 
 
-def _offload_exposed_ms(run: BlockRun, base: BlockRun, device: DeviceSpec) -> float:
-    """Time the block's offload copies add to a step: out beyond its forward, back in full.
+def on_device_parts(parts: Sequence[Part]) -> tuple[Part, ...]:
+    """``parts`` with each decision that offloads a checkpoint's inputs replaced by ``full``
+    (the run whose saved bytes, less the candidate's, are what it copies)."""
+    return tuple((p, Full() if d.offloads_inputs else d) for p, d in parts)
+
+
+def _offload_exposed_ms(run: BlockRun, kept: BlockRun, device: DeviceSpec, *,
+                        base: BlockRun | None = None, prefetched: bool = False) -> float:
+    """Time the block's offload copies add to a step: the bytes ``kept`` keeps on the
+    device and ``run`` does not, out beyond the forward of ``base`` (default ``kept``),
+    back beyond ``run``'s recompute and backward when ``prefetched``, else in full.
 
     NOTE [ Offload copies in the step time ]
         The ``offload`` strategy (NOTE [ Asynchronous offload ] in strategies/offload.py)
@@ -207,22 +227,35 @@ def _offload_exposed_ms(run: BlockRun, base: BlockRun, device: DeviceSpec) -> fl
         measured, and this model predicted 950 ms at the spec's 55 GB/s (the run measured
         46 GB/s out and 52 GB/s in): transformer blocks move far more bytes than their
         forward kernels can hide.
+
+        ``full_offload`` (NOTE [ Offloaded checkpoints ] in strategies/offload.py) moves
+        what ``full`` keeps and it does not (the block's input: ``full``'s saved bytes
+        less its own), out during the block's forward, back during the next block's
+        recompute and backward (prefetched one block ahead); blocks of one kind take
+        alike, so this block's own recompute and backward stand for that window. The
+        one copy back a step that is not prefetched (the last block's: one hidden
+        state) is left out.
     """
-    moved = max(base.saved_bytes - run.saved_bytes, 0)
-    fwd_ms = sum(op_roofline_ms(op, device) for op in base.ops if op.phase == "forward")
-    return offload_exposed_ms(moved, fwd_ms, device)
+    moved = max(kept.saved_bytes - run.saved_bytes, 0)
+    fwd_ms = sum(op_roofline_ms(op, device) for op in (base or kept).ops
+                 if op.phase == "forward")
+    back_ms = sum(op_roofline_ms(op, device) for op in run.ops
+                  if op.phase in ("recompute", "backward")) if prefetched else 0.0
+    return offload_exposed_ms(moved, fwd_ms, device, backward_ms=back_ms)
 
 
-def offload_exposed_ms(moved_bytes: int, forward_ms: float, device: DeviceSpec) -> float:
+def offload_exposed_ms(moved_bytes: int, forward_ms: float, device: DeviceSpec, *,
+                       backward_ms: float = 0.0) -> float:
     """Step time that offloading ``moved_bytes`` adds (NOTE [ Offload copies in the step
-    time ]): the copy out beyond ``forward_ms`` of forward kernels, plus the copy back.
+    time ]): the copy out beyond ``forward_ms`` of forward kernels, plus the copy back
+    beyond ``backward_ms`` of kernels it overlaps (0, the default: not prefetched).
 
     Example:
         >>> offload_exposed_ms(2**30, 5.0, get_device("h100-80gb"))  # 19.5 ms each way
         34.04...
     """
     transfer_ms = moved_bytes / device.host_link_bytes_per_s * 1e3
-    return max(transfer_ms - forward_ms, 0.0) + transfer_ms
+    return max(transfer_ms - forward_ms, 0.0) + max(transfer_ms - backward_ms, 0.0)
 
 
 def prune_candidates(candidates: Sequence[Candidate]) -> list[Candidate]:
@@ -342,7 +375,8 @@ def _measure_kind(setup: FakeSetup, rep: str, block: nn.Module, inputs: BlockInp
                                   fix="nothing to do; the plan uses the other candidates"),
                           RematWarning, stacklevel=3)
             continue
-        measured[offer.parts] = _candidate(offer.parts, run, device, base=none_run)
+        measured[offer.parts] = _candidate(offer.parts, run, device, base=none_run,
+                                           kept=runs.get(on_device_parts(offer.parts)))
         if offer.sublayer in singles:
             singles[offer.sublayer].append((offer.parts[0], run))
     for pair in _pairs(singles, none_run, list(measured.values()), device, max_composites):

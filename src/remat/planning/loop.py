@@ -139,9 +139,9 @@ def timed_step_ms(step: Step, decisions: Mapping[str, BlockStrategy], *,
 
 
 def _offload_ms(ctx: PlanContext, choice: Sequence[int]) -> float:
-    return sum(table[c].recompute_ms for table, c in zip(ctx.peak_model.tables, choice,
-                                                         strict=True)
-               if table[c].offloads)
+    """Exposed host-link time of the chosen candidates (their recompute is in the ops)."""
+    return sum(table[c].transfer_ms for table, c in zip(ctx.peak_model.tables, choice,
+                                                        strict=True))
 
 
 def _build(ctx: PlanContext, choice: Sequence[int], prof: Profile, budget_bytes: int,

@@ -65,15 +65,19 @@ def remove(model: M) -> M:
 
 
 def _offload_notice(model: nn.Module, decisions: Mapping[str, BlockStrategy]) -> None:
-    if not any(d.moves_to_host for d in decisions.values()):
+    moving = {d.name: d.without_host for d in decisions.values() if d.moves_to_host}
+    if not moving:
         return
     devices = {p.device.type for p in model.parameters()}
     if devices <= {"cpu", "meta"}:
+        names = " and ".join(sorted(moving))
+        what = "; ".join(f"{name} is {done} here" if done else f"{name} moves nothing here"
+                         for name, done in sorted(moving.items()))
         warnings.warn(
-            message("remat.apply", "offload is a no-op here",
-                    {"why": "offload keeps saved activations in host memory, but this model "
+            message("remat.apply", what,
+                    {"why": f"{names} keeps activations in host memory, but this model "
                             "is on the CPU, which has no separate device memory"},
-                    fix="nothing to do on the CPU; offload saves device memory on a GPU"),
+                    fix=f"nothing to do on the CPU; {names} saves device memory on a GPU"),
             RematWarning,
             stacklevel=3,
         )
@@ -249,6 +253,7 @@ def apply(model: M, strategy: str | Strategy | Any, *, blocks: BlocksSpec = None
             block such as ``_attention_forward``), ``"ops"`` (op-level selective
             checkpointing: keep matmul/attention/conv outputs, recompute the rest),
             ``"offload"`` (saved activations in pinned host memory; a no-op on CPU),
+            ``"full_offload"`` (``full``, its inputs in pinned host memory),
             ``"chunked_head:N"`` (the output head and loss in N token slices, recomputed
             in backward; NOTE [ Chunked head ]), several joined by ``+``
             (``"full+chunked_head:8"``); a

@@ -187,12 +187,20 @@ class BlockStrategy(Strategy):
     turns back into the field's type).
 
     Class attributes:
-        moves_to_host: it costs host transfers rather than recompute (``offload``).
+        moves_to_host: it costs host transfers rather than recompute (``offload``), or
+            besides recompute (``full_offload``).
+        offloads_inputs: it checkpoints like ``full`` and moves only what ``full`` keeps
+            (the region's inputs), copied back one region ahead (``full_offload``): the
+            planner prices its transfers against ``full``'s saved bytes.
+        without_host: what it amounts to on a model with no separate host memory (the
+            CPU), for the notice :func:`remat.apply` gives there. Default: ``""``.
         on_head: it installs on the whole model's output head and loss, decided under the
             key ``"<head>"`` rather than per block (``chunked_head``).
     """
 
     moves_to_host: ClassVar[bool] = False
+    offloads_inputs: ClassVar[bool] = False
+    without_host: ClassVar[str] = ""
     on_head: ClassVar[bool] = False
 
     def decisions(self, blocks: Sequence[tuple[str, nn.Module]]) -> dict[str, BlockStrategy]:

@@ -34,11 +34,48 @@ NOTE [ Asynchronous offload ]
     strategy shows. Copies back are not prefetched: the blocks' copies (1242 ms at the
     link measured in that run) exceed the whole step's kernels, so prefetching could
     hide at most the backward's share while holding a second block's tensors.
+
+NOTE [ Offloaded checkpoints ]
+    ``full_offload`` checkpoints a block as ``full`` does and keeps what the checkpoint
+    saves (the block's inputs) on the host: one hidden state per block, small enough for
+    the copies to hide behind the blocks' kernels. :func:`offloading_inputs` wraps the
+    checkpoint call in the packing hooks above; the checkpoint's own hooks replace them
+    inside the block, so only the inputs it saves reach them. Per call of the region:
+
+    Rule 1. Only activations are copied: a saved tensor with a ``grad_fn`` (the hidden
+       state an earlier block or the embedding produced). Masks and rotary tables
+       (shared by every block, alive in the caller anyway), a batch the user holds and
+       the region's parameters stay as they are: copying them frees no device memory.
+    Rule 2. Out: each copy is queued on the side stream after the compute stream's work
+       so far (so after the input was produced) and overlaps the block's forward. At the
+       region's end the *compute stream* waits for the copies (an event; the host does
+       not block) and the region drops the device tensor: its memory can only be reused
+       by kernels queued after the copy. A block much shorter than its copy stalls
+       there, at its own end rather than at the next block's.
+    Rule 3. Back: when block i's backward first needs its inputs (its recompute
+       starts), their copy back is waited for, and block i-1's copy back (the region
+       that ran just before, in forward order) starts on the side stream: it overlaps
+       block i's recompute and backward, and block i-1's recompute waits for it on an
+       event. Two blocks' inputs are on the device at once. The first block backward
+       reaches (the last one run) waits for its copy back: one hidden state a step,
+       not hidden. A region freed with its copies back never waited for (a backward
+       that stopped before it) makes the compute stream wait for them first, so their
+       memory is not reused while the side stream still writes it.
+    Rule 4. The regions are chained by weak references: a region that was freed (its
+       graph released) is skipped, and a region whose inputs are already back is not
+       copied again. Several forwards before one backward only prefetch early.
+
+    On fake tensors and without CUDA the same steps run synchronously, so the tracker
+    sees the device bytes the real run holds: each block's input freed at the block's
+    end, block i-1's input back while block i recomputes. The host copies live on
+    :data:`HOST`, which a device's tracker does not count. A block running on the host
+    itself (the CPU) has nothing to gain: it runs as ``full`` (:func:`offloads_from`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -48,6 +85,9 @@ from torch import nn
 from torch.multiprocessing.reductions import StorageWeakRef
 
 _STREAMS: dict[int, Any] = {}
+#: Where host copies live. A device's tracker leaves its storages out (NOTE [ Offloaded
+#: checkpoints ]).
+HOST = torch.device("cpu")
 
 
 def _side_stream(device: torch.device) -> Any:
@@ -96,7 +136,7 @@ class _Region:
     @torch.no_grad()
     def _copy_out(self, t: torch.Tensor) -> torch.Tensor:
         if not self.asynchronous:
-            return t.to("cpu")
+            return t.to(HOST, copy=True)  # a copy even on the host itself
         host = torch.empty(t.size(), dtype=t.dtype, pin_memory=True)
         stream = _side_stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
@@ -122,10 +162,18 @@ class _Region:
             del self.back[key]
         return tensor
 
-    @torch.no_grad()
     def _copy_back(self) -> dict[int, torch.Tensor]:
+        back, ready = self._start_back()
+        if ready is not None:
+            torch.cuda.current_stream(self.device).wait_event(ready)
+        return back
+
+    @torch.no_grad()
+    def _start_back(self) -> tuple[dict[int, torch.Tensor], Any]:
+        """Queue the copies back; return them and the side stream's event after them
+        (None when they ran synchronously)."""
         if not self.asynchronous:
-            return {k: h.to(self.device) for k, h in self.host.items()}
+            return {k: h.to(self.device) for k, h in self.host.items()}, None
         compute = torch.cuda.current_stream(self.device)
         stream = _side_stream(self.device)
         back = {k: torch.empty(h.size(), dtype=h.dtype, device=self.device)
@@ -134,8 +182,7 @@ class _Region:
         with torch.cuda.stream(stream):
             for k, h in self.host.items():
                 back[k].copy_(h, non_blocking=True)
-        compute.wait_stream(stream)
-        return back
+        return back, stream.record_event()
 
 
 @dataclass(frozen=True)
@@ -171,6 +218,92 @@ def offloading(module: nn.Module, device: torch.device, *, fake: bool) -> Iterat
     kept = {ref for t in (*module.parameters(), *module.buffers())
             if (ref := _storage(t)) is not None}
     region = _Region(device, asynchronous, kept)
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(region.pack, _unpack):
+            yield
+    finally:
+        region.close()
+
+
+# ---- offloaded checkpoints ---------------------------------------------------------------
+
+_LAST: dict[torch.device, weakref.ref[_InputRegion]] = {}  # device -> the newest region
+
+
+@dataclass
+class _InputRegion(_Region):
+    """One call of a checkpointed region whose inputs live on the host (NOTE [ Offloaded
+    checkpoints ])."""
+
+    previous: weakref.ref[_InputRegion] | None = None  # the region run before, Rule 3
+    ready: Any = None  # the side stream's event after this region's copies back
+    guard: Any = None  # waits for ``ready`` if the region dies without unpacking, Rule 3
+
+    def _keep(self, t: torch.Tensor) -> bool:
+        return t.grad_fn is None or super()._keep(t)  # Rule 1
+
+    def close(self) -> None:
+        """Region end (Rule 2): the compute stream waits for the copies out; the device
+        tensors go."""
+        if self.asynchronous and self.held:
+            torch.cuda.current_stream(self.device).wait_event(
+                _side_stream(self.device).record_event())
+        self.held.clear()
+
+    def prefetch(self) -> None:
+        """Start the copies back unless they started already (Rule 4)."""
+        if self.back is None and self.host:
+            self.back, self.ready = self._start_back()
+            if self.ready is not None:
+                self.guard = weakref.finalize(self, _wait_for, self.device, self.ready)
+                self.guard.atexit = False
+
+    def unpack(self, key: int) -> torch.Tensor:
+        self.prefetch()
+        if self.ready is not None:  # Rule 3: wait for this region's own copies
+            _wait_for(self.device, self.ready)
+            self.ready = None
+            self.guard.detach()
+        previous = self.previous() if self.previous is not None else None
+        if previous is not None:  # Rule 3: one block ahead
+            previous.prefetch()
+        return super().unpack(key)
+
+
+def _wait_for(device: torch.device, event: Any) -> None:
+    torch.cuda.current_stream(device).wait_event(event)
+
+
+def offloads_from(device: torch.device) -> bool:
+    """Whether a region running on ``device`` has a host to offload to (not on the host
+    itself, not on the meta device)."""
+    return device.type not in (HOST.type, "meta")
+
+
+@contextlib.contextmanager
+def offloading_inputs(module: nn.Module, device: torch.device, *,
+                      fake: bool) -> Iterator[None]:
+    """Run a checkpoint call with the inputs it saves kept on the host (NOTE [ Offloaded
+    checkpoints ]).
+
+    The trade-off against ``full``: one hidden state per block leaves the device, for a
+    copy each way over the host link that overlaps the block's forward (out) and the
+    next block's backward (back, prefetched).
+
+    Args:
+        module: the region's module; its parameters and buffers are never copied.
+        device: the device the region runs on.
+        fake: the region runs on fake tensors (no streams, no pinned memory).
+
+    Example:
+        >>> with offloading_inputs(block, torch.device("cuda"), fake=False):
+        ...     out = checkpoint(block, x, use_reentrant=False)
+    """
+    asynchronous = not fake and device.type == "cuda"
+    kept = {ref for t in (*module.parameters(), *module.buffers())
+            if (ref := _storage(t)) is not None}
+    region = _InputRegion(device, asynchronous, kept, previous=_LAST.get(device))
+    _LAST[device] = weakref.ref(region)
     try:
         with torch.autograd.graph.saved_tensors_hooks(region.pack, _unpack):
             yield

@@ -2,7 +2,8 @@
 
 A region replaces a module's *instance* ``forward`` with one that runs the
 original forward under non-reentrant ``torch.utils.checkpoint`` (or under
-:func:`~remat.strategies.offload.offloading` for offload). Nothing is wrapped or renamed, so
+:func:`~remat.strategies.offload.offloading` for offload; both, the checkpoint's inputs
+offloaded, for ``full_offload``). Nothing is wrapped or renamed, so
 ``state_dict()`` keys, ``named_parameters()``, ``find_blocks`` and FSDP2's
 per-module hooks see exactly the modules they saw before.
 
@@ -67,7 +68,7 @@ from torch.utils.checkpoint import (
 from remat.errors import RematError, message
 from remat.recompute import recomputing
 from remat.strategies.dead_ops import mark_region_outputs
-from remat.strategies.offload import offloading
+from remat.strategies.offload import offloading, offloading_inputs, offloads_from
 from remat.strategies.runtime import (
     BoundForward,
     HookWatch,
@@ -84,6 +85,7 @@ __all__ = [
     "has_region",
     "install_checkpoint",
     "install_offload",
+    "install_offloaded_checkpoint",
     "install_segment",
     "installed_attributes",
     "method_regions",
@@ -381,6 +383,35 @@ def install_offload(module: nn.Module, *, label: str = "offload",
         _set_method(module, method, _offload_forward, RegionInfo("offload", label))
     else:
         _set_forward(module, _offload_forward, RegionInfo("offload", label))
+
+
+# ---- offloaded checkpoint -----------------------------------------------------------------
+
+def _offloaded_checkpoint_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
+    # NOTE [ Offloaded checkpoints ] in offload.py: the checkpoint of
+    # _checkpointed_forward, with the inputs it saves kept on the host.
+    _, _, call_args = _region_call(self, args)
+    first = _first_tensor(call_args, kwargs)
+    if (first is None or not torch.is_grad_enabled() or torch.compiler.is_compiling()
+            or not offloads_from(first.device)):
+        return _checkpointed_forward(self, *args, **kwargs)
+    with offloading_inputs(self, first.device, fake=isinstance(first, FakeTensor)):
+        return _checkpointed_forward(self, *args, **kwargs)
+
+
+def install_offloaded_checkpoint(module: nn.Module, *, label: str = "full_offload",
+                                 method: str | None = None) -> None:
+    """Checkpoint ``module`` (or its method ``method``) as :func:`install_checkpoint` does,
+    keeping the inputs the checkpoint saves in (pinned) host memory (NOTE [ Offloaded
+    checkpoints ] in offload.py).
+
+    On a model on the CPU there is no separate host memory: the region is ``full``'s.
+    """
+    info = RegionInfo("checkpoint", label, stateful=stateful_modules(module))
+    if method is not None:
+        _set_method(module, method, _offloaded_checkpoint_forward, info)
+    else:
+        _set_forward(module, _offloaded_checkpoint_forward, info)
 
 
 # ---- segments (several consecutive blocks as one region) --------------------------------

@@ -30,6 +30,7 @@ class Offload(BlockStrategy):
     summary: ClassVar[str] = "saved activations in pinned host memory (GPU only)"
     purposes: ClassVar[frozenset[str]] = frozenset({"compare"})
     moves_to_host: ClassVar[bool] = True
+    without_host: ClassVar[str] = "a no-op"
 
     def install_block(self, block: nn.Module) -> list[nn.Module]:
         install_offload(block, label=self.label())
