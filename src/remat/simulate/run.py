@@ -221,11 +221,13 @@ def _run(setup: Setup, labels: Sequence[str], sizes: Sequence[int], seq_len: int
          exact: bool) -> list[SimulationRow]:
     """Every strategy's rows, then the plan's; the model is left without a strategy."""
     from remat.strategies import apply, remove
+    from remat.strategies.offload import simulated_host
 
     rows: list[SimulationRow] = []
     with ExitStack() as stack:
         if hf_masks and is_hf_model(setup.inner):
             stack.enter_context(unpacked_sequences())  # NOTE [ HF masks under FakeTensorMode ]
+        stack.enter_context(simulated_host())  # a GPU's host: NOTE [ Simulated host ]
         stack.callback(remove, setup.model)
         fast = None if exact else FastContext(setup, labels)
         for label in labels:

@@ -14,6 +14,7 @@ from remat.blocks import BlockMethod, BlocksSpec, Sublayer, named_blocks, sublay
 from remat.errors import RematWarning, StrategyError, message, with_api
 from remat.strategies.base import BlockStrategy, Strategy
 from remat.strategies.head import HEAD_KEY, head_attributes, head_of, uninstall_head
+from remat.strategies.offload import host_simulated
 from remat.strategies.pitfalls import check_model, check_regions, warn_pitfalls
 from remat.strategies.regions import has_region, installed_attributes, uninstall
 from remat.strategies.registry import parse_strategy
@@ -69,7 +70,7 @@ def _offload_notice(model: nn.Module, decisions: Mapping[str, BlockStrategy]) ->
     if not moving:
         return
     devices = {p.device.type for p in model.parameters()}
-    if devices <= {"cpu", "meta"}:
+    if devices <= {"cpu", "meta"} and not host_simulated():  # NOTE [ Simulated host ]
         names = " and ".join(sorted(moving))
         what = "; ".join(f"{name} is {done} here" if done else f"{name} moves nothing here"
                          for name, done in sorted(moving.items()))

@@ -88,6 +88,43 @@ _STREAMS: dict[int, Any] = {}
 #: Where host copies live. A device's tracker leaves its storages out (NOTE [ Offloaded
 #: checkpoints ]).
 HOST = torch.device("cpu")
+#: NOTE [ Simulated host ]: non-empty while fake steps stand for a device with a host.
+_SIMULATED_HOST: list[bool] = []
+
+
+@contextlib.contextmanager
+def simulated_host() -> Iterator[None]:
+    """Run fake steps as on a device with its own host memory (a GPU), though the fake
+    tensors say ``cpu``.
+
+    NOTE [ Simulated host ]
+        ``remat simulate`` runs a GPU's step on fake CPU tensors (the device spec
+        prices it). There the CPU is the device, not the host: ``offload`` and
+        ``full_offload`` must move what they move, and the copies must leave the
+        device's count. Inside this context :func:`offloads_from` says yes for any
+        device but meta, and host copies are made on the meta device, which the
+        tracker of the (fake) CPU does not count. Fake steps only: a real CPU tensor
+        copied to meta loses its values.
+
+    Example:
+        >>> with simulated_host():
+        ...     prof = remat.profile(model, batch, simulate=True)
+    """
+    _SIMULATED_HOST.append(True)
+    try:
+        yield
+    finally:
+        _SIMULATED_HOST.pop()
+
+
+def host_simulated() -> bool:
+    """Whether fake steps run as on a device with a host (:func:`simulated_host`)."""
+    return bool(_SIMULATED_HOST)
+
+
+def host_device() -> torch.device:
+    """Where host copies go: :data:`HOST`, or meta under :func:`simulated_host`."""
+    return torch.device("meta") if _SIMULATED_HOST else HOST
 
 
 def _side_stream(device: torch.device) -> Any:
@@ -136,7 +173,7 @@ class _Region:
     @torch.no_grad()
     def _copy_out(self, t: torch.Tensor) -> torch.Tensor:
         if not self.asynchronous:
-            return t.to(HOST, copy=True)  # a copy even on the host itself
+            return t.to(host_device(), copy=True)  # a copy even on the host itself
         host = torch.empty(t.size(), dtype=t.dtype, pin_memory=True)
         stream = _side_stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
@@ -277,6 +314,8 @@ def _wait_for(device: torch.device, event: Any) -> None:
 def offloads_from(device: torch.device) -> bool:
     """Whether a region running on ``device`` has a host to offload to (not on the host
     itself, not on the meta device)."""
+    if _SIMULATED_HOST:  # NOTE [ Simulated host ]
+        return device.type != "meta"
     return device.type not in (HOST.type, "meta")
 
 

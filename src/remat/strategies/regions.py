@@ -364,7 +364,7 @@ def _first_tensor(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor
 def _offload_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
     _, inner, args = _region_call(self, args)
     first = _first_tensor(args, kwargs)
-    if not torch.is_grad_enabled() or first is None or first.device.type in ("cpu", "meta"):
+    if not torch.is_grad_enabled() or first is None or not offloads_from(first.device):
         return inner(*args, **kwargs)
     # NOTE [ Asynchronous offload ]: fake tensors (the planner's measurements) take the
     # same steps without streams, so the tracker sees the bytes the real run holds.
