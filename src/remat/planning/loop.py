@@ -295,5 +295,9 @@ def close_loop(step: Step, ctx: PlanContext, budget_bytes: int, *, simulate: boo
     if fitted:  # a measured choice fits after all: the cheapest of them
         cheapest = min(fitted, key=lambda kp: cost(kp[0], kp[1]))
         return build(cheapest[0], cheapest[1])
-    lowest = min(measured, key=lambda k: measured[k].peak_bytes)
+    # The smallest peak on the allocator among the lowest choices (each measured above)
+    # and the tracker's lowest: what BudgetTooSmall offers as reachable.
+    lowest_keys = {min(measured, key=lambda k: measured[k].peak_bytes),
+                   *(tuple(c) for c in _lowest_choices(ctx))}
+    lowest = min(sorted(lowest_keys), key=truth)
     raise _too_small(ctx, budget_bytes, lowest, measured[lowest], budget, truth(lowest))
