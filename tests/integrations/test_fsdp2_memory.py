@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from tests.integrations import fsdp_memory_worker as worker
 
 
