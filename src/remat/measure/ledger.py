@@ -23,6 +23,7 @@ from remat.core.cost import Category
 from remat.core.ops import PHASES
 from remat.core.results import PhasePeak
 from remat.core.timeline import MemoryTimeline
+from remat.measure.sharded import local_tensor
 
 REGISTERED_KINDS: tuple[str, ...] = (
     "params", "buffers", "grads", "optimizer_state", "batch", "other",
@@ -62,9 +63,13 @@ class StorageRecord(weakref.ref):  # type: ignore[type-arg]
 
 
 def storage_of(t: Tensor) -> torch.UntypedStorage | None:
-    """``t``'s untyped storage, or None for layouts without one (sparse, nested)."""
+    """``t``'s untyped storage, or None for layouts without one (sparse, nested).
+
+    A ``DTensor``'s is its local shard's (NOTE [ Sharded models in the tracker ] in
+    sharded.py).
+    """
     try:
-        return t.untyped_storage()
+        return local_tensor(t).untyped_storage()
     except (RuntimeError, NotImplementedError):
         return None
 
@@ -253,9 +258,11 @@ class StorageLedger:
         return total, per_block
 
     def see_inputs(self, inputs: list[Tensor], counts: Callable[[Tensor], bool], *,
-                   fresh: bool) -> set[int]:
+                   fresh: bool, adopt: tuple[str, str | None] | None = None) -> set[int]:
         """Keys of the inputs' storages; untracked ones that ``counts`` are added as
-        preexisting, unless the op makes a fresh tensor from Python data (``fresh``)."""
+        preexisting, unless the op makes a fresh tensor from Python data (``fresh``), or
+        as created now with ``adopt``'s ``(kind, block)`` (a collective's own buffers:
+        NOTE [ Sharded models in the tracker ] in sharded.py)."""
         keys: set[int] = set()
         for t in inputs:
             st = storage_of(t)
@@ -264,7 +271,10 @@ class StorageLedger:
             key = id(st)
             keys.add(key)
             if key not in self.live and not fresh and counts(t):
-                self.add_preexisting(st)
+                if adopt is not None:
+                    self.add(st, *adopt)
+                else:
+                    self.add_preexisting(st)
         return keys
 
     def see_outputs(self, outputs: list[Tensor], input_keys: set[int],

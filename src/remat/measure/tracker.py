@@ -16,8 +16,9 @@ NOTE [ What the tracker cannot see ]
        start, i.e. added to the current *and* the peak bytes when discovered.
        ``torch.tensor(...)`` is the exception: its ``aten.lift_fresh`` marks it
        as created by the step.
-    3. ``UntypedStorage.resize_`` called directly (not through an aten op) is not
-       seen; a resize done by an op is.
+    3. A storage resized from C++ without an aten op. Python's
+       ``UntypedStorage.resize_`` (FSDP2 frees and re-gathers parameters with it)
+       is seen: NOTE [ Sharded models in the tracker ] in sharded.py.
     4. Tensors C++ creates without an aten op: Python scalars autograd saves as
        8-byte wrapped tensors (``x * 0.5``). The RNG states checkpoint saves are
        the exception: NOTE [ RNG states saved by checkpoint ] in outside.py.
@@ -95,6 +96,11 @@ from remat.measure.ledger import (
     tensors_in,
 )
 from remat.measure.outside import watch_rng_states
+from remat.measure.sharded import (
+    unsharded_param_tensors,
+    watch_collectives,
+    watch_storage_resizes,
+)
 from remat.recompute import is_recomputing
 
 _ADD = torch.ops.aten.add.Tensor
@@ -186,6 +192,7 @@ class MemoryTracker(TorchDispatchMode):
         self._params: list[nn.Parameter] = []
         self._handles: list[RemovableHandle] = []
         self._exits = ExitStack()
+        self._collectives = [0]  # torch.distributed collectives running (sharded.py)
         self._depth = 0
 
     # ---- registration ------------------------------------------------------------------
@@ -234,6 +241,8 @@ class MemoryTracker(TorchDispatchMode):
         params = list(model.parameters())
         self._params.extend(p for p in params if p.requires_grad)
         added = self.register(params, "params")
+        # NOTE [ Sharded models in the tracker ] in sharded.py, 3.: FSDP2's gathered params.
+        added += self.register(unsharded_param_tensors(model), "params")
         added += self.register(model.buffers(), "buffers")
         added += self.register((p.grad for p in params), "grads")
         return added
@@ -298,6 +307,24 @@ class MemoryTracker(TorchDispatchMode):
         self._ledger.add(st, self._created_phase(), self._attribution.current)
         self._ledger.update_peak(self._created_phase())
 
+    def _resized_outside(self, st: torch.UntypedStorage) -> None:
+        # NOTE [ Sharded models in the tracker ] in sharded.py, 2.
+        self.settle()
+        dev = st.device
+        if self._device_type is not None and (dev.type != self._device_type or (
+                self._device_index is not None and dev.index != self._device_index)):
+            return
+        rec = self._ledger.live.get(id(st))
+        if rec is None:
+            self._ledger.add(st, self._created_phase(), self._attribution.current)
+        elif rec.nbytes != st.nbytes():
+            self._ledger.resized(rec, st.nbytes())
+        else:
+            return
+        self._ledger.update_peak(self._created_phase())
+        if self.after_op is not None:
+            self.after_op()
+
     @classmethod
     def _prime(cls) -> None:
         # See NOTE [ First dispatch ].
@@ -314,6 +341,8 @@ class MemoryTracker(TorchDispatchMode):
             self._handles.extend(p.register_post_accumulate_grad_hook(self._grad_hook)
                                  for p in self._params)
             self._exits.enter_context(watch_rng_states(self._created_outside))
+            self._exits.enter_context(watch_storage_resizes(self._resized_outside))
+            self._exits.enter_context(watch_collectives(self._collectives))
             self._exits.enter_context(shadow.eager_branches())
         self._depth += 1
         super().__enter__()
@@ -342,8 +371,10 @@ class MemoryTracker(TorchDispatchMode):
         self.settle()
         inputs = tensors_in(args, kwargs)
         # NOTE [ What the tracker cannot see ], 2.: unknown inputs predate the step.
+        adopt = ((self._created_phase(), self._attribution.current)
+                 if func.namespace == "c10d" or self._collectives[0] else None)
         input_keys = self._ledger.see_inputs(inputs, self._counts,
-                                             fresh=func.overloadpacket in FRESH_OPS)
+                                             fresh=func.overloadpacket in FRESH_OPS, adopt=adopt)
         reusable = tuple(id(st) for t in inputs if (st := storage_of(t)) is not None
                          and is_non_overlapping_and_dense_or_false(t)) \
             if _engine_sum(func, args, kwargs) else ()

@@ -161,3 +161,67 @@ def full_checkpoint_bytes(*, seq_len: int, batch_size: int, hidden_size: int,
     _check("full_checkpoint_bytes", seq_len=seq_len, batch_size=batch_size,
            hidden_size=hidden_size, bytes_per_element=bytes_per_element)
     return seq_len * batch_size * hidden_size * bytes_per_element
+
+
+#: Rows of Korthikanti et al. 2022, Table 2 (``recompute``, ``sequence_parallel``).
+TABLE2_ROWS: tuple[tuple[str, bool], ...] = (
+    ("none", False), ("none", True), ("selective", False), ("selective", True), ("full", False),
+)
+
+
+def korthikanti_table2_bytes(*, seq_len: int, batch_size: int, hidden_size: int,
+                             n_heads: int, tp: int = 1, sequence_parallel: bool = False,
+                             recompute: str = "none", bytes_per_element: int = 2) -> int:
+    """Activation bytes of one GPT layer per tensor-parallel rank, Korthikanti et al. Table 2.
+
+    The paper's rows (16-bit activations, 1-byte dropout masks, unfused attention):
+
+    * no recompute, TP: ``s·b·h·(10 + 24/t + 5·a·s/(h·t))`` (t = 1: Eq. 1);
+    * no recompute, TP + sequence parallel: ``s·b·h/t · (34 + 5·a·s/h)``;
+    * selective recompute (attention core recomputed), TP: ``s·b·h·(10 + 24/t)``;
+    * selective recompute, TP + sequence parallel: ``34·s·b·h/t``;
+    * full recompute: ``2·s·b·h`` (the layer input; the paper's row has no ``t``).
+
+    The ``10·s·b·h`` a TP rank keeps whole are the LayerNorm inputs and the dropout
+    outputs and masks that tensor parallelism replicates; sequence parallelism splits
+    them along the sequence. Trade-off: each row is exact only for the paper's layer
+    (see NOTE [ Where the constants come from ]); ``remat simulate`` counts a real model.
+
+    Args:
+        seq_len, batch_size, hidden_size, n_heads: ``s``, ``b``, ``h``, ``a``.
+        tp: tensor-parallel degree ``t`` (>= 1). Default: ``1``.
+        sequence_parallel: the TP + SP rows. Default: ``False``.
+        recompute: ``"none"``, ``"selective"`` or ``"full"``. Default: ``"none"``.
+        bytes_per_element: scales the 16-bit count by ``bytes_per_element / 2``.
+            Default: ``2``.
+
+    Returns:
+        Bytes per layer per rank, rounded down to whole bytes.
+
+    Raises:
+        ValueError: a non-positive size or an unknown ``recompute``.
+
+    Example:
+        >>> korthikanti_table2_bytes(seq_len=2048, batch_size=1, hidden_size=12288,
+        ...                          n_heads=96, tp=8, recompute="selective")
+        327155712
+    """
+    api = "korthikanti_table2_bytes"
+    _check(api, seq_len=seq_len, batch_size=batch_size, hidden_size=hidden_size,
+           n_heads=n_heads, tp=tp, bytes_per_element=bytes_per_element)
+    if recompute not in ("none", "selective", "full"):
+        raise ValueError(message(f"remat.simulate.formulas.{api}", "unknown recompute",
+                                 {"found": repr(recompute)},
+                                 fix="pass 'none', 'selective' or 'full'"))
+    s, b, h, a, t = seq_len, batch_size, hidden_size, n_heads, tp
+    sbh = s * b * h
+    if recompute == "full":
+        bytes_16bit = 2 * sbh  # Table 2, last row: the layer input only
+    elif sequence_parallel:
+        # 34·sbh/t, plus 5·a·s²·b/t without recompute
+        bytes_16bit = (34 * sbh + (5 * a * s * s * b if recompute == "none" else 0)) // t
+    else:
+        # 10·sbh kept whole, 24·sbh/t split, 5·a·s²·b/t without recompute
+        split = 24 * sbh + (5 * a * s * s * b if recompute == "none" else 0)
+        bytes_16bit = 10 * sbh + split // t
+    return _scale(bytes_16bit, bytes_per_element)

@@ -1,0 +1,46 @@
+"""Per-rank peaks under FSDP2 on 2 and 4 gloo CPU ranks: the tracker against the CPU allocator.
+
+NOTE [ Sharded models in the tracker ] in remat/measure/sharded.py says what the tracker
+counts on a sharded model. The allocator also sees gloo's reduce-scatter scratch (a copy
+of one group's reduce-scatter input, made on gloo's worker thread): whether it is alive at
+the step's peak depends on thread timing, so the allocator reads 0 or up to one group's
+gathered bytes above the tracker (two groups' at most seen), rank by rank and run by run.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tests.integrations import fsdp_memory_worker as worker
+
+
+def _group_bytes() -> tuple[int, int, int]:
+    """(all parameter bytes, the largest block's, the root's own), fp32, unsharded."""
+    model: Any = worker.build()
+    total = sum(p.numel() * 4 for p in model.parameters())
+    block = max(sum(p.numel() * 4 for p in b.parameters()) for b in model.blocks)
+    return total, block, total - len(model.blocks) * block
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_fsdp2_per_rank_peak_tracker_matches_allocator(world: int, tmp_path: Path) -> None:
+    total, block, root = _group_bytes()
+    results = worker.measure(world, tmp_path)
+    for strategy, ranks in results.items():
+        assert len(ranks) == world
+        for rank, r in enumerate(ranks):
+            # Local shards only (dim 0 padded to a multiple of world; even here).
+            assert r["param_bytes"] == total // world, (strategy, rank, r)
+            assert r["optimizer_bytes"] == 2 * total // world + 4 * len(
+                list(worker.build().parameters())), (strategy, rank, r)
+            # At the peak: the local shards plus the root's gathered parameters (never
+            # resharded in a step) and at most one block's (NOTE [ Sharded models in
+            # the tracker ], 2. and 3.).
+            gathered = r["breakdown"]["parameters"] - total // world
+            assert gathered in (root, root + block), (strategy, rank, r)
+            gap = r["allocator"] - r["tracker"]
+            assert 0 <= gap <= 2 * block, (
+                f"{strategy} rank {rank}/{world}: tracker {r['tracker']} B, allocator "
+                f"{r['allocator']} B (gap {gap} B, one block gathered {block} B)")
