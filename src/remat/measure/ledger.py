@@ -62,7 +62,14 @@ class StorageRecord(weakref.ref):  # type: ignore[type-arg]
 
 
 def storage_of(t: Tensor) -> torch.UntypedStorage | None:
-    """``t``'s untyped storage, or None for layouts without one (sparse, nested)."""
+    """``t``'s untyped storage, or None for layouts without one (sparse, nested).
+
+    A DTensor (tensor parallelism, FSDP2) is a wrapper without memory of its own: its
+    storage is its local shard's (``_local_tensor``), the bytes this rank holds.
+    """
+    local = getattr(t, "_local_tensor", None)
+    if isinstance(local, Tensor):
+        t = local
     try:
         return t.untyped_storage()
     except (RuntimeError, NotImplementedError):
