@@ -205,7 +205,8 @@ def test_no_module_is_a_big_room() -> None:
 PUBLIC_LEAVES = ("remat.errors", "remat.units", "remat.devices", "remat.blocks",
                  "remat.recompute", "remat.progress", "remat.strategies.regions",
                  "remat.integrations.hf", "remat.integrations.fsdp2",
-                 "remat.integrations.compile", "remat.integrations.lightning")
+                 "remat.integrations.compile", "remat.integrations.lightning",
+                 "remat.integrations.tp")
 
 
 def _declares_all(path: Path) -> bool:

@@ -1,0 +1,207 @@
+"""Tensor and sequence parallelism (DTensor) for llama-style blocks, with remat on top.
+
+Example::
+
+    >>> import torch.distributed as dist
+    >>> from torch.distributed.device_mesh import init_device_mesh
+    >>> from remat.integrations.tp import apply_tp
+    >>> dist.init_process_group("gloo")                    # torchrun sets the rest
+    >>> mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    >>> model = apply_tp(build_model("llama-small"), mesh, sequence_parallel=True)
+    >>> remat.apply(model, "full")                          # TP first, then remat
+
+NOTE [ TP plan by module names ]
+    :func:`tp_plan` follows torchtitan's ``apply_tp`` for Llama 3 (Megatron-LM's
+    layout, Shoeybi et al. 2019): in every block the q/k/v and gate/up projections
+    are ``ColwiseParallel`` (each rank keeps ``n_head / t`` heads and ``d_ff / t``
+    MLP columns), o and down are ``RowwiseParallel`` (their partial sums are
+    all-reduced, or reduce-scattered over the sequence with sequence parallelism).
+    The token embedding is ``RowwiseParallel`` (vocabulary-sharded) and the LM head
+    ``ColwiseParallel`` with replicated logits, unless they share one weight. With
+    ``sequence_parallel=True`` (Korthikanti et al. 2022) the norms are
+    ``SequenceParallel``, the residual stream between them is sharded on the
+    sequence dimension (dim 1), and the attention and MLP inputs are all-gathered by
+    ``PrepareModuleInput``. Modules are found by name, so the same plan covers
+    remat's Llama (``attn.q_proj``, ``mlp.gate_proj``, ``attn_norm``), Hugging
+    Face Llama-style decoders (``self_attn.q_proj``, ``input_layernorm``) and
+    torchtitan's names (``attention.wq``, ``feed_forward.w1``, ``attention_norm``).
+    remat's GPT fuses q, k and v in one ``qkv`` linear whose output is split by
+    position, which a column shard would cut across q, k and v: its attention stays
+    replicated and only its MLP (``fc`` / ``proj``) is parallelized.
+    Attention modules keep a head count their ``forward`` uses in ``view``:
+    :func:`apply_tp` divides ``n_head`` / ``n_kv_head`` / ``num_heads`` /
+    ``num_key_value_heads`` attributes by ``t`` (Hugging Face's ``view(..., -1,
+    head_dim)`` needs no change).
+
+NOTE [ Order: tensor parallel, then checkpoint ]
+    ``parallelize_module`` replaces parameters with DTensors and installs forward
+    pre/post hooks on the linears, norms and attention/MLP modules (redistributing
+    inputs and outputs). remat installs a checkpoint region by replacing a block's
+    *instance* ``forward`` (NOTE [ Instance forward ] in regions.py), below the
+    block's ``__call__``: the sub-modules' TP hooks then run inside the region, so
+    recomputation replays the same collectives (all-gather, all-reduce) in the same
+    order on every rank, and the saved block input is the rank's own (local or
+    sequence-shard) tensor. ``apply_tp`` first, ``remat.apply`` second is the
+    documented order; the reverse works too (TP hooks go on sub-modules, remat's
+    region on the block itself, and neither replaces the other), and both orders
+    give the same gradients (tests/integrations/test_tp.py). What does not work is
+    ``remat.apply`` before ``apply_tp`` with a ``sqrt`` segment spanning blocks whose
+    inputs TP changes; nothing in remat's built-in plans does that.
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+from torch import nn
+
+from remat.errors import RematError, message
+from remat.simulate.tensor_parallel import Role, attention_modules, tp_roles
+
+__all__ = ["apply_tp", "tp_plan"]
+
+M = TypeVar("M", bound=nn.Module)
+API = "remat.integrations.tp.apply_tp"
+_HEAD_COUNTS = ("n_head", "n_kv_head", "num_heads", "num_key_value_heads")
+
+
+def _positional_inputs(module: nn.Module) -> int:
+    """Required positional inputs of ``module.forward`` (PrepareModuleInput wants them all)."""
+    import inspect
+
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    params = inspect.signature(module.forward).parameters.values()
+    return max(1, sum(p.kind in kinds and p.default is inspect.Parameter.empty for p in params))
+
+
+def _style(role: Role, module: nn.Module, sequence_parallel: bool) -> Any:
+    """The DTensor style of one role (None: nothing to do without sequence parallelism)."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        PrepareModuleInputOutput,
+        RowwiseParallel,
+        SequenceParallel,
+    )
+
+    seq = Shard(1) if sequence_parallel else Replicate()
+    if role == "colwise":
+        return ColwiseParallel()
+    if role == "rowwise":
+        return RowwiseParallel(output_layouts=seq)
+    if role == "embedding":
+        return RowwiseParallel(input_layouts=Replicate(), output_layouts=seq)
+    if role == "head":
+        return ColwiseParallel(input_layouts=seq, output_layouts=Replicate())
+    if not sequence_parallel:
+        return None
+    if role == "norm":
+        return SequenceParallel()
+    if role == "gather" and _called_by_keyword(module):
+        return PrepareModuleInput(input_kwarg_layouts={"hidden_states": Shard(1)},
+                                      desired_input_kwarg_layouts={"hidden_states": Replicate()})
+    rest = (None,) * (_positional_inputs(module) - 1)
+    if role == "gather":
+        return PrepareModuleInput(input_layouts=(Shard(1), *rest),
+                                  desired_input_layouts=(Replicate(), *rest))
+    return PrepareModuleInputOutput(  # "replicated": gather in, shard out
+        input_layouts=(Shard(1), *rest), desired_input_layouts=(Replicate(), *rest),
+        output_layouts=(Replicate(),), desired_output_layouts=(Shard(1),))
+
+
+def _called_by_keyword(module: nn.Module) -> bool:
+    """Hugging Face decoders call attention by keyword (``self_attn(hidden_states=...)``)."""
+    return type(module).__module__.startswith("transformers.") and \
+        type(module).__name__.endswith("Attention")
+
+
+def tp_plan(model: nn.Module, *, sequence_parallel: bool = False) -> dict[str, Any]:
+    """The ``parallelize_module`` plan for ``model``: module name -> ParallelStyle.
+
+    Every block found by :func:`remat.find_blocks` gets the llama-style layout of
+    NOTE [ TP plan by module names ]; the root gets torchtitan's embedding, final
+    norm and head styles (roles from :func:`remat.simulate.tensor_parallel.tp_roles`,
+    which the per-rank simulation reads too). Inspect or edit the dict, then pass it
+    to ``torch.distributed.tensor.parallel.parallelize_module`` (or use :func:`apply_tp`).
+
+    Args:
+        model: the model, not yet parallelized.
+        sequence_parallel: shard the norms and the residual stream on the sequence
+            dimension (less activation memory, an all-gather and a reduce-scatter per
+            sub-layer instead of an all-reduce). Default: ``False``.
+
+    Returns:
+        A dict from qualified module name to a ``ParallelStyle``.
+
+    Raises:
+        RematError: no block has projections the plan recognises, or sequence
+            parallelism with an embedding tied to the head.
+
+    Example:
+        >>> plan = tp_plan(build_model("llama-tiny"))
+        >>> type(plan["blocks.0.attn.q_proj"]).__name__
+        'ColwiseParallel'
+    """
+    modules = dict(model.named_modules())
+    plan: dict[str, Any] = {}
+    for name, role in tp_roles(model, sequence_parallel=sequence_parallel,
+                               api="remat.integrations.tp.tp_plan").items():
+        style = _style(role, modules[name], sequence_parallel)
+        if style is not None:
+            plan[name] = style
+    return plan
+
+
+def _divide_head_counts(model: nn.Module, tp: int) -> None:
+    modules = dict(model.named_modules())
+    for name in attention_modules(tp_roles(model, api=API)):
+        attn = modules[name]
+        for attr in _HEAD_COUNTS:
+            count = getattr(attn, attr, None)
+            if isinstance(count, int) and not isinstance(count, bool):
+                if count % tp:
+                    raise RematError(message(
+                        API, f"{name}.{attr}={count} is not divisible by the TP degree {tp}",
+                        fix="pick a TP degree dividing the number of (key/value) heads"))
+                setattr(attn, attr, count // tp)
+
+
+def apply_tp(model: M, mesh: Any, *, sequence_parallel: bool = False) -> M:
+    """Tensor-parallelize ``model`` over a 1-D ``mesh`` with :func:`tp_plan`, in place.
+
+    Trades communication for memory: each rank keeps ``1/t`` of the projection
+    weights (and their gradients and optimizer state) and of the activations
+    between the column- and row-parallel linears; every sub-layer costs an
+    all-reduce (or, with ``sequence_parallel``, an all-gather plus a
+    reduce-scatter that also shards the norms' activations). Run it before
+    ``remat.apply`` (NOTE [ Order: tensor parallel, then checkpoint ]).
+
+    Args:
+        model: the model on the mesh's device type, not yet parallelized.
+        mesh: a 1-D ``DeviceMesh`` of the tensor-parallel ranks.
+        sequence_parallel: see :func:`tp_plan`. Default: ``False``.
+
+    Returns:
+        ``model``, modified in place (parameters become DTensors; attention head
+        counts become per-rank counts).
+
+    Raises:
+        RematError: the mesh is not 1-D, a head count is not divisible by the mesh
+            size, or no block matches the plan.
+
+    Example:
+        >>> mesh = init_device_mesh("cpu", (2,))
+        >>> model = apply_tp(build_model("llama-tiny"), mesh)
+        >>> remat.apply(model, "attn")
+        >>> model(**batch).loss.backward()
+    """
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    if mesh.ndim != 1:
+        raise RematError(message(API, f"the mesh has {mesh.ndim} dimensions",
+                                 fix="pass the tensor-parallel sub-mesh, e.g. mesh['tp']"))
+    plan = tp_plan(model, sequence_parallel=sequence_parallel)
+    _divide_head_counts(model, mesh.size())
+    parallelize_module(model, mesh, plan)
+    return model
