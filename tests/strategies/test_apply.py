@@ -390,3 +390,27 @@ def test_a_sublayer_strategy_on_a_hybrid_stack_skips_the_blocks_without_it() -> 
     without = _Hybrid([_ConvLayer(16), _ConvLayer(16)])
     with pytest.raises(BlocksNotFound, match="attn"):
         apply(without, "attn")
+
+
+@pytest.mark.parametrize("strategy", ["full", "sqrt", "attn"])
+def test_a_retained_graph_backs_up_twice_as_without_checkpointing(strategy: str) -> None:
+    # The recompute context is entered again by the second backward (it recomputes the
+    # region again): it must be re-enterable, and the gradients add up as without remat.
+    import remat
+    from remat.models import build_model, make_batch
+
+    torch.manual_seed(0)
+    model = build_model("llama-tiny")
+    batch = make_batch(model, 2)
+    loss = model(**batch).loss
+    loss.backward(retain_graph=True)
+    loss.backward()
+    expected = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad(set_to_none=True)
+    remat.apply(model, strategy)
+    loss = model(**batch).loss
+    loss.backward(retain_graph=True)
+    loss.backward()
+    for p, want in zip(model.parameters(), expected, strict=True):
+        torch.testing.assert_close(p.grad, want, rtol=1e-6, atol=1e-7)
+    remat.remove(model)

@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -275,15 +275,34 @@ def uninstall(module: nn.Module) -> None:
         module.__dict__["forward"] = previous
 
 
-@contextlib.contextmanager
-def _recompute_context(inner: Any, stateful: tuple[nn.Module, ...]) -> Iterator[None]:
-    with contextlib.ExitStack() as stack:
-        stack.enter_context(recomputing())
-        if stateful:
-            stack.enter_context(restore_running_stats(stateful))
-        if inner is not None:
-            stack.enter_context(inner)
-        yield
+class _RecomputeContext:
+    """The recompute's context: remat's marker, running statistics restored, and
+    ``inner`` (SAC's). Re-enterable: each backward through a retained graph recomputes
+    the region again under the same context object."""
+
+    def __init__(self, inner: Any, stateful: tuple[nn.Module, ...]) -> None:
+        self.inner = inner
+        self.stateful = stateful
+        self._stacks: list[contextlib.ExitStack] = []
+
+    def __enter__(self) -> None:
+        stack = contextlib.ExitStack()
+        with contextlib.ExitStack() as undo:
+            undo.push(stack)
+            stack.enter_context(recomputing())
+            if self.stateful:
+                stack.enter_context(restore_running_stats(self.stateful))
+            if self.inner is not None:
+                stack.enter_context(self.inner)
+            undo.pop_all()
+        self._stacks.append(stack)
+
+    def __exit__(self, *exc: Any) -> bool:
+        return bool(self._stacks.pop().__exit__(*exc))
+
+
+def _recompute_context(inner: Any, stateful: tuple[nn.Module, ...]) -> _RecomputeContext:
+    return _RecomputeContext(inner, stateful)
 
 
 def _context_fn(info: RegionInfo | None,

@@ -31,7 +31,7 @@ NOTE [ Kept random ops and the RNG ]
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -132,13 +132,28 @@ class _Replay(TorchDispatchMode):
         return out
 
 
-@contextlib.contextmanager
-def _stacked(inner: Any, mode: TorchDispatchMode, log: RngLog, attr: str) -> Iterator[None]:
-    try:
-        with inner, mode:  # the mode on top of SAC's: it sees each op first, SAC runs it
-            yield
-    finally:  # a recompute stops early by raising once backward has what it needs
-        setattr(log, attr, True)
+class _Stacked:
+    """``inner`` with ``mode`` on top (it sees each op first, SAC runs it); ``log.attr``
+    set when it exits. Re-enterable, as SAC's contexts are (a second backward through a
+    retained graph enters the recompute context again)."""
+
+    def __init__(self, inner: Any, mode: TorchDispatchMode, log: RngLog, attr: str) -> None:
+        self.inner, self.mode, self.log, self.attr = inner, mode, log, attr
+        self._stacks: list[contextlib.ExitStack] = []
+
+    def __enter__(self) -> None:
+        stack = contextlib.ExitStack()
+        with contextlib.ExitStack() as undo:
+            undo.push(stack)
+            stack.callback(setattr, self.log, self.attr, True)  # runs last, even on raise
+            stack.enter_context(self.inner)
+            stack.enter_context(self.mode)
+            undo.pop_all()
+        self._stacks.append(stack)
+
+    def __exit__(self, *exc: Any) -> bool:
+        # A recompute stops early by raising once backward has what it needs.
+        return bool(self._stacks.pop().__exit__(*exc))
 
 
 def rng_replay(forward_ctx: Any, recompute_ctx: Any, policy: Any) -> tuple[Any, Any, RngLog]:
@@ -158,5 +173,5 @@ def rng_replay(forward_ctx: Any, recompute_ctx: Any, policy: Any) -> tuple[Any, 
         >>> fwd, rec, log = rng_replay(*create_selective_checkpoint_contexts(policy), policy)
     """
     log = RngLog()
-    return (_stacked(forward_ctx, _Record(log, policy), log, "forward_done"),
-            _stacked(recompute_ctx, _Replay(log), log, "recompute_done"), log)
+    return (_Stacked(forward_ctx, _Record(log, policy), log, "forward_done"),
+            _Stacked(recompute_ctx, _Replay(log), log, "recompute_done"), log)
