@@ -4,29 +4,21 @@ the prepared model (examples/accelerate_train.py, in-process, 2 steps each)."""
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import io
-import sys
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
 import torch
 
-pytest.importorskip("accelerate")
+from examples_util import load_example
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "accelerate_train.py"
+pytest.importorskip("accelerate")
 
 
 @pytest.fixture(scope="module")
 def example() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("accelerate_train_example", EXAMPLE)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault(spec.name, module)
-    spec.loader.exec_module(module)
-    return module
+    return load_example("accelerate_train.py")
 
 
 def _run(example: ModuleType, *argv: str) -> dict[str, Any]:

@@ -4,32 +4,24 @@
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import io
-import sys
 import warnings
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
 import torch
 
+from examples_util import load_example
+
 pytest.importorskip("lightning")
 
 from remat.integrations.lightning import RematCallback  # noqa: E402
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "lightning_fit.py"
-
 
 @pytest.fixture(scope="module")
 def example() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("lightning_fit_example", EXAMPLE)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault(spec.name, module)
-    spec.loader.exec_module(module)
-    return module
+    return load_example("lightning_fit.py")
 
 
 def _fit(example: ModuleType, *argv: str) -> tuple[list[float], Any, str]:

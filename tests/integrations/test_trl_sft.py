@@ -3,31 +3,23 @@
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import io
-import sys
 import warnings
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
 import torch
 
+from examples_util import load_example
+
 pytest.importorskip("trl")
 pytest.importorskip("accelerate")
-
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "sft_trl.py"
 
 
 @pytest.fixture(scope="module")
 def example() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("sft_trl_example", EXAMPLE)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault(spec.name, module)
-    spec.loader.exec_module(module)
-    return module
+    return load_example("sft_trl.py")
 
 
 def _train(example: ModuleType, *argv: str) -> tuple[list[float], Any, str]:
