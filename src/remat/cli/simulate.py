@@ -27,6 +27,7 @@ from remat.cli._common import (
 )
 from remat.cli._sim_tables import longest_seq_table, longest_seqs, rate, simulation_tables
 from remat.cli._sources import ModelChoice, batch_shape, given_flags, given_sources, model_choice
+from remat.cli._tp import check_tp, print_tp_rows, tp_rows
 from remat.cli._user_model import raised
 from remat.cli.options import (
     DtypeOpt,
@@ -57,6 +58,8 @@ Examples:
   remat simulate --model llama-7b --seq 4096 --dtype amp-bf16 --device a100-80gb --plot out/sim.png
 
   remat simulate --hf mistral --seq 4096 --batch 1,2,4 --world-size 8 --sharding fsdp
+
+  remat simulate --model llama-7b --seq 4096 --batch 1 --tp 8 --sp --strategies none,full
 
   remat simulate --hf-config llama-3-8b/config.json --seq 8192 --strategies none,full --json s.json
 
@@ -181,6 +184,15 @@ def simulate_command(
              "Default: fsdp when --world-size > 1, else none.",
     )] = None,
     strategies: SimStrategiesOpt = None,
+    tp: Annotated[int, typer.Option(
+        "--tp", min=1, metavar="T",
+        help="Tensor-parallel degree: one rank's bytes per strategy (llama-style blocks; "
+             "collective buffers not counted).",
+    )] = 1,
+    sp: Annotated[bool, typer.Option(
+        "--sp", help="With --tp: sequence parallelism (norms and the residual stream "
+                     "sharded on the sequence).",
+    )] = False,
     plan: Annotated[bool, typer.Option(
         "--plan/--no-plan", help="Also simulate the planner's plan (when remat.plan exists).",
     )] = True,
@@ -217,6 +229,15 @@ def simulate_command(
                      fix="return an object with make_batch(batch_size, seq_len) from the "
                          "factory, or pass one --seq"))
     names = strategies.split(",") if strategies else default_strategies("simulate")
+    check_tp(tp, sp, world_size, API)
+    if tp > 1:
+        with user_errors(), progress_bar(f"simulate {choices[0].name} (TP x{tp})"):
+            rows = tp_rows(choices[0].source, name=choices[0].name, seqs=seqs,
+                           batch_sizes=batch_sizes, strategies=names, tp=tp,
+                           sequence_parallel=sp, dtype=dtype, optimizer=optimizer,
+                           device=device)
+        print_tp_rows(rows, json_out)
+        return
     results = []
     with user_errors(), progress_bar(f"simulate {choices[0].name}",
                                      log_when_piped=True) as update:

@@ -1,0 +1,81 @@
+"""``remat simulate --tp T [--sp]``: one tensor-parallel rank's bytes per strategy and size.
+
+Each row is :func:`remat.simulate.tensor_parallel.tp_rank_bytes`: one simulated step on one
+device, split by what tensor parallelism shards (NOTE [ Tensor-parallel bytes per rank ]);
+an arithmetic model of the parallel step, so collective buffers are not in it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from remat.cli._common import fail, stdout_console, write_json
+from remat.errors import message
+
+
+def check_tp(tp: int, sequence_parallel: bool, world_size: int, api: str) -> None:
+    """Exit 2 on a combination the tensor-parallel rows do not model."""
+    if sequence_parallel and tp == 1:
+        fail(message(api, "--sp needs --tp > 1", {"--tp": tp},
+                     fix="pass --tp 2 (or more) with --sp"))
+    if tp > 1 and world_size > 1:
+        fail(message(api, "--tp with --world-size > 1 is not modelled",
+                     {"--tp": tp, "--world-size": world_size,
+                      "why": "the tensor-parallel rows split a one-device step by what TP "
+                             "shards; data parallelism over TP groups is not in them"},
+                     fix="pass one of --tp or --world-size"))
+
+
+def tp_rows(source: Any, *, name: str, seqs: Sequence[int], batch_sizes: Sequence[int],
+            strategies: Sequence[str], tp: int, sequence_parallel: bool, dtype: str,
+            optimizer: str, device: str) -> list[dict[str, Any]]:
+    """One row per sequence length, strategy and micro-batch size."""
+    from remat.devices import get_device
+    from remat.simulate.tensor_parallel import tp_rank_bytes
+
+    memory = get_device(device).memory_bytes
+    rows: list[dict[str, Any]] = []
+    for seq_len in seqs:
+        for strategy in strategies:
+            for b in batch_sizes:
+                r = tp_rank_bytes(source, seq_len=seq_len, batch_size=b, tp=tp,
+                                  sequence_parallel=sequence_parallel, strategy=strategy,
+                                  dtype=dtype, optimizer=optimizer)
+                rows.append({"model": name, "seq_len": seq_len, "strategy": strategy,
+                             "batch_size": b, "tp": tp, "sequence_parallel": sequence_parallel,
+                             "param_bytes": r.param_bytes, "grad_bytes": r.grad_bytes,
+                             "optimizer_bytes": r.optimizer_bytes,
+                             "activation_bytes": r.activation_bytes,
+                             "peak_bytes": r.peak_bytes, "fits": r.peak_bytes <= memory,
+                             "device": device})
+    return rows
+
+
+def print_tp_rows(rows: Sequence[dict[str, Any]], json_out: str | None) -> None:
+    """The per-rank table (unless ``--json -``), and the JSON."""
+    from rich.table import Table
+
+    from remat.units import format_bytes
+
+    if json_out != "-" and rows:
+        first = rows[0]
+        sp = " + SP" if first["sequence_parallel"] else ""
+        table = Table(title=f"{first['model']}: one rank of TP x{first['tp']}{sp} on "
+                            f"{first['device']} (simulated, split by what TP shards)",
+                      title_justify="left")
+        for header in ("Seq", "Strategy", "Batch", "Parameters", "Gradients", "Optimizer",
+                       "Activations", "Peak / rank", "Fits"):
+            table.add_column(header, justify="left" if header == "Strategy" else "right")
+        for r in rows:
+            table.add_row(str(r["seq_len"]), r["strategy"], str(r["batch_size"]),
+                          format_bytes(r["param_bytes"]), format_bytes(r["grad_bytes"]),
+                          format_bytes(r["optimizer_bytes"]),
+                          format_bytes(r["activation_bytes"]), format_bytes(r["peak_bytes"]),
+                          "yes" if r["fits"] else "no")
+        console = stdout_console()
+        console.print(table)
+        console.print("Collective buffers (all-gathers, reduce-scatters) are not counted; "
+                      "keep a margin.")
+    if json_out is not None:
+        write_json({"tensor_parallel": list(rows)}, json_out)
