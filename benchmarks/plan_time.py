@@ -11,7 +11,15 @@ planner's progress reports:
 - ``block inputs``: the forward that captures each block's arguments;
 - ``candidates``: every candidate of every kind of block run on its own;
 - ``windows``: one tracked whole step without checkpointing (the peak model's calibration);
-- ``closed loop``: solving, and measuring the chosen plan with a whole step.
+- ``closed loop``: solving, and measuring the chosen plan with a whole step;
+- ``allocator step``: the real steps that read the allocator's peak of a fitting choice
+  (NOTE [ Fits on the allocator ] in src/remat/planning/loop.py).
+
+``--hf-llama`` times a 32-layer Hugging Face Llama instead (d_model 128, 4 heads, 2 KV
+heads, MLP 344, vocab 1024, seq 128, batch 4, float32, CPU; ``--layers`` sets its depth), and
+beside each plan one real training step of the same model (``remat.measure.time_step``: the
+median of 3 after a warm-up). Plan and step alternate, so a busy machine slows both alike; it
+prints the median of the per-repeat ratios ``plan seconds / step seconds``, wall and CPU.
 
 ``--throughput`` also times ``plan_throughput(...)`` on ``gpt-small`` (budget 60% of
 the batch-8 peak), once (it takes a minute).
@@ -20,6 +28,7 @@ Usage::
 
     PYTHONPATH=src .venv/bin/python benchmarks/plan_time.py                  # 32 layers, 50%
     PYTHONPATH=src .venv/bin/python benchmarks/plan_time.py --layers 16,32 --budgets 25,50,75
+    PYTHONPATH=src .venv/bin/python benchmarks/plan_time.py --hf-llama       # plan / step
     PYTHONPATH=src .venv/bin/python benchmarks/plan_time.py --throughput
 """
 
@@ -32,16 +41,20 @@ import warnings
 from collections import defaultdict
 
 import torch
+from torch import nn
 
+from remat.measure.step import clear_grads, run_step
 from remat.models import build_model, make_batch
 from remat.planning import plan, plan_throughput
 from remat.progress import reporting
 
-PHASES = ("fake copy", "block inputs", "candidates", "windows", "closed loop")
+PHASES = ("fake copy", "block inputs", "candidates", "windows", "closed loop", "allocator step")
 
 
 def _phase(step: str) -> str:
     """The phase a progress report's ``step`` belongs to (see the module docstring)."""
+    if step == "closed loop, allocator step":
+        return "allocator step"
     if step.startswith("closed loop"):
         return "closed loop"
     if step.startswith("memory windows"):
@@ -52,40 +65,80 @@ def _phase(step: str) -> str:
 
 
 class PhaseClock:
-    """Wall seconds per phase, from the timestamps of the planner's progress reports."""
+    """Wall and CPU seconds per phase, from the timestamps of the planner's progress
+    reports."""
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = defaultdict(float)
+        self.cpu_seconds: dict[str, float] = defaultdict(float)
         self._phase: str | None = None
-        self._since = 0.0
+        self._since = self._cpu_since = 0.0
 
     def __call__(self, step: str, done: int, total: int) -> None:
         self._switch(_phase(step))
 
     def _switch(self, phase: str | None) -> None:
-        now = time.perf_counter()
+        now, cpu = time.perf_counter(), time.process_time()
         if self._phase is not None:
             self.seconds[self._phase] += now - self._since
-        self._phase, self._since = phase, now
+            self.cpu_seconds[self._phase] += cpu - self._cpu_since
+        self._phase, self._since, self._cpu_since = phase, now, cpu
 
     def stop(self) -> None:
         """Charge the time since the last report to its phase."""
         self._switch(None)
 
 
-def time_plan(n_layer: int, budget_percent: int) -> tuple[float, float, dict[str, float], bool]:
-    """Wall s, CPU s, wall s per phase of one ``plan`` at ``budget_percent``% of the
-    no-checkpoint peak, and whether the plan's measured peak fits its budget."""
+def hf_llama(n_layer: int) -> tuple[nn.Module, dict[str, torch.Tensor]]:
+    """The ``--hf-llama`` model (random weights, from a config) and its batch of 4 x 128."""
+    import transformers as tf
+
+    torch.manual_seed(0)
+    config = tf.LlamaConfig(vocab_size=1024, hidden_size=128, num_hidden_layers=n_layer,
+                            num_attention_heads=4, num_key_value_heads=2,
+                            intermediate_size=344, max_position_embeddings=128)
+    model = tf.LlamaForCausalLM(config)
+    model.config.use_cache = False
+    model.train()
+    ids = torch.randint(0, 1024, (4, 128), generator=torch.Generator().manual_seed(0))
+    return model, {"input_ids": ids, "labels": ids.clone()}
+
+
+def gpt_tiny(n_layer: int) -> tuple[nn.Module, torch.Tensor]:
+    """The default model: ``gpt-tiny`` with d_model 128, seq 128, and its batch of 4."""
     torch.manual_seed(0)
     model = build_model("gpt-tiny", n_layer=n_layer, d_model=128, max_seq_len=128)
-    batch = make_batch(model, 4)
+    return model, make_batch(model, 4)
+
+
+def time_real_step(model: nn.Module, batch: object) -> tuple[float, float]:
+    """Wall s and CPU s of one real training step (forward, loss, backward): medians of 3
+    runs after a warm-up."""
+    walls, cpus = [], []
+    for i in range(4):
+        clear_grads(model)
+        started, cpu = time.perf_counter(), time.process_time()
+        run_step(model, batch)
+        if i:
+            walls.append(time.perf_counter() - started)
+            cpus.append(time.process_time() - cpu)
+    clear_grads(model)
+    return statistics.median(walls), statistics.median(cpus)
+
+
+def time_plan(model: nn.Module, batch: object, budget_percent: int
+              ) -> tuple[float, float, dict[str, float], bool, dict[str, float]]:
+    """Wall s, CPU s, wall s per phase of one ``plan`` at ``budget_percent``% of the
+    no-checkpoint peak, whether the plan's measured peak fits its budget, and CPU s per
+    phase."""
     clock = PhaseClock()
     started, cpu = time.perf_counter(), time.process_time()
     with reporting(clock):
         result = plan(model, batch, budget=f"{budget_percent}%")
     clock.stop()
     wall_s, cpu_s = time.perf_counter() - started, time.process_time() - cpu
-    return wall_s, cpu_s, dict(clock.seconds), result.measured_peak_bytes <= result.budget_bytes
+    return (wall_s, cpu_s, dict(clock.seconds), result.measured_peak_bytes <= result.budget_bytes,
+            dict(clock.cpu_seconds))
 
 
 def time_throughput() -> tuple[float, float, int]:
@@ -103,27 +156,45 @@ def main() -> None:
     parser.add_argument("--budgets", default="50",
                         help="budgets, percent of the no-checkpoint peak, comma-separated")
     parser.add_argument("--repeats", type=int, default=3, help="timed plans per case")
+    parser.add_argument("--hf-llama", action="store_true",
+                        help="plan a Hugging Face Llama (d 128, seq 128, batch 4) and time "
+                             "one real step beside each plan")
+    parser.add_argument("--threads", type=int, default=2,
+                        help="torch threads (a busy machine makes 2-thread real steps erratic)")
     parser.add_argument("--throughput", action="store_true",
                         help="also time the throughput search on gpt-small")
     args = parser.parse_args()
     if args.repeats < 1:
         parser.error("--repeats must be at least 1")
     warnings.simplefilter("ignore")
-    torch.set_num_threads(2)
+    torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; median of "
           f"{args.repeats}", flush=True)
+    name = "HF Llama" if args.hf_llama else "gpt-tiny"
     for n_layer in (int(n) for n in args.layers.split(",") if n.strip()):
-        time_plan(n_layer, 75)  # first-call costs
+        model, batch = (hf_llama if args.hf_llama else gpt_tiny)(n_layer)
+        time_plan(model, batch, 75)  # first-call costs
         for budget in (int(b) for b in args.budgets.split(",") if b.strip()):
-            runs = [time_plan(n_layer, budget) for _ in range(args.repeats)]
+            runs, steps = [], []
+            for _ in range(args.repeats):
+                if args.hf_llama:
+                    steps.append(time_real_step(model, batch))
+                runs.append(time_plan(model, batch, budget))
             wall = statistics.median(r[0] for r in runs)
             cpu = statistics.median(r[1] for r in runs)
-            phases = ", ".join(f"{p} {statistics.median(r[2].get(p, 0.0) for r in runs):.2f}"
+            phases = ", ".join(f"{p} {statistics.median(r[2].get(p, 0.0) for r in runs):.2f}/"
+                               f"{statistics.median(r[4].get(p, 0.0) for r in runs):.2f}"
                                for p in PHASES)
             fits = all(r[3] for r in runs)
-            print(f"plan, {n_layer} layers, budget {budget}%: {wall:.2f} s wall, "
+            print(f"plan, {name}, {n_layer} layers, budget {budget}%: {wall:.2f} s wall, "
                   f"{cpu:.2f} s CPU (runs: {', '.join(f'{r[0]:.2f}' for r in runs)} s wall); "
-                  f"phases, s wall: {phases}; fits: {fits}", flush=True)
+                  f"phases, s wall/CPU: {phases}; fits: {fits}", flush=True)
+            if steps:
+                ratio = statistics.median(r[0] / s[0] for r, s in zip(runs, steps, strict=True))
+                cpu_ratio = statistics.median(r[1] / s[1] for r, s in zip(runs, steps, strict=True))
+                print(f"  one real step: {statistics.median(s[0] for s in steps):.3f} s wall, "
+                      f"{statistics.median(s[1] for s in steps):.3f} s CPU; plan / step: "
+                      f"{ratio:.1f}x wall, {cpu_ratio:.1f}x CPU", flush=True)
     if args.throughput:
         wall_s, cpu_s, batch_size = time_throughput()
         print(f"throughput search, gpt-small: {wall_s:.1f} s wall, {cpu_s:.1f} s CPU, "

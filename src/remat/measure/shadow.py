@@ -53,6 +53,7 @@ NOTE [ Data-dependent shapes ]
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -197,11 +198,13 @@ def propagate(func: Any, args: Any, kwargs: Any, out: Any) -> None:
 def eager_branches() -> Iterator[None]:
     """While active, transformers treats a shadowed fake tensor as a real one.
 
-    See NOTE [ Data-dependent branches under fake tensors ]. A no-op without transformers.
+    See NOTE [ Data-dependent branches under fake tensors ]. A no-op without transformers,
+    and where transformers is not imported yet: then no model in the process came from it
+    (its models import it), and importing it here would cost a run without one (a
+    built-in preset's ``remat simulate``) half a second.
     """
-    try:
-        from transformers.utils import import_utils
-    except ImportError:
+    import_utils: Any = sys.modules.get("transformers.utils.import_utils")
+    if import_utils is None:
         yield
         return
     original = getattr(import_utils, "is_fake_tensor", None)

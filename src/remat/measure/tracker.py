@@ -109,6 +109,21 @@ _ENGINE_CODE = torch.autograd.graph._engine_run_backward.__code__
 _WRAPPER_FILES = ("_compile.py", "eval_frame.py")
 
 
+#: Per op overload seen: (not an op of the step: a metadata query or a profiler range;
+#: makes a fresh tensor from Python data; its overload packet's name). Looked up once per
+#: overload instead of on every call (``OpOverload.namespace`` builds a string).
+_OP_INFO: dict[Any, tuple[bool, bool, str]] = {}
+
+
+def _op_info(func: Any) -> tuple[bool, bool, str]:
+    info = _OP_INFO.get(func)
+    if info is None:
+        info = (func in METADATA_OPS or func.namespace == "profiler",
+                func.overloadpacket in FRESH_OPS, str(func.overloadpacket))
+        _OP_INFO[func] = info
+    return info
+
+
 def _engine_sum(func: Any, args: Any, kwargs: Any) -> bool:
     """The autograd engine summing two gradients (NOTE [ Gradient accumulation in place ])."""
     if func is not _ADD or kwargs or len(args) != 2:
@@ -363,7 +378,8 @@ class MemoryTracker(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
-        if func in METADATA_OPS or func.namespace == "profiler":  # profiler: record_function
+        passthrough, fresh, _ = _op_info(func)
+        if passthrough:  # a metadata query, or the profiler's record_function
             out = func(*args, **kwargs)
             if self.after_op is not None:
                 self.after_op()
@@ -373,8 +389,7 @@ class MemoryTracker(TorchDispatchMode):
         # NOTE [ What the tracker cannot see ], 2.: unknown inputs predate the step.
         adopt = ((self._created_phase(), self._attribution.current)
                  if func.namespace == "c10d" or self._collectives[0] else None)
-        input_keys = self._ledger.see_inputs(inputs, self._counts,
-                                             fresh=func.overloadpacket in FRESH_OPS, adopt=adopt)
+        input_keys = self._ledger.see_inputs(inputs, self._counts, fresh=fresh, adopt=adopt)
         reusable = tuple(id(st) for t in inputs if (st := storage_of(t)) is not None
                          and is_non_overlapping_and_dense_or_false(t)) \
             if _engine_sum(func, args, kwargs) else ()
@@ -437,7 +452,7 @@ class MemoryTracker(TorchDispatchMode):
         stored = [t for t in outputs if storage_of(t) is not None]
         read, write, dtype_bytes = op_traffic(func, inputs, stored, aliases_only=aliases_only)
         flops = op_flops(func.overloadpacket, args, kwargs, out)
-        self._raw_ops.append((str(func.overloadpacket), phase, flops, read, write,
+        self._raw_ops.append((_op_info(func)[2], phase, flops, read, write,
                               self._attribution.current, dtype_bytes, alloc))
         self._ops_cache = None
 

@@ -1,0 +1,46 @@
+"""NOTE [ Closed loop on the real model ]: one warm-up serves the measurement and the
+allocator's step, and a tracked real step measures the same bytes as the fake copy."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import pytest
+
+import remat.planning.loop as planning_loop
+from remat.measure.step import Step
+from remat.models import build_model, make_batch
+from remat.planning import prepare
+from remat.planning.loop import close_loop, measure_on_copy
+
+
+def test_real_measurement_equals_the_fake_copy_and_warms_up_once(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    model = build_model("gpt-tiny", n_layer=4)
+    batch = make_batch(model, 2)
+    calls: list[bool] = []
+    real = planning_loop.allocator_peak_of
+
+    def counted(*args: Any) -> int:
+        calls.append(bool(args[3]) if len(args) > 3 else False)
+        return real(*args)
+
+    monkeypatch.setattr(planning_loop, "allocator_peak_of", counted)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ctx = prepare(model, batch)
+        assert ctx.setup is not None and ctx.setup.fake_step_s > 0
+        budget = int(0.85 * ctx.no_checkpoint_peak_bytes)
+        step = Step(model, batch)
+        plan = close_loop(step, ctx, budget, simulate=False)
+        assert ctx.setup.real_step_s is not None  # the warm-up ran first, timed
+        assert calls and all(calls)  # every allocator step reused the warm-up
+        key = tuple(sorted(plan.decisions.items()))
+        measured = ctx.setup.profiles.pop(key)  # real or fake: measure again on the copy
+        assert measured is not None
+        fake = measure_on_copy(step, ctx, plan.decisions)
+    assert fake is not None and fake.simulated
+    assert plan.measured_peak_bytes == measured.peak_bytes == fake.peak_bytes
+    assert measured.recompute_flops == fake.recompute_flops
+    assert plan.allocator_peak_bytes is not None and plan.measured_peak_bytes <= budget
