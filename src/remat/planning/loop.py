@@ -143,8 +143,20 @@ def real_first(step: Step, ctx: PlanContext, decisions: Mapping[str, BlockStrate
 
 
 def _real_is_cheaper(setup: FakeSetup) -> bool:
+    # A model in a process group (TP, FSDP) runs collectives in its real steps, which
+    # every rank must run alike: a choice made from each rank's own timings could differ
+    # between ranks and leave one waiting in a collective forever. Its ranks measure on
+    # the fake copy.
+    if _in_process_group():
+        return False
     real_s = setup.real_step_s
     return real_s is not None and real_s * _TRACKED_COST < setup.fake_step_s
+
+
+def _in_process_group() -> bool:
+    import torch.distributed as dist
+
+    return bool(dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1)
 
 
 def measure_on_cpu(step: Step, ctx: PlanContext, decisions: Mapping[str, BlockStrategy],
