@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import torch
 
-from examples_util import load_example
+from loading import load_example
 
 pytest.importorskip("lightning")
 

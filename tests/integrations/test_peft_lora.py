@@ -8,36 +8,26 @@ between ``full`` and ``none``, and the activation bytes frozen weights do not sa
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import io
-import sys
 import warnings
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
 import torch
 
+from loading import load_example, load_measure_helper
+
 pytest.importorskip("peft")
 pytest.importorskip("transformers")
 
-ROOT = Path(__file__).resolve().parents[2]
 BATCH, SEQ, HIDDEN, MLP, RANK = 2, 32, 64, 128, 4
 
-
-def _load(path: Path, name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault(name, module)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")
 def example() -> ModuleType:
-    return _load(ROOT / "examples" / "lora_peft.py", "lora_peft_example")
+    return load_example("lora_peft.py")
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +86,7 @@ def test_plan_between_full_and_none_fits_and_is_exact(run: dict[str, Any]) -> No
 def test_profile_is_exact_against_the_allocator(example: ModuleType, strategy: str) -> None:
     import remat
 
-    allocator_util = _load(ROOT / "tests" / "measure" / "allocator_util.py", "allocator_util")
+    allocator_util = load_measure_helper("allocator_util")
     model = example.with_lora(example.tiny_llama(), rank=RANK)
     batch = example.make_batch(BATCH, SEQ)
     remat.apply(model, strategy)

@@ -8,15 +8,14 @@ caller (the profiler only sees allocations made while it runs).
 
 from __future__ import annotations
 
-import gc
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
-from remat.measure.allocator import allocator_peak
-from remat.measure.step import clear_grads, run_step
+from remat.measure.profile import allocator_step_peak as allocator_peak_of_step
+from remat.measure.step import Step, clear_grads, run_step
 
 __all__ = ["AllocatorPeak", "allocator_step_peak"]
 
@@ -38,14 +37,7 @@ def allocator_step_peak(model: nn.Module, batch: Any, *, baseline_bytes: int = 0
     """The step ``remat.profile`` tracks (after a warm-up step, from cleared grads)."""
     torch.manual_seed(0)
     clear_grads(model)
-    run_step(model, batch, optimizer=optimizer)
-    clear_grads(model)
-    gc_was_enabled = gc.isenabled()
-    gc.disable()  # as the tracked step: frees happen when reference counts say
-    try:
-        peak = allocator_peak(lambda: run_step(model, batch, optimizer=optimizer)).peak_bytes
-    finally:
-        if gc_was_enabled:
-            gc.enable()
-    clear_grads(model)
+    run_step(model, batch, optimizer=optimizer)  # warm-up
+    # The allocator's step as the planner reads it (gc held, grads cleared around it).
+    peak = allocator_peak_of_step(Step(model, batch, optimizer=optimizer), 0)
     return AllocatorPeak(peak_bytes=peak, baseline_bytes=baseline_bytes)

@@ -8,37 +8,25 @@ tracker reads under it.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 import warnings
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 import torch
 
 import remat
+from loading import load_measure_helper
 from remat.measure import profile
 from remat.planning import loop as planning_loop
 from remat.planning import prepare
 
 pytest.importorskip("transformers")
 
-MEASURE = Path(__file__).parents[1] / "measure"
 
 
-def _load(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, MEASURE / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault(name, module)  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
 
-
-hf_tiny = _load("hf_tiny")
-allocator_util = _load("allocator_util")
+hf_tiny = load_measure_helper("hf_tiny")
+allocator_util = load_measure_helper("allocator_util")
 
 #: Ten architectures: dense decoders (rotary, GQA, partial rotary, GeGLU, learned
 #: positions, parallel attention), mixture-of-experts decoders, an encoder.

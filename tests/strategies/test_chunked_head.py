@@ -9,11 +9,7 @@ saved, tracked and on the CPU allocator, real and simulated.
 from __future__ import annotations
 
 import copy
-import importlib.util
 import pickle
-import sys
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
@@ -22,6 +18,7 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 import remat
+from loading import load_measure_helper
 from remat.errors import StrategyError
 from remat.models import build_model
 from remat.strategies import applied, apply, apply_decisions, parse_strategy, remove
@@ -30,19 +27,10 @@ from remat.strategies.head import HEAD_KEY, chunked_next_token_loss, head_of
 
 transformers = pytest.importorskip("transformers")
 
-MEASURE = Path(__file__).resolve().parents[1] / "measure"
 
 
-def _load(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, MEASURE / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault(name, module)  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
 
-
-allocator_util = _load("allocator_util")
+allocator_util = load_measure_helper("allocator_util")
 
 _SMALL = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
           "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 128,
