@@ -1,6 +1,6 @@
 """remat with the tools people train with: FSDP2, torch.compile, Hugging Face transformers
-(and TRL, PEFT, accelerate through it), PyTorch Lightning, tensor parallelism (DTensor), pipeline stages
-(``torch.distributed.pipelining``).
+(and TRL, PEFT, accelerate through it), PyTorch Lightning, tensor parallelism (DTensor),
+pipeline stages (``torch.distributed.pipelining``).
 
 Submodules are imported on demand (``from remat.integrations.fsdp2 import apply_fsdp``):
 ``fsdp2`` needs ``torch.distributed``, ``hf`` needs ``transformers`` (``pip install

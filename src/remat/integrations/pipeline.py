@@ -159,7 +159,10 @@ def plan_stage(stage: nn.Module, micro_batch: Any, *, budget: BudgetLike | Budge
     k = stage_in_flight(schedule, stage_index=stage_index, stages=stages,
                         microbatches=microbatches, virtual_stages=virtual_stages)
     last = stage_index == stages * virtual_stages - 1
-    stage_loss = StageLoss(_mean_loss if loss_fn is None else loss_fn) if last else StageLoss()
+    # A backward runs before the k-th forward when the stage holds fewer than all m.
+    accumulating = k < microbatches
+    stage_loss = StageLoss(_mean_loss if loss_fn is None else loss_fn, accumulating) if last \
+        else StageLoss(accumulating=accumulating)
     return plan(stage, micro_batch, budget=budget, loss_fn=stage_loss,
                 microbatches_in_flight=k, **plan_kwargs)
 

@@ -95,9 +95,15 @@ class StageLoss:
     ``torch.autograd.backward(output, ones_like(output))`` with the gradient allocated
     at that moment, as the pipeline's received gradient is.
 
+    In 1F1B's steady state a stage runs its forwards after an earlier micro-batch's
+    backward, so every gradient already exists while its micro-batches are in flight;
+    ``accumulating=True`` starts the step that way (each missing ``.grad`` allocated as
+    zeros before the first forward; the backwards then accumulate into them).
+
     Args:
         loss_fn: ``loss_fn(output, batch) -> scalar`` of the last stage; ``None`` for a
             stage whose output is a hidden state. Default: ``None``.
+        accumulating: the gradients exist before the forwards. Default: ``False``.
 
     Example:
         >>> run_step(first_stage, tokens, loss_fn=StageLoss())   # output (B, T, D)
@@ -105,6 +111,7 @@ class StageLoss:
     """
 
     loss_fn: LossFn | None = None
+    accumulating: bool = False
 
     def __call__(self, output: Any, batch: Any) -> Tensor:
         """The scalar loss, or for a hidden-state stage the output tensor itself."""
@@ -205,6 +212,10 @@ def run_step(
     """
     if on_phase is not None:
         on_phase("forward")
+    if isinstance(loss_fn, StageLoss) and loss_fn.accumulating:
+        for p in model.parameters():
+            if p.requires_grad and p.grad is None:
+                p.grad = torch.zeros_like(p)
     with torch.enable_grad():
         held = [forward_held(model, batch, loss_fn) for _ in range(microbatches_in_flight)]
         root = held[0][0]  # a hidden state's storage must not outlive its backward
