@@ -153,7 +153,8 @@ def test_llama_is_causal():
 
 
 # Real sizes: GPT-2 small 124,439,808; Llama-3.2-1B 1,235,814,400 (tied);
-# Llama-2-7B 6,738,415,616. Counted on the meta device: nothing is allocated.
+# Llama-2-7B 6,738,415,616; Llama-3.1-70B 70,553,706,496; Llama-3.1-405B 405,853,388,800.
+# Counted on the meta device: nothing is allocated.
 @pytest.mark.parametrize(
     ("preset", "expected"),
     [
@@ -162,6 +163,8 @@ def test_llama_is_causal():
         ("gpt2-124m", 124_439_808),
         ("llama-1b", 1_235_814_400),
         ("llama-7b", 6_738_415_616),
+        ("llama-70b", 70_553_706_496),
+        ("llama-405b", 405_853_388_800),
     ],
 )
 def test_preset_parameter_counts_on_meta(preset, expected):

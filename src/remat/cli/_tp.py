@@ -24,7 +24,7 @@ def check_tp(tp: int, sequence_parallel: bool, world_size: int, api: str) -> Non
                      {"--tp": tp, "--world-size": world_size,
                       "why": "the tensor-parallel rows split a one-device step by what TP "
                              "shards; data parallelism over TP groups is not in them"},
-                     fix="pass one of --tp or --world-size"))
+                     fix="pass --dp instead of --world-size (TP groups replicated with FSDP)"))
 
 
 def tp_rows(source: Any, *, name: str, seqs: Sequence[int], batch_sizes: Sequence[int],

@@ -25,6 +25,7 @@ from remat.cli._common import (
     user_errors,
     write_json,
 )
+from remat.cli._pp import check_pp, pp_rows, print_pp_rows
 from remat.cli._sim_tables import longest_seq_table, longest_seqs, rate, simulation_tables
 from remat.cli._sources import ModelChoice, batch_shape, given_flags, given_sources, model_choice
 from remat.cli._tp import check_tp, print_tp_rows, tp_rows
@@ -60,6 +61,8 @@ Examples:
   remat simulate --hf mistral --seq 4096 --batch 1,2,4 --world-size 8 --sharding fsdp
 
   remat simulate --model llama-7b --seq 4096 --batch 1 --tp 8 --sp --strategies none,full
+
+  remat simulate --model llama-70b --seq 4096 --batch 1 --pp 4 --tp 8 --dp 2
 
   remat simulate --hf-config llama-3-8b/config.json --seq 8192 --strategies none,full --json s.json
 
@@ -193,6 +196,26 @@ def simulate_command(
         "--sp", help="With --tp: sequence parallelism (norms and the residual stream "
                      "sharded on the sequence).",
     )] = False,
+    pp: Annotated[int, typer.Option(
+        "--pp", min=1, metavar="P",
+        help="Pipeline stages: each pipeline rank's bytes under --schedule, and the plan "
+             "per stage.",
+    )] = 1,
+    dp: Annotated[int, typer.Option(
+        "--dp", min=1, metavar="D",
+        help="With --pp or --tp: data-parallel (FSDP) replicas of the pipeline / TP group.",
+    )] = 1,
+    schedule: Annotated[str, typer.Option(
+        "--schedule", metavar="NAME", help="With --pp: gpipe, 1f1b or interleaved-1f1b.",
+    )] = "1f1b",
+    microbatches: Annotated[int | None, typer.Option(
+        "--microbatches", metavar="M",
+        help="With --pp: micro-batches per step. Default: 2 x --pp.",
+    )] = None,
+    virtual_stages: Annotated[int, typer.Option(
+        "--virtual-stages", min=1, metavar="V",
+        help="With --schedule interleaved-1f1b: model chunks per pipeline rank.",
+    )] = 1,
     plan: Annotated[bool, typer.Option(
         "--plan/--no-plan", help="Also simulate the planner's plan (when remat.plan exists).",
     )] = True,
@@ -229,6 +252,19 @@ def simulate_command(
                      fix="return an object with make_batch(batch_size, seq_len) from the "
                          "factory, or pass one --seq"))
     names = strategies.split(",") if strategies else default_strategies("simulate")
+    if pp > 1 or dp > 1:
+        m = check_pp(pp, dp, world_size, microbatches, schedule, virtual_stages, API)
+        if sp and tp == 1:
+            check_tp(tp, sp, 1, API)
+        with user_errors(), progress_bar(f"simulate {choices[0].name} (PP x{pp}, TP x{tp}, "
+                                         f"DP x{dp})") as update:
+            rows = pp_rows(choices[0].source, name=choices[0].name, seqs=seqs,
+                           batch_sizes=batch_sizes, strategies=names, pp=pp, dp=dp, tp=tp,
+                           sequence_parallel=sp, schedule=schedule, microbatches=m,
+                           virtual_stages=virtual_stages, dtype=dtype, optimizer=optimizer,
+                           device=device, update=update)
+        print_pp_rows(rows, json_out)
+        return
     check_tp(tp, sp, world_size, API)
     if tp > 1:
         with user_errors(), progress_bar(f"simulate {choices[0].name} (TP x{tp})"):

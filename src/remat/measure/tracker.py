@@ -484,6 +484,11 @@ class MemoryTracker(TorchDispatchMode):
         return self._ledger.peaks_by_phase()
 
     @property
+    def current_unit(self) -> str | None:
+        """The attribution unit (block or sub-module) the running op belongs to, or None."""
+        return self._attribution.current
+
+    @property
     def current_breakdown(self) -> dict[str, int]:
         """Bytes per kind now (non-zero kinds only)."""
         return {k: v for k, v in self._ledger.by_kind.items() if v}

@@ -13,8 +13,9 @@ from remat.models.llama import Llama, LlamaConfig
 
 ModelConfig = GPTConfig | LlamaConfig
 
-# The large presets ("gpt2-124m", "llama-1b", "llama-7b") are for simulation and planning:
-# build them under `with torch.device("meta"):` unless you mean to allocate them.
+# The large presets ("gpt2-124m", "llama-1b", "llama-7b", "llama-70b", "llama-405b") are for
+# simulation and planning: build them under `with torch.device("meta"):` unless you mean to
+# allocate them.
 PRESETS: dict[str, GPTConfig | LlamaConfig] = {
     "gpt-tiny": GPTConfig(vocab_size=256, n_layer=2, n_head=4, d_model=64, max_seq_len=32,
                           dropout=0.1),
@@ -33,6 +34,13 @@ PRESETS: dict[str, GPTConfig | LlamaConfig] = {
     # Llama-2-7B (meta-llama/Llama-2-7b-hf config.json): 6,738,415,616 params.
     "llama-7b": LlamaConfig(vocab_size=32000, n_layer=32, n_head=32, n_kv_head=32, d_model=4096,
                             d_ff=11008, max_seq_len=4096),
+    # Llama-3.1-70B (meta-llama/Llama-3.1-70B config.json): 70,553,706,496 params.
+    "llama-70b": LlamaConfig(vocab_size=128256, n_layer=80, n_head=64, n_kv_head=8, d_model=8192,
+                             d_ff=28672, max_seq_len=8192, rope_theta=500000.0),
+    # Llama-3.1-405B (meta-llama/Llama-3.1-405B config.json): 405,853,388,800 params.
+    "llama-405b": LlamaConfig(vocab_size=128256, n_layer=126, n_head=128, n_kv_head=8,
+                              d_model=16384, d_ff=53248, max_seq_len=8192,
+                              rope_theta=500000.0),
 }
 
 
@@ -76,7 +84,7 @@ def build_model(preset: str, **overrides: Any) -> nn.Module:
 
     Args:
         preset: a key of :data:`PRESETS` ("gpt-tiny", "gpt-small", "gpt2-124m", "llama-tiny",
-            "llama-small", "llama-1b", "llama-7b").
+            "llama-small", "llama-1b", "llama-7b", "llama-70b", "llama-405b").
         **overrides: config fields to replace, e.g. ``n_layer=4, dropout=0.0``.
 
     Returns:

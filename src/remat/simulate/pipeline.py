@@ -1,0 +1,505 @@
+"""Pipeline stages: what a schedule keeps in flight, and one pipeline rank's bytes.
+
+NOTE [ Micro-batches in flight ]
+    A pipeline of ``p`` ranks runs ``m`` micro-batches; with ``v`` virtual stages per
+    rank (interleaved schedules) the model is cut into ``p * v`` chunks of consecutive
+    blocks and rank ``r`` holds chunks ``r, r + p, ..., r + (v - 1) p``. Each rank runs
+    a list of actions, ``F`` (forward of one micro-batch through one chunk) and ``B``
+    (its backward). Between a chunk's ``F`` and ``B`` for a micro-batch, that chunk
+    keeps the micro-batch's saved activations, so a rank holds, at any point of its
+    list, the saved activations of every ``(chunk, micro-batch)`` forwarded and not yet
+    backwarded. The lists are those of ``torch.distributed.pipelining``:
+
+    * ``"gpipe"`` (``ScheduleGPipe``): all ``F`` then all ``B``: every rank holds ``m``.
+    * ``"1f1b"`` (``Schedule1F1B``): rank ``r`` runs ``min(m, p - r)`` forwards, then
+      alternates; it holds ``min(m, p - r)``: the first rank ``p`` (at ``m >= p``), the
+      last one.
+    * ``"interleaved-1f1b"`` (``ScheduleInterleaved1F1B``, Narayanan et al. 2021 with
+      PyTorch's rounds of ``m // max(1, m // p)`` micro-batches): rank ``r`` warms up
+      with ``min((v - 1) * round + 2 (p - 1 - r), m v)`` forwards, then alternates ``F``,
+      ``B``; it holds up to one more chunk-micro-batch than its warm-up.
+
+    :func:`schedule_actions` writes the lists (``tests/simulate/test_pipeline.py`` checks
+    them against PyTorch's own ``pipeline_order``); :func:`held_microbatches` counts the
+    most chunk-micro-batches a rank holds. The count is what a stage's plan must budget
+    for: its peak is the stage's static bytes, plus that many micro-batches' saved
+    activations, plus one backward's working set.
+
+NOTE [ Pipeline rank bytes ]
+    :func:`pipeline_rank_bytes` simulates one step of the whole model on one device
+    (fake tensors; one tensor-parallel rank's share when ``tp > 1``, NOTE [
+    Tensor-parallel bytes per rank ]) with every block and TP role module as an
+    attribution unit, and assigns each unit to its chunk: blocks by index; modules
+    outside the blocks to the first chunk when they come before the first block in
+    the model's module order (the embedding), to the last chunk otherwise (final norm,
+    head). Per chunk and micro-batch: the saved activations (what no unit holds, such as
+    the loss's, goes to the last chunk); its parameters, gradients and optimizer state
+    (the optimizer's state of each of its parameters, the per-element part split as
+    the parameter is under tensor parallelism; a tied
+    embedding and head count on both ends, as a pipeline holds both copies); and its
+    backward working set: the most bytes the step's backward and recompute held at
+    once while that chunk's units ran (the logits' gradient on the last chunk). A rank's
+    peak is the most, over its action list, of its static bytes plus every held
+    chunk-micro-batch's saved bytes, plus, at a ``B``, that chunk's working set. With
+    ``dp > 1`` (FSDP, ZeRO-3) the static bytes are sharded ``ceil(x / dp)`` and the
+    largest block of the rank's chunks is counted gathered (parameters and gradients).
+    Not modelled: point-to-point buffers, the stage inputs a rank receives and keeps
+    for its backward besides the first block's saved input, collective buffers.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+import torch
+from torch import nn
+
+from remat.errors import RematWarning, message
+
+Schedule = Literal["gpipe", "1f1b", "interleaved-1f1b"]
+SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", "interleaved-1f1b")
+API = "remat.simulate.pipeline_rank_bytes"
+
+
+@dataclass(frozen=True)
+class Action:
+    """One pipeline action: forward (``"F"``) or backward (``"B"``) of one micro-batch
+    through one chunk (``chunk = local_stage * stages + rank``)."""
+
+    chunk: int
+    kind: Literal["F", "B"]
+    microbatch: int
+
+
+def _check(api: str, schedule: str, stages: int, microbatches: int, virtual_stages: int) -> None:
+    if schedule not in SCHEDULES:
+        raise ValueError(message(api, f"unknown schedule {schedule!r}",
+                                 {"schedules": ", ".join(SCHEDULES)},
+                                 fix="pass one of those"))
+    for name, value in (("stages", stages), ("microbatches", microbatches),
+                        ("virtual_stages", virtual_stages)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(message(api, f"{name} must be a positive int", {name: value},
+                                     fix=f"pass {name}=1 or more"))
+    if schedule != "interleaved-1f1b" and virtual_stages != 1:
+        raise ValueError(message(api, f"{schedule} runs one stage per rank",
+                                 {"virtual_stages": virtual_stages},
+                                 fix="pass virtual_stages=1, or schedule='interleaved-1f1b'"))
+    if schedule == "interleaved-1f1b":
+        rounds = max(1, microbatches // stages)
+        if microbatches % rounds:
+            raise ValueError(message(
+                api, "interleaved 1F1B needs the micro-batches to be a multiple of its rounds",
+                {"microbatches": microbatches, "stages": stages,
+                 "rounds": f"{rounds} (max(1, microbatches // stages))"},
+                fix=f"pass microbatches={rounds * (microbatches // rounds)} or a multiple of "
+                    f"{stages}"))
+
+
+def _interleaved(rank: int, stages: int, microbatches: int, virtual: int) -> list[Action]:
+    rounds = max(1, microbatches // stages)
+    per_round = microbatches // rounds
+    total = virtual * microbatches
+    warmup = min((virtual - 1) * per_round + 2 * (stages - 1 - rank), total)
+
+    def forward_chunk(step: int) -> int:
+        return ((step // per_round) % virtual) * stages + rank
+
+    def backward_chunk(step: int) -> int:
+        return (virtual - 1 - ((step - warmup) // per_round) % virtual) * stages + rank
+
+    fwd: dict[int, int] = {}
+    bwd: dict[int, int] = {}
+    out: list[Action] = []
+
+    def add(kind: Literal["F", "B"], chunk: int) -> None:
+        counter = fwd if kind == "F" else bwd
+        out.append(Action(chunk, kind, counter.get(chunk, 0)))
+        counter[chunk] = counter.get(chunk, 0) + 1
+
+    for step in range(total + warmup):
+        if step < warmup:
+            add("F", forward_chunk(step))
+        elif step < total:
+            add("F", forward_chunk(step))
+            add("B", backward_chunk(step))
+        else:
+            add("B", backward_chunk(step))
+    return out
+
+
+def schedule_actions(schedule: str, *, stages: int, microbatches: int,
+                     virtual_stages: int = 1) -> tuple[tuple[Action, ...], ...]:
+    """Each pipeline rank's actions in the order it runs them (idle slots left out).
+
+    Args:
+        schedule: ``"gpipe"``, ``"1f1b"`` or ``"interleaved-1f1b"``.
+        stages: pipeline ranks ``p``.
+        microbatches: micro-batches per step ``m``.
+        virtual_stages: chunks per rank ``v`` (interleaved only). Default: 1.
+
+    Returns:
+        One tuple of :class:`Action` per rank.
+
+    Example:
+        >>> [a.kind for a in schedule_actions("1f1b", stages=2, microbatches=3)[0]]
+        ['F', 'F', 'B', 'F', 'B', 'B']
+    """
+    _check("remat.simulate.schedule_actions", schedule, stages, microbatches, virtual_stages)
+    ranks: list[tuple[Action, ...]] = []
+    for rank in range(stages):
+        if schedule == "interleaved-1f1b":
+            ranks.append(tuple(_interleaved(rank, stages, microbatches, virtual_stages)))
+            continue
+        fwd = [Action(rank, "F", i) for i in range(microbatches)]
+        bwd = [Action(rank, "B", i) for i in range(microbatches)]
+        if schedule == "gpipe":
+            ranks.append(tuple(fwd + bwd))
+            continue
+        warmup = min(microbatches, stages - rank)
+        order = fwd[:warmup]
+        for i in range(microbatches - warmup):
+            order += [bwd[i], fwd[warmup + i]]
+        ranks.append(tuple(order + bwd[microbatches - warmup:]))
+    return tuple(ranks)
+
+
+def held_microbatches(schedule: str, *, stages: int, microbatches: int,
+                      virtual_stages: int = 1) -> tuple[int, ...]:
+    """Per pipeline rank, the most chunk-micro-batches forwarded and not yet backwarded.
+
+    NOTE [ Micro-batches in flight ]. Under ``"1f1b"`` this is ``min(m, p - r)``; under
+    ``"gpipe"`` ``m``. A stage planned for one micro-batch holds this many times its
+    saved activations at once, so its plan must budget for that count (the trade-off
+    of a deeper pipeline: fewer bubbles, more activations held on the first ranks).
+
+    Args:
+        schedule: ``"gpipe"``, ``"1f1b"`` or ``"interleaved-1f1b"``.
+        stages: pipeline ranks ``p``.
+        microbatches: micro-batches per step ``m``.
+        virtual_stages: chunks per rank ``v`` (interleaved only; each unit is one
+            chunk, ``1/v`` of the rank's blocks). Default: 1.
+
+    Example:
+        >>> held_microbatches("1f1b", stages=4, microbatches=8)
+        (4, 3, 2, 1)
+    """
+    out = []
+    for actions in schedule_actions(schedule, stages=stages, microbatches=microbatches,
+                                    virtual_stages=virtual_stages):
+        held = most = 0
+        for action in actions:
+            held += 1 if action.kind == "F" else -1
+            most = max(most, held)
+        out.append(most)
+    return tuple(out)
+
+
+def chunk_blocks(n_blocks: int, chunks: int) -> tuple[range, ...]:
+    """Consecutive block indices per chunk, as even as possible (earlier chunks get the
+    remainder), as torchtitan's even split does.
+
+    Example:
+        >>> chunk_blocks(5, 2)
+        (range(0, 3), range(3, 5))
+    """
+    if chunks > n_blocks:
+        raise ValueError(message(API, "more pipeline chunks than blocks",
+                                 {"blocks": n_blocks, "chunks (stages x virtual stages)": chunks},
+                                 fix="use fewer stages or virtual stages"))
+    base, extra = divmod(n_blocks, chunks)
+    out, start = [], 0
+    for c in range(chunks):
+        size = base + (1 if c < extra else 0)
+        out.append(range(start, start + size))
+        start += size
+    return tuple(out)
+
+
+# ---- bytes per rank ----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class StageBytes:
+    """One pipeline rank's bytes (NOTE [ Pipeline rank bytes ]; all bytes are per rank).
+
+    Args:
+        rank: pipeline rank.
+        blocks: block indices on this rank (all its chunks).
+        held_microbatches: most chunk-micro-batches held at once.
+        param_bytes, grad_bytes, optimizer_bytes: static bytes (sharded with ``dp``).
+        activation_bytes: saved activations of one micro-batch through the rank's chunks.
+        peak_bytes: the rank's peak over its schedule.
+        recompute_ms: roofline time of the recompute of one micro-batch through the
+            rank's chunks on ``device``, ms.
+    """
+
+    rank: int
+    blocks: tuple[int, ...]
+    held_microbatches: int
+    param_bytes: int
+    grad_bytes: int
+    optimizer_bytes: int
+    activation_bytes: int
+    peak_bytes: int
+    recompute_ms: float
+
+    def __post_init__(self) -> None:
+        sizes = (self.param_bytes, self.grad_bytes, self.optimizer_bytes,
+                 self.activation_bytes, self.peak_bytes, self.held_microbatches)
+        if self.rank < 0 or min(sizes) < 0 or self.recompute_ms < 0:
+            raise ValueError(message("StageBytes", "rank and sizes must be >= 0",
+                                     {"rank": self.rank, "sizes": sizes},
+                                     fix="pass the figures of one pipeline rank"))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields as a JSON-ready dict."""
+        out = asdict(self)
+        out["blocks"] = list(self.blocks)
+        return out
+
+
+@dataclass
+class _Chunk:
+    saved: int = 0
+    work: int = 0
+    params: int = 0
+    grads: int = 0
+    state: int = 0
+    largest_block: int = 0
+    recompute_ms: float = 0.0
+
+
+def _join(prefix: str, name: str) -> str:
+    return f"{prefix}.{name}" if name else prefix
+
+
+def _unit_chunk(model: nn.Module, blocks: Sequence[str],
+                ranges: Sequence[range]) -> Callable[[str | None], int]:
+    """Map an attribution unit (or a module name) to its chunk."""
+    chunk_of_block = {name: c for c, r in enumerate(ranges) for i in r
+                      for name in (blocks[i],)}
+    order = {name: i for i, (name, _) in enumerate(model.named_modules())}
+    first = order.get(blocks[0], 0)
+    last = len(ranges) - 1
+
+    def find(unit: str | None) -> int:
+        if unit is None:
+            return last
+        name = unit
+        while name:
+            if name in chunk_of_block:
+                return chunk_of_block[name]
+            name = name.rpartition(".")[0]
+        return 0 if order.get(unit, first + 1) < first else last
+    return find
+
+
+def _state_by_parameter(model: nn.Module, optimizer: Any) -> dict[int, tuple[int, int]]:
+    """Per trainable parameter of ``model`` (by id): the optimizer's per-element state
+    bytes and its scalar state bytes (step counters), from the warmed-up fake copy's
+    optimizer, whose parameters are the model's trainable ones in the same order."""
+    if optimizer is None:
+        return {}
+    ours = [p for p in dict.fromkeys(model.parameters()) if p.requires_grad]
+    theirs = [p for group in optimizer.param_groups for p in group["params"]]
+    out: dict[int, tuple[int, int]] = {}
+    for mine, fake in zip(ours, theirs, strict=False):
+        values = [v for v in optimizer.state.get(fake, {}).values()
+                  if isinstance(v, torch.Tensor)]
+        out[id(mine)] = (sum(v.numel() * v.element_size() for v in values if v.dim() > 0),
+                         sum(v.numel() * v.element_size() for v in values if v.dim() == 0))
+    return out
+
+
+def _tracked(setup: Any, strategy: str, batch_size: int, seq_len: int,
+             units: Callable[[nn.Module], list[tuple[str, nn.Module]]],
+             chunk_of: Callable[[str | None], int] | None, chunks: list[_Chunk]) -> Any:
+    """One simulated step, every unit attributed; records each chunk's backward working set."""
+    from remat.measure.profile import WarmFake
+    from remat.measure.step import Step, batch_tensors, clear_grads
+    from remat.measure.tracked_step import Tracked, held_gc
+    from remat.measure.tracker import MemoryTracker
+    from remat.simulate._setup import Autocast
+    from remat.strategies import apply, remove
+
+    batch = setup.batch_fn(batch_size, seq_len)
+    warm = WarmFake(Step(setup.model, batch, loss_fn=setup.loss_fn,
+                         optimizer=setup.optimizer, blocks=setup.blocks), batch, prepare=remove)
+    inner = warm.model.model if isinstance(warm.model, Autocast) else warm.model
+    apply(inner, strategy)
+    fstep = warm._step(batch)
+    tracker = MemoryTracker(device=fstep.device, blocks=units(inner))
+
+    def after_op() -> None:
+        if chunk_of is None or tracker.phase not in ("backward", "recompute"):
+            return
+        now = tracker.current_breakdown
+        chunk = chunks[chunk_of(tracker.current_unit)]
+        chunk.work = max(chunk.work, now.get("backward", 0) + now.get("recompute", 0))
+
+    tracker.after_op = after_op
+    with warm.mode, warnings.catch_warnings():
+        warnings.simplefilter("ignore", RematWarning)  # recompute re-enters the units' hooks
+        clear_grads(warm.model)
+        tracker.register_model(fstep.model)
+        if fstep.optimizer is not None:
+            tracker.register_optimizer(fstep.optimizer)
+        tracker.register(batch_tensors(fstep.batch), "batch")
+        static = tracker.current_breakdown
+
+        def on_phase(phase: str) -> None:
+            if phase != "end":
+                tracker.set_phase(phase)
+
+        with held_gc(), tracker:
+            fstep.run(on_phase)
+    return Tracked(tracker, static, 0), warm.optimizer
+
+
+def pipeline_rank_bytes(model: Any, *, seq_len: int, batch_size: int, stages: int,
+                        microbatches: int, schedule: str = "1f1b", virtual_stages: int = 1,
+                        tp: int = 1, sequence_parallel: bool = False, dp: int = 1,
+                        strategy: str = "none", dtype: str = "bf16",
+                        optimizer: str = "adamw",
+                        device: str = "h100-80gb") -> tuple[StageBytes, ...]:
+    """Each pipeline rank's static, activation and peak bytes under a schedule.
+
+    One simulated step of the whole model on one device (fake tensors, nothing
+    allocated), split into chunks and replayed over the schedule's action lists
+    (NOTE [ Pipeline rank bytes ], NOTE [ Micro-batches in flight ]). Cheap (one step
+    whatever the degrees), but arithmetic on that step: collective and point-to-point
+    buffers are not in it, so keep a margin.
+
+    Args:
+        model: a preset name, a factory (called on the meta device) or a module.
+        seq_len: tokens per sequence.
+        batch_size: sequences per micro-batch.
+        stages: pipeline ranks ``p``.
+        microbatches: micro-batches per step ``m``.
+        schedule: ``"gpipe"``, ``"1f1b"`` or ``"interleaved-1f1b"``. Default: ``"1f1b"``.
+        virtual_stages: chunks per rank (interleaved only). Default: 1.
+        tp: tensor-parallel degree within each stage. Default: 1.
+        sequence_parallel: with ``tp > 1``. Default: ``False``.
+        dp: data-parallel (FSDP) degree over pipeline replicas. Default: 1.
+        strategy: remat strategy applied to every block. Default: ``"none"``.
+        dtype: precision (see :data:`remat.simulate.PRECISIONS`). Default: ``"bf16"``.
+        optimizer: ``"adamw"``, ``"adam"``, ``"sgd"`` or ``"none"``. Default: ``"adamw"``.
+        device: device whose roofline prices the recompute. Default: ``"h100-80gb"``.
+
+    Returns:
+        One :class:`StageBytes` per pipeline rank.
+
+    Example:
+        >>> ranks = pipeline_rank_bytes("llama-7b", seq_len=4096, batch_size=1, stages=4,
+        ...                             microbatches=8, strategy="full")  # doctest: +SKIP
+        >>> [r.held_microbatches for r in ranks]  # doctest: +SKIP
+        [4, 3, 2, 1]
+    """
+    from remat.blocks import named_blocks
+    from remat.devices import get_device
+    from remat.measure.roofline import op_roofline_ms
+    from remat.simulate._setup import build_model, check_ints, make_setup
+    from remat.simulate.precision import get_precision
+    from remat.simulate.tensor_parallel import (
+        _param_rank_bytes,
+        _shard,
+        split_activations,
+        tp_roles,
+    )
+
+    _check(API, schedule, stages, microbatches, virtual_stages)
+    check_ints(API, "seq_len, batch_size, tp and dp", (seq_len, batch_size, tp, dp))
+    inner, _ = build_model(model, seq_len)
+    setup = make_setup(inner, precision=get_precision(dtype), optimizer=optimizer,
+                       device=get_device("h100-80gb"), world_size=1, sharding="none",
+                       blocks=None, loss_fn=None, batch_fn=None)
+    roles = tp_roles(inner, sequence_parallel=sequence_parallel) if tp > 1 else {}
+    blocks = [n for n, _ in named_blocks(inner, None, api=API)]
+    n_chunks = stages * virtual_stages
+    ranges = chunk_blocks(len(blocks), n_chunks)
+    chunk_of = _unit_chunk(inner, blocks, ranges)
+    chunks = [_Chunk() for _ in range(n_chunks)]
+
+    def units(m: nn.Module) -> list[tuple[str, nn.Module]]:
+        modules = dict(m.named_modules())
+        names = set(roles) | set(blocks)
+        names |= {n for n, _ in m.named_children() if n not in names
+                  and not any(b.startswith(n + ".") for b in blocks)}
+        return [(n, modules[n]) for n in sorted(names, key=len) if n in modules]
+
+    tracked, fake_optimizer = _tracked(setup, strategy, batch_size, seq_len, units, chunk_of,
+                                       chunks)
+    tracker = tracked.tracker
+    saved = tracker.block_saved_bytes
+    by_chunk: list[dict[str, int]] = [{} for _ in range(n_chunks)]
+    for unit, nbytes in saved.items():
+        by_chunk[chunk_of(unit)][unit] = nbytes
+    rest = tracker.activation_bytes - sum(saved.values())
+    for c, part in enumerate(by_chunk):
+        total = sum(part.values()) + (rest if c == n_chunks - 1 else 0)
+        chunks[c].saved = split_activations(part, roles, blocks, {}, total_bytes=total, t=tp,
+                                            sequence_parallel=sequence_parallel)
+        if tp > 1 and tracker.activation_bytes:
+            chunks[c].work = _shard(chunks[c].work * chunks[c].saved, max(total, 1))
+    spec = get_device(device)
+    for op in tracker.ops:
+        if op.phase == "recompute":
+            chunks[chunk_of(op.block)].recompute_ms += op_roofline_ms(op, spec) / tp
+
+    state_of = _state_by_parameter(inner, fake_optimizer)
+    sgd = optimizer.lower() == "sgd"
+    block_index = {name: i for i, name in enumerate(blocks)}
+    for name, module in inner.named_modules():
+        c = chunk_of(name)
+        for p_name, p in module.named_parameters(recurse=False):
+            rank_bytes = _param_rank_bytes(p, roles.get(name), p_name, tp)
+            chunks[c].params += rank_bytes
+            if p.requires_grad:
+                grad_bytes = _param_rank_bytes(p, roles.get(name), p_name, tp, True)
+                chunks[c].grads += grad_bytes
+                # per-element state follows its parameter (SGD's momentum: its gradient)
+                moments, scalars = state_of.get(id(p), (0, 0))
+                like = grad_bytes if sgd else rank_bytes
+                chunks[c].state += scalars + _shard(moments * like,
+                                                    max(p.numel() * p.element_size(), 1))
+        if name in block_index:
+            block_bytes = sum(_param_rank_bytes(p, roles.get(_join(name, sub)), p_name, tp)
+                              for sub, m in module.named_modules()
+                              for p_name, p in m.named_parameters(recurse=False))
+            chunks[c].largest_block = max(chunks[c].largest_block, block_bytes)
+
+    actions = schedule_actions(schedule, stages=stages, microbatches=microbatches,
+                               virtual_stages=virtual_stages)
+    counts = held_microbatches(schedule, stages=stages, microbatches=microbatches,
+                               virtual_stages=virtual_stages)
+    out = []
+    for rank, rank_actions in enumerate(actions):
+        mine = [c for c in range(n_chunks) if c % stages == rank]
+        params = sum(chunks[c].params for c in mine)
+        grads = sum(chunks[c].grads for c in mine)
+        state = sum(chunks[c].state for c in mine)
+        gathered = 0
+        if dp > 1:
+            gathered = max(chunks[c].largest_block for c in mine)
+            params, grads, state = _shard(params, dp), _shard(grads, dp), _shard(state, dp)
+            gathered *= 2  # the running block's parameters and gradients, unsharded
+        static = params + grads + state + gathered
+        held: dict[int, int] = {}
+        peak = static
+        for action in rank_actions:
+            if action.kind == "F":
+                held[action.chunk] = held.get(action.chunk, 0) + 1
+            live = sum(n * chunks[c].saved for c, n in held.items())
+            work = chunks[action.chunk].work if action.kind == "B" else 0
+            peak = max(peak, static + live + work)
+            if action.kind == "B":
+                held[action.chunk] -= 1
+        out.append(StageBytes(
+            rank=rank, blocks=tuple(i for c in mine for i in ranges[c]),
+            held_microbatches=counts[rank], param_bytes=params, grad_bytes=grads,
+            optimizer_bytes=state, activation_bytes=sum(chunks[c].saved for c in mine),
+            peak_bytes=peak, recompute_ms=sum(chunks[c].recompute_ms for c in mine)))
+    return tuple(out)

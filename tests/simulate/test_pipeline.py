@@ -1,0 +1,164 @@
+"""Pipeline schedules (what each rank holds in flight) and bytes per pipeline rank."""
+
+from __future__ import annotations
+
+import json
+import types
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+from remat.cli import app
+from remat.models import build_model
+from remat.simulate.pipeline import (
+    chunk_blocks,
+    held_microbatches,
+    pipeline_rank_bytes,
+    schedule_actions,
+)
+from remat.simulate.tensor_parallel import tp_rank_bytes
+
+schedules = pytest.importorskip("torch.distributed.pipelining.schedules")
+
+
+def _torch_actions(order: list[Any]) -> list[tuple[int, str]]:
+    kinds = {schedules._ComputationType.FORWARD: "F",
+             schedules._ComputationType.FULL_BACKWARD: "B"}
+    return [(a.stage_index, kinds[a.computation_type]) for a in order
+            if a is not None and a.computation_type in kinds]
+
+
+@pytest.mark.parametrize(("p", "m", "v"), [(2, 4, 2), (4, 8, 2), (4, 3, 2), (2, 6, 3),
+                                           (3, 6, 2), (4, 16, 4)])
+def test_interleaved_lists_are_pytorchs(p: int, m: int, v: int) -> None:
+    cls = schedules.ScheduleInterleaved1F1B
+    if not hasattr(cls, "_calculate_single_rank_operations"):
+        pytest.skip("this torch has no per-rank interleaved order to compare with")
+    fake = types.SimpleNamespace(n_local_stages=v, microbatches_per_round=m // max(1, m // p),
+                                 pp_group_size=p, _n_microbatches=m)
+    ours = schedule_actions("interleaved-1f1b", stages=p, microbatches=m, virtual_stages=v)
+    for rank in range(p):
+        theirs = cls._calculate_single_rank_operations(fake, rank)
+        assert [(a.chunk, a.kind) for a in ours[rank]] == _torch_actions(theirs)
+        # and the micro-batch indices run in order per chunk
+        assert [a.microbatch for a in ours[rank]] == [a.microbatch_index for a in theirs
+                                                      if a is not None]
+
+
+@pytest.mark.parametrize("name", ["gpipe", "1f1b"])
+@pytest.mark.parametrize(("p", "m"), [(4, 8), (2, 5), (3, 3)])
+def test_single_stage_lists_have_pytorchs_order(name: str, p: int, m: int) -> None:
+    cls = {"gpipe": schedules.ScheduleGPipe, "1f1b": schedules.Schedule1F1B}[name]
+    if not hasattr(cls, "_get_pipeline_order"):
+        pytest.skip("this torch has no pipeline_order for single-stage schedules")
+    theirs = cls._get_pipeline_order(types.SimpleNamespace(_num_stages=p, _n_microbatches=m))
+    ours = schedule_actions(name, stages=p, microbatches=m)
+    for rank in range(p):
+        # 1F1B's IR writes F-then-B pairs after p - 1 - r forwards; the runtime runs
+        # p - r forwards then B-then-F pairs: the same sequence of kinds
+        assert [(a.chunk, a.kind) for a in ours[rank]] == _torch_actions(theirs[rank])
+
+
+@settings(max_examples=60, deadline=None)
+@given(p=st.integers(1, 8), m=st.integers(1, 24))
+def test_held_microbatches_closed_forms(p: int, m: int) -> None:
+    assert held_microbatches("1f1b", stages=p, microbatches=m) == tuple(
+        min(m, p - r) for r in range(p))
+    assert held_microbatches("gpipe", stages=p, microbatches=m) == (m,) * p
+    for actions in schedule_actions("1f1b", stages=p, microbatches=m):
+        forwards = [a.microbatch for a in actions if a.kind == "F"]
+        backwards = [a.microbatch for a in actions if a.kind == "B"]
+        assert forwards == backwards == list(range(m))
+        assert all(actions.index(type(a)(a.chunk, "F", a.microbatch)) < i
+                   for i, a in enumerate(actions) if a.kind == "B")
+
+
+@settings(max_examples=40, deadline=None)
+@given(p=st.integers(1, 6), rounds=st.integers(1, 3), v=st.integers(1, 4))
+def test_interleaved_every_chunk_forwards_before_backward(p: int, rounds: int, v: int) -> None:
+    m = p * rounds
+    ranks = schedule_actions("interleaved-1f1b", stages=p, microbatches=m, virtual_stages=v)
+    for rank, actions in enumerate(ranks):
+        assert len(actions) == 2 * m * v
+        seen: set[tuple[int, int]] = set()
+        for a in actions:
+            assert a.chunk % p == rank
+            if a.kind == "F":
+                seen.add((a.chunk, a.microbatch))
+            else:
+                assert (a.chunk, a.microbatch) in seen
+    held = held_microbatches("interleaved-1f1b", stages=p, microbatches=m, virtual_stages=v)
+    assert held == tuple(sorted(held, reverse=True)) and max(held) <= m * v
+
+
+def test_bad_schedules_raise() -> None:
+    with pytest.raises(ValueError, match="unknown schedule"):
+        held_microbatches("zigzag", stages=2, microbatches=2)
+    with pytest.raises(ValueError, match="one stage per rank"):
+        held_microbatches("1f1b", stages=2, microbatches=2, virtual_stages=2)
+    with pytest.raises(ValueError, match="multiple of its rounds"):
+        held_microbatches("interleaved-1f1b", stages=2, microbatches=5, virtual_stages=2)
+    with pytest.raises(ValueError, match="more pipeline chunks than blocks"):
+        chunk_blocks(3, 4)
+    assert chunk_blocks(7, 3) == (range(3), range(3, 5), range(5, 7))
+
+
+def _tiny() -> Any:
+    return build_model("llama-tiny", n_layer=4)
+
+
+def test_ranks_split_the_one_device_step_exactly() -> None:
+    one = tp_rank_bytes(_tiny, seq_len=16, batch_size=2, tp=1, dtype="fp32")
+    ranks = pipeline_rank_bytes(_tiny, seq_len=16, batch_size=2, stages=2, microbatches=4,
+                                dtype="fp32")
+    assert [r.blocks for r in ranks] == [(0, 1), (2, 3)]
+    assert [r.held_microbatches for r in ranks] == [2, 1]
+    assert sum(r.param_bytes for r in ranks) == one.param_bytes
+    assert sum(r.grad_bytes for r in ranks) == one.grad_bytes
+    assert sum(r.optimizer_bytes for r in ranks) == pytest.approx(one.optimizer_bytes, abs=16)
+    assert sum(r.activation_bytes for r in ranks) == one.device_activation_bytes
+    for r in ranks:
+        static = r.param_bytes + r.grad_bytes + r.optimizer_bytes
+        assert r.peak_bytes >= static + r.held_microbatches * r.activation_bytes
+    # GPipe holds all four micro-batches on both ranks
+    gpipe = pipeline_rank_bytes(_tiny, seq_len=16, batch_size=2, stages=2, microbatches=4,
+                                schedule="gpipe", dtype="fp32")
+    assert gpipe[0].peak_bytes - ranks[0].peak_bytes == 2 * ranks[0].activation_bytes
+    # FSDP over two pipeline replicas: shards, plus the running block gathered
+    dp = pipeline_rank_bytes(_tiny, seq_len=16, batch_size=2, stages=2, microbatches=4,
+                             dp=2, dtype="fp32")
+    assert dp[0].param_bytes == -(-ranks[0].param_bytes // 2)
+    assert dp[0].activation_bytes == ranks[0].activation_bytes
+
+
+def test_full_recompute_holds_less_and_costs_recompute() -> None:
+    none = pipeline_rank_bytes(_tiny, seq_len=16, batch_size=2, stages=2, microbatches=4)
+    full = pipeline_rank_bytes(_tiny, seq_len=16, batch_size=2, stages=2, microbatches=4,
+                               strategy="full")
+    for n, f in zip(none, full, strict=True):
+        assert f.activation_bytes < n.activation_bytes
+        assert n.recompute_ms == 0 < f.recompute_ms
+
+
+def test_cli_pipeline_table_and_errors() -> None:
+    runner = CliRunner()
+    result = runner.invoke(app, ["simulate", "--model", "llama-tiny", "--seq", "16", "--batch",
+                                 "1", "--strategies", "none,full", "--pp", "2",
+                                 "--json", "-"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert len(data["pipeline"]) == 4  # 2 strategies x 2 ranks
+    assert [r["held_microbatches"] for r in data["stage_plans"]] == [2, 1]
+    assert all(r["strategy"] == "none" for r in data["stage_plans"])  # everything fits
+    table = runner.invoke(app, ["simulate", "--model", "llama-tiny", "--seq", "16", "--batch",
+                                "1", "--strategies", "full", "--pp", "2"])
+    assert table.exit_code == 0 and "Plan per stage" in table.output
+    bad = runner.invoke(app, ["simulate", "--model", "llama-tiny", "--pp", "2", "--dp", "2",
+                              "--world-size", "2"])
+    assert bad.exit_code == 2 and "--dp and --world-size both given" in bad.output
+    bad = runner.invoke(app, ["simulate", "--model", "llama-tiny", "--pp", "2",
+                              "--virtual-stages", "2"])
+    assert bad.exit_code == 2 and "needs an interleaved schedule" in bad.output
