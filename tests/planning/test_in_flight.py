@@ -63,3 +63,17 @@ def test_microbatches_in_flight_is_validated() -> None:
     for bad in (0, -1, 1.5, True):
         with pytest.raises(ValueError, match="microbatches_in_flight"):
             Step(stage, ids, microbatches_in_flight=bad)  # type: ignore[arg-type]
+
+
+def test_plan_stage_counts_the_schedule() -> None:
+    from remat.integrations.pipeline import plan_stage, stage_in_flight
+
+    counts = {s: [stage_in_flight(s, stage_index=i, stages=2, microbatches=4) for i in (0, 1)]
+              for s in ("gpipe", "1f1b")}
+    assert counts == {"gpipe": [4, 4], "1f1b": [2, 1]}  # m; min(m, p - s)
+    stage, ids = _stage()
+    plan = plan_stage(stage, ids, budget="100%", schedule="1f1b", stage_index=0, stages=2,
+                      microbatches=4)
+    k2 = prepare(stage, ids, loss_fn=StageLoss(accumulating=True), microbatches_in_flight=2)
+    assert plan.no_checkpoint_peak_bytes == k2.no_checkpoint_peak_bytes
+    assert plan.measured_peak_bytes == plan.no_checkpoint_peak_bytes
