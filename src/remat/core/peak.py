@@ -149,12 +149,30 @@ class PeakModel(Generic[C]):
         tables: per block (forward order), its candidates (any :class:`CandidateLike`).
         block_names: the blocks' qualified names.
         reference_peak_bytes: the measured peak of the calibration step (no checkpointing).
+        held_copies: other micro-batches held through every window but ``optimizer``
+            (a pipeline stage with ``held_copies + 1`` in flight, NOTE [ Micro-batches in
+            flight ] in planning/in_flight.py). Default: 0.
+        held_bytes: what each held copy keeps besides its blocks' saved bytes, bytes.
+            Default: 0.
     """
 
     windows: tuple[Window, ...]
     tables: tuple[tuple[C, ...], ...]
     block_names: tuple[str, ...]
     reference_peak_bytes: int
+    held_copies: int = 0
+    held_bytes: int = 0
+
+    def __post_init__(self) -> None:
+        if self.held_copies < 0 or self.held_bytes < 0:
+            raise ValueError(message("PeakModel", "held_copies and held_bytes must be >= 0",
+                                     {"held_copies": self.held_copies,
+                                      "held_bytes": self.held_bytes},
+                                     fix="pass the micro-batches in flight minus one"))
+
+    def holds(self, window: Window) -> bool:
+        """Whether the held copies are alive in ``window`` (all but the optimizer's)."""
+        return self.held_copies > 0 and window.label != "optimizer"
 
     @classmethod
     def calibrate(cls, groups: Sequence[CandidateGroup[C]], block_names: Sequence[str],
@@ -184,10 +202,12 @@ class PeakModel(Generic[C]):
         prefix_sums = [0]
         for cand in chosen:
             prefix_sums.append(prefix_sums[-1] + cand.saved_bytes)
+        held = self.held_copies * (self.held_bytes + prefix_sums[-1])
         out: dict[str, int] = {}
         for w in self.windows:
             own = w.own_bytes(chosen[w.block]) if w.block is not None else 0
-            out[w.label] = w.constant_bytes + prefix_sums[w.prefix] + own
+            out[w.label] = w.constant_bytes + prefix_sums[w.prefix] + own + \
+                (held if self.holds(w) else 0)
         return out
 
     def predict(self, choice: Sequence[int]) -> int:

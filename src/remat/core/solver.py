@@ -79,6 +79,11 @@ def _window_rows(model: PeakModel, offsets: list[int]
         for j in range(window.prefix):
             for c, cand in enumerate(model.tables[j]):
                 rows[r, offsets[j] + c] += cand.saved_bytes
+        if model.holds(window):  # micro-batches in flight hold every block's saved bytes
+            constants[r] += model.held_copies * model.held_bytes
+            for j, table in enumerate(model.tables):
+                for c, cand in enumerate(table):
+                    rows[r, offsets[j] + c] += model.held_copies * cand.saved_bytes
         if window.block is not None:
             b = window.block
             for c, cand in enumerate(model.tables[b]):
@@ -137,7 +142,10 @@ def _dp_tables(model: PeakModel, budget_bytes: int
                ) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray], np.ndarray] | None:
     """Per block: saved bytes, costs (ps), the largest ``S_p`` each candidate allows;
     per prefix p (0..L): the largest ``S_p`` windows without a block allow.
-    ``None`` when a window does not have the prefix form (block == prefix)."""
+    ``None`` when a window does not have the prefix form (block == prefix), or the
+    model holds other micro-batches (every window then reads every block)."""
+    if model.held_copies:
+        return None
     n = model.num_blocks
     caps = np.full(n + 1, _BIG, dtype=np.int64)
     slack = [np.full(len(t), _BIG, dtype=np.int64) for t in model.tables]
@@ -216,6 +224,8 @@ def _solve_dp(model: PeakModel, budget_bytes: int) -> list[int] | None:
 def _min_peak_dp(model: PeakModel) -> int | None:
     """The smallest predicted peak of any choice, by the same front with the running
     peak in place of the cost; ``None`` when a window lacks the prefix form."""
+    if model.held_copies:
+        return None
     n = model.num_blocks
     floor = np.full(n + 1, -_BIG, dtype=np.int64)  # no-block windows: constant per prefix
     high = [np.full(len(t), -_BIG, dtype=np.int64) for t in model.tables]

@@ -81,6 +81,85 @@ def default_loss(output: Any, *, api: str = "remat.run_step") -> Tensor:
         fix="pass loss_fn=lambda output, batch: ..."))
 
 
+@dataclass(frozen=True)
+class StageLoss:
+    """The ``loss_fn`` of a pipeline stage: the stage's output stays alive until its backward.
+
+    A ``torch.distributed.pipelining`` stage keeps each micro-batch's output in its
+    forward cache until that micro-batch's backward (``PipelineStage.fwd_cache``), so
+    its output costs memory that :func:`run_step` (which drops the output once the
+    loss exists) does not hold. A stage that is not the last has no loss at all: its
+    backward starts from the gradient the next stage sends, a tensor of the output's
+    shape that arrives when the backward starts. ``StageLoss`` makes a step run that
+    way: the output is held until the backward; without ``loss_fn`` the backward is
+    ``torch.autograd.backward(output, ones_like(output))`` with the gradient allocated
+    at that moment, as the pipeline's received gradient is.
+
+    In 1F1B's steady state a stage runs its forwards after an earlier micro-batch's
+    backward, so every gradient already exists while its micro-batches are in flight;
+    ``accumulating=True`` starts the step that way (each missing ``.grad`` allocated as
+    zeros before the first forward; the backwards then accumulate into them).
+
+    Args:
+        loss_fn: ``loss_fn(output, batch) -> scalar`` of the last stage; ``None`` for a
+            stage whose output is a hidden state. Default: ``None``.
+        accumulating: the gradients exist before the forwards. Default: ``False``.
+
+    Example:
+        >>> run_step(first_stage, tokens, loss_fn=StageLoss())   # output (B, T, D)
+        >>> run_step(last_stage, hidden, loss_fn=StageLoss(lambda out, _: out.mean()))
+    """
+
+    loss_fn: LossFn | None = None
+    accumulating: bool = False
+
+    def __call__(self, output: Any, batch: Any) -> Tensor:
+        """The scalar loss, or for a hidden-state stage the output tensor itself."""
+        if self.loss_fn is not None:
+            return self.loss_fn(output, batch)
+        if isinstance(output, Tensor):
+            return output
+        first = output[0] if isinstance(output, (tuple, list)) and output else None
+        if isinstance(first, Tensor):
+            return first
+        raise TypeError(message(
+            "remat.run_step", f"a pipeline stage's output of type {type(output).__name__} "
+            "has no tensor to backpropagate from",
+            fix="return a tensor (or a tuple starting with one) from the stage's forward"))
+
+
+def forward_held(model: nn.Module, batch: Any, loss_fn: LossFn | None) -> tuple[Tensor, Any]:
+    """One forward of :func:`run_step`: the tensor its backward starts from (the loss, or
+    a :class:`StageLoss` stage's output) and what stays alive until then (the output)."""
+    output = call_model(model, batch)
+    loss = loss_fn(output, batch) if loss_fn is not None else default_loss(output)
+    if isinstance(loss_fn, StageLoss) and loss_fn.loss_fn is None:
+        if not loss.requires_grad:
+            raise ValueError(message(
+                "remat.run_step", "the stage's output does not require grad, so there is "
+                "nothing to backpropagate", fix="unfreeze the stage's parameters"))
+        return loss, output
+    if not isinstance(loss, Tensor) or loss.numel() != 1:
+        raise ValueError(message(
+            "remat.run_step", "the loss must be a scalar Tensor",
+            {"found": f"{type(loss).__name__}"
+                      f"{tuple(loss.shape) if isinstance(loss, Tensor) else ''}"},
+            fix="return a scalar from loss_fn (e.g. reduce it with .mean())"))
+    if not loss.requires_grad:
+        raise ValueError(message(
+            "remat.run_step", "the loss does not require grad, so there is nothing to "
+            "backpropagate", fix="unfreeze parameters, or do not detach in loss_fn"))
+    return loss, output if isinstance(loss_fn, StageLoss) else None
+
+
+def _backward(root: Tensor, loss_fn: LossFn | None) -> None:
+    if isinstance(loss_fn, StageLoss) and loss_fn.loss_fn is None:
+        # The next stage's gradient, allocated as it arrives (see StageLoss).
+        torch.autograd.backward(root, torch.ones_like(root))
+    else:
+        root.backward()
+
+
 def run_step(
     model: nn.Module,
     batch: Any,
@@ -88,6 +167,7 @@ def run_step(
     loss_fn: LossFn | None = None,
     optimizer: torch.optim.Optimizer | None = None,
     on_phase: PhaseCallback | None = None,
+    microbatches_in_flight: int = 1,
 ) -> Tensor:
     """Run one training step: forward, loss, backward and, with an optimizer, its update.
 
@@ -97,7 +177,13 @@ def run_step(
     (so the next step starts without gradient memory, as in a training loop).
     The model's output is dropped once the loss is computed, as in
     ``model(**batch).loss.backward()``: a loop that keeps its logits alive through
-    backward holds them on top of what remat measures.
+    backward holds them on top of what remat measures (a pipeline stage does:
+    :class:`StageLoss`).
+
+    With ``microbatches_in_flight=k`` the step is a pipeline stage's worst moment:
+    ``k`` forwards of ``batch`` (one micro-batch), each graph kept, then the ``k``
+    backwards in the same order, as a schedule holds ``k`` micro-batches before its
+    first backward (NOTE [ Micro-batches in flight ] in planning/in_flight.py).
 
     Args:
         model: the model, in train mode.
@@ -109,9 +195,10 @@ def run_step(
         on_phase: called with ``"forward"``, ``"backward"``, ``"optimizer"`` (only with an
             optimizer) as each phase starts and ``"end"`` when the step is done; the
             tracker and the timers hook in here. Default: ``None``.
+        microbatches_in_flight: forwards run before the first backward. Default: 1.
 
     Returns:
-        The loss, detached.
+        The loss, detached (the first micro-batch's; a hidden-state stage's output).
 
     Raises:
         ValueError: the loss does not require grad (model in eval mode under no_grad,
@@ -125,23 +212,20 @@ def run_step(
     """
     if on_phase is not None:
         on_phase("forward")
+    if isinstance(loss_fn, StageLoss) and loss_fn.accumulating:
+        for p in model.parameters():
+            if p.requires_grad and p.grad is None:
+                p.grad = torch.zeros_like(p)
     with torch.enable_grad():
-        output = call_model(model, batch)
-        loss = loss_fn(output, batch) if loss_fn is not None else default_loss(output)
-        del output
-        if not isinstance(loss, Tensor) or loss.numel() != 1:
-            raise ValueError(message(
-                "remat.run_step", "the loss must be a scalar Tensor",
-                {"found": f"{type(loss).__name__}"
-                          f"{tuple(loss.shape) if isinstance(loss, Tensor) else ''}"},
-                fix="return a scalar from loss_fn (e.g. reduce it with .mean())"))
-        if not loss.requires_grad:
-            raise ValueError(message(
-                "remat.run_step", "the loss does not require grad, so there is nothing to "
-                "backpropagate", fix="unfreeze parameters, or do not detach in loss_fn"))
+        held = [forward_held(model, batch, loss_fn) for _ in range(microbatches_in_flight)]
+        root = held[0][0]  # a hidden state's storage must not outlive its backward
+        first = root.detach() if root.numel() == 1 else root.new_zeros(())
         if on_phase is not None:
             on_phase("backward")
-        loss.backward()
+        while held:
+            root, output = held.pop(0)  # its output (StageLoss) is released with it
+            _backward(root, loss_fn)
+            del root, output
     if optimizer is not None:
         if on_phase is not None:
             on_phase("optimizer")
@@ -149,7 +233,7 @@ def run_step(
         optimizer.zero_grad(set_to_none=True)
     if on_phase is not None:
         on_phase("end")
-    return loss.detach()
+    return first
 
 
 def model_device(model: nn.Module) -> torch.device:
@@ -206,6 +290,8 @@ class Step:
         loss_fn: ``loss_fn(output, batch) -> scalar``. Default: :func:`default_loss`.
         optimizer: stepped in the step when given. Default: ``None``.
         blocks: the ``blocks=`` spec (class, classes or predicate). Default: found.
+        microbatches_in_flight: forwards before the first backward (a pipeline stage's
+            step, see :func:`run_step`). Default: 1.
 
     Example:
         >>> step = Step(model, batch)
@@ -218,6 +304,7 @@ class Step:
     loss_fn: LossFn | None = None
     optimizer: torch.optim.Optimizer | None = None
     blocks: BlocksSpec = None
+    microbatches_in_flight: int = 1
     _found: dict[str, list[tuple[str, nn.Module]]] = field(
         default_factory=dict, init=False, repr=False, compare=False)
 
@@ -232,6 +319,12 @@ class Step:
                 "keyword arguments", {"found": type(self.batch).__name__,
                                       "called as": "model(batch), model(*batch), model(**batch)"},
                 fix="pass the inputs your model's forward takes"))
+        if isinstance(self.microbatches_in_flight, bool) or \
+                not isinstance(self.microbatches_in_flight, int) or self.microbatches_in_flight < 1:
+            raise ValueError(message(
+                "remat", "microbatches_in_flight must be a positive integer",
+                {"found": repr(self.microbatches_in_flight)},
+                fix="pass the micro-batches a pipeline schedule holds at once (1 without one)"))
         if self.loss_fn is not None and not callable(self.loss_fn):
             raise TypeError(message("remat", "loss_fn must be callable",
                                     {"found": type(self.loss_fn).__name__},
@@ -282,4 +375,4 @@ class Step:
     def run(self, on_phase: PhaseCallback | None = None) -> Tensor:
         """Run the step once (:func:`run_step`); returns the detached loss."""
         return run_step(self.model, self.batch, loss_fn=self.loss_fn, optimizer=self.optimizer,
-                        on_phase=on_phase)
+                        on_phase=on_phase, microbatches_in_flight=self.microbatches_in_flight)

@@ -27,6 +27,7 @@ from remat.measure.tracked_step import check_trainable
 from remat.measure.windows import FakeSetup, run_windows
 from remat.planning.candidates import Candidate, measure_groups
 from remat.planning.cost import cost_device
+from remat.planning.in_flight import check_in_flight, forward_held_bytes, in_flight_model
 from remat.planning.options import COSTS
 from remat.planning.plans import COST_SOURCES
 from remat.planning.timed import time_groups
@@ -71,6 +72,9 @@ class PlanContext:
         head: the output head's decision every choice includes (a chunked head, NOTE
             [ Head choice ] in head.py), its bytes in the peak model's window constants.
             Default: None (the head as the model runs it).
+        microbatches_in_flight: micro-batches a pipeline stage holds at its worst moment;
+            the peak model holds ``microbatches_in_flight - 1`` of them besides the one
+            it runs (NOTE [ Micro-batches in flight ] in in_flight.py). Default: 1.
     """
 
     peak_model: PeakModel[Candidate]
@@ -82,8 +86,16 @@ class PlanContext:
     timed_on: str | None = None
     setup: FakeSetup | None = field(default=None, compare=False, repr=False)
     head: BlockStrategy | None = None
+    microbatches_in_flight: int = 1
 
     def __post_init__(self) -> None:
+        check_in_flight(self.microbatches_in_flight, api="PlanContext")
+        if self.peak_model.held_copies != self.microbatches_in_flight - 1:
+            raise ValueError(message(
+                "PlanContext", "the peak model holds another number of micro-batches",
+                {"microbatches_in_flight": self.microbatches_in_flight,
+                 "peak model holds": self.peak_model.held_copies + 1},
+                fix="build the peak model with planning.in_flight.in_flight_model"))
         if self.cost_source not in COST_SOURCES:
             raise ValueError(message("PlanContext", "unknown cost_source",
                                      {"found": repr(self.cost_source)},
@@ -154,7 +166,8 @@ def _device_label(device: torch.device) -> str:
 
 def prepare(model: nn.Module, batch: Any, *, loss_fn: Any = None,
             optimizer: torch.optim.Optimizer | None = None, blocks: Any = None,
-            device: str | DeviceSpec | None = None, cost: str = "auto") -> PlanContext:
+            device: str | DeviceSpec | None = None, cost: str = "auto",
+            microbatches_in_flight: int = 1) -> PlanContext:
     """Measure candidates and calibrate the peak model (steps 1-3 of NOTE [ How a plan is made ]).
 
     Bytes are measured on fake copies, so the model, its gradients and the optimizer are
@@ -168,8 +181,10 @@ def prepare(model: nn.Module, batch: Any, *, loss_fn: Any = None,
             (``"auto"`` here measures on CUDA).
         device: the cost device (name or spec). Default: the model's GPU when remat
             knows it, else ``"h100-80gb"``.
+        microbatches_in_flight: as for :func:`remat.plan`. Default: 1.
     """
-    step = Step(model, batch, loss_fn=loss_fn, optimizer=optimizer, blocks=blocks)
+    step = Step(model, batch, loss_fn=loss_fn, optimizer=optimizer, blocks=blocks,
+                microbatches_in_flight=microbatches_in_flight)
     return prepare_step(step, device=device, cost=cost)
 
 
@@ -191,8 +206,14 @@ def prepare_step(step: Step, *, device: str | DeviceSpec | None = None,
     windows = run_windows(setup, loss_fn=step.loss_fn)
     peak_model = PeakModel.calibrate(groups, [n for n, _ in setup.blocks], windows)
     static = static_bytes(categorized(windows.peak_breakdown))
-    return PlanContext(peak_model, spec, windows.peak_bytes, batch_size_of(step.batch), static,
-                       source, timed_on, setup)
+    in_flight = step.microbatches_in_flight
+    no_checkpoint = windows.peak_bytes
+    if in_flight > 1:  # NOTE [ Micro-batches in flight ]
+        held = forward_held_bytes(setup, loss_fn=step.loss_fn)
+        peak_model = in_flight_model(peak_model, in_flight, held)
+        no_checkpoint = peak_model.predict([0] * peak_model.num_blocks)
+    return PlanContext(peak_model, spec, no_checkpoint, batch_size_of(step.batch), static,
+                       source, timed_on, setup, microbatches_in_flight=in_flight)
 
 
 def check_plannable(model: nn.Module) -> None:

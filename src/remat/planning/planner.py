@@ -61,6 +61,7 @@ def plan(
     device: str | DeviceSpec | None = None,
     cost: str = "auto",
     context: PlanContext | None = None,
+    microbatches_in_flight: int = 1,
 ) -> Plan:
     """The cheapest checkpointing plan whose measured peak fits ``budget``.
 
@@ -103,6 +104,12 @@ def plan(
             Default: ``"auto"``.
         context: a :func:`prepare` result for this model and batch, to plan several
             budgets without measuring again. Default: measured now.
+        microbatches_in_flight: for a pipeline stage, the micro-batches its schedule
+            holds at once (``batch`` is one micro-batch): the peak model and the measured
+            step hold that many forwards' saved tensors before the first backward (NOTE
+            [ Micro-batches in flight ] in planning/in_flight.py; pass
+            ``loss_fn=remat.measure.step.StageLoss()`` for a stage whose output is a
+            hidden state). Default: 1.
 
     Returns:
         A :class:`~remat.Plan` with ``measured_peak_bytes <= budget_bytes`` (the tracked
@@ -129,7 +136,8 @@ def plan(
         raise TypeError(message("remat.plan", "batch is a function",
                                 fix="pass a batch, or call remat.plan_throughput(model, "
                                     "make_batch, ...) to search batch sizes"))
-    step = Step(model, batch, loss_fn=loss_fn, optimizer=optimizer, blocks=blocks)
+    step = Step(model, batch, loss_fn=loss_fn, optimizer=optimizer, blocks=blocks,
+                microbatches_in_flight=microbatches_in_flight)
     return plan_step(step, options, context=context)
 
 
@@ -200,6 +208,12 @@ def plan_step(step: Step, options: PlanOptions, *, context: PlanContext | None =
         context = prepare_step(step, device=options.device, cost=source)
     else:
         check_plannable(step.model)
+        if context.microbatches_in_flight != step.microbatches_in_flight:
+            raise ValueError(message(
+                "remat.plan", "the context was prepared for another number of micro-batches "
+                "in flight", {"context": context.microbatches_in_flight,
+                              "asked": step.microbatches_in_flight},
+                fix="prepare the context with the same microbatches_in_flight"))
     budget_bytes = options.budget.resolve(context.no_checkpoint_peak_bytes,
                                           static_bytes=context.static_bytes)
     try:
