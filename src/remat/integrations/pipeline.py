@@ -161,8 +161,10 @@ def plan_stage(stage: nn.Module, micro_batch: Any, *, budget: BudgetLike | Budge
     last = stage_index == stages * virtual_stages - 1
     # A backward runs before the k-th forward when the stage holds fewer than all m.
     accumulating = k < microbatches
-    stage_loss = StageLoss(_mean_loss if loss_fn is None else loss_fn, accumulating) if last \
-        else StageLoss(accumulating=accumulating)
+    # 1F1B sends input gradients asynchronously (StageLoss); the first stage has none.
+    sends = schedule != "gpipe" and stage_index > 0
+    stage_loss = StageLoss(_mean_loss if loss_fn is None else loss_fn, accumulating, sends) \
+        if last else StageLoss(accumulating=accumulating, sends_input_grad=sends)
     return plan(stage, micro_batch, budget=budget, loss_fn=stage_loss,
                 microbatches_in_flight=k, **plan_kwargs)
 

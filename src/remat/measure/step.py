@@ -100,10 +100,20 @@ class StageLoss:
     ``accumulating=True`` starts the step that way (each missing ``.grad`` allocated as
     zeros before the first forward; the backwards then accumulate into them).
 
+    A stage after the first sends each micro-batch's input gradient back to the previous
+    stage; 1F1B sends it asynchronously and keeps it until the send completes, during
+    the next micro-batch's work. ``sends_input_grad=True`` makes the step do the same:
+    after each backward the inputs' gradients are taken off the inputs (the next
+    backward allocates new ones) and held until the next backward has run; with
+    ``accumulating`` the step starts with one such gradient in flight (an earlier
+    micro-batch's).
+
     Args:
         loss_fn: ``loss_fn(output, batch) -> scalar`` of the last stage; ``None`` for a
             stage whose output is a hidden state. Default: ``None``.
         accumulating: the gradients exist before the forwards. Default: ``False``.
+        sends_input_grad: hold each input gradient through the next backward, as an
+            asynchronous send does. Default: ``False``.
 
     Example:
         >>> run_step(first_stage, tokens, loss_fn=StageLoss())   # output (B, T, D)
@@ -112,6 +122,7 @@ class StageLoss:
 
     loss_fn: LossFn | None = None
     accumulating: bool = False
+    sends_input_grad: bool = False
 
     def __call__(self, output: Any, batch: Any) -> Tensor:
         """The scalar loss, or for a hidden-state stage the output tensor itself."""
@@ -212,10 +223,16 @@ def run_step(
     """
     if on_phase is not None:
         on_phase("forward")
-    if isinstance(loss_fn, StageLoss) and loss_fn.accumulating:
+    stage = loss_fn if isinstance(loss_fn, StageLoss) else None
+    if stage is not None and stage.accumulating:
         for p in model.parameters():
             if p.requires_grad and p.grad is None:
                 p.grad = torch.zeros_like(p)
+    inputs = [t for t in batch_tensors(batch) if t.requires_grad and t.is_leaf] \
+        if stage is not None and stage.sends_input_grad else []
+    # in the steady state an earlier micro-batch's input gradient is still being sent
+    sent = [torch.zeros_like(t) for t in inputs] if stage is not None and stage.accumulating \
+        else []
     with torch.enable_grad():
         held = [forward_held(model, batch, loss_fn) for _ in range(microbatches_in_flight)]
         root = held[0][0]  # a hidden state's storage must not outlive its backward
@@ -226,6 +243,11 @@ def run_step(
             root, output = held.pop(0)  # its output (StageLoss) is released with it
             _backward(root, loss_fn)
             del root, output
+            # the previous send completes; this micro-batch's input gradient is in flight
+            sent = [t.grad for t in inputs if t.grad is not None]
+            for t in inputs:
+                t.grad = None
+        del sent
     if optimizer is not None:
         if on_phase is not None:
             on_phase("optimizer")
