@@ -162,3 +162,17 @@ def test_cli_pipeline_table_and_errors() -> None:
     bad = runner.invoke(app, ["simulate", "--model", "llama-tiny", "--pp", "2",
                               "--virtual-stages", "2"])
     assert bad.exit_code == 2 and "needs an interleaved schedule" in bad.output
+
+
+@pytest.mark.parametrize(("strategy", "layout"), [
+    ("full", {"stages": 3, "microbatches": 6, "tp": 2}),
+    ("ops", {"stages": 2, "microbatches": 4, "schedule": "interleaved-1f1b",
+             "virtual_stages": 2, "dp": 2})])
+def test_cut_stack_gives_the_whole_stacks_bytes(strategy: str, layout: dict[str, Any]) -> None:
+    def seven() -> Any:
+        return build_model("llama-tiny", n_layer=7)
+
+    cut = pipeline_rank_bytes(seven, seq_len=16, batch_size=2, strategy=strategy, **layout)
+    whole = pipeline_rank_bytes(seven, seq_len=16, batch_size=2, strategy=strategy,
+                                exact=True, **layout)
+    assert cut == whole

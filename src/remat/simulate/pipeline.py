@@ -43,6 +43,12 @@ NOTE [ Pipeline rank bytes ]
     chunk-micro-batch's saved bytes, plus, at a ``B``, that chunk's working set. With
     ``dp > 1`` (FSDP, ZeRO-3) the static bytes are sharded ``ceil(x / dp)`` and the
     largest block of the rank's chunks is counted gathered (parameters and gradients).
+    A uniform stack of more than three blocks (one list of blocks of one shape, as the
+    fast simulation rows require: NOTE [ Fast rows ] in _fast.py) is simulated cut to
+    three blocks, and every block between the first and the last takes the middle one's
+    figures (strategies that treat blocks alike only; ``every:N`` and ``sqrt`` run the
+    whole stack). ``tests/simulate/test_pipeline.py`` checks the cut against the whole
+    stack byte for byte.
     Not modelled: point-to-point buffers, the stage inputs a rank receives and keeps
     for its backward besides the first block's saved input, collective buffers.
 """
@@ -314,13 +320,36 @@ def _state_by_parameter(model: nn.Module, optimizer: Any) -> dict[int, tuple[int
     return out
 
 
-def _tracked(setup: Any, strategy: str, batch_size: int, seq_len: int,
-             units: Callable[[nn.Module], list[tuple[str, nn.Module]]],
-             chunk_of: Callable[[str | None], int] | None, chunks: list[_Chunk]) -> Any:
-    """One simulated step, every unit attributed; records each chunk's backward working set."""
+@dataclass
+class _Record:
+    """What one simulated step gives per place (a block's name, or a module outside the
+    blocks): saved bytes per attribution unit, the backward working set and recompute
+    time per place, each trainable parameter's optimizer state by name."""
+
+    saved: dict[str, int]
+    rest: int
+    work: dict[str | None, int]
+    recompute_ms: dict[str | None, float]
+    state: dict[str, tuple[int, int]]
+
+
+def _place(unit: str | None, blocks: set[str]) -> str | None:
+    name = unit
+    while name:
+        if name in blocks:
+            return name
+        name = name.rpartition(".")[0]
+    return unit
+
+
+def _record(setup: Any, strategy: str, batch_size: int, seq_len: int, roles: dict[str, Any],
+            blocks: Sequence[str], device: str) -> _Record:
+    """One simulated step of ``setup`` with every block and role module attributed."""
+    from remat.devices import get_device
     from remat.measure.profile import WarmFake
+    from remat.measure.roofline import op_roofline_ms
     from remat.measure.step import Step, batch_tensors, clear_grads
-    from remat.measure.tracked_step import Tracked, held_gc
+    from remat.measure.tracked_step import held_gc
     from remat.measure.tracker import MemoryTracker
     from remat.simulate._setup import Autocast
     from remat.strategies import apply, remove
@@ -330,15 +359,22 @@ def _tracked(setup: Any, strategy: str, batch_size: int, seq_len: int,
                          optimizer=setup.optimizer, blocks=setup.blocks), batch, prepare=remove)
     inner = warm.model.model if isinstance(warm.model, Autocast) else warm.model
     apply(inner, strategy)
+    modules = dict(inner.named_modules())
+    names = (set(roles) | set(blocks)) & set(modules)
+    names |= {n for n, _ in inner.named_children() if n not in names
+              and not any(b.startswith(n + ".") for b in blocks)}
+    block_set = set(blocks)
     fstep = warm._step(batch)
-    tracker = MemoryTracker(device=fstep.device, blocks=units(inner))
+    tracker = MemoryTracker(device=fstep.device,
+                            blocks=[(n, modules[n]) for n in sorted(names, key=len)])
+    work: dict[str | None, int] = {}
 
     def after_op() -> None:
-        if chunk_of is None or tracker.phase not in ("backward", "recompute"):
-            return
-        now = tracker.current_breakdown
-        chunk = chunks[chunk_of(tracker.current_unit)]
-        chunk.work = max(chunk.work, now.get("backward", 0) + now.get("recompute", 0))
+        if tracker.phase in ("backward", "recompute"):
+            now = tracker.current_breakdown
+            place = _place(tracker.current_unit, block_set)
+            work[place] = max(work.get(place, 0),
+                              now.get("backward", 0) + now.get("recompute", 0))
 
     tracker.after_op = after_op
     with warm.mode, warnings.catch_warnings():
@@ -348,7 +384,6 @@ def _tracked(setup: Any, strategy: str, batch_size: int, seq_len: int,
         if fstep.optimizer is not None:
             tracker.register_optimizer(fstep.optimizer)
         tracker.register(batch_tensors(fstep.batch), "batch")
-        static = tracker.current_breakdown
 
         def on_phase(phase: str) -> None:
             if phase != "end":
@@ -356,15 +391,54 @@ def _tracked(setup: Any, strategy: str, batch_size: int, seq_len: int,
 
         with held_gc(), tracker:
             fstep.run(on_phase)
-    return Tracked(tracker, static, 0), warm.optimizer
+    spec = get_device(device)
+    recompute: dict[str | None, float] = {}
+    for op in tracker.ops:
+        if op.phase == "recompute":
+            place = _place(op.block, block_set)
+            recompute[place] = recompute.get(place, 0.0) + op_roofline_ms(op, spec)
+    by_id = _state_by_parameter(setup.inner, warm.optimizer)
+    state = {n: by_id[id(p)] for n, p in setup.inner.named_parameters() if id(p) in by_id}
+    saved = tracker.block_saved_bytes
+    return _Record(saved=dict(saved), rest=tracker.activation_bytes - sum(saved.values()),
+                   work=work, recompute_ms=recompute, state=state)
+
+
+def _expand(record: _Record, blocks: Sequence[str], depth: int) -> _Record:
+    """A record of the stack cut to ``depth`` blocks, as the full stack's: block ``i``
+    takes the cut stack's first, last or (all between) second block's figures."""
+    n = len(blocks)
+
+    def rep(i: int) -> int:
+        return 0 if i == 0 else depth - 1 if i == n - 1 else 1
+
+    def rename(name: str, i: int) -> str:
+        cut = blocks[rep(i)]
+        return blocks[i] + name[len(cut):]
+
+    def under(name: str | None, j: int) -> bool:
+        return name is not None and (name == blocks[j] or name.startswith(blocks[j] + "."))
+
+    def spread(values: dict[Any, Any]) -> dict[Any, Any]:
+        out = {k: v for k, v in values.items() if not any(under(k, j) for j in range(depth))}
+        for i in range(n):
+            j = rep(i)
+            out.update({rename(k, i): v for k, v in values.items() if under(k, j)})
+        return out
+
+    return _Record(saved=spread(record.saved), rest=record.rest, work=spread(record.work),
+                   recompute_ms=spread(record.recompute_ms), state=spread(record.state))
+
+
+_CUT_DEPTH = 3  # first, a middle and the last block (NOTE [ Pipeline rank bytes ])
 
 
 def pipeline_rank_bytes(model: Any, *, seq_len: int, batch_size: int, stages: int,
                         microbatches: int, schedule: str = "1f1b", virtual_stages: int = 1,
                         tp: int = 1, sequence_parallel: bool = False, dp: int = 1,
                         strategy: str = "none", dtype: str = "bf16",
-                        optimizer: str = "adamw",
-                        device: str = "h100-80gb") -> tuple[StageBytes, ...]:
+                        optimizer: str = "adamw", device: str = "h100-80gb",
+                        exact: bool = False) -> tuple[StageBytes, ...]:
     """Each pipeline rank's static, activation and peak bytes under a schedule.
 
     One simulated step of the whole model on one device (fake tensors, nothing
@@ -388,6 +462,9 @@ def pipeline_rank_bytes(model: Any, *, seq_len: int, batch_size: int, stages: in
         dtype: precision (see :data:`remat.simulate.PRECISIONS`). Default: ``"bf16"``.
         optimizer: ``"adamw"``, ``"adam"``, ``"sgd"`` or ``"none"``. Default: ``"adamw"``.
         device: device whose roofline prices the recompute. Default: ``"h100-80gb"``.
+        exact: simulate the whole stack; by default a uniform stack of more than three
+            blocks is simulated cut to three (its first, a middle and its last block
+            stand for all), which gives the same bytes. Default: ``False``.
 
     Returns:
         One :class:`StageBytes` per pipeline rank.
@@ -400,7 +477,7 @@ def pipeline_rank_bytes(model: Any, *, seq_len: int, batch_size: int, stages: in
     """
     from remat.blocks import named_blocks
     from remat.devices import get_device
-    from remat.measure.roofline import op_roofline_ms
+    from remat.simulate._fast import _cut, _stack
     from remat.simulate._setup import build_model, check_ints, make_setup
     from remat.simulate.precision import get_precision
     from remat.simulate.tensor_parallel import (
@@ -423,33 +500,27 @@ def pipeline_rank_bytes(model: Any, *, seq_len: int, batch_size: int, stages: in
     chunk_of = _unit_chunk(inner, blocks, ranges)
     chunks = [_Chunk() for _ in range(n_chunks)]
 
-    def units(m: nn.Module) -> list[tuple[str, nn.Module]]:
-        modules = dict(m.named_modules())
-        names = set(roles) | set(blocks)
-        names |= {n for n, _ in m.named_children() if n not in names
-                  and not any(b.startswith(n + ".") for b in blocks)}
-        return [(n, modules[n]) for n in sorted(names, key=len) if n in modules]
-
-    tracked, fake_optimizer = _tracked(setup, strategy, batch_size, seq_len, units, chunk_of,
-                                       chunks)
-    tracker = tracked.tracker
-    saved = tracker.block_saved_bytes
+    kind = strategy.partition(":")[0]
+    stack = _stack(setup) if kind not in ("every", "sqrt") and not exact else None
+    if stack is not None and len(blocks) > _CUT_DEPTH:
+        with _cut(setup, stack, _CUT_DEPTH) as cut:
+            record = _expand(_record(cut, strategy, batch_size, seq_len, roles,
+                                     blocks[:_CUT_DEPTH], device), blocks, _CUT_DEPTH)
+    else:
+        record = _record(setup, strategy, batch_size, seq_len, roles, blocks, device)
     by_chunk: list[dict[str, int]] = [{} for _ in range(n_chunks)]
-    for unit, nbytes in saved.items():
+    for unit, nbytes in record.saved.items():
         by_chunk[chunk_of(unit)][unit] = nbytes
-    rest = tracker.activation_bytes - sum(saved.values())
     for c, part in enumerate(by_chunk):
-        total = sum(part.values()) + (rest if c == n_chunks - 1 else 0)
+        total = sum(part.values()) + (record.rest if c == n_chunks - 1 else 0)
         chunks[c].saved = split_activations(part, roles, blocks, {}, total_bytes=total, t=tp,
                                             sequence_parallel=sequence_parallel)
-        if tp > 1 and tracker.activation_bytes:
-            chunks[c].work = _shard(chunks[c].work * chunks[c].saved, max(total, 1))
-    spec = get_device(device)
-    for op in tracker.ops:
-        if op.phase == "recompute":
-            chunks[chunk_of(op.block)].recompute_ms += op_roofline_ms(op, spec) / tp
+        work = max((v for k, v in record.work.items() if chunk_of(k) == c), default=0)
+        # TP shards the working set as it shards the chunk's saved bytes
+        chunks[c].work = _shard(work * chunks[c].saved, total) if total else work
+        chunks[c].recompute_ms = sum(v for k, v in record.recompute_ms.items()
+                                     if chunk_of(k) == c) / tp
 
-    state_of = _state_by_parameter(inner, fake_optimizer)
     sgd = optimizer.lower() == "sgd"
     block_index = {name: i for i, name in enumerate(blocks)}
     for name, module in inner.named_modules():
@@ -461,7 +532,7 @@ def pipeline_rank_bytes(model: Any, *, seq_len: int, batch_size: int, stages: in
                 grad_bytes = _param_rank_bytes(p, roles.get(name), p_name, tp, True)
                 chunks[c].grads += grad_bytes
                 # per-element state follows its parameter (SGD's momentum: its gradient)
-                moments, scalars = state_of.get(id(p), (0, 0))
+                moments, scalars = record.state.get(_join(name, p_name), (0, 0))
                 like = grad_bytes if sgd else rank_bytes
                 chunks[c].state += scalars + _shard(moments * like,
                                                     max(p.numel() * p.element_size(), 1))
