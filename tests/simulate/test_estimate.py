@@ -43,5 +43,5 @@ def test_estimate_table_on_llama_tiny() -> None:
 
 
 def test_estimate_rejects_unknown_preset() -> None:
-    with pytest.raises(ValueError, match="unknown preset 'llama-70b'"):
-        estimate("llama-70b")
+    with pytest.raises(ValueError, match="unknown preset 'llama-13b'"):
+        estimate("llama-13b")

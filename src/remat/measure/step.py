@@ -235,8 +235,8 @@ def run_step(
         else []
     with torch.enable_grad():
         held = [forward_held(model, batch, loss_fn) for _ in range(microbatches_in_flight)]
-        root = held[0][0]  # a hidden state's storage must not outlive its backward
-        first = root.detach() if root.numel() == 1 else root.new_zeros(())
+        # the first loss is returned; a hidden state's storage must not outlive its backward
+        first = held[0][0] if held[0][0].numel() == 1 else None
         if on_phase is not None:
             on_phase("backward")
         while held:
@@ -255,7 +255,7 @@ def run_step(
         optimizer.zero_grad(set_to_none=True)
     if on_phase is not None:
         on_phase("end")
-    return first
+    return first.detach() if first is not None else torch.zeros(())
 
 
 def model_device(model: nn.Module) -> torch.device:
