@@ -53,7 +53,7 @@ from torch import nn
 from remat.blocks import BlocksSpec, named_blocks
 from remat.errors import RematError, StrategyError, message
 from remat.integrations.compile import compile_blocks
-from remat.simulate.sharding import ShardedPeak, shard_peak
+from remat.simulate.sharding import ShardedPeak, fsdp_layout, fsdp_timeline_peak, shard_peak
 from remat.strategies.regions import region_of
 from remat.strategies.registry import parse_strategy
 
@@ -275,13 +275,29 @@ def _unique_params(modules: Sequence[nn.Module]) -> list[nn.Parameter]:
     return list(seen.values())
 
 
+def _scalar_state_bytes(profile: ProfileBytes, model: nn.Module) -> int:
+    """Optimizer state that FSDP does not shard: what is left of ``optimizer_bytes`` after
+    whole copies of the trainable parameters (Adam's per-parameter ``step``), when that is
+    below 8 bytes a parameter; else 0."""
+    trainable = [p for p in dict.fromkeys(model.parameters()) if p.requires_grad]
+    grads = _bytes_of(trainable, trainable=True)
+    if not grads:
+        return 0
+    left = profile.optimizer_bytes - (profile.optimizer_bytes // grads) * grads
+    return left if left < 8 * len(trainable) else 0
+
+
 def per_rank_peak(profile: ProfileBytes, model: nn.Module, *, world_size: int,
                   sharding: str = "fsdp", blocks: BlocksSpec = None,
                   prefetch_blocks: int = 0) -> ShardedPeak:
     """One rank's peak when the profiled step runs under FSDP2 (or DDP) on ``world_size`` ranks.
 
-    Turns a single-device profile's parameter, gradient and optimizer bytes into the
-    sharded ones and adds what is all-gathered at once: the largest shard group
+    With a profile that has a timeline (``remat.profile`` gives one) and ``"fsdp"``,
+    replays the step moment by moment as one rank holds it: shards, the gathered root
+    and block, collective buffers, gradients reduce-scattered so far (NOTE [ FSDP2 per
+    phase ] in ``remat/simulate/sharding.py``; equal to the tracker's per-rank peak on
+    gloo ranks). Without one, turns the profile's parameter, gradient and optimizer bytes
+    into the sharded ones and adds what is all-gathered at once: the largest shard group
     (one block, or one ``sqrt`` segment) and the root's own parameters and gradients.
     See NOTE [ Memory per rank ] and ``remat.simulate.sharding.shard_peak``.
 
@@ -302,6 +318,13 @@ def per_rank_peak(profile: ProfileBytes, model: nn.Module, *, world_size: int,
         >>> per_rank_peak(prof, model, world_size=8).peak_bytes < prof.peak_bytes
         True
     """
+    timeline = getattr(profile, "timeline", None)
+    if sharding == "fsdp" and timeline is not None and timeline.live_bytes:
+        # NOTE [ FSDP2 per phase ] in remat/simulate/sharding.py: moment by moment
+        layout = fsdp_layout(model, world_size, blocks=blocks,
+                             optimizer_scalar_bytes=_scalar_state_bytes(profile, model))
+        return fsdp_timeline_peak(timeline.live_bytes, timeline.phases, timeline.series(),
+                                  layout)
     groups = shard_groups(model, blocks=blocks)
     in_blocks = {id(p) for group in groups for p in _unique_params(group)}
     root = [p for p in _unique_params([model]) if id(p) not in in_blocks]
