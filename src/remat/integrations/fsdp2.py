@@ -53,7 +53,13 @@ from torch import nn
 from remat.blocks import BlocksSpec, named_blocks
 from remat.errors import RematError, StrategyError, message
 from remat.integrations.compile import compile_blocks
-from remat.simulate.sharding import ShardedPeak, fsdp_layout, fsdp_timeline_peak, shard_peak
+from remat.simulate.sharding import (
+    ShardedPeak,
+    fsdp_layout,
+    fsdp_timeline_peak,
+    scalar_state_bytes,
+    shard_peak,
+)
 from remat.strategies.regions import region_of
 from remat.strategies.registry import parse_strategy
 
@@ -275,18 +281,6 @@ def _unique_params(modules: Sequence[nn.Module]) -> list[nn.Parameter]:
     return list(seen.values())
 
 
-def _scalar_state_bytes(profile: ProfileBytes, model: nn.Module) -> int:
-    """Optimizer state that FSDP does not shard: what is left of ``optimizer_bytes`` after
-    whole copies of the trainable parameters (Adam's per-parameter ``step``), when that is
-    below 8 bytes a parameter; else 0."""
-    trainable = [p for p in dict.fromkeys(model.parameters()) if p.requires_grad]
-    grads = _bytes_of(trainable, trainable=True)
-    if not grads:
-        return 0
-    left = profile.optimizer_bytes - (profile.optimizer_bytes // grads) * grads
-    return left if left < 8 * len(trainable) else 0
-
-
 def per_rank_peak(profile: ProfileBytes, model: nn.Module, *, world_size: int,
                   sharding: str = "fsdp", blocks: BlocksSpec = None,
                   prefetch_blocks: int = 0) -> ShardedPeak:
@@ -322,8 +316,9 @@ def per_rank_peak(profile: ProfileBytes, model: nn.Module, *, world_size: int,
     if sharding == "fsdp" and timeline is not None and timeline.live_bytes:
         # NOTE [ FSDP2 per phase ] in remat/simulate/sharding.py: moment by moment
         layout = fsdp_layout(model, world_size, blocks=blocks,
-                             optimizer_scalar_bytes=_scalar_state_bytes(profile, model))
-        return fsdp_timeline_peak(timeline.live_bytes, timeline.phases, timeline.series(),
+                             optimizer_scalar_bytes=scalar_state_bytes(
+                                 profile.optimizer_bytes, model))
+        return fsdp_timeline_peak((timeline.live_bytes, timeline.phases, timeline.series()),
                                   layout)
     groups = shard_groups(model, blocks=blocks)
     in_blocks = {id(p) for group in groups for p in _unique_params(group)}

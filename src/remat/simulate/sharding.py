@@ -291,31 +291,47 @@ def _block_activation_freed(series: dict[tuple[str, str | None], list[int]],
     return -1
 
 
-def fsdp_timeline_peak(live_bytes: tuple[int, ...], phases: tuple[str, ...],
-                       series: dict[tuple[str, str | None], list[int]],
-                       layout: FsdpLayout) -> ShardedPeak:
-    """One rank's peak under FSDP2, replaying a single-device step moment by moment.
+Timeline = tuple[tuple[int, ...], tuple[str, ...], dict[tuple[str, str | None], list[int]]]
+"""``(live_bytes, phases, series)`` of a ``MemoryTimeline`` (``series()`` evaluated)."""
 
-    Where :func:`shard_peak` lowers the single-device peak, this rewrites every sample of
-    the step's timeline as one rank holds it and takes the largest (NOTE [ FSDP2 per
-    phase ]): it finds the moment the rank peaks at (usually a block's reduce-scatter in
-    backward) at the cost of one pass over the samples.
+def segments(period: int = 1) -> tuple[str, ...]:
+    """Segments of a step for :func:`fsdp_segment_peaks`, for blocks whose pattern repeats
+    every ``period`` blocks: the phase group (``fwd``, ``bwd``) and where the running
+    block is (``root`` when none runs; ``s<i>``: the ``i``-th block from the first,
+    ``e<i>``: from the last, ``i < 2 * period``), then the optimizer step (``opt``). A
+    uniform stack's rank peak is in one of them (NOTE [ FSDP2 per phase ], fast rows).
+
+    Example:
+        >>> segments()
+        ('fwd:root', 'fwd:s0', 'fwd:s1', 'fwd:e0', 'fwd:e1', 'bwd:root', ..., 'opt:root')
+    """
+    ends = [f"{side}{i}" for side in "se" for i in range(2 * period)]
+    return (*(f"{group}:{where}" for group in ("fwd", "bwd") for where in ("root", *ends)),
+            "opt:root")
+
+
+def _positions(k: int | None, blocks: int) -> tuple[str, ...]:
+    """Every position name of block ``k`` of ``blocks`` (None: no block runs)."""
+    if k is None:
+        return ("root",)
+    return (f"s{k}", f"e{blocks - 1 - k}")
+
+
+def fsdp_moments(timeline: Timeline,
+                 layout: FsdpLayout) -> list[tuple[str, int | None, ShardedPeak]]:
+    """Every moment of a single-device step as one rank holds it under FSDP2, with its
+    phase group (``fwd``, ``bwd``, ``opt``) and running block (NOTE [ FSDP2 per phase ]).
 
     Args:
-        live_bytes, phases: the timeline's samples (``MemoryTimeline.live_bytes`` and
-            ``.phases``), single device, bytes.
-        series: ``MemoryTimeline.series()``: bytes per ``(category, block)`` per sample.
+        timeline: ``(live_bytes, phases, series)`` of the single-device step's
+            ``MemoryTimeline``.
         layout: what FSDP2 shards and gathers (:class:`FsdpLayout`).
 
     Returns:
-        A :class:`ShardedPeak` of ``"fsdp"`` at the rank's largest moment: ``grad_bytes``
-        the rank's gradients then, ``unsharded_bytes`` everything gathered or buffered
-        for collectives.
-
-    Example:
-        >>> tl = prof.timeline
-        >>> fsdp_timeline_peak(tl.live_bytes, tl.phases, tl.series(), layout).peak_bytes
+        ``(group, block index or None, ShardedPeak)`` per sample, then one per
+        reduce-scatter.
     """
+    live_bytes, phases, series = timeline
     w = layout.world_size
     n = len(live_bytes)
 
@@ -333,23 +349,16 @@ def fsdp_timeline_peak(live_bytes: tuple[int, ...], phases: tuple[str, ...],
     head = grads[freed - 1] if freed > 0 else 0
     # gradient bytes at which block k (in forward order) is complete: NOTE, 3.
     done_at = [head + sum(layout.block_grad_bytes[k:]) for k in range(blocks)]
-    starts = {b: next((i for i, v in enumerate(vals) if v), n)
-              for (c, b), vals in series.items() if c == "activations" and b is not None}
-    block_names = sorted(starts, key=starts.__getitem__)
-    best: tuple[int, ShardedPeak] | None = None
-
-    def consider(peak: ShardedPeak) -> None:
-        nonlocal best
-        if best is None or peak.peak_bytes > best[0]:
-            best = (peak.peak_bytes, peak)
+    starts = sorted(next((i for i, v in enumerate(vals) if v), n)
+                    for (c, b), vals in series.items() if c == "activations" and b is not None)
+    out: list[tuple[str, int | None, ShardedPeak]] = []
 
     def moment(i: int, *, finished: int, gathered: int, extra: int = 0) -> ShardedPeak:
         """Sample ``i`` as one rank holds it: ``finished`` blocks (from the last) have
         their gradients reduce-scattered; ``gathered`` and ``extra`` bytes are held."""
         last = blocks - finished
-        shards = sum(layout.block_shard_grad_bytes[last:])
-        whole = sum(layout.block_grad_bytes[last:])
-        rank_grads = grads[i] - whole + shards
+        rank_grads = (grads[i] - sum(layout.block_grad_bytes[last:])
+                      + sum(layout.block_shard_grad_bytes[last:]))
         if phases[i] == "optimizer":
             rank_grads = grads[i] and (sum(layout.block_shard_grad_bytes)
                                        + layout.root_shard_grad_bytes)
@@ -360,53 +369,89 @@ def fsdp_timeline_peak(live_bytes: tuple[int, ...], phases: tuple[str, ...],
                            + gathered + extra, "fsdp", w, layout.shard_param_bytes,
                            rank_grads, rank_states, gathered + extra, rest)
 
-    root_seen = False
-    for i in range(n):
-        root_seen = root_seen or params[i] > 0
-        if not root_seen:
-            continue
-        root = layout.root_param_bytes
-        if phases[i] == "forward":
-            running = [k for k, b in enumerate(block_names) if starts[b] <= i]
+    root = layout.root_param_bytes
+    first_root = next((i for i in range(n) if params[i] > 0), n)
+    for i in range(first_root, n):
+        if phases[i] == "forward":  # NOTE, 2.: the running block and its flat buffer
+            running = [k for k in range(min(blocks, len(starts))) if starts[k] <= i]
             k = running[-1] if running else None
             block = 2 * layout.block_param_bytes[k] if k is not None else 0
-            consider(moment(i, finished=0, gathered=root + block))
+            out.append(("fwd", k, moment(i, finished=0, gathered=root + block)))
         elif phases[i] == "optimizer":
-            consider(moment(i, finished=blocks, gathered=root))
+            out.append(("opt", None, moment(i, finished=blocks, gathered=root)))
         else:
             finished = sum(1 for k in range(blocks) if freed > 0 and grads[i] >= done_at[k])
             if finished < blocks:
                 k = blocks - 1 - finished
                 block = layout.block_param_bytes[k] * (2 if freed >= 0 and i >= freed else 1)
-                consider(moment(i, finished=finished, gathered=root + block))
+                out.append(("bwd", k, moment(i, finished=finished, gathered=root + block)))
             else:
-                consider(moment(i, finished=finished, gathered=root))
+                out.append(("bwd", None, moment(i, finished=finished, gathered=root)))
     # reduce-scatters (NOTE, 4.): block k right after its gradients are complete
     copies = 2 if layout.collective_copy else 1
-    for k in reversed(range(blocks)):
-        first = next((i for i in range(max(freed, 0), n)
+    for k in reversed(range(blocks) if freed >= 0 else ()):
+        first = next((i for i in range(freed, n)
                       if phases[i] in ("backward", "recompute") and grads[i] >= done_at[k]),
                      None)
-        if first is None or freed < 0:
+        if first is None:
             continue
         end = next((i for i in range(first + 1, n) if grads[i] != grads[first]), n)
         i = min(range(first, end), key=lambda j: (live_bytes[j], j))
         held = (copies * layout.block_grad_bytes[k] + layout.block_shard_grad_bytes[k]
                 - layout.block_grad_bytes[k] + layout.block_largest_grad_bytes[k])
-        finished = blocks - 1 - k
-        consider(moment(i, finished=finished,
-                        gathered=layout.root_param_bytes
-                        + (layout.block_param_bytes[k] if k else 0),
-                        extra=held))
+        out.append(("bwd", k,
+                    moment(i, finished=blocks - 1 - k,
+                           gathered=root + (layout.block_param_bytes[k] if k else 0),
+                           extra=held)))
     bwd = [i for i in range(n) if phases[i] in ("backward", "recompute")]
     if bwd and layout.root_grad_bytes:
-        i = bwd[-1]
         held = (copies * layout.root_grad_bytes + layout.root_shard_grad_bytes
                 - layout.root_grad_bytes + layout.root_largest_grad_bytes)
-        consider(moment(i, finished=blocks, gathered=0, extra=held))
-    if best is None:
-        return ShardedPeak(0, "fsdp", w, 0, 0, 0, 0, 0)
-    return best[1]
+        out.append(("bwd", None, moment(bwd[-1], finished=blocks, gathered=0, extra=held)))
+    return out
+
+
+def fsdp_timeline_peak(timeline: Timeline, layout: FsdpLayout) -> ShardedPeak:
+    """One rank's peak under FSDP2, replaying a single-device step moment by moment.
+
+    Where :func:`shard_peak` lowers the single-device peak, this rewrites every sample of
+    the step's timeline as one rank holds it and takes the largest (NOTE [ FSDP2 per
+    phase ]): it finds the moment the rank peaks at (usually a block's reduce-scatter in
+    backward) at the cost of one pass over the samples.
+
+    Args:
+        timeline: ``(tl.live_bytes, tl.phases, tl.series())`` of the single-device step's
+            ``MemoryTimeline`` ``tl``, bytes.
+        layout: what FSDP2 shards and gathers (:class:`FsdpLayout`).
+
+    Returns:
+        A :class:`ShardedPeak` of ``"fsdp"`` at the rank's largest moment (the first of
+        equals): ``grad_bytes`` the rank's gradients then, ``unsharded_bytes`` everything
+        gathered or buffered for collectives.
+
+    Example:
+        >>> tl = prof.timeline
+        >>> fsdp_timeline_peak((tl.live_bytes, tl.phases, tl.series()), layout).peak_bytes
+    """
+    moments = fsdp_moments(timeline, layout)
+    if not moments:
+        return ShardedPeak(0, "fsdp", layout.world_size, 0, 0, 0, 0, 0)
+    return max((peak for _, _, peak in moments), key=lambda p: p.peak_bytes)
+
+
+def fsdp_segment_peaks(timeline: Timeline, layout: FsdpLayout,
+                       period: int = 1) -> tuple[int, ...]:
+    """The rank's largest bytes in each of :func:`segments` (0 where a segment has no
+    moment), for the fast rows (NOTE [ FSDP2 per phase ]): on a uniform stack whose
+    pattern repeats every ``period`` blocks, :func:`fsdp_timeline_peak` is their maximum."""
+    best = dict.fromkeys(segments(period), 0)
+    blocks = len(layout.block_param_bytes)
+    for group, k, peak in fsdp_moments(timeline, layout):
+        for where in _positions(k, blocks):
+            segment = f"{group}:{where}"
+            if segment in best:
+                best[segment] = max(best[segment], peak.peak_bytes)
+    return tuple(best.values())
 
 
 def _shard_bytes(p: Any, world_size: int) -> int:
@@ -416,6 +461,23 @@ def _shard_bytes(p: Any, world_size: int) -> int:
         return int(p.element_size())
     return _ceil_div(int(p.shape[0]), world_size) * (int(p.numel()) // max(int(p.shape[0]), 1)
                                                      ) * int(p.element_size())
+
+
+def scalar_state_bytes(optimizer_bytes: int, model: Any) -> int:
+    """Optimizer state that FSDP does not shard: what is left of ``optimizer_bytes`` after
+    whole copies of ``model``'s trainable parameters (Adam's per-parameter ``step``),
+    when that is below 8 bytes a parameter; else 0.
+
+    Example:
+        >>> scalar_state_bytes(2 * 400 + 8, model_with_two_params_of_100_floats)
+        8
+    """
+    trainable = [p for p in dict.fromkeys(model.parameters()) if p.requires_grad]
+    grads = sum(int(p.numel()) * int(p.element_size()) for p in trainable)
+    if not grads:
+        return 0
+    left = optimizer_bytes - (optimizer_bytes // grads) * grads
+    return left if left < 8 * len(trainable) else 0
 
 
 def fsdp_layout(model: Any, world_size: int, *, blocks: Any = None,
