@@ -218,9 +218,11 @@ def shard_peak(
 #    ops), the rank reshards the block and holds the reduce-scatter input (the block's
 #    gradients, flat and padded), its output (their shard) and, on gloo, the backend's
 #    copy of the input (NOTE [ Sharded models in the tracker ], 5.), while the block's
-#    unsharded gradients are freed except the largest one's, which autograd still
-#    holds at that moment (measured on gloo CPU ranks). The root's reduce-scatter at the
-#    end of backward is counted the same way.
+#    unsharded gradients are freed except the last parameter's (registration order):
+#    FSDP2's loop over the parameters that copies them into the input still references
+#    it (measured on gloo CPU ranks: a Llama block's ``down_proj`` weight, a GPT block's
+#    last bias). The root's reduce-scatter at the end of backward is counted the same
+#    way, after the root is resharded.
 #
 # What is left out: NCCL's buffers outside PyTorch's allocator; prefetching more than
 # the next block; ``reshard_after_forward=False`` on blocks. Measured against the
@@ -237,9 +239,10 @@ class FsdpLayout:
         block_param_bytes: unsharded parameter bytes of each block, in forward order.
         block_grad_bytes: unsharded gradient bytes of each block (trainable parameters).
         block_shard_grad_bytes: one rank's shard of each block's gradients (dim 0 padded).
-        block_largest_grad_bytes: each block's largest single-parameter gradient, bytes.
+        block_last_grad_bytes: the gradient bytes of each block's last parameter (in
+            registration order), which FSDP2 still references when it reduce-scatters.
         root_param_bytes, root_grad_bytes: parameters outside every block, and their grads.
-        root_shard_grad_bytes, root_largest_grad_bytes: as for blocks, for the root.
+        root_shard_grad_bytes, root_last_grad_bytes: as for blocks, for the root.
         shard_param_bytes: one rank's shards of every parameter (dim 0 padded), bytes.
         optimizer_scalar_bytes: optimizer state that is not sharded (per-parameter
             scalars such as Adam's ``step``), bytes. Default: ``0``.
@@ -255,11 +258,11 @@ class FsdpLayout:
     block_param_bytes: tuple[int, ...]
     block_grad_bytes: tuple[int, ...]
     block_shard_grad_bytes: tuple[int, ...]
-    block_largest_grad_bytes: tuple[int, ...]
+    block_last_grad_bytes: tuple[int, ...]
     root_param_bytes: int
     root_grad_bytes: int
     root_shard_grad_bytes: int
-    root_largest_grad_bytes: int
+    root_last_grad_bytes: int
     shard_param_bytes: int
     optimizer_scalar_bytes: int = 0
     collective_copy: bool = True
@@ -267,11 +270,11 @@ class FsdpLayout:
     def __post_init__(self) -> None:
         n = len(self.block_param_bytes)
         lengths = {len(self.block_grad_bytes), len(self.block_shard_grad_bytes),
-                   len(self.block_largest_grad_bytes)}
+                   len(self.block_last_grad_bytes)}
         ints = (self.root_param_bytes, self.root_grad_bytes, self.root_shard_grad_bytes,
-                self.root_largest_grad_bytes, self.shard_param_bytes,
+                self.root_last_grad_bytes, self.shard_param_bytes,
                 self.optimizer_scalar_bytes, *self.block_param_bytes, *self.block_grad_bytes,
-                *self.block_shard_grad_bytes, *self.block_largest_grad_bytes)
+                *self.block_shard_grad_bytes, *self.block_last_grad_bytes)
         if self.world_size < 1 or lengths != {n} or min(ints, default=0) < 0:
             raise ValueError(message(
                 "FsdpLayout", "world_size must be >= 1, sizes >= 0, one of each per block",
@@ -398,7 +401,7 @@ def fsdp_moments(timeline: Timeline,
         end = next((i for i in range(first + 1, n) if grads[i] != grads[first]), n)
         i = min(range(first, end), key=lambda j: (live_bytes[j], j))
         held = (copies * layout.block_grad_bytes[k] + layout.block_shard_grad_bytes[k]
-                - layout.block_grad_bytes[k] + layout.block_largest_grad_bytes[k])
+                - layout.block_grad_bytes[k] + layout.block_last_grad_bytes[k])
         out.append(("bwd", k,
                     moment(i, finished=blocks - 1 - k,
                            gathered=root + (layout.block_param_bytes[k] if k else 0),
@@ -406,7 +409,7 @@ def fsdp_moments(timeline: Timeline,
     bwd = [i for i in range(n) if phases[i] in ("backward", "recompute")]
     if bwd and layout.root_grad_bytes:
         held = (copies * layout.root_grad_bytes + layout.root_shard_grad_bytes
-                - layout.root_grad_bytes + layout.root_largest_grad_bytes)
+                - layout.root_grad_bytes + layout.root_last_grad_bytes)
         out.append(("bwd", None, moment(bwd[-1], finished=blocks, gathered=0, extra=held)))
     return out
 
@@ -517,17 +520,18 @@ def fsdp_layout(model: Any, world_size: int, *, blocks: Any = None,
     def shard(ps: list[Any]) -> int:
         return sum(_shard_bytes(p, world_size) for p in ps if p.requires_grad)
 
-    def largest(ps: list[Any]) -> int:
-        return max((whole([p], True) for p in ps), default=0)
+    def last(ps: list[Any]) -> int:
+        trainable = [p for p in ps if p.requires_grad]
+        return whole(trainable[-1:], True)
 
     return FsdpLayout(
         world_size=world_size,
         block_param_bytes=tuple(whole(ps, False) for ps in per_block),
         block_grad_bytes=tuple(whole(ps, True) for ps in per_block),
         block_shard_grad_bytes=tuple(shard(ps) for ps in per_block),
-        block_largest_grad_bytes=tuple(largest(ps) for ps in per_block),
+        block_last_grad_bytes=tuple(last(ps) for ps in per_block),
         root_param_bytes=whole(root, False), root_grad_bytes=whole(root, True),
-        root_shard_grad_bytes=shard(root), root_largest_grad_bytes=largest(root),
+        root_shard_grad_bytes=shard(root), root_last_grad_bytes=last(root),
         shard_param_bytes=sum(_shard_bytes(p, world_size)
                               for p in dict.fromkeys(model.parameters())),
         optimizer_scalar_bytes=optimizer_scalar_bytes, collective_copy=collective_copy)
