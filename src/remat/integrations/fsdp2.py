@@ -33,9 +33,12 @@ NOTE [ sqrt segments under FSDP2 ]
 
 NOTE [ Memory per rank ]
     FSDP divides parameters, gradients and optimizer state by the world size and
-    adds what is unsharded at once: the largest shard group's parameters and
-    gradients plus the root's (arithmetic in ``remat/simulate/sharding.py``,
-    NOTE [ Sharding arithmetic ]). Activations are per micro-batch and do not
+    adds what is unsharded at the moment: gathered parameters, collective buffers,
+    gradients not yet reduce-scattered. :func:`per_rank_peak` replays a profile's
+    timeline moment by moment (NOTE [ FSDP2 per phase ] in
+    ``remat/simulate/sharding.py``); without a timeline it adds the largest shard
+    group's parameters and gradients plus the root's to one moment (NOTE [ Sharding
+    arithmetic ]). Activations are per micro-batch and do not
     change. A per-rank budget therefore equals a single-device budget raised by
     the bytes sharding saves (:func:`single_device_budget_bytes`), which is what a
     single-device planner can be given.

@@ -1,4 +1,8 @@
-"""Per-rank peak memory under data parallelism, as arithmetic on a one-device profile.
+"""Per-rank peak memory under data parallelism, from a one-device profile.
+
+Two models: arithmetic on one moment's parts (:func:`shard_peak`, NOTE [ Sharding
+arithmetic ]; DDP, and FSDP without a timeline), and FSDP2 replayed moment by moment over
+the step's timeline (:func:`fsdp_timeline_peak`, NOTE [ FSDP2 per phase ]).
 
 A simulated single-device step gives exact parameter, gradient and optimizer bytes.
 Data parallelism changes only those (and adds communication buffers): every rank
