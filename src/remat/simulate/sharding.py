@@ -209,9 +209,11 @@ def shard_peak(
 #    all-gather output (the block's parameter bytes again, alive from the all-gather to
 #    the copy-out; counted for the whole block). In backward, the block whose gradients
 #    are next (the first one in backward order whose gradients are not all there): its
-#    flat all-gather output from the start of backward, its parameters once the blocks'
-#    backward starts (the first block activation freed in backward), both until its
-#    reduce-scatter.
+#    parameters once the blocks' backward starts (the first block activation freed in
+#    backward), until its reduce-scatter; and, from the start of backward, one flat
+#    all-gather buffer of a block's size, which the last block's reduce-scatter no
+#    longer holds (measured; which of the prefetch buffer and the previous
+#    reduce-scatter input it is was not told apart).
 # 3. Gradients: the single device's, except that the blocks whose gradients are complete
 #    hold their shards (reduce-scattered); a block's gradients are complete at the first
 #    sample where the gradient bytes reach those of the root's head (what backward
@@ -229,9 +231,13 @@ def shard_peak(
 #    way, after the root is resharded.
 #
 # What is left out: NCCL's buffers outside PyTorch's allocator; prefetching more than
-# the next block; ``reshard_after_forward=False`` on blocks. Measured against the
-# tracker on gloo ranks in tests/integrations/test_fsdp2_memory.py and
-# docs/distributed.md.
+# the next block; ``reshard_after_forward=False`` on blocks; FSDP groups of several
+# blocks (``sqrt`` segments are counted block by block, so their gathered bytes are one
+# block's). Fast rows (NOTE [ Fast rows ], 6. in _fast.py) extrapolate the rank's
+# largest bytes per segment of the step (:func:`segments`). Measured against the tracker
+# on gloo ranks (llama-tiny and gpt-tiny, 2 and 4 ranks, ``none`` and ``full``: equal
+# on most ranks, at most one block above on the others) in
+# tests/integrations/test_fsdp2_memory.py and docs/distributed.md.
 
 
 @dataclass(frozen=True)
