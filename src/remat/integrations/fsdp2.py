@@ -293,9 +293,11 @@ def per_rank_peak(profile: ProfileBytes, model: nn.Module, *, world_size: int,
     replays the step moment by moment as one rank holds it: shards, the gathered root
     and block, collective buffers, gradients reduce-scattered so far (NOTE [ FSDP2 per
     phase ] in ``remat/simulate/sharding.py``; equal to the tracker's per-rank peak on
-    gloo ranks). Without one, turns the profile's parameter, gradient and optimizer bytes
-    into the sharded ones and adds what is all-gathered at once: the largest shard group
-    (one block, or one ``sqrt`` segment) and the root's own parameters and gradients.
+    gloo ranks). A profile on another device than the CPU is taken to run on NCCL, which
+    makes no copy of a reduce-scatter's input in PyTorch's memory. Without a timeline,
+    turns the profile's parameter, gradient and optimizer bytes into the sharded ones
+    and adds what is all-gathered at once: the largest shard group (one block, or one
+    ``sqrt`` segment) and the root's own parameters and gradients.
     See NOTE [ Memory per rank ] and ``remat.simulate.sharding.shard_peak``.
 
     Args:
@@ -305,7 +307,8 @@ def per_rank_peak(profile: ProfileBytes, model: nn.Module, *, world_size: int,
         world_size: data-parallel ranks, >= 1.
         sharding: ``"fsdp"`` or ``"ddp"``. Default: ``"fsdp"``.
         blocks: which modules are blocks. Default: automatic.
-        prefetch_blocks: groups FSDP gathers ahead of the running one. Default: ``0``.
+        prefetch_blocks: groups FSDP gathers ahead of the running one (the arithmetic
+            only; the timeline model counts FSDP2's own prefetch). Default: ``0``.
 
     Returns:
         A :class:`~remat.simulate.sharding.ShardedPeak` (all bytes per rank).
@@ -318,7 +321,9 @@ def per_rank_peak(profile: ProfileBytes, model: nn.Module, *, world_size: int,
     timeline = getattr(profile, "timeline", None)
     if sharding == "fsdp" and timeline is not None and timeline.live_bytes:
         # NOTE [ FSDP2 per phase ] in remat/simulate/sharding.py: moment by moment
-        layout = fsdp_layout(model, world_size, blocks=blocks,
+        # gloo (CPU) copies a reduce-scatter's input on its thread; NCCL keeps its own
+        copies = str(getattr(profile, "device", "cpu")).startswith("cpu")
+        layout = fsdp_layout(model, world_size, blocks=blocks, collective_copy=copies,
                              optimizer_scalar_bytes=scalar_state_bytes(
                                  profile.optimizer_bytes, model))
         return fsdp_timeline_peak((timeline.live_bytes, timeline.phases, timeline.series()),
