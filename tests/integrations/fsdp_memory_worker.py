@@ -1,7 +1,8 @@
 """Per-rank peaks of one FSDP2 training step on gloo CPU ranks (spawned by
 test_fsdp2_memory.py and benchmarks/fsdp_memory.py): the tracker's and the CPU allocator's.
 
-Each rank builds the same tiny model, shards it with ``apply_fsdp`` and profiles one step
+Each rank builds the same tiny models (llama-tiny and gpt-tiny, 2 layers), shards each with
+``apply_fsdp`` per strategy and profiles one step
 with AdamW (``remat.measure.profile_step(..., allocator=True)``: the tracker's peak, and the
 allocator's peak of one more untracked step plus the bytes alive at its start).
 """
@@ -18,28 +19,30 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-MODEL = "llama-tiny"
+MODELS = ("llama-tiny", "gpt-tiny")
 N_LAYER = 2
 BATCH, SEQ = 2, 16
 STRATEGIES = ("none", "full")
+#: the cases each rank measures, ``"model:strategy"``
+CASES = tuple(f"{m}:{s}" for m in MODELS for s in STRATEGIES)
 
 
-def build() -> Any:
+def build(model: str = MODELS[0]) -> Any:
     from remat.models import build_model
 
     torch.manual_seed(0)
-    return build_model(MODEL, n_layer=N_LAYER)
+    return build_model(model, n_layer=N_LAYER)
 
 
-def batch(rank: int = 0) -> dict[str, torch.Tensor]:
+def batch(rank: int = 0, model: str = MODELS[0]) -> dict[str, torch.Tensor]:
     from remat.models import make_batch
 
-    out: dict[str, torch.Tensor] = make_batch(MODEL, BATCH, SEQ, seed=rank)
+    out: dict[str, torch.Tensor] = make_batch(model, BATCH, SEQ, seed=rank)
     return out
 
 
 def worker(rank: int, world: int, store_path: str, out_path: str) -> None:
-    """One rank: profile a step per strategy; rank 0 writes ``{strategy: [per rank]}``."""
+    """One rank: profile a step per case; rank 0 writes ``{case: [per rank]}``."""
     warnings.simplefilter("ignore")
     torch.set_num_threads(1)
     store = dist.FileStore(store_path, world)  # type: ignore[attr-defined]
@@ -52,12 +55,13 @@ def worker(rank: int, world: int, store_path: str, out_path: str) -> None:
 
     mesh = init_device_mesh("cpu", (world,))
     mine: dict[str, dict[str, Any]] = {}
-    for strategy in STRATEGIES:
-        model = apply_fsdp(build(), strategy, mesh=mesh)
+    for case in CASES:
+        name, strategy = case.split(":")
+        model = apply_fsdp(build(name), strategy, mesh=mesh)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-        prof = profile_step(Step(model, batch(rank), optimizer=opt), timing=False,
+        prof = profile_step(Step(model, batch(rank, name), optimizer=opt), timing=False,
                             allocator=True)
-        mine[strategy] = {"tracker": prof.peak_bytes, "allocator": prof.allocator_peak_bytes,
+        mine[case] = {"tracker": prof.peak_bytes, "allocator": prof.allocator_peak_bytes,
                           "phase": prof.peak_phase, "param_bytes": prof.param_bytes,
                           "grad_bytes": prof.grad_bytes,
                           "optimizer_bytes": prof.optimizer_bytes,
@@ -66,7 +70,7 @@ def worker(rank: int, world: int, store_path: str, out_path: str) -> None:
     dist.all_gather_object(gathered, mine)
     if rank == 0:
         Path(out_path).write_text(json.dumps(
-            {s: [g[s] for g in gathered] for s in STRATEGIES}))
+            {c: [g[c] for g in gathered] for c in CASES}))
     dist.barrier()
     dist.destroy_process_group()
     sys.stdout.flush()
@@ -75,7 +79,7 @@ def worker(rank: int, world: int, store_path: str, out_path: str) -> None:
 
 
 def measure(world: int, tmp: Path) -> dict[str, list[dict[str, Any]]]:
-    """Spawn ``world`` gloo ranks and return each strategy's per-rank measurements."""
+    """Spawn ``world`` gloo ranks and return each case's per-rank measurements."""
     from torch.multiprocessing.spawn import spawn
 
     out = tmp / f"fsdp_memory_{world}.json"

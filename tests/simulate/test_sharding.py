@@ -54,3 +54,24 @@ def test_bad_inputs() -> None:
     with pytest.raises(ValueError, match="world_size must be an int >= 1"):
         shard_peak(peak_bytes=10, param_bytes=1, grad_bytes=1, optimizer_bytes=1,
                    sharding="fsdp", world_size=0)
+
+
+def test_fsdp_layout_pads_shards_and_names_each_groups_last_gradient() -> None:
+    from remat.models import build_model
+    from remat.simulate.sharding import fsdp_layout
+
+    model = build_model("llama-tiny", n_layer=2)  # d_model 64, d_ff 176, vocab 256
+    layout = fsdp_layout(model, 3)
+    block = sum(p.numel() * 4 for p in model.blocks[0].parameters())
+    assert layout.block_param_bytes == layout.block_grad_bytes == (block, block)
+    # The last registered parameter of a block is the MLP's down projection (64 x 176):
+    # FSDP2's reduce-scatter loop still holds its gradient (NOTE [ FSDP2 per phase ], 4.).
+    assert layout.block_last_grad_bytes == (64 * 176 * 4,) * 2
+    assert layout.root_param_bytes == 2 * 256 * 64 * 4 + 64 * 4  # embedding, head, norm
+    assert layout.root_last_grad_bytes == 256 * 64 * 4  # lm_head
+    # Dim 0 padded to a multiple of 3 per parameter: gate/up (176 rows) keep 59 rows,
+    # down (64 rows) 22, the norms (64) 22, q/o (64) 22, k/v (32) 11.
+    per_block = (2 * 59 * 64 + 22 * 176 + 2 * 22 + 2 * 22 * 64 + 2 * 11 * 64) * 4
+    root = (2 * 86 * 64 + 22) * 4  # embedding and head: 256 rows -> 86
+    assert layout.block_shard_grad_bytes == (per_block, per_block)
+    assert layout.shard_param_bytes == 2 * per_block + root

@@ -33,9 +33,12 @@ NOTE [ sqrt segments under FSDP2 ]
 
 NOTE [ Memory per rank ]
     FSDP divides parameters, gradients and optimizer state by the world size and
-    adds what is unsharded at once: the largest shard group's parameters and
-    gradients plus the root's (arithmetic in ``remat/simulate/sharding.py``,
-    NOTE [ Sharding arithmetic ]). Activations are per micro-batch and do not
+    adds what is unsharded at the moment: gathered parameters, collective buffers,
+    gradients not yet reduce-scattered. :func:`per_rank_peak` replays a profile's
+    timeline moment by moment (NOTE [ FSDP2 per phase ] in
+    ``remat/simulate/sharding.py``); without a timeline it adds the largest shard
+    group's parameters and gradients plus the root's to one moment (NOTE [ Sharding
+    arithmetic ]). Activations are per micro-batch and do not
     change. A per-rank budget therefore equals a single-device budget raised by
     the bytes sharding saves (:func:`single_device_budget_bytes`), which is what a
     single-device planner can be given.
@@ -53,7 +56,13 @@ from torch import nn
 from remat.blocks import BlocksSpec, named_blocks
 from remat.errors import RematError, StrategyError, message
 from remat.integrations.compile import compile_blocks
-from remat.simulate.sharding import ShardedPeak, shard_peak
+from remat.simulate.sharding import (
+    ShardedPeak,
+    fsdp_layout,
+    fsdp_timeline_peak,
+    scalar_state_bytes,
+    shard_peak,
+)
 from remat.strategies.regions import region_of
 from remat.strategies.registry import parse_strategy
 
@@ -280,9 +289,15 @@ def per_rank_peak(profile: ProfileBytes, model: nn.Module, *, world_size: int,
                   prefetch_blocks: int = 0) -> ShardedPeak:
     """One rank's peak when the profiled step runs under FSDP2 (or DDP) on ``world_size`` ranks.
 
-    Turns a single-device profile's parameter, gradient and optimizer bytes into the
-    sharded ones and adds what is all-gathered at once: the largest shard group
-    (one block, or one ``sqrt`` segment) and the root's own parameters and gradients.
+    With a profile that has a timeline (``remat.profile`` gives one) and ``"fsdp"``,
+    replays the step moment by moment as one rank holds it: shards, the gathered root
+    and block, collective buffers, gradients reduce-scattered so far (NOTE [ FSDP2 per
+    phase ] in ``remat/simulate/sharding.py``; equal to the tracker's per-rank peak on
+    gloo ranks). A profile on another device than the CPU is taken to run on NCCL, which
+    makes no copy of a reduce-scatter's input in PyTorch's memory. Without a timeline,
+    turns the profile's parameter, gradient and optimizer bytes into the sharded ones
+    and adds what is all-gathered at once: the largest shard group (one block, or one
+    ``sqrt`` segment) and the root's own parameters and gradients.
     See NOTE [ Memory per rank ] and ``remat.simulate.sharding.shard_peak``.
 
     Args:
@@ -292,7 +307,8 @@ def per_rank_peak(profile: ProfileBytes, model: nn.Module, *, world_size: int,
         world_size: data-parallel ranks, >= 1.
         sharding: ``"fsdp"`` or ``"ddp"``. Default: ``"fsdp"``.
         blocks: which modules are blocks. Default: automatic.
-        prefetch_blocks: groups FSDP gathers ahead of the running one. Default: ``0``.
+        prefetch_blocks: groups FSDP gathers ahead of the running one (the arithmetic
+            only; the timeline model counts FSDP2's own prefetch). Default: ``0``.
 
     Returns:
         A :class:`~remat.simulate.sharding.ShardedPeak` (all bytes per rank).
@@ -302,6 +318,16 @@ def per_rank_peak(profile: ProfileBytes, model: nn.Module, *, world_size: int,
         >>> per_rank_peak(prof, model, world_size=8).peak_bytes < prof.peak_bytes
         True
     """
+    timeline = getattr(profile, "timeline", None)
+    if sharding == "fsdp" and timeline is not None and timeline.live_bytes:
+        # NOTE [ FSDP2 per phase ] in remat/simulate/sharding.py: moment by moment
+        # gloo (CPU) copies a reduce-scatter's input on its thread; NCCL keeps its own
+        copies = str(getattr(profile, "device", "cpu")).startswith("cpu")
+        layout = fsdp_layout(model, world_size, blocks=blocks, collective_copy=copies,
+                             optimizer_scalar_bytes=scalar_state_bytes(
+                                 profile.optimizer_bytes, model))
+        return fsdp_timeline_peak((timeline.live_bytes, timeline.phases, timeline.series()),
+                                  layout)
     groups = shard_groups(model, blocks=blocks)
     in_blocks = {id(p) for group in groups for p in _unique_params(group)}
     root = [p for p in _unique_params([model]) if id(p) not in in_blocks]

@@ -55,6 +55,17 @@ a constant or proportional to the micro-batch ``b`` (no ``b**2`` term: attention
    pairs, before the row takes the exact path. (Llama-7B ``full`` at ``b`` 2-16
    peaks at the loss with 2 blocks and in recomputation from 3.)
 
+6. *FSDP*: the rank's peak is not the one-device peak sharded but the largest moment
+   of the step as one rank holds it (NOTE [ FSDP2 per phase ] in sharding.py). Each
+   shallow step reports the rank's largest bytes per segment (forward or backward of
+   the root, the first ``2N`` and the last ``2N`` blocks for a pattern of ``N``
+   blocks; the optimizer step), each affine in ``L`` and ``b`` like the figures above,
+   and the row's rank peak is the largest extrapolated one. A block further inside is
+   never larger than both of the nearest ones of its residue modulo ``N`` on either
+   side (its bytes are affine in its index; the first and last block of each residue
+   are kept apart because the stack's ends hold other buffers), so the depths start at
+   ``2N + 1`` blocks. ``sqrt`` (FSDP groups of several blocks) takes the exact path.
+
 Parameter, gradient and optimizer-state bytes come out exact (they are affine in
 ``L`` by construction). ``sqrt`` is cut to one and two of its full segments (of
 ``k = ceil(sqrt(L))`` blocks) plus its last one, keeping ``k``. Non-uniform stacks
@@ -119,12 +130,20 @@ def _stack(setup: Setup) -> tuple[nn.Module, str, list[nn.Module]] | None:
     return setup.model.get_submodule(owner), attr, modules
 
 
-def _depths(label: str, n_blocks: int) -> tuple[int, int] | None:
+def _depths(label: str, n_blocks: int, sharding: str = "none") -> tuple[int, int] | None:
     """``(L1, step)``: the shallowest stack length to cut to and the step between cut
-    lengths over which ``label``'s pattern repeats, else None (stack too short)."""
+    lengths over which ``label``'s pattern repeats, else None (stack too short, or a
+    pattern of several blocks under FSDP: NOTE [ Fast rows ], 6)."""
     kind, _, arg = label.partition(":")
     if n_blocks < 1:  # no uniform stack to cut
         return None
+    if sharding == "fsdp":  # NOTE [ Fast rows ], 6.
+        if kind == "sqrt":
+            return None
+        step = int(arg) if kind == "every" and arg.isdigit() else 1
+        first = 2 * step + 1
+        first += (n_blocks - first) % step
+        return (first, step) if first + step < n_blocks else None
     if kind == "sqrt":
         k, r = _sqrt_shape(n_blocks)
         return (k + r, k) if 2 * k + r < n_blocks else None
@@ -216,7 +235,8 @@ class FastContext:
         self.setup = setup
         self.stack = _stack(setup)
         n_blocks = len(self.stack[2]) if self.stack is not None else 0
-        cuts = [cut for cut in (_depths(label, n_blocks) for label in labels) if cut]
+        cuts = [cut for cut in (_depths(label, n_blocks, setup.sharding) for label in labels)
+                if cut]
         self.depth = max((first + step for first, step in cuts), default=0)
         self._path = next((n for n, m in setup.model.named_modules()
                            if self.stack is not None and m is self.stack[0]), "")
@@ -276,7 +296,24 @@ def _measure(ctx: FastContext, label: str, depth: int, sizes: Sequence[int],
             profs = warm.profiles([on_copy.batch_fn(b, seq_len) for b in sizes])
         finally:
             remove(on_copy.model)
-    return {b: sample_of(prof, on_copy.device) for b, prof in zip(sizes, profs, strict=True)}
+        period = _depths(label, len(ctx.stack[2]), "fsdp") or (0, 1)
+        # the copy is cut to ``depth`` only inside this block
+        return {b: sample_of(prof, on_copy.device, _rank_segments(on_copy, prof, period[1]))
+                for b, prof in zip(sizes, profs, strict=True)}
+
+
+def _rank_segments(setup: Setup, prof: Any, period: int) -> tuple[int, ...]:
+    """Under FSDP, the rank's peak per segment of a shallow step whose pattern repeats
+    every ``period`` blocks (NOTE [ Fast rows ], 6)."""
+    from remat.simulate._point import fsdp_layout_of
+    from remat.simulate.sharding import fsdp_segment_peaks
+
+    timeline = prof.timeline
+    if setup.sharding != "fsdp" or timeline is None:
+        return ()
+    layout = fsdp_layout_of(setup, setup.model, int(prof.optimizer_bytes))
+    return fsdp_segment_peaks((timeline.live_bytes, timeline.phases, timeline.series()),
+                              layout, period)
 
 
 def _level(ctx: FastContext, label: str, depth: int, sizes: Sequence[int],
@@ -331,7 +368,7 @@ def fast_rows(ctx: FastContext, label: str, sizes: Sequence[int],
     if ctx.stack is None:
         return None
     n_blocks = len(ctx.stack[2])
-    cut = _depths(label, n_blocks)
+    cut = _depths(label, n_blocks, ctx.setup.sharding)
     if cut is None:
         return None
     first, step = cut
@@ -369,6 +406,8 @@ def _moments(setup: Setup, sample: Sample) -> tuple[int, int, str | None]:
     peak, phase = (opt_peak, "optimizer") if in_optimizer else (fwd_peak, sample.phase)
     if setup.sharding == "none":
         return peak, peak, phase
+    if setup.sharding == "fsdp" and sample.rank_segments:
+        return peak, max(sample.rank_segments), phase
     moments = [sample.opt_breakdown if in_optimizer else sample.breakdown]
     if setup.sharding == "fsdp" and in_optimizer:
         moments.append(sample.breakdown)

@@ -10,8 +10,11 @@ bound and throughputs are upper bounds. ``samples_per_s`` and ``tokens_per_s``
 count all ranks.
 
 NOTE [ Peaks under sharding ]
-Per-rank peaks come from :func:`remat.simulate.sharding.shard_peak` applied to
-the breakdown of live bytes at the simulated peak. A one-device peak in the
+Under FSDP the per-rank peak replays the simulated step's timeline moment by moment
+(NOTE [ FSDP2 per phase ] in sharding.py; the fast rows extrapolate its segments). Under
+DDP, per-rank peaks come from :func:`remat.simulate.sharding.shard_peak` applied to
+the breakdown of live bytes at the simulated peak; what follows is the arithmetic
+``shard_peak`` does for a profile without a timeline. A one-device peak in the
 optimizer step (AdamW's foreach temporaries) shrinks under FSDP while the
 activation peak does not, so when the one-device peak is in the optimizer phase a
 second simulation without the optimizer gives the forward/backward peak's
@@ -29,7 +32,14 @@ import torch
 from remat.core.cost import Category, StepCost
 from remat.simulate._setup import Setup
 from remat.simulate.result import SimulationRow
-from remat.simulate.sharding import ShardedPeak, shard_peak
+from remat.simulate.sharding import (
+    FsdpLayout,
+    ShardedPeak,
+    fsdp_layout,
+    fsdp_timeline_peak,
+    scalar_state_bytes,
+    shard_peak,
+)
 
 
 def shard(breakdown: Mapping[Category, int], grad_total_bytes: int, setup: Setup) -> ShardedPeak:
@@ -64,10 +74,22 @@ def per_rank(setup: Setup, nbytes: int) -> int:
     return -(-nbytes // setup.world_size) if setup.sharding == "fsdp" else nbytes
 
 
+def fsdp_layout_of(setup: Setup, model: Any, optimizer_bytes: int) -> FsdpLayout:
+    """The FSDP2 layout of ``model`` (``setup.model`` or a cut copy of it) on
+    ``setup.world_size`` GPU ranks (NCCL: no backend copies; NOTE [ FSDP2 per phase ])."""
+    return fsdp_layout(model, setup.world_size, blocks=setup.blocks, collective_copy=False,
+                       optimizer_scalar_bytes=scalar_state_bytes(optimizer_bytes, model))
+
+
 def _rank_peak(setup: Setup, prof: Any, batch: Any) -> int:
     """The per-rank peak of a profiled step; see NOTE [ Peaks under sharding ]."""
     if setup.sharding == "none":
         return int(prof.peak_bytes)  # exact, no arithmetic
+    timeline = prof.timeline
+    if setup.sharding == "fsdp" and timeline is not None and timeline.live_bytes:
+        layout = fsdp_layout_of(setup, setup.model, int(prof.optimizer_bytes))
+        return fsdp_timeline_peak((timeline.live_bytes, timeline.phases, timeline.series()),
+                                  layout).peak_bytes
     moments = [dict(prof.peak_breakdown)]
     if setup.sharding == "fsdp" and setup.optimizer is not None \
             and prof.peak_phase == "optimizer":

@@ -25,6 +25,8 @@ class Sample:
     ``opt_peak_bytes`` / ``opt_breakdown`` the optimizer step's (0 / empty without one).
     ``moments``: per phase, its peak bytes and when they were first reached
     (``PhasePeak.order``), for a measured step; empty once interpolated or extrapolated.
+    ``rank_segments``: under FSDP, one rank's peak in each of
+    :func:`remat.simulate.sharding.segments`; else empty.
     """
 
     peak_bytes: int
@@ -44,6 +46,7 @@ class Sample:
     recompute_ms: float
     optimizer_ms: float
     moments: tuple[tuple[str, int, int], ...] = ()
+    rank_segments: tuple[int, ...] = ()  # FSDP: per-rank peak per segment (NOTE [ Fast rows ], 6)
 
 
 def roofline_times(ops: Sequence[Any], device: Any) -> dict[str, float]:
@@ -54,8 +57,9 @@ def roofline_times(ops: Sequence[Any], device: Any) -> dict[str, float]:
             "optimizer_ms": float(roofline_ms(ops, device, phases=("optimizer",)))}
 
 
-def sample_of(prof: Any, device: Any) -> Sample:
-    """The sample of one shallow step's profile: both moments, every op, roofline times."""
+def sample_of(prof: Any, device: Any, rank_segments: tuple[int, ...] = ()) -> Sample:
+    """The sample of one shallow step's profile: both moments, every op, roofline times
+    (and, under FSDP, the rank's segment peaks, computed by the caller)."""
     ops = tuple(prof.ops)
     moments = {p: m for p, m in prof.phase_peaks.items() if p != "optimizer"}
     phase = max(moments, key=lambda p: (moments[p].peak_bytes, -moments[p].order))
@@ -68,7 +72,8 @@ def sample_of(prof: Any, device: Any) -> Sample:
                   dict(opt.breakdown) if opt is not None else {}, ops,
                   **roofline_times(ops, device),
                   moments=tuple(sorted((p, int(m.peak_bytes), m.order)
-                                       for p, m in prof.phase_peaks.items())))
+                                       for p, m in prof.phase_peaks.items())),
+                  rank_segments=rank_segments)
 
 
 class NotAffine(Exception):
@@ -97,6 +102,10 @@ def mix(s1: Sample, s2: Sample, x1: int, x2: int, x: int, *,
         {k: affine(a.get(k, 0), b.get(k, 0), x1, x2, x) for k in a.keys() | b.keys()}
         for a, b in ((s1.breakdown, s2.breakdown), (s1.opt_breakdown, s2.opt_breakdown)))
     phase = s2.phase if x >= x2 else s1.phase
+    if len(s1.rank_segments) != len(s2.rank_segments):
+        raise NotAffine
+    ints["rank_segments"] = tuple(affine(a, b, x1, x2, x) for a, b in
+                                  zip(s1.rank_segments, s2.rank_segments, strict=True))
     if device is None:
         times = {k: getattr(s1, k) + (getattr(s2, k) - getattr(s1, k)) * (x - x1) / (x2 - x1)
                  for k in ("compute_ms", "recompute_ms", "optimizer_ms")}
@@ -135,7 +144,7 @@ def on_chord(samples: dict[int, Sample], ends: Sequence[int], middle: int,
     except NotAffine:
         return False
     seen = samples[middle]
-    return all(getattr(chord, k) == getattr(seen, k) for k in INTS) and all(
+    return all(getattr(chord, k) == getattr(seen, k) for k in (*INTS, "rank_segments")) and all(
         {k: v for k, v in getattr(chord, key).items() if v}
         == {k: v for k, v in getattr(seen, key).items() if v}
         for key in ("breakdown", "opt_breakdown"))
@@ -168,9 +177,11 @@ def deepen(s1: Sample, s2: Sample, depths: tuple[int, int], n_blocks: int) -> Sa
         kinds = [{k for k, v in getattr(s, key).items() if v} for s in (s1, s2)]
         if kinds[0] != kinds[1]:
             raise NotAffine
-    if s1.phase != s2.phase:
+    if s1.phase != s2.phase or [v > 0 for v in s1.rank_segments] != [
+            v > 0 for v in s2.rank_segments]:
         raise NotAffine
     out = mix(s1, s2, *depths, n_blocks)
-    if any(v < 0 for v in [*out.breakdown.values(), *out.opt_breakdown.values()]):
+    if any(v < 0 for v in [*out.breakdown.values(), *out.opt_breakdown.values(),
+                           *out.rank_segments]):
         raise NotAffine
     return out

@@ -36,8 +36,10 @@ NOTE [ Tensor-parallel bytes per rank ]
       actual layer, with one difference: Megatron re-gathers the sequence-parallel
       input in backward instead of saving it, PyTorch's SP saves it (``2 sbh`` per
       layer at 16 bits on top of their TP+SP figure).
-    * The rest of the peak (backward temporaries and recomputed tensors alive at the
-      peak) is scaled by the activations' ratio (per-rank / one-device).
+    * Recomputed tensors alive at the peak are split like what the blocks' forwards
+      save without checkpointing (one more simulated step, with ``"none"``):
+      recomputation re-runs a block's forward. The rest of the peak (backward
+      temporaries) is scaled by the activations' ratio (per-rank / one-device).
     Not modelled: the embedding's per-rank input mask (``b s`` bytes of bool and
     the shifted ids), gloo/NCCL buffers, DTensor's transient redistribution copies.
     tests/integrations/test_tp.py compares these figures with the tracker and the CPU
@@ -347,6 +349,20 @@ def _saved_by_unit(setup: Any, strategy: str, batch_size: int, seq_len: int,
     return tracked, norm_out, warm.optimizer
 
 
+def _recompute_split(setup: Any, strategy: str, batch_size: int, seq_len: int,
+                     roles: dict[str, Role], blocks: list[str], tp: int,
+                     sequence_parallel: bool) -> tuple[int, int]:
+    """``(per-rank, one-device)`` bytes that the blocks' forwards save without
+    checkpointing: recomputation re-runs a block's forward, so what it saves splits like
+    that (NOTE [ Tensor-parallel bytes per rank ], recomputed tensors)."""
+    tracked, norm_out, _ = _saved_by_unit(setup, "none", batch_size, seq_len, roles)
+    inside = {unit: nbytes for unit, nbytes in tracked.tracker.block_saved_bytes.items()
+              if any(unit == b or unit.startswith(b + ".") for b in blocks)}
+    whole = sum(inside.values())
+    return split_activations(inside, roles, blocks, norm_out, total_bytes=whole, t=tp,
+                             sequence_parallel=sequence_parallel), whole
+
+
 def _moment_bytes(optimizer: torch.optim.Optimizer | None) -> int:
     """Bytes of the optimizer's per-element state (not the scalar step counters)."""
     if optimizer is None:
@@ -423,8 +439,14 @@ def tp_rank_bytes(model: Any, *, seq_len: int, batch_size: int, tp: int,
                                   if k not in by_grads + by_acts + ("params",))
     for kind in by_grads:
         rank_peak += _shard(at_peak.get(kind, 0) * rank_grads, grads) if grads else 0
+    recompute_ratio = _recompute_split(setup, strategy, batch_size, seq_len, roles, blocks,
+                                       tp, sequence_parallel) if at_peak.get("recompute") \
+        else None
     for kind in by_acts:
         value = at_peak.get(kind, 0)
+        if kind == "recompute" and recompute_ratio is not None and recompute_ratio[1]:
+            rank_peak += _shard(value * recompute_ratio[0], recompute_ratio[1])
+            continue
         rank_peak += _shard(value * rank_act, activations) if activations else value
     return TPRankBytes(
         tp=tp, sequence_parallel=sequence_parallel, param_bytes=rank_params,
