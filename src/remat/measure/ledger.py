@@ -119,6 +119,9 @@ class StorageLedger:
         # NOTE [ Memory timeline ] in remat/core/timeline.py: samples and events.
         self.samples: list[int] = []
         self.sample_phases: list[str] = []
+        self.sample_blocks: list[str | None] = []
+        #: the block running now (set by the tracker: NOTE [ Block attribution ])
+        self.block_now: Callable[[], str | None] = lambda: None
         self.events: list[tuple[int, str, str | None, int]] = []
         self.found_later: list[tuple[int, int]] = []  # (sample, bytes) counted from the start
 
@@ -183,6 +186,7 @@ class StorageLedger:
         self._updates += 1
         self.samples.append(self.current)
         self.sample_phases.append(phase)
+        self.sample_blocks.append(self.block_now())
         entry = self.phase_peaks.get(phase)
         if entry is None or self.current > entry[0]:
             self.phase_peaks[phase] = [self.current, dict(self.by_kind), self._updates]
@@ -200,6 +204,7 @@ class StorageLedger:
             self.events[i] = (at + 1, kind, block, delta)
         self.samples.append(current)
         self.sample_phases.append(phase)
+        self.sample_blocks.append(self.block_now())
         entry = self.phase_peaks.get(phase)
         if entry is None or current > entry[0]:
             self.phase_peaks[phase] = [current, dict(by_kind), self._updates]
@@ -244,7 +249,8 @@ class StorageLedger:
                 live[i] += nbytes
         events = tuple((i, KIND_CATEGORIES[kind].value, block if kind == "forward" else None, d)
                        for i, kind, block, d in self.events)
-        return MemoryTimeline(tuple(live), tuple(self.sample_phases), events)
+        return MemoryTimeline(tuple(live), tuple(self.sample_phases), events,
+                              tuple(self.sample_blocks))
 
     def bytes_of_kind(self, kind: str) -> tuple[int, dict[str, int]]:
         """Bytes of live storages of ``kind``, in total and per block."""

@@ -202,6 +202,7 @@ class MemoryTracker(TorchDispatchMode):
         self._activation: int | None = None
         self._block_saved: dict[str, int] = {}
         self._attribution = BlockAttribution(blocks, lambda: self._phase == "forward")
+        self._ledger.block_now = lambda: self._attribution.current
         self._raw_ops: list[tuple[str, str, int, int, int, str | None, int, int]] = []
         self._ops_cache: tuple[OpRecord, ...] | None = None
         self._params: list[nn.Parameter] = []

@@ -55,6 +55,20 @@ a constant or proportional to the micro-batch ``b`` (no ``b**2`` term: attention
    pairs, before the row takes the exact path. (Llama-7B ``full`` at ``b`` 2-16
    peaks at the loss with 2 blocks and in recomputation from 3.)
 
+6. *A phase's peak can move to its other end with depth*: in backward the loss's
+   moment (every block's saved tensors alive) grows with ``L`` by a block's saved
+   bytes, the end of backward (every block's gradients alive) by a block's
+   gradients; at two shallow depths the first may be the larger and at ``L`` the
+   second (``ops`` at micro-batch 1: the loss at 2 and 3 blocks, the end of backward
+   from 4). Each sample keeps the peaks of the segments at either end of each phase
+   (a segment: a run of samples in one block, or outside every block; the first and
+   last ``step + 1`` of them, ``step`` the pattern's period). Within a phase the
+   blocks between are passed in order and each one's moments are affine in its
+   position (saved tensors of the blocks before it, gradients of the blocks after),
+   so a phase's peak lies in its end segments. A depth pair whose extrapolated end
+   segment rises above its extrapolated peak has the peak moving: it is not
+   extrapolated, and the deeper pairs of 5 are tried.
+
 Parameter, gradient and optimizer-state bytes come out exact (they are affine in
 ``L`` by construction). ``sqrt`` is cut to one and two of its full segments (of
 ``k = ceil(sqrt(L))`` blocks) plus its last one, keeping ``k``. Non-uniform stacks
@@ -276,7 +290,10 @@ def _measure(ctx: FastContext, label: str, depth: int, sizes: Sequence[int],
             profs = warm.profiles([on_copy.batch_fn(b, seq_len) for b in sizes])
         finally:
             remove(on_copy.model)
-    return {b: sample_of(prof, on_copy.device) for b, prof in zip(sizes, profs, strict=True)}
+    cut = _depths(label, len(ctx.stack[2]))
+    width = 1 + (cut[1] if cut is not None else 1)  # NOTE [ Fast rows ], 6
+    return {b: sample_of(prof, on_copy.device, width)
+            for b, prof in zip(sizes, profs, strict=True)}
 
 
 def _level(ctx: FastContext, label: str, depth: int, sizes: Sequence[int],
