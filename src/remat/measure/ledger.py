@@ -193,6 +193,20 @@ class StorageLedger:
             if phase not in self._now:
                 self._now.append(phase)
 
+    def transient(self, phase: str, nbytes: int) -> None:
+        """A moment inside an op of ``phase``: ``nbytes`` of the kernel's own temporaries
+        alive on top of what is live now, as that phase's kind, for one sample (NOTE
+        [ Kernel scratch the tracker models ] in scratch.py)."""
+        self.current += nbytes
+        self.by_kind[phase] += nbytes
+        self._now.clear()
+        self.events.append((len(self.samples), phase, None, nbytes))
+        self.update_peak(phase)
+        self.current -= nbytes
+        self.by_kind[phase] -= nbytes
+        self._now.clear()
+        self.events.append((len(self.samples), phase, None, -nbytes))
+
     def update_peak_at(self, phase: str, current: int, by_kind: dict[str, int],
                        events_then: int) -> None:
         """:meth:`update_peak` for a moment already past: ``current`` bytes then,
