@@ -20,10 +20,10 @@ from torch import nn
 import remat
 from remat.models import build_model, make_batch
 from remat.simulate.run import simulate
-from remat.strategies.registry import STRATEGIES
+from remat.strategies.registry import BUILTIN as BUILTIN_CLASSES
 
 #: Every built-in strategy, ``every:N`` and ``chunked_head:N`` at N = 2.
-BUILTIN = [name.replace(":N", ":2") for name in STRATEGIES]
+BUILTIN = [cls.spelling().replace(":N", ":2") for cls in BUILTIN_CLASSES]
 SEQ = 32
 
 
@@ -47,7 +47,7 @@ def _model_and_batch(name: str, batch_size: int) -> tuple[nn.Module, Any]:
 
 
 def test_the_list_names_every_builtin_strategy() -> None:
-    assert {b.partition(":")[0] for b in BUILTIN} == {s.partition(":")[0] for s in STRATEGIES}
+    assert len(BUILTIN) == 10 and {"none", "ops", "sqrt", "every:2"} <= set(BUILTIN)
 
 
 @pytest.mark.parametrize("batch_size", [1, 2])
