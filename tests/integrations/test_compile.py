@@ -101,7 +101,7 @@ def test_full_checkpoint_compiles_and_saves_no_intermediate() -> None:
 
 
 def test_sqrt_segments_are_refused_with_the_alternatives() -> None:
-    model = apply(build_model("llama-tiny"), "sqrt")
+    model = apply(build_model("llama-tiny", n_layer=4), "sqrt")  # segments of 2
     with pytest.raises(StrategyError,
                        match="(?s)part of a 'sqrt' segment.*fix: use 'full', 'every:N'"):
         compile_blocks(model)

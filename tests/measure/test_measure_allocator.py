@@ -137,3 +137,48 @@ def test_a_hybrid_mamba_attention_stack_is_exact() -> None:
         tracked, allocated = _gap(model, batch)
         assert tracked == allocated, f"{strategy}: tracker {tracked} B, allocator {allocated} B"
     apply(model, "none")
+
+
+#: Multi-query attention (one key/value head): HF Llama's grouped-query path at one
+#: group, and Falcon's ``multi_query`` (rotary; SDPA takes its math path, whose
+#: ``_safe_softmax`` temporaries the tracker models: NOTE [ Kernel scratch the tracker
+#: models ] in remat/measure/scratch.py).
+MQA = {
+    "llama": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+              "num_attention_heads": 4, "num_key_value_heads": 1},
+    "falcon": {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
+               "multi_query": True, "new_decoder_architecture": False, "alibi": False,
+               "bias": False},
+}
+
+
+@pytest.mark.parametrize("model_type", sorted(MQA))
+def test_multi_query_attention_decoders_are_exact(model_type: str) -> None:
+    transformers = pytest.importorskip("transformers")
+    config = transformers.AutoConfig.for_model(model_type, vocab_size=128,
+                                               max_position_embeddings=64, **MQA[model_type])
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config).train()
+    ids = torch.randint(0, 128, (2, 32))
+    batch = {"input_ids": ids, "labels": ids.clone()}
+    for strategy in ("none", "full", "ops"):
+        apply(model, strategy)
+        tracked, allocated = _gap(model, batch)
+        assert tracked == allocated, f"{strategy}: tracker {tracked} B, allocator {allocated} B"
+        assert profile(model, batch, simulate=True).peak_bytes == tracked, strategy
+    apply(model, "none")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("shape", "dim"), [((2, 4, 32, 32), -1), ((3, 5, 7), 1)])
+def test_safe_softmax_scratch_is_what_the_allocator_sees(
+        shape: tuple[int, ...], dim: int, dtype: torch.dtype) -> None:
+    from remat.measure.allocator import allocator_peak
+    from remat.measure.scratch import scratch_bytes
+
+    func = torch.ops.aten._safe_softmax.default
+    x = torch.randn(shape, dtype=dtype)
+    x[0, 0] = float("-inf")  # a row the kernel zeroes
+    out = func(x, dim)
+    peak = allocator_peak(lambda: func(x, dim), device=torch.device("cpu")).peak_bytes
+    assert out.nbytes + scratch_bytes(func, (x, dim), {}, out) == peak

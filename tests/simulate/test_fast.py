@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
 import pytest
 
 from remat.models import build_model
-from remat.simulate._fast import FastContext, fast_rows
+from remat.simulate._fast import FastContext, _moments, fast_rows
 from remat.simulate._setup import build_model as resolve_model
 from remat.simulate._setup import make_setup
 from remat.simulate.precision import get_precision
@@ -179,3 +180,53 @@ def test_sizes_on_the_chord_and_deeper_depth_pairs_equal_exact(
         ("every:2", 2), ("every:2", 4), ("ops", 2), ("ops", 3)}
     assert deeper, measured
     _compare(fast, simulate(_factory(), exact=True, **kwargs))
+
+
+def test_end_segments_are_the_peaks_of_each_phases_first_and_last_blocks() -> None:
+    from remat.core.timeline import MemoryTimeline
+    from remat.simulate._samples import end_segments
+
+    timeline = MemoryTimeline(
+        (5, 7, 6, 9, 8, 4, 3, 2),
+        ("forward", "forward", "forward", "backward", "backward", "backward", "backward",
+         "optimizer"),
+        (), (None, "b0", "b0", None, "b1", "b0", "b0", None))
+    ends = dict(end_segments(timeline, 2))
+    # forward: [None 5], [b0 7]; backward: [None 9], [b1 8], [b0 4]; optimizer: none
+    assert ends == {("forward", "first", 0): 5, ("forward", "first", 1): 7,
+                    ("forward", "last", 0): 7, ("forward", "last", 1): 5,
+                    ("backward", "first", 0): 9, ("backward", "first", 1): 8,
+                    ("backward", "last", 0): 4, ("backward", "last", 1): 8}
+    assert end_segments(dataclasses.replace(timeline, blocks=()), 2) == ()
+
+
+def test_a_depth_pair_whose_other_end_overtakes_deeper_is_not_extrapolated() -> None:
+    # NOTE [ Fast rows ], 6: ops at micro-batch 1 peaks in backward at the loss with 2
+    # and 3 blocks, at the end of backward from 4; extrapolating the loss's moment to 8
+    # blocks reads low, and under FSDP (where that moment, not the optimizer's, sets the
+    # rank's peak) the row would too. The end segments see it and the pair is refused.
+    from remat.devices import get_device
+    from remat.simulate._fast import _level
+    from remat.simulate._point import point
+    from remat.simulate._samples import NotAffine, deepen
+    from remat.strategies import apply, remove
+
+    inner, _ = resolve_model(_factory(), SEQ)
+    setup = make_setup(inner, precision=get_precision("bf16"), optimizer="adamw",
+                       device=get_device("l4"), world_size=8, sharding="fsdp",
+                       blocks=None, loss_fn=None, batch_fn=None)
+    context = FastContext(setup, ["ops"])
+    shallow = [_level(context, "ops", depth, [1], SEQ)[1] for depth in (2, 3)]
+    assert [s.phase for s in shallow] == ["backward", "backward"]
+    with pytest.raises(NotAffine):
+        deepen(*shallow, (2, 3), 8)
+    blind = deepen(*(dataclasses.replace(s, ends=()) for s in shallow), (2, 3), 8)
+    rows = fast_rows(context, "ops", [1], SEQ)
+    apply(setup.model, "ops", blocks=setup.blocks)
+    try:
+        exact = point(setup, "ops", 1, SEQ)
+    finally:
+        remove(setup.model)
+    assert rows is not None and rows[0] is not None
+    assert rows[0].peak_bytes == exact.peak_bytes
+    assert _moments(setup, blind)[1] != exact.peak_bytes  # what the pair alone claimed

@@ -119,7 +119,8 @@ def test_sub_layer_strategies_touch_only_that_sub_layer() -> None:
 
 
 @pytest.mark.parametrize("num_blocks, expected", [
-    (1, [[0]]), (4, [[0, 1], [2, 3]]), (5, [[0, 1, 2], [3, 4]]),
+    (1, [[0]]), (2, [[0], [1]]), (3, [[0, 1], [2]]), (4, [[0, 1], [2, 3]]),
+    (5, [[0, 1, 2], [3, 4]]),
     (9, [[0, 1, 2], [3, 4, 5], [6, 7, 8]]), (12, [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]),
 ])
 def test_sqrt_segments(num_blocks: int, expected: list[list[int]]) -> None:

@@ -145,9 +145,31 @@ def test_without_storage_by_call_index_regions_fall_back_to_stock_sac() -> None:
         assert torch.equal(g, want)
 
 
+def test_no_cached_output_outlives_the_recompute() -> None:
+    # NOTE [ Cached outputs no recompute reads ] in sac.py: the saved ops a recompute that
+    # stops early never reaches stayed cached until the next forward, alive through the
+    # optimizer step (one hidden state per block) and at the backward peak.
+    from remat.core.cost import Category
+
+    torch.manual_seed(0)
+    model = build_model("llama-tiny")
+    batch = make_batch(model, 2)
+    opt = torch.optim.AdamW(model.parameters())
+    optimizer_activations = {}
+    for strategy in ("none", "ops"):
+        remat.apply(model, strategy)
+        prof = remat.profile(model, batch, optimizer=opt, timing=False)
+        remat.remove(model)
+        phase = prof.phase_peaks["optimizer"]
+        optimizer_activations[strategy] = phase.breakdown.get(Category.ACTIVATIONS, 0)
+    assert optimizer_activations["ops"] == optimizer_activations["none"]
+
+
 def test_a_second_backward_through_a_region_is_refused_as_sac_refuses_it() -> None:
     # The recompute context is re-entered by a second backward (regions.py,
-    # _RecomputeContext): SAC's own error, not a context-manager error.
+    # _RecomputeContext): SAC's own error, not a context-manager error. The cache's
+    # unread entries, marked consumed when the first recompute ended (NOTE [ Cached
+    # outputs no recompute reads ] in sac.py), keep it so.
     torch.manual_seed(0)
     model = build_model("llama-tiny")
     batch = make_batch(model, 2)

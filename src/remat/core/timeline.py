@@ -35,6 +35,9 @@ class MemoryTimeline:
             ``"optimizer"``).
         events: ``(sample, category, block, delta)`` changes, in order; ``block`` is set
             for activations (the block whose forward created them), else None.
+        blocks: each sample's running block (forward, or backward and recompute: NOTE
+            [ Block attribution ] in remat/measure/attribution.py), None outside the
+            blocks. Default: empty (not recorded).
 
     Example:
         >>> t = MemoryTimeline((4, 6), ("forward", "backward"),
@@ -46,8 +49,14 @@ class MemoryTimeline:
     live_bytes: tuple[int, ...]
     phases: tuple[str, ...]
     events: tuple[Event, ...]
+    blocks: tuple[str | None, ...] = ()
 
     def __post_init__(self) -> None:
+        if self.blocks and len(self.blocks) != len(self.live_bytes):
+            raise ValueError(message("MemoryTimeline", "one block (or None) per sample",
+                                     {"samples": len(self.live_bytes),
+                                      "blocks": len(self.blocks)},
+                                     fix="pass as many blocks as live_bytes, or none"))
         if len(self.live_bytes) != len(self.phases):
             raise ValueError(message("MemoryTimeline", "one phase per sample",
                                      {"samples": len(self.live_bytes),

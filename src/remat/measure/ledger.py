@@ -119,6 +119,9 @@ class StorageLedger:
         # NOTE [ Memory timeline ] in remat/core/timeline.py: samples and events.
         self.samples: list[int] = []
         self.sample_phases: list[str] = []
+        self.sample_blocks: list[str | None] = []
+        #: the block running now (set by the tracker: NOTE [ Block attribution ])
+        self.block_now: Callable[[], str | None] = lambda: None
         self.events: list[tuple[int, str, str | None, int]] = []
         self.found_later: list[tuple[int, int]] = []  # (sample, bytes) counted from the start
 
@@ -183,11 +186,26 @@ class StorageLedger:
         self._updates += 1
         self.samples.append(self.current)
         self.sample_phases.append(phase)
+        self.sample_blocks.append(self.block_now())
         entry = self.phase_peaks.get(phase)
         if entry is None or self.current > entry[0]:
             self.phase_peaks[phase] = [self.current, dict(self.by_kind), self._updates]
             if phase not in self._now:
                 self._now.append(phase)
+
+    def transient(self, phase: str, nbytes: int) -> None:
+        """A moment inside an op of ``phase``: ``nbytes`` of the kernel's own temporaries
+        alive on top of what is live now, as that phase's kind, for one sample (NOTE
+        [ Kernel scratch the tracker models ] in scratch.py)."""
+        self.current += nbytes
+        self.by_kind[phase] += nbytes
+        self._now.clear()
+        self.events.append((len(self.samples), phase, None, nbytes))
+        self.update_peak(phase)
+        self.current -= nbytes
+        self.by_kind[phase] -= nbytes
+        self._now.clear()
+        self.events.append((len(self.samples), phase, None, -nbytes))
 
     def update_peak_at(self, phase: str, current: int, by_kind: dict[str, int],
                        events_then: int) -> None:
@@ -200,6 +218,7 @@ class StorageLedger:
             self.events[i] = (at + 1, kind, block, delta)
         self.samples.append(current)
         self.sample_phases.append(phase)
+        self.sample_blocks.append(self.block_now())
         entry = self.phase_peaks.get(phase)
         if entry is None or current > entry[0]:
             self.phase_peaks[phase] = [current, dict(by_kind), self._updates]
@@ -244,7 +263,8 @@ class StorageLedger:
                 live[i] += nbytes
         events = tuple((i, KIND_CATEGORIES[kind].value, block if kind == "forward" else None, d)
                        for i, kind, block, d in self.events)
-        return MemoryTimeline(tuple(live), tuple(self.sample_phases), events)
+        return MemoryTimeline(tuple(live), tuple(self.sample_phases), events,
+                              tuple(self.sample_blocks))
 
     def bytes_of_kind(self, kind: str) -> tuple[int, dict[str, int]]:
         """Bytes of live storages of ``kind``, in total and per block."""

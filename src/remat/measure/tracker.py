@@ -9,7 +9,8 @@ subtracted when PyTorch frees it.
 
 NOTE [ What the tracker cannot see ]
     1. Scratch memory inside a kernel (cuBLAS/cuDNN workspaces, temporaries an
-       op frees before returning): only op outputs are visible.
+       op frees before returning): only op outputs are visible, but for the kernels
+       NOTE [ Kernel scratch the tracker models ] in scratch.py models.
     2. Storages created outside the dispatcher and first seen as an op's input
        (a tensor kept as a plain module attribute, ``torch.from_numpy``) are
        assumed to predate the step: they are counted as ``"other"`` from the
@@ -96,6 +97,7 @@ from remat.measure.ledger import (
     tensors_in,
 )
 from remat.measure.outside import watch_rng_states
+from remat.measure.scratch import scratch_bytes
 from remat.measure.sharded import (
     unsharded_param_tensors,
     watch_collectives,
@@ -202,6 +204,7 @@ class MemoryTracker(TorchDispatchMode):
         self._activation: int | None = None
         self._block_saved: dict[str, int] = {}
         self._attribution = BlockAttribution(blocks, lambda: self._phase == "forward")
+        self._ledger.block_now = lambda: self._attribution.current
         self._raw_ops: list[tuple[str, str, int, int, int, str | None, int, int]] = []
         self._ops_cache: tuple[OpRecord, ...] | None = None
         self._params: list[nn.Parameter] = []
@@ -400,6 +403,9 @@ class MemoryTracker(TorchDispatchMode):
         )
         alloc, aliases_only = self._ledger.see_outputs(outputs, input_keys, self._counts, phase,
                                                        self._attribution.current)
+        scratch = scratch_bytes(func, args, kwargs, out)
+        if scratch:  # NOTE [ Kernel scratch the tracker models ] in scratch.py
+            self._scratch_moment(phase, scratch)
         if self._record_ops:
             self._record(func, args, kwargs, out, inputs, outputs, phase, alloc, aliases_only)
         if reusable and alloc:
@@ -411,6 +417,18 @@ class MemoryTracker(TorchDispatchMode):
         if self.after_op is not None:
             self.after_op()
         return out
+
+    def _scratch_moment(self, phase: str, nbytes: int) -> None:
+        """The moment inside the op just run with ``nbytes`` of its kernel's temporaries
+        alive besides its output (NOTE [ Kernel scratch the tracker models ])."""
+        current = self._ledger.current
+        self._ledger.transient(phase, nbytes)
+        if self.after_op is not None:
+            self._settling = current + nbytes
+            try:
+                self.after_op()
+            finally:
+                self._settling = None
 
     def settle(self) -> None:
         """Resolve a deferred engine sum (NOTE [ Gradient accumulation in place ])."""

@@ -65,6 +65,19 @@ a constant or proportional to the micro-batch ``b`` (no ``b**2`` term: attention
    side (its bytes are affine in its index; the first and last block of each residue
    are kept apart because the stack's ends hold other buffers), so the depths start at
    ``2N + 1`` blocks. ``sqrt`` (FSDP groups of several blocks) takes the exact path.
+7. *A phase's peak can move to its other end with depth*: in backward the loss's
+   moment (every block's saved tensors alive) grows with ``L`` by a block's saved
+   bytes, the end of backward (every block's gradients alive) by a block's
+   gradients; at two shallow depths the first may be the larger and at ``L`` the
+   second (``ops`` at micro-batch 1: the loss at 2 and 3 blocks, the end of backward
+   from 4). Each sample keeps the peaks of the segments at either end of each phase
+   (a segment: a run of samples in one block, or outside every block; the first and
+   last ``step + 1`` of them, ``step`` the pattern's period). Within a phase the
+   blocks between are passed in order and each one's moments are affine in its
+   position (saved tensors of the blocks before it, gradients of the blocks after),
+   so a phase's peak lies in its end segments. A depth pair whose extrapolated end
+   segment rises above its extrapolated peak has the peak moving: it is not
+   extrapolated, and the deeper pairs of 5 are tried.
 
 Parameter, gradient and optimizer-state bytes come out exact (they are affine in
 ``L`` by construction). ``sqrt`` is cut to one and two of its full segments (of
@@ -298,7 +311,10 @@ def _measure(ctx: FastContext, label: str, depth: int, sizes: Sequence[int],
             remove(on_copy.model)
         period = _depths(label, len(ctx.stack[2]), "fsdp") or (0, 1)
         # the copy is cut to ``depth`` only inside this block
-        return {b: sample_of(prof, on_copy.device, _rank_segments(on_copy, prof, period[1]))
+        cut = _depths(label, len(ctx.stack[2]))
+        width = 1 + (cut[1] if cut is not None else 1)  # NOTE [ Fast rows ], 7
+        return {b: sample_of(prof, on_copy.device, width,
+                             _rank_segments(on_copy, prof, period[1]))
                 for b, prof in zip(sizes, profs, strict=True)}
 
 

@@ -27,6 +27,10 @@ class Sample:
     (``PhasePeak.order``), for a measured step; empty once interpolated or extrapolated.
     ``rank_segments``: under FSDP, one rank's peak in each of
     :func:`remat.simulate.sharding.segments`; else empty.
+    ``ends``: the peaks of the segments at either end of each forward, backward and
+    recompute phase (NOTE [ Fast rows ], 7), by ``(phase, "first" | "last", k)``: the
+    k-th segment from that end, a segment being a run of samples in one block (or
+    outside every block); bytes, upper bounds once interpolated in batch size.
     """
 
     peak_bytes: int
@@ -47,6 +51,7 @@ class Sample:
     optimizer_ms: float
     moments: tuple[tuple[str, int, int], ...] = ()
     rank_segments: tuple[int, ...] = ()  # FSDP: per-rank peak per segment (NOTE [ Fast rows ], 6)
+    ends: tuple[tuple[tuple[str, str, int], int], ...] = ()
 
 
 def roofline_times(ops: Sequence[Any], device: Any) -> dict[str, float]:
@@ -57,9 +62,34 @@ def roofline_times(ops: Sequence[Any], device: Any) -> dict[str, float]:
             "optimizer_ms": float(roofline_ms(ops, device, phases=("optimizer",)))}
 
 
-def sample_of(prof: Any, device: Any, rank_segments: tuple[int, ...] = ()) -> Sample:
-    """The sample of one shallow step's profile: both moments, every op, roofline times
-    (and, under FSDP, the rank's segment peaks, computed by the caller)."""
+def end_segments(timeline: Any, width: int) -> tuple[tuple[tuple[str, str, int], int], ...]:
+    """:attr:`Sample.ends` of a measured step's timeline: per forward, backward and
+    recompute phase, the peak bytes of its first and last ``width`` segments (NOTE [ Fast
+    rows ], 7); empty without the samples' blocks."""
+    if timeline is None or not timeline.blocks:
+        return ()
+    segments: dict[str, list[int]] = {}
+    last: dict[str, Any] = {}
+    for live, phase, block in zip(timeline.live_bytes, timeline.phases, timeline.blocks,
+                                  strict=True):
+        if phase == "optimizer":
+            continue
+        peaks = segments.setdefault(phase, [])
+        if not peaks or last[phase] != block:
+            peaks.append(live)
+            last[phase] = block
+        elif live > peaks[-1]:
+            peaks[-1] = live
+    return tuple(((phase, end, k), (peaks if end == "first" else peaks[::-1])[k])
+                 for phase, peaks in sorted(segments.items())
+                 for end in ("first", "last") for k in range(min(width, len(peaks))))
+
+
+def sample_of(prof: Any, device: Any, width: int = 2,
+              rank_segments: tuple[int, ...] = ()) -> Sample:
+    """The sample of one shallow step's profile: both moments, every op, roofline times,
+    the peaks of the ``width`` segments at either end of each phase (``ends``) and,
+    under FSDP, the rank's segment peaks (computed by the caller)."""
     ops = tuple(prof.ops)
     moments = {p: m for p, m in prof.phase_peaks.items() if p != "optimizer"}
     phase = max(moments, key=lambda p: (moments[p].peak_bytes, -moments[p].order))
@@ -73,7 +103,8 @@ def sample_of(prof: Any, device: Any, rank_segments: tuple[int, ...] = ()) -> Sa
                   **roofline_times(ops, device),
                   moments=tuple(sorted((p, int(m.peak_bytes), m.order)
                                        for p, m in prof.phase_peaks.items())),
-                  rank_segments=rank_segments)
+                  rank_segments=rank_segments,
+                  ends=end_segments(prof.timeline, width))
 
 
 class NotAffine(Exception):
@@ -106,11 +137,12 @@ def mix(s1: Sample, s2: Sample, x1: int, x2: int, x: int, *,
         raise NotAffine
     ints["rank_segments"] = tuple(affine(a, b, x1, x2, x) for a, b in
                                   zip(s1.rank_segments, s2.rank_segments, strict=True))
+    ends = _mix_ends(s1, s2, x1, x2, x)
     if device is None:
         times = {k: getattr(s1, k) + (getattr(s2, k) - getattr(s1, k)) * (x - x1) / (x2 - x1)
                  for k in ("compute_ms", "recompute_ms", "optimizer_ms")}
         return Sample(**ints, phase=phase, breakdown=breakdown, opt_breakdown=opt_breakdown,
-                       ops=(), **times)
+                       ops=(), **times, ends=ends)
     if len(s1.ops) != len(s2.ops):
         raise NotAffine
     ops = []
@@ -123,7 +155,17 @@ def mix(s1: Sample, s2: Sample, x1: int, x2: int, x: int, *,
             write_bytes=affine(o1.write_bytes, o2.write_bytes, x1, x2, x)))
     times = roofline_times(ops, device)
     return Sample(**ints, phase=phase, breakdown=breakdown, opt_breakdown=opt_breakdown,
-                   ops=tuple(ops), **times)  # type: ignore[arg-type]
+                   ops=tuple(ops), **times, ends=ends)  # type: ignore[arg-type]
+
+
+def _mix_ends(s1: Sample, s2: Sample, x1: int, x2: int,
+              x: int) -> tuple[tuple[tuple[str, str, int], int], ...]:
+    """The end segments both samples hold, on their line at ``x`` rounded up: exact for a
+    segment that peaks at one moment at both, else (in batch size, where a segment's
+    peak is convex) an upper bound between ``x1`` and ``x2``."""
+    second = dict(s2.ends)
+    return tuple((key, a + -(-(second[key] - a) * (x - x1) // (x2 - x1)) if x2 != x1 else a)
+                 for key, a in s1.ends if key in second)
 
 
 def sample_at(samples: dict[int, Sample], b: int, device: Any) -> Sample:
@@ -184,4 +226,6 @@ def deepen(s1: Sample, s2: Sample, depths: tuple[int, int], n_blocks: int) -> Sa
     if any(v < 0 for v in [*out.breakdown.values(), *out.opt_breakdown.values(),
                            *out.rank_segments]):
         raise NotAffine
+    if any(nbytes > out.peak_bytes for _, nbytes in out.ends):
+        raise NotAffine  # another moment overtakes deeper (NOTE [ Fast rows ], 7)
     return out

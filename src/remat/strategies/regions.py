@@ -472,6 +472,10 @@ def _run_segment(members: list[nn.Module], calls: list[Any], *args: Any, **kwarg
 def _close_segment(segment: _Segment) -> None:
     generator, segment.generator = segment.generator, None
     segment.last_output = None
+    # The recompute reads the members' recorded arguments through its runner's own
+    # reference; the segment's would keep them (e.g. rotary tables) past the backward,
+    # through the optimizer step, until the next forward.
+    segment.calls = []
     segment.position = 0
     if generator is not None:
         with contextlib.suppress(StopIteration):
@@ -481,6 +485,7 @@ def _close_segment(segment: _Segment) -> None:
 def _abort_segment(segment: _Segment) -> None:
     generator, segment.generator = segment.generator, None
     segment.last_output = None
+    segment.calls = []
     segment.position = 0
     if generator is not None:
         generator.close()
