@@ -14,8 +14,11 @@ For gpt-small and llama-small (batch 8, full sequence length, CPU, float32):
    (NOTE [ Lower bound ]) and print plan / best manual and plan / lower bound per case.
 
 Besides the built-in presets it plans held-out Hugging Face decoders built in-process
-from tiny configs (Llama, Qwen2, GPT-NeoX, Phi; 6 layers), which the planner's tests
-never tune on.
+from tiny configs (Llama, Qwen2, GPT-NeoX, Phi; 6 layers). ``--models held-out`` plans
+families no test under tests/planning/ uses (two mixture-of-experts decoders, one with
+dropout, parallel attention + MLP blocks, sandwich norms; ``HELD_OUT_RUNS``), kept out of
+tuning by tests/benchmarks/test_planner_held_out.py, and writes them to their own section
+(``planner-held-out``), with the bound ratio per case.
 
 NOTE [ Lower bound ]
     To fit budget B the step must free ``none_peak - B`` bytes. The cheapest way to
@@ -34,6 +37,7 @@ Usage::
     .venv/bin/python benchmarks/planner.py               # real measurements
     .venv/bin/python benchmarks/planner.py --simulate    # FakeTensorMode (same bytes on CPU)
     .venv/bin/python benchmarks/planner.py --models hf --results benchmarks/RESULTS_planner_new.md
+    .venv/bin/python benchmarks/planner.py --models held-out --timings '' --no-throughput
 """
 
 from __future__ import annotations
@@ -84,15 +88,15 @@ HF_MORE_RUNS: tuple[tuple[str, int], ...] = tuple(
     (name, 4) for name in ("hf-gpt2", "hf-mistral", "hf-gemma", "hf-opt", "hf-qwen3",
                            "hf-stablelm"))
 #: The held-out set (``--models held-out``): families no test under tests/planning/ uses
-#: (tests/test_held_out.py checks), so nothing is tuned on them. Two mixture-of-experts
-#: decoders (Qwen3-MoE: top-k router and per-expert loops; GraniteMoE: parallel experts
-#: in one batched matmul), parallel attention + MLP with dropout on (Falcon), parallel
-#: attention + MLP with partial rotary (GPT-J), parallel blocks with a logit scale
-#: (Cohere), sandwich norms and soft-capped logits (Gemma 2).
+#: (tests/benchmarks/test_planner_held_out.py checks), so nothing is tuned on them. Two
+#: mixture-of-experts decoders (Qwen3-MoE: top-k router and per-expert loops; GraniteMoE:
+#: parallel experts in one grouped matmul), parallel attention + MLP with dropout on
+#: (Falcon), parallel attention + MLP with partial rotary (GPT-J), parallel blocks with a
+#: logit scale (Cohere), sandwich norms and soft-capped logits (Gemma 2).
 HELD_OUT_RUNS: tuple[tuple[str, int], ...] = tuple(
     (name, 4) for name in ("ho-qwen3-moe", "ho-granitemoe", "ho-falcon", "ho-gptj",
                            "ho-cohere", "ho-gemma2"))
-#: Family names of the held-out set, as a test would spell them (tests/test_held_out.py).
+#: Family names of the held-out set, as a test would spell them.
 HELD_OUT_FAMILIES = ("qwen3_moe", "qwen3moe", "granitemoe", "falcon", "gptj", "gpt-j",
                      "cohere", "gemma2")
 #: Per held-out decoder: layers, hidden size, sequence length (the issue's range: 2-6

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+
 from loading import ROOT, load_module
 
 _PLANNER = load_module(ROOT / "benchmarks" / "planner.py", "remat_planner_benchmark")

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from remat.devices import get_device
 from remat.strategies.base import BlockContext
 from remat.strategies.builtin.ops import cut_sets_for
 from remat.strategies.save_cuts import CutGraph, _hull_sets
-from remat.devices import get_device
 
 #: Nine independent calls backward needs (kept or recomputed), cost per byte 9, 8, ..., 1
 #: ms/MB: the hull keeps the dearest per byte first, one vertex per call.
