@@ -18,12 +18,16 @@ NOTE [ Priced head ]
     Where a block-only plan fits, the head may still be cheaper than the last bytes the
     blocks free: in a shallow model the log-softmax the loss saves is a large share of
     what must go, and freeing it costs one output projection, while the blocks' last
-    bytes cost whole recompute chains (a 3-layer Falcon at 25% of the way from ``full``
-    to ``none``: 12.7 us of block recompute, 10.5 us with an 8-chunk head). Three steps,
-    each run only when the one before says the head can pay:
+    bytes cost whole recompute chains (``gpt-small``, batch 8, at 25% of the way from
+    ``full`` to ``none``: 180.0 us of recompute without the head, 162.5 us with it). Three
+    steps, each run only when the one before says the head can pay:
     1. Free: solve the peak model without the windows between the last block's forward
-       and its backward (the only ones the head changes). If even that costs no less
-       than the block-only plan, no head can help.
+       and its backward (the only ones the head changes). Unless that cuts the
+       block-only cost by :data:`HEAD_BINDS` or more, the head is not tried: those
+       windows barely bind, and steps 2 and 3 cost a fake step and a closed loop (on
+       the 32-layer Llama of ``benchmarks/plan_time.py --hf-llama``, a third of the
+       planning time, for a cut of 10% that no head reached; the 6-layer Llama of
+       ``benchmarks/planner.py`` at 50%: a cut of 44%, and the head saved 4%).
     2. One fake step with :data:`PRICED_CHUNKS` chunks, its ops recorded: the head's
        window shifts and its recompute (the ops in the ``recompute`` phase; no block is
        checkpointed in that step). Solve the shifted model; the choice's cost plus the
@@ -56,6 +60,9 @@ from remat.strategies.head import HEAD_KEY, check_head
 
 #: Chunk counts the planner tries, fewest first.
 CHUNKS = (2, 4, 8, 16, 32, 64)
+#: The least share of the block-only cost that dropping the head's windows must cut for
+#: the head to be priced (NOTE [ Priced head ], step 1).
+HEAD_BINDS = 1 / 3
 #: The chunk count priced against a block-only plan (NOTE [ Priced head ]): most of the
 #: head's bytes (94% of the 64-chunk saving on a 3-layer Falcon) for one fake step of 8
 #: small output projections.
@@ -133,7 +140,7 @@ def cheaper_with_head(step: Step, ctx: PlanContext, budget_bytes: int, plan: Pla
     if ctx.head is not None or ctx.cost_source != "roofline":
         return plan
     free = solve(_without_head_windows(ctx.peak_model), budget_bytes)
-    if free is None or ctx.recompute_ms(free) >= plan.recompute_ms:
+    if free is None or ctx.recompute_ms(free) > (1 - HEAD_BINDS) * plan.recompute_ms:
         return plan
     try:
         for option in head_options(step, ctx, (PRICED_CHUNKS,), priced=True):
