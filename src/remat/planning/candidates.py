@@ -337,7 +337,7 @@ def _pairs(singles: dict[str, list[tuple[Part, BlockRun]]], none_run: BlockRun,
 
 def _measure_kind(setup: FakeSetup, rep: str, block: nn.Module, inputs: BlockInputs,
                   device: DeviceSpec, max_composites: int,
-                  run_block: RunBlock = run_block) -> list[Candidate]:
+                  run_block: RunBlock = run_block, model_blocks: int = 0) -> list[Candidate]:
     """Every candidate of one kind of block (NOTE [ Candidate decisions ])."""
     subs = _sublayers(block)
     attribution = [(rep, block), *((f"{rep}.{path}", m) for path, m in subs.values())]
@@ -357,6 +357,7 @@ def _measure_kind(setup: FakeSetup, rep: str, block: nn.Module, inputs: BlockInp
                     for region, parts in probes.items()},
         graphs=record_graphs(setup, rep, block, inputs,
                              {kind: module for kind, (_, module) in subs.items()}),
+        model_blocks=model_blocks,
     )
     singles: dict[str, list[tuple[Part, BlockRun]]] = {
         kind: [((path, NoCheckpoint()), none_run)] for kind, (path, _) in subs.items()}
@@ -419,7 +420,7 @@ def measure_groups(setup: FakeSetup, device: DeviceSpec, *, prune: bool = True,
     for names in groups.values():
         rep = names[0]
         candidates = _measure_kind(setup, rep, modules[rep], inputs[rep], device,
-                                   max_composites, run)
+                                   max_composites, run, len(setup.blocks))
         if prune:
             candidates = prune_candidates(candidates)
         result.append(BlockGroup(tuple(names), tuple(candidates)))

@@ -10,22 +10,48 @@ NOTE [ Head choice ]
     move by that step's window peaks minus the un-chunked ones: the peak model stays
     exact for any block choice (NOTE [ Peak model ]). Its recompute is one output
     projection whatever the chunk count, so more chunks only cost smaller matmuls.
-    The planner tries the head only where no block-only plan fits (a head-dominated
+    The planner tries the head where no block-only plan fits (a head-dominated
     step at a small budget), with the fewest chunks first: the first chunk count whose
-    plan fits is the plan. These contexts are measured only then, so planning a budget
-    that block strategies reach costs no more steps.
+    plan fits is the plan.
+
+NOTE [ Priced head ]
+    Where a block-only plan fits, the head may still be cheaper than the last bytes the
+    blocks free: in a shallow model the log-softmax the loss saves is a large share of
+    what must go, and freeing it costs one output projection, while the blocks' last
+    bytes cost whole recompute chains (``gpt-small``, batch 8, at 25% of the way from
+    ``full`` to ``none``: 180.0 us of recompute without the head, 162.5 us with it). Three
+    steps, each run only when the one before says the head can pay:
+    1. Free: solve the peak model without the windows between the last block's forward
+       and its backward (the only ones the head changes). Unless that cuts the
+       block-only cost by :data:`HEAD_BINDS` or more, the head is not tried: those
+       windows barely bind, and steps 2 and 3 cost a fake step and a closed loop (on
+       the 32-layer Llama of ``benchmarks/plan_time.py --hf-llama``, a third of the
+       planning time, for a cut of 10% that no head reached; the 6-layer Llama of
+       ``benchmarks/planner.py`` at 50%: a cut of 44%, and the head saved 4%).
+    2. One fake step with :data:`PRICED_CHUNKS` chunks, its ops recorded: the head's
+       window shifts and its recompute (the ops in the ``recompute`` phase; no block is
+       checkpointed in that step). Solve the shifted model; the choice's cost plus the
+       head's must undercut the block-only plan.
+    3. The closed loop with that head; its plan is kept only when its measured recompute
+       is lower.
+    With measured costs (``cost="measured"``) the head is not priced: its time is not
+    in the candidates' timings.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 from remat.core.budget import Budget
+from remat.core.peak import PeakModel
+from remat.core.solver import solve
 from remat.errors import BudgetTooSmall, StrategyError
 from remat.measure.step import Step
 from remat.measure.windows import quiet, run_windows
 from remat.planning.context import PlanContext
+from remat.planning.cost import recompute_ms
 from remat.planning.loop import close_loop
 from remat.planning.plans import Plan
 from remat.strategies import apply_decisions, preserved_strategy
@@ -34,6 +60,13 @@ from remat.strategies.head import HEAD_KEY, check_head
 
 #: Chunk counts the planner tries, fewest first.
 CHUNKS = (2, 4, 8, 16, 32, 64)
+#: The least share of the block-only cost that dropping the head's windows must cut for
+#: the head to be priced (NOTE [ Priced head ], step 1).
+HEAD_BINDS = 1 / 3
+#: The chunk count priced against a block-only plan (NOTE [ Priced head ]): most of the
+#: head's bytes (94% of the 64-chunk saving on a 3-layer Falcon) for one fake step of 8
+#: small output projections.
+PRICED_CHUNKS = 8
 
 
 @dataclass(frozen=True)
@@ -43,15 +76,20 @@ class HeadOption:
     Args:
         strategy: the head's decision.
         window_delta_bytes: per window label, its peak with the head minus without.
+        recompute_ms: the head's recompute cost on the cost device, ms, when measured
+            (NOTE [ Priced head ]). Default: None.
     """
 
     strategy: ChunkedHead
     window_delta_bytes: Mapping[str, int]
+    recompute_ms: float | None = None
 
 
-def head_options(step: Step, ctx: PlanContext) -> Iterator[HeadOption]:
-    """The chunked heads of :data:`CHUNKS`, measured one at a time; none where the model's
-    head cannot be chunked (``check_head``) or no fake copy is at hand."""
+def head_options(step: Step, ctx: PlanContext, chunk_counts: Sequence[int] = CHUNKS, *,
+                 priced: bool = False) -> Iterator[HeadOption]:
+    """The chunked heads of ``chunk_counts`` (default :data:`CHUNKS`), measured one at a
+    time (``priced``: with their recompute cost); none where the model's head cannot be
+    chunked (``check_head``) or no fake copy is at hand."""
     setup = ctx.setup
     if setup is None:
         return
@@ -61,14 +99,16 @@ def head_options(step: Step, ctx: PlanContext) -> Iterator[HeadOption]:
         return
     model = ctx.peak_model
     base = model.window_bytes([0] * model.num_blocks)  # the calibration step's peaks
-    for chunks in CHUNKS:
+    for chunks in chunk_counts:
         strategy = ChunkedHead(chunks)
         with preserved_strategy(setup.model), quiet():
             apply_decisions(setup.model, {HEAD_KEY: strategy}, blocks=step.blocks)
-            windows = run_windows(setup, loss_fn=step.loss_fn, warm_up=False)
+            windows = run_windows(setup, loss_fn=step.loss_fn, warm_up=False,
+                                  record_ops=priced)
         if set(windows.peaks) != set(base):
             return  # the windows are not the same step's: nothing to shift
-        yield HeadOption(strategy, {w: windows.peaks[w] - base[w] for w in base})
+        yield HeadOption(strategy, {w: windows.peaks[w] - base[w] for w in base},
+                         recompute_ms(windows.ops, ctx.device) if priced else None)
 
 
 def with_head(ctx: PlanContext, option: HeadOption) -> PlanContext:
@@ -77,6 +117,43 @@ def with_head(ctx: PlanContext, option: HeadOption) -> PlanContext:
     windows = tuple(replace(w, constant_bytes=w.constant_bytes
                             + option.window_delta_bytes[w.label]) for w in model.windows)
     return replace(ctx, peak_model=replace(model, windows=windows), head=option.strategy)
+
+
+def _without_head_windows(model: PeakModel[Any]) -> PeakModel[Any]:
+    """``model`` less the windows between the last block's forward and its backward."""
+    return replace(model, windows=tuple(w for w in model.windows if not (
+        w.block is None and w.prefix == model.num_blocks)))
+
+
+def cheaper_with_head(step: Step, ctx: PlanContext, budget_bytes: int, plan: Plan, *,
+                      simulate: bool, budget: Budget | None) -> Plan:
+    """``plan``, or a plan with a chunked head where that is cheaper (NOTE [ Priced head ]).
+
+    Args:
+        step, ctx, budget_bytes: what ``plan`` was planned for.
+        plan: the block-only plan (its measured peak fits ``budget_bytes``).
+        simulate, budget: as for :func:`~remat.planning.loop.close_loop`.
+
+    Returns:
+        The plan with the lower recompute cost (``plan`` on a tie).
+    """
+    if ctx.head is not None or ctx.cost_source != "roofline":
+        return plan
+    free = solve(_without_head_windows(ctx.peak_model), budget_bytes)
+    if free is None or ctx.recompute_ms(free) > (1 - HEAD_BINDS) * plan.recompute_ms:
+        return plan
+    try:
+        for option in head_options(step, ctx, (PRICED_CHUNKS,), priced=True):
+            headed = with_head(ctx, option)
+            choice = solve(headed.peak_model, budget_bytes)
+            if (choice is None or headed.recompute_ms(choice) + (option.recompute_ms or 0.0)
+                    >= plan.recompute_ms):
+                return plan
+            found = close_loop(step, headed, budget_bytes, simulate=simulate, budget=budget)
+            return found if found.recompute_ms < plan.recompute_ms else plan
+    except (BudgetTooSmall, StrategyError):  # a forward the chunked head refuses at run time
+        return plan
+    return plan
 
 
 def plan_with_head(step: Step, ctx: PlanContext, budget_bytes: int, *, simulate: bool,

@@ -41,7 +41,7 @@ from remat.errors import BudgetTooSmall, message
 from remat.measure.step import LossFn, Step, model_device
 from remat.planning.context import PlanContext, check_plannable, prepare_step, resolve_cost
 from remat.planning.fingerprint import fingerprint_of
-from remat.planning.head import plan_with_head
+from remat.planning.head import cheaper_with_head, plan_with_head
 from remat.planning.loop import close_loop
 from remat.planning.options import PlanOptions
 from remat.planning.plans import Plan
@@ -219,6 +219,8 @@ def plan_step(step: Step, options: PlanOptions, *, context: PlanContext | None =
     try:
         plan = close_loop(step, context, budget_bytes, simulate=options.simulate,
                           budget=options.budget)
+        plan = cheaper_with_head(step, context, budget_bytes, plan,
+                                 simulate=options.simulate, budget=options.budget)
     except BudgetTooSmall as error:  # a chunked output head may still fit it
         plan = plan_with_head(step, context, budget_bytes, simulate=options.simulate,
                               budget=options.budget, error=error)

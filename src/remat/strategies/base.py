@@ -63,6 +63,10 @@ class BlockContext:
             saves nothing. Default: empty (not measured).
         graphs: per region, which calls each save-set entry frees from recompute
             (:class:`~remat.strategies.op_graph.OpGraph`). Default: empty (not recorded).
+        model_blocks: how many blocks the model has, 0 when unknown: with few, each
+            block's choice is a large step of the budget, and strategies may offer
+            denser candidates (NOTE [ Dense hull for shallow models ] in
+            strategies/builtin/ops.py). Default: 0.
     """
 
     forward_ops: tuple[OpRecord, ...]
@@ -71,6 +75,13 @@ class BlockContext:
     runs_on: str
     recomputed: Mapping[str, tuple[OpRecord, ...]] = field(default_factory=dict)
     graphs: Mapping[str, OpGraph] = field(default_factory=dict)
+    model_blocks: int = 0
+
+    def __post_init__(self) -> None:
+        if self.model_blocks < 0:
+            raise ValueError(message("BlockContext", "model_blocks must be >= 0",
+                                     {"found": self.model_blocks},
+                                     fix="pass the model's block count, or 0 when unknown"))
 
 
 @dataclass(frozen=True)

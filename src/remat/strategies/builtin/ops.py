@@ -33,6 +33,32 @@ from remat.strategies.save_cuts import with_cut_sets
 _MAX_LIGHT_OPS = 4  # pointwise op names added one by one to a sub-layer's save-set chain
 _MAX_LIGHT_OPS_BLOCK = 2  # ... to a whole block's (block-wide pointwise sets rarely pay off)
 _EXHAUSTIVE = 3  # sub-layers with at most this many op names try every save set
+_CUT_SETS = 6  # minimum-cut save sets offered per region (NOTE [ Dense hull for shallow models ])
+_CUT_SETS_SHALLOW = 12  # ... in a model of at most _SHALLOW_BLOCKS blocks
+_SHALLOW_BLOCKS = 4
+
+# NOTE [ Dense hull for shallow models ]
+#     Each region's minimum-cut save sets are the vertices of its bytes/recompute hull
+#     (NOTE [ Save sets as minimum cuts ]); measuring each is a block run, so at most
+#     ``_CUT_SETS`` spread along the hull are offered. In a deep model that loses little:
+#     the solver gives neighbouring blocks neighbouring vertices and so reaches the levels
+#     in between. With a few blocks it cannot, and a vertex left out costs the gap to
+#     the next one in every block: on a 2-layer Gemma 2 decoder (benchmarks/planner.py,
+#     held-out set) offering the whole hull cut the plan's cost at 25% / 50% / 75% of the
+#     way from ``full`` to ``none`` by 15% / 9% / 16%. Block runs are per kind of block,
+#     so the extra runs weigh most where a step is longest (deep models), which keep the
+#     sparse hull.
+
+
+def cut_sets_for(model_blocks: int) -> int:
+    """How many minimum-cut save sets to offer per region of a model with ``model_blocks``
+    blocks (0: unknown; NOTE [ Dense hull for shallow models ]).
+
+    Example:
+        >>> cut_sets_for(2), cut_sets_for(32)
+        (12, 6)
+    """
+    return _CUT_SETS_SHALLOW if 0 < model_blocks <= _SHALLOW_BLOCKS else _CUT_SETS
 
 
 _OP_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\.[A-Za-z_][A-Za-z0-9_]*")
@@ -146,7 +172,8 @@ def _with_cuts(context: BlockContext, region: str, ops: Sequence[OpRecord],
     """The chain with the region's minimum-cut save sets (NOTE [ Save sets as minimum
     cuts ]), less the sets another beats."""
     return with_cut_sets(context.graphs.get(region), ops, context.cost_device, chain,
-                         recomputed=context.recomputed.get(region))
+                         recomputed=context.recomputed.get(region),
+                         max_sets=cut_sets_for(context.model_blocks))
 
 
 def _is_attention(op_name: str) -> bool:

@@ -1,0 +1,35 @@
+"""benchmarks/planner.py's held-out set stays held out: no planning test builds its families."""
+
+from __future__ import annotations
+
+import re
+
+from loading import ROOT, load_module
+
+_PLANNER = load_module(ROOT / "benchmarks" / "planner.py", "remat_planner_benchmark")
+
+
+def _spellings(family: str) -> set[str]:
+    """``qwen3_moe`` as tests write it: ``qwen3_moe``, ``qwen3-moe``, ``qwen3moe``."""
+    return {family, family.replace("_", "-"), re.sub(r"[_-]", "", family)}
+
+
+def test_no_planning_test_uses_a_held_out_family() -> None:
+    families = {s for f in _PLANNER.HELD_OUT_FAMILIES for s in _spellings(f)}
+    found = []
+    for path in sorted((ROOT / "tests" / "planning").rglob("*.py")):
+        # Compare without separators so "Qwen3Moe", "qwen3_moe" and "gpt-j" all match.
+        text = re.sub(r"[_-]", "", path.read_text().lower())
+        found += [(path.name, f) for f in families if re.sub(r"[_-]", "", f) in text]
+    assert not found, f"held-out families in tests/planning (tune on them elsewhere): {found}"
+
+
+def test_every_held_out_run_has_a_family_and_a_shape_in_range() -> None:
+    names = [name for name, _ in _PLANNER.HELD_OUT_RUNS]
+    assert len(names) >= 5
+    flat = {re.sub(r"[_-]", "", f) for f in _PLANNER.HELD_OUT_FAMILIES}
+    for name in names:
+        assert re.sub(r"[_-]", "", name.removeprefix("ho-")) in flat, name
+        layers, hidden, seq = _PLANNER.HELD_OUT_SHAPES[name]
+        assert 2 <= layers <= 6 and 64 <= hidden <= 128 and 64 <= seq <= 128, name
+
