@@ -388,7 +388,8 @@ def _measure_kind(setup: FakeSetup, rep: str, block: nn.Module, inputs: BlockInp
 
 def measure_groups(setup: FakeSetup, device: DeviceSpec, *, prune: bool = True,
                    max_composites: int = 8, share: bool = True,
-                   run: RunBlock = run_block) -> list[BlockGroup]:
+                   run: RunBlock = run_block,
+                   model_blocks: int | None = None) -> list[BlockGroup]:
     """Measure every candidate of every kind of block in ``setup``'s model.
 
     Args:
@@ -404,6 +405,8 @@ def measure_groups(setup: FakeSetup, device: DeviceSpec, *, prune: bool = True,
             Default: True.
         run: how each candidate's block run is obtained (same arguments as
             :func:`~remat.planning.block_run.run_block`). Default: ``run_block``.
+        model_blocks: how many blocks the model has (``BlockContext.model_blocks``),
+            for a caller measuring on a copy cut shorter. Default: ``setup``'s blocks.
 
     Returns:
         One :class:`BlockGroup` per kind of block (per block without ``share``), in order
@@ -420,7 +423,8 @@ def measure_groups(setup: FakeSetup, device: DeviceSpec, *, prune: bool = True,
     for names in groups.values():
         rep = names[0]
         candidates = _measure_kind(setup, rep, modules[rep], inputs[rep], device,
-                                   max_composites, run, len(setup.blocks))
+                                   max_composites, run,
+                                   len(setup.blocks) if model_blocks is None else model_blocks)
         if prune:
             candidates = prune_candidates(candidates)
         result.append(BlockGroup(tuple(names), tuple(candidates)))

@@ -153,6 +153,11 @@ def cheaper_with_head(step: Step, ctx: PlanContext, budget_bytes: int, plan: Pla
             return found if found.recompute_ms < plan.recompute_ms else plan
     except (BudgetTooSmall, StrategyError):  # a forward the chunked head refuses at run time
         return plan
+    except Exception:  # noqa: BLE001
+        # The trial is optional and ``plan`` already fits: a forward that breaks under a
+        # chunked head (TRL's fused-loss forward needs the labels it is not given) keeps
+        # the block-only plan instead of failing the user's call.
+        return plan
     return plan
 
 

@@ -168,7 +168,9 @@ def _candidates(ctx: FastContext, sizes: Sequence[int],
         def groups(b: int, run: RunBlock) -> tuple[Candidate, ...]:
             _rebatch(fake, cut, b, seq_len)
             fake.blocks[:] = blocks
-            found = measure_groups(fake, ctx.setup.device, run=run)
+            # the dense hull is for models this shallow, not for the cut copy
+            found = measure_groups(fake, ctx.setup.device, run=run,
+                                   model_blocks=len(ctx.stack[2]))
             if len(found) != 1 or len(found[0].names) != _CANDIDATE_DEPTH:
                 raise NotAffine  # not one kind of block after all
             return found[0].candidates
