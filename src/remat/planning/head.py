@@ -11,8 +11,11 @@ NOTE [ Head choice ]
     exact for any block choice (NOTE [ Peak model ]). Its recompute is one output
     projection whatever the chunk count, so more chunks only cost smaller matmuls.
     The planner tries the head where no block-only plan fits (a head-dominated
-    step at a small budget), with the fewest chunks first: the first chunk count whose
-    plan fits is the plan.
+    step at a small budget) and keeps the fewest chunks whose plan fits. More chunks
+    hold less at once (each slice's logits, float32 copy and gradient), so it closes the
+    loop on the most chunks first: when that does not fit, nothing does, and the error is
+    that count's (one closed loop where a batch size is out of reach, as in a throughput
+    search); when it fits, a bisection over the counts finds the fewest that fit.
 
 NOTE [ Priced head ]
     Where a block-only plan fits, the head may still be cheaper than the last bytes the
@@ -170,10 +173,26 @@ def plan_with_head(step: Step, ctx: PlanContext, budget_bytes: int, *, simulate:
         BudgetTooSmall: no chunk count fits either: the error of the most chunks (the
             smallest reachable peak), or ``error`` when the head cannot be chunked.
     """
-    for option in head_options(step, ctx):
+    options = list(head_options(step, ctx))
+    if not options:
+        raise error
+
+    def attempt(i: int) -> Plan | BudgetTooSmall:
         try:
-            return close_loop(step, with_head(ctx, option), budget_bytes, simulate=simulate,
-                              budget=budget)
+            return close_loop(step, with_head(ctx, options[i]), budget_bytes,
+                              simulate=simulate, budget=budget)
         except BudgetTooSmall as exc:
-            error = exc
-    raise error
+            return exc
+
+    best = attempt(len(options) - 1)
+    if isinstance(best, BudgetTooSmall):
+        raise best
+    lo, hi = 0, len(options) - 1  # options[hi] fits: best is its plan
+    while lo < hi:
+        mid = (lo + hi) // 2
+        found = attempt(mid)
+        if isinstance(found, BudgetTooSmall):
+            lo = mid + 1
+        else:
+            hi, best = mid, found
+    return best

@@ -162,6 +162,7 @@ def _candidates(ctx: FastContext, sizes: Sequence[int],
     measured, between, ends = _split(sizes)
     runs: Runs = {}
     out: dict[int, tuple[Candidate, ...]] = {}
+    n_blocks = len(ctx.stack[2]) if ctx.stack is not None else 0
     with _fake_cut(ctx, _CANDIDATE_DEPTH, optimizer=False) as (cut, fake):
         blocks = list(fake.blocks)
 
@@ -170,7 +171,7 @@ def _candidates(ctx: FastContext, sizes: Sequence[int],
             fake.blocks[:] = blocks
             # the dense hull is for models this shallow, not for the cut copy
             found = measure_groups(fake, ctx.setup.device, run=run,
-                                   model_blocks=len(ctx.stack[2]))
+                                   model_blocks=n_blocks)
             if len(found) != 1 or len(found[0].names) != _CANDIDATE_DEPTH:
                 raise NotAffine  # not one kind of block after all
             return found[0].candidates
