@@ -173,25 +173,27 @@ def plan_with_head(step: Step, ctx: PlanContext, budget_bytes: int, *, simulate:
         BudgetTooSmall: no chunk count fits either: the error of the most chunks (the
             smallest reachable peak), or ``error`` when the head cannot be chunked.
     """
-    options = list(head_options(step, ctx))
-    if not options:
-        raise error
-
-    def attempt(i: int) -> Plan | BudgetTooSmall:
+    def attempt(i: int) -> Plan | BudgetTooSmall | None:
+        """The plan with ``CHUNKS[i]`` chunks; None where the head cannot be chunked."""
+        option = next(head_options(step, ctx, (CHUNKS[i],)), None)  # one fake step
+        if option is None:
+            return None
         try:
-            return close_loop(step, with_head(ctx, options[i]), budget_bytes,
+            return close_loop(step, with_head(ctx, option), budget_bytes,
                               simulate=simulate, budget=budget)
         except BudgetTooSmall as exc:
             return exc
 
-    best = attempt(len(options) - 1)
+    best = attempt(len(CHUNKS) - 1)
+    if best is None:
+        raise error
     if isinstance(best, BudgetTooSmall):
         raise best
-    lo, hi = 0, len(options) - 1  # options[hi] fits: best is its plan
+    lo, hi = 0, len(CHUNKS) - 1  # CHUNKS[hi] fits: best is its plan
     while lo < hi:
         mid = (lo + hi) // 2
         found = attempt(mid)
-        if isinstance(found, BudgetTooSmall):
+        if found is None or isinstance(found, BudgetTooSmall):
             lo = mid + 1
         else:
             hi, best = mid, found
