@@ -43,8 +43,9 @@ ACT_TOL = 0.20
 PEAK_TOL = 0.15
 
 
-#: t = 4 needs key/value heads divisible by 4 (llama-tiny has 2): the same model with 4.
-T4, KV4 = 4, {"n_kv_head": 4}
+#: t = 4 and 8 need heads divisible by t (llama-tiny has 4 query and 2 key/value heads):
+#: the same model with as many as each degree needs.
+WIDE: dict[int, dict[str, int]] = {4: {"n_kv_head": 4}, 8: {"n_head": 8, "n_kv_head": 8}}
 
 
 def _model(**overrides: Any) -> Any:
@@ -114,16 +115,22 @@ def _bytes(model: nn.Module) -> dict[str, int]:
             "allocator_peak": alloc.absolute_peak_bytes}
 
 
-def _worker(rank: int, store_path: str, out_path: str) -> None:
+def _mesh(rank: int, store_path: str, world: int) -> Any:
+    """Join the ``world`` gloo ranks (one thread each: they share the machine's cores)
+    and return their one-dimensional CPU mesh."""
     warnings.simplefilter("ignore")
     torch.set_num_threads(1)
-    store = dist.FileStore(store_path, TP)  # type: ignore[attr-defined]
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=TP)
+    store = dist.FileStore(store_path, world)  # type: ignore[attr-defined]
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
     from torch.distributed.device_mesh import init_device_mesh
 
+    return init_device_mesh("cpu", (world,))
+
+
+def _worker(rank: int, store_path: str, out_path: str) -> None:
     import remat
 
-    mesh = init_device_mesh("cpu", (TP,))
+    mesh = _mesh(rank, store_path, TP)
     results: dict[str, Any] = {}
     for name, sp, strategy, order in PARITY:
         model = _model()
@@ -148,21 +155,15 @@ def _worker(rank: int, store_path: str, out_path: str) -> None:
     os._exit(0)  # see tests/integrations/test_fsdp2.py: gloo threads at finalization
 
 
-def _bytes_worker(rank: int, store_path: str, out_path: str) -> None:
-    """One of ``T4`` ranks: the measured bytes of ``full`` with and without SP; every
-    rank writes its own file."""
-    warnings.simplefilter("ignore")
-    torch.set_num_threads(1)
-    store = dist.FileStore(store_path, T4)  # type: ignore[attr-defined]
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=T4)
-    from torch.distributed.device_mesh import init_device_mesh
-
+def _bytes_worker(rank: int, store_path: str, out_path: str, world: int) -> None:
+    """One of ``world`` ranks (a key of :data:`WIDE`): the measured bytes of ``full`` with
+    and without SP; every rank writes its own file."""
     import remat
 
-    mesh = init_device_mesh("cpu", (T4,))
+    mesh = _mesh(rank, store_path, world)
     results: dict[str, Any] = {}
     for sp in (False, True):
-        model = apply_tp(_model(**KV4), mesh, sequence_parallel=sp)
+        model = apply_tp(_model(**WIDE[world]), mesh, sequence_parallel=sp)
         remat.apply(model, "full")
         results[f"bytes:sp={sp}"] = _bytes(model)
     Path(f"{out_path}.{rank}").write_text(json.dumps(results))
@@ -173,11 +174,11 @@ def _bytes_worker(rank: int, store_path: str, out_path: str) -> None:
     os._exit(0)
 
 
-def _spawn(fn: Any, world: int, tmp: Path) -> None:
+def _spawn(fn: Any, world: int, tmp: Path, *extra: Any) -> None:
     root = str(Path(__file__).resolve().parents[2])
     sys.path.insert(0, root)
     try:
-        spawn(fn, args=(str(tmp / "store"), str(tmp / "results.json")), nprocs=world,
+        spawn(fn, args=(str(tmp / "store"), str(tmp / "results.json"), *extra), nprocs=world,
               join=True)
     finally:
         sys.path.remove(root)
@@ -190,12 +191,14 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return json.loads((tmp / "results.json").read_text())  # type: ignore[no-any-return]
 
 
-@pytest.fixture(scope="module")
-def results4(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
-    """Each of 4 ranks' measured bytes (``_bytes_worker``)."""
-    tmp = tmp_path_factory.mktemp("tp4")
-    _spawn(_bytes_worker, T4, tmp)
-    return [json.loads((tmp / f"results.json.{r}").read_text()) for r in range(T4)]
+@pytest.fixture(scope="module", params=sorted(WIDE))
+def wide(request: pytest.FixtureRequest,
+         tmp_path_factory: pytest.TempPathFactory) -> tuple[int, list[dict[str, Any]]]:
+    """The degree and each of its ranks' measured bytes (``_bytes_worker``)."""
+    world = int(request.param)
+    tmp = tmp_path_factory.mktemp(f"tp{world}")
+    _spawn(_bytes_worker, world, tmp, world)
+    return world, [json.loads((tmp / f"results.json.{r}").read_text()) for r in range(world)]
 
 
 @pytest.mark.parametrize("case", [c[0] for c in PARITY])
@@ -211,14 +214,15 @@ def test_measured_rank_bytes_match_the_simulation(results: dict[str, Any], sp: b
 
 
 @pytest.mark.parametrize("sp", [False, True])
-def test_measured_rank_bytes_match_the_simulation_at_t4(results4: list[dict[str, Any]],
-                                                         sp: bool) -> None:
+def test_measured_rank_bytes_match_the_simulation_at_t4_and_t8(
+        wide: tuple[int, list[dict[str, Any]]], sp: bool) -> None:
     # Every rank holds the same shards. The tracked peaks were equal on all 4 ranks in
     # every run seen; activations once read one (b, s, d) fp32 tensor more on one rank
     # (an all-reduce buffer gloo's thread had not released yet), so each rank is checked
     # on its own.
-    for measured in (r[f"bytes:sp={sp}"] for r in results4):
-        _check_rank_bytes(measured, T4, sp, KV4)
+    world, ranks = wide
+    for measured in (r[f"bytes:sp={sp}"] for r in ranks):
+        _check_rank_bytes(measured, world, sp, WIDE[world])
 
 
 def test_t1_is_the_single_device_profile() -> None:
