@@ -1,8 +1,9 @@
 """Pipeline stages on gloo CPU ranks (2 processes, llama-tiny with 4 blocks, 4 micro-batches):
 each stage planned with the micro-batches its schedule holds (remat.plan with
-microbatches_in_flight), applied, and run under ScheduleGPipe and Schedule1F1B.
+microbatches_in_flight), applied, and run under ScheduleGPipe and Schedule1F1B; and each of
+4 one-block stages (2 per rank) planned with ``plan_stage`` under ScheduleInterleaved1F1B.
 
-(a) The pipeline's loss and gradients equal one process without checkpointing.
+(a) The pipeline's loss and gradients equal one process without checkpointing (all three).
 (b) Each rank's peak during the schedule's step, read by the CPU allocator, is within the
     stage's budget, and the plan's peak predicts it.
 
@@ -24,7 +25,7 @@ import torch.distributed as dist
 from torch.multiprocessing.spawn import spawn
 
 import remat
-from remat.integrations.pipeline import LlamaStage
+from remat.integrations.pipeline import LlamaStage, plan_stage
 from remat.measure.allocator import allocator_peak
 from remat.measure.step import StageLoss, batch_tensors
 from remat.models import build_model, make_batch
@@ -117,12 +118,50 @@ def _worker(rank: int, store_path: str, out_dir: str) -> None:
                  for n, p in stage.named_parameters()}
         torch.save(grads, Path(out_dir) / f"{name}-grads-{rank}.pt")
         dist.barrier()
+    results["interleaved"] = _interleaved(rank, model, ids, labels, out_dir)
     (Path(out_dir) / f"results-{rank}.json").write_text(json.dumps(results))
     dist.barrier()  # leave together (gloo may abort a rank whose peer is still talking)
     dist.destroy_process_group()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)  # skip finalization, which gloo's threads can abort (see test_fsdp2.py)
+
+
+def _interleaved(rank: int, model: Any, ids: torch.Tensor, labels: torch.Tensor,
+                 out_dir: str) -> dict[str, Any]:
+    """Rank ``rank``'s two one-block stages (``rank`` and ``rank + WORLD``), each planned by
+    ``plan_stage`` for the interleaved schedule, run under ScheduleInterleaved1F1B."""
+    from torch.distributed.pipelining import PipelineStage, ScheduleInterleaved1F1B
+
+    chunks = 2 * WORLD
+    stages, pipes, decisions = [], [], 0
+    for index in (rank, rank + WORLD):
+        stage = LlamaStage(model, stage_index=index, stages=chunks).train()
+        if stage.is_first:
+            micro: torch.Tensor = ids[:MICRO_SIZE]
+        else:
+            micro = torch.randn(MICRO_SIZE, SEQ, model.config.d_model, requires_grad=True)
+        plan = plan_stage(stage, micro, budget=BUDGET, schedule="interleaved-1f1b",
+                          stage_index=index, stages=WORLD, microbatches=MICROBATCHES,
+                          virtual_stages=2,
+                          loss_fn=lambda logits, _: next_token_loss(logits, labels[:MICRO_SIZE]))
+        remat.apply(stage, plan)
+        decisions += len(plan.decisions)
+        stages.append(stage)
+        pipes.append(PipelineStage(stage, index, chunks, torch.device("cpu")))
+    schedule = ScheduleInterleaved1F1B(pipes, MICROBATCHES, loss_fn=next_token_loss)
+    losses: list[torch.Tensor] = []
+    if rank == 0:
+        schedule.step(ids, return_outputs=False)
+    else:
+        schedule.step(target=labels, losses=losses, return_outputs=False)
+    grads = {f"blocks.{stage.first_block + int(n.split('.')[1])}.{n.split('.', 2)[2]}"
+             if n.startswith("blocks.") else n: p.grad
+             for stage in stages for n, p in stage.named_parameters()}
+    torch.save(grads, Path(out_dir) / f"interleaved-grads-{rank}.pt")
+    dist.barrier()
+    return {"loss": float(torch.stack(losses).mean()) if losses else None,
+            "decisions": decisions}
 
 
 @pytest.fixture(scope="module")
@@ -151,7 +190,7 @@ def _reference() -> tuple[float, dict[str, torch.Tensor]]:
     return loss.item(), {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
 
 
-@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "interleaved"])
 def test_pipeline_matches_one_process(spawned: Path, schedule: str) -> None:
     ref_loss, ref_grads = _reference()
     results = json.loads((spawned / f"results-{WORLD - 1}.json").read_text())
