@@ -4,7 +4,7 @@ that a model has a training step to measure."""
 from __future__ import annotations
 
 import gc
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -57,9 +57,15 @@ class Tracked:
                 "batch_bytes": self.static.get("batch", 0)}
 
 
-def tracked_step(step: Step, blocks: Sequence[tuple[str, nn.Module]]) -> Tracked:
+def tracked_step(step: Step, blocks: Sequence[tuple[str, nn.Module]], *,
+                 after_op: Callable[[MemoryTracker], None] | None = None) -> Tracked:
+    """One step of ``step`` under a tracker attributing to ``blocks``; ``after_op(tracker)``
+    runs after every op (a listener reading the tracker's state as the step goes)."""
     model, optimizer = step.model, step.optimizer
     tracker = MemoryTracker(device=step.device, blocks=blocks)
+    if after_op is not None:
+        listener = after_op
+        tracker.after_op = lambda: listener(tracker)
     tracker.register_model(model)
     if optimizer is not None:
         tracker.register_optimizer(optimizer)

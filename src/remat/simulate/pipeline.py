@@ -58,12 +58,15 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from torch import nn
 
 from remat.errors import RematWarning, message
+
+if TYPE_CHECKING:
+    from remat.measure.tracker import MemoryTracker
 
 Schedule = Literal["gpipe", "1f1b", "interleaved-1f1b"]
 SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", "interleaved-1f1b")
@@ -348,9 +351,8 @@ def _record(setup: Any, strategy: str, batch_size: int, seq_len: int, roles: dic
     from remat.devices import get_device
     from remat.measure.profile import WarmFake
     from remat.measure.roofline import op_roofline_ms
-    from remat.measure.step import Step, batch_tensors, clear_grads
-    from remat.measure.tracked_step import held_gc
-    from remat.measure.tracker import MemoryTracker
+    from remat.measure.step import Step, clear_grads
+    from remat.measure.tracked_step import tracked_step
     from remat.simulate._setup import Autocast
     from remat.strategies import apply, remove
 
@@ -364,33 +366,21 @@ def _record(setup: Any, strategy: str, batch_size: int, seq_len: int, roles: dic
     names |= {n for n, _ in inner.named_children() if n not in names
               and not any(b.startswith(n + ".") for b in blocks)}
     block_set = set(blocks)
-    fstep = warm._step(batch)
-    tracker = MemoryTracker(device=fstep.device,
-                            blocks=[(n, modules[n]) for n in sorted(names, key=len)])
     work: dict[str | None, int] = {}
 
-    def after_op() -> None:
+    def after_op(tracker: MemoryTracker) -> None:
         if tracker.phase in ("backward", "recompute"):
             now = tracker.current_breakdown
             place = _place(tracker.current_unit, block_set)
             work[place] = max(work.get(place, 0),
                               now.get("backward", 0) + now.get("recompute", 0))
 
-    tracker.after_op = after_op
     with warm.mode, warnings.catch_warnings():
         warnings.simplefilter("ignore", RematWarning)  # recompute re-enters the units' hooks
         clear_grads(warm.model)
-        tracker.register_model(fstep.model)
-        if fstep.optimizer is not None:
-            tracker.register_optimizer(fstep.optimizer)
-        tracker.register(batch_tensors(fstep.batch), "batch")
-
-        def on_phase(phase: str) -> None:
-            if phase != "end":
-                tracker.set_phase(phase)
-
-        with held_gc(), tracker:
-            fstep.run(on_phase)
+        tracker = tracked_step(warm._step(batch),
+                               [(n, modules[n]) for n in sorted(names, key=len)],
+                               after_op=after_op).tracker
     spec = get_device(device)
     recompute: dict[str | None, float] = {}
     for op in tracker.ops:
