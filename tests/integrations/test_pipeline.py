@@ -214,3 +214,17 @@ def test_stage_peak_within_budget(spawned: Path, schedule: str) -> None:
         assert r["measured"] <= r["budget"] and r["allocator"] <= r["budget"], r
         assert r["peak"] <= r["budget"], (rank, r)
         assert abs(r["peak"] - r["predicted"]) <= BOUNDARY_BYTES + SCALARS, (rank, r)
+
+
+if __name__ == "__main__":  # the docs table: python -m tests.integrations.test_pipeline
+    import tempfile
+
+    out = Path(tempfile.mkdtemp())
+    spawn(_worker, args=(str(out / "store"), str(out)), nprocs=WORLD, join=True)
+    print("| schedule | rank | in flight | budget | planned peak (allocator) | schedule's peak |")
+    for rank in range(WORLD):
+        rows = json.loads((out / f"results-{rank}.json").read_text())
+        for name in ("gpipe", "1f1b"):
+            r = rows[name]
+            print(f"| {name} | {rank} | {r['k']} | {r['budget']:,} B | {r['allocator']:,} B | "
+                  f"{r['peak']:,} B |")

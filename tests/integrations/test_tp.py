@@ -331,3 +331,21 @@ def test_simulated_bytes_shrink_with_tp_and_t8_runs() -> None:
     t8 = tp_rank_bytes("llama-tiny", seq_len=16, batch_size=2, tp=8, sequence_parallel=True,
                        strategy="full", dtype="fp32", optimizer="sgd")
     assert t8.param_bytes == rank_param_bytes(_model(), tp_roles(_model()), 8)
+
+
+if __name__ == "__main__":  # the docs table: python -m tests.integrations.test_tp
+    import tempfile
+
+    print("| t | SP | parameters, B | activations, B: measured / simulated "
+          "| peak, B: measured / simulated |")
+    for t in sorted(WIDE):
+        out = Path(tempfile.mkdtemp())
+        _spawn(_bytes_worker, t, out, t)
+        ranks = [json.loads((out / f"results.json.{r}").read_text()) for r in range(t)]
+        for sp in (False, True):
+            sim = tp_rank_bytes(functools.partial(_model, **WIDE[t]), seq_len=16, batch_size=2,
+                                tp=t, sequence_parallel=sp, strategy="full", dtype="fp32",
+                                optimizer="sgd")
+            m = ranks[0][f"bytes:sp={sp}"]
+            print(f"| {t} | {'yes' if sp else 'no'} | {m['params']} | {m['activations']} / "
+                  f"{sim.activation_bytes} | {m['peak']} / {sim.peak_bytes} |")
