@@ -94,3 +94,15 @@ def test_fsdp2_per_rank_peak_tracker_matches_allocator(world: int, tmp_path: Pat
                 f"{case} rank {rank}/{world}: tracker {r['tracker']} B, allocator "
                 f"{r['allocator']} B (gap {gap} B, one block gathered {block} B)")
     assert 2 * equal >= world * len(results), (equal, world * len(results))
+
+
+if __name__ == "__main__":  # the docs table: python -m tests.integrations.test_fsdp2_memory
+    import tempfile
+
+    print("| case | ranks | tracker, B | allocator, B | simulated, B |")
+    for world in (2, 4):
+        for case, ranks in worker.measure(world, Path(tempfile.mkdtemp())).items():
+            tracker = " / ".join(str(v) for v in sorted({r["tracker"] for r in ranks}))
+            allocator = " / ".join(str(v) for v in sorted({r["allocator"] for r in ranks}))
+            print(f"| {case} | {world} | {tracker} | {allocator} | "
+                  f"{_simulated_rank_peak(case, world)} |")
