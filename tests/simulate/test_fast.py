@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from remat.models import build_model
-from remat.simulate._fast import FastContext, _moments, fast_rows
+from remat.simulate._fast import FastContext, fast_rows
 from remat.simulate._setup import build_model as resolve_model
 from remat.simulate._setup import make_setup
 from remat.simulate.precision import get_precision
@@ -183,30 +183,41 @@ def test_sizes_on_the_chord_and_deeper_depth_pairs_equal_exact(
 
 
 def test_end_segments_are_the_peaks_of_each_phases_first_and_last_blocks() -> None:
+    from remat.core.cost import Category as C
     from remat.core.timeline import MemoryTimeline
-    from remat.simulate._samples import end_segments
+    from remat.simulate._samples import End, end_segments
 
     timeline = MemoryTimeline(
-        (5, 7, 6, 9, 8, 4, 3, 2),
+        (5, 6, 7, 9, 8, 4, 3, 2),
         ("forward", "forward", "forward", "backward", "backward", "backward", "backward",
          "optimizer"),
-        (), (None, "b0", "b0", None, "b1", "b0", "b0", None))
-    ends = dict(end_segments(timeline, 2))
-    # forward: [None 5], [b0 7]; backward: [None 9], [b1 8], [b0 4]; optimizer: none
-    assert ends == {("forward", "first", 0): 5, ("forward", "first", 1): 7,
-                    ("forward", "last", 0): 7, ("forward", "last", 1): 5,
-                    ("backward", "first", 0): 9, ("backward", "first", 1): 8,
-                    ("backward", "last", 0): 4, ("backward", "last", 1): 8}
+        ((0, "parameters", None, 2), (0, "batch", None, 3), (1, "activations", "b0", 1),
+         (2, "activations", "b0", 1), (3, "gradients", None, 3), (3, "activations", "b0", -1),
+         (4, "activations", "b0", -1), (5, "batch", None, -3), (5, "gradients", None, -1),
+         (6, "gradients", None, -1), (7, "gradients", None, -1)),
+        (None, "b0", "b0", None, "b1", "b0", "b0", None))
+    ends = dict(end_segments(timeline, 2, ["b0", "b1"]))
+    # forward: [None 5], [b0 6 7]; backward: [None 9], [b1 8], [b0 4 3]; optimizer: none
+    start = End(5, 0, {C.PARAMETERS: 2, C.BATCH: 3}, None)
+    b0_fwd = End(7, 1, {C.PARAMETERS: 2, C.BATCH: 3, C.ACTIVATIONS: 2}, (0, 1))
+    b1_bwd = End(8, 0, {C.PARAMETERS: 2, C.BATCH: 3, C.GRADIENTS: 3}, (1, 0))
+    assert ends == {
+        ("forward", "first", 0): start, ("forward", "first", 1): b0_fwd,
+        ("forward", "last", 0): b0_fwd, ("forward", "last", 1): start,
+        ("backward", "first", 0): End(9, 0, {C.PARAMETERS: 2, C.BATCH: 3, C.ACTIVATIONS: 1,
+                                             C.GRADIENTS: 3}, None),
+        ("backward", "first", 1): b1_bwd, ("backward", "last", 1): b1_bwd,
+        ("backward", "last", 0): End(4, 0, {C.PARAMETERS: 2, C.GRADIENTS: 2}, (0, 1))}
     assert end_segments(dataclasses.replace(timeline, blocks=()), 2) == ()
 
 
-def test_a_depth_pair_whose_other_end_overtakes_deeper_is_not_extrapolated() -> None:
+def test_a_depth_pair_whose_other_end_overtakes_deeper_takes_that_ends_moment() -> None:
     # NOTE [ Fast rows ], 7: ops at micro-batch 1 peaks in backward at the loss with 2
     # and 3 blocks, at the end of backward from 4; extrapolating the loss's moment to 8
-    # blocks reads low, and under FSDP (where that moment, not the optimizer's, sets the
-    # rank's peak) the row would too. The end segments see it and the pair is refused.
+    # blocks reads low. The end segments see the end of backward overtake, and the row
+    # takes that segment's moment, extrapolated; one only bounded is refused.
     from remat.devices import get_device
-    from remat.simulate._fast import _level
+    from remat.simulate._fast import _level, _measure
     from remat.simulate._point import point
     from remat.simulate._samples import NotAffine, deepen
     from remat.strategies import apply, remove
@@ -218,17 +229,24 @@ def test_a_depth_pair_whose_other_end_overtakes_deeper_is_not_extrapolated() -> 
     context = FastContext(setup, ["ops"])
     shallow = [_level(context, "ops", depth, [1], SEQ)[1] for depth in (2, 3)]
     assert [s.phase for s in shallow] == ["backward", "backward"]
-    # the end segments alone refuse the pair (the FSDP rank segments left out)
-    ends_only = [dataclasses.replace(s, rank_segments=()) for s in shallow]
-    with pytest.raises(NotAffine):
-        deepen(*ends_only, (2, 3), 8)
-    blind = deepen(*(dataclasses.replace(s, ends=()) for s in ends_only), (2, 3), 8)
-    rows = fast_rows(context, "ops", [1], SEQ)
     apply(setup.model, "ops", blocks=setup.blocks)
     try:
         exact = point(setup, "ops", 1, SEQ)
     finally:
         remove(setup.model)
+    # the end segments alone (the FSDP rank segments left out) move the moment
+    ends_only = [dataclasses.replace(s, rank_segments=()) for s in shallow]
+    moved = deepen(*ends_only, (2, 3), 8)
+    blind = deepen(*(dataclasses.replace(s, ends=()) for s in ends_only), (2, 3), 8)
+    whole = _measure(context, "ops", 8, [1], SEQ)[1]  # the 8-block step, measured
+    assert (moved.peak_bytes, moved.phase) == (whole.peak_bytes, whole.phase)
+    assert moved.breakdown == whole.breakdown
+    assert blind.peak_bytes < whole.peak_bytes  # what the pair alone claimed
+    # the same ends known only as bounds: refused
+    bounds = [dataclasses.replace(s, ends=tuple(
+        (key, dataclasses.replace(end, offset=-1)) for key, end in s.ends)) for s in ends_only]
+    with pytest.raises(NotAffine):
+        deepen(*bounds, (2, 3), 8)
+    rows = fast_rows(context, "ops", [1], SEQ)
     assert rows is not None and rows[0] is not None
     assert rows[0].peak_bytes == exact.peak_bytes
-    assert _moments(setup, blind)[1] != exact.peak_bytes  # what the pair alone claimed

@@ -75,9 +75,21 @@ a constant or proportional to the micro-batch ``b`` (no ``b**2`` term: attention
    last ``step + 1`` of them, ``step`` the pattern's period). Within a phase the
    blocks between are passed in order and each one's moments are affine in its
    position (saved tensors of the blocks before it, gradients of the blocks after),
-   so a phase's peak lies in its end segments. A depth pair whose extrapolated end
-   segment rises above its extrapolated peak has the peak moving: it is not
-   extrapolated, and the deeper pairs of 5 are tried.
+   so a phase's peak lies in its end segments. Each end segment keeps where in it
+   its peak was first reached and the bytes per category then; an end segment that
+   peaks at the same place at both depths (same offset, same kinds of bytes) is
+   extrapolated like the peak, and where it rises above the extrapolated peak the
+   row's moment moves to it (its bytes, phase and breakdown: Llama-7B ``none`` at
+   micro-batch 1 and ``full`` at 4 and 8 peak at the end of backward at 32 blocks,
+   at the loss at 2 and 3). Interpolated in batch between sizes whose segment peaked
+   at different places, an end segment is only an upper bound; one that rises above
+   every known moment has the peak possibly moving: the pair is not extrapolated, and
+   the deeper pairs of 5 are tried. A key names the same segment at two depths when
+   its block is as far from the stack's first block, or from its last, at both;
+   else it reached past the other end's segments at the shallower depth (``sqrt``'s
+   recomputations run one segment per ``k`` blocks: at ``k + r`` blocks the second
+   from the last is the last segment's) and is left out: deeper it names a segment
+   between the ends.
 
 Parameter, gradient and optimizer-state bytes come out exact (they are affine in
 ``L`` by construction). ``sqrt`` is cut to one and two of its full segments (of

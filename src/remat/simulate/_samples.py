@@ -13,6 +13,31 @@ from typing import Any
 from remat.core.cost import Category
 
 COMPUTE = ("forward", "backward", "recompute")
+EndKey = tuple[str, str, int]
+"""``(phase, "first" | "last", k)``: the k-th segment from that end of a phase."""
+
+
+@dataclass(frozen=True)
+class End:
+    """The peak of one segment at an end of a phase (NOTE [ Fast rows ], 7).
+
+    ``offset``: the sample of that peak, counted from the segment's first sample; -1 once
+    ``peak_bytes`` is only an upper bound (interpolated in batch size between samples whose
+    segment peaked at different moments) or a line through such moments (in depth).
+    ``breakdown``: bytes per category at that moment (empty for a bound).
+    ``block``: the segment's block as ``(index from the stack's first block, index from
+    its last)``; None outside every block.
+    """
+
+    peak_bytes: int
+    offset: int
+    breakdown: dict[Category, int]
+    block: tuple[int, int] | None = None
+
+    @property
+    def exact(self) -> bool:
+        return self.offset >= 0
+
 INTS = ("peak_bytes", "opt_peak_bytes", "activation_bytes", "param_bytes", "grad_bytes",
          "optimizer_bytes", "batch_bytes", "flops", "recompute_flops")
 
@@ -30,7 +55,7 @@ class Sample:
     ``ends``: the peaks of the segments at either end of each forward, backward and
     recompute phase (NOTE [ Fast rows ], 7), by ``(phase, "first" | "last", k)``: the
     k-th segment from that end, a segment being a run of samples in one block (or
-    outside every block); bytes, upper bounds once interpolated in batch size.
+    outside every block).
     """
 
     peak_bytes: int
@@ -51,7 +76,7 @@ class Sample:
     optimizer_ms: float
     moments: tuple[tuple[str, int, int], ...] = ()
     rank_segments: tuple[int, ...] = ()  # FSDP: per-rank peak per segment (NOTE [ Fast rows ], 6)
-    ends: tuple[tuple[tuple[str, str, int], int], ...] = ()
+    ends: tuple[tuple[EndKey, End], ...] = ()
 
 
 def roofline_times(ops: Sequence[Any], device: Any) -> dict[str, float]:
@@ -62,27 +87,54 @@ def roofline_times(ops: Sequence[Any], device: Any) -> dict[str, float]:
             "optimizer_ms": float(roofline_ms(ops, device, phases=("optimizer",)))}
 
 
-def end_segments(timeline: Any, width: int) -> tuple[tuple[tuple[str, str, int], int], ...]:
+def end_segments(timeline: Any, width: int,
+                 blocks: Sequence[str] = ()) -> tuple[tuple[EndKey, End], ...]:
     """:attr:`Sample.ends` of a measured step's timeline: per forward, backward and
-    recompute phase, the peak bytes of its first and last ``width`` segments (NOTE [ Fast
-    rows ], 7); empty without the samples' blocks."""
+    recompute phase, the peaks of its first and last ``width`` segments, where each was
+    first reached, what it held and which of ``blocks`` (names in stack order) it ran in
+    (NOTE [ Fast rows ], 7); empty without the samples' blocks."""
     if timeline is None or not timeline.blocks:
         return ()
-    segments: dict[str, list[int]] = {}
+    segments: dict[str, list[list[int]]] = {}  # per phase: [first sample, peak sample]
     last: dict[str, Any] = {}
-    for live, phase, block in zip(timeline.live_bytes, timeline.phases, timeline.blocks,
-                                  strict=True):
+    live = timeline.live_bytes
+    for i, (phase, block) in enumerate(zip(timeline.phases, timeline.blocks, strict=True)):
         if phase == "optimizer":
             continue
-        peaks = segments.setdefault(phase, [])
-        if not peaks or last[phase] != block:
-            peaks.append(live)
+        runs = segments.setdefault(phase, [])
+        if not runs or last[phase] != block:
+            runs.append([i, i])
             last[phase] = block
-        elif live > peaks[-1]:
-            peaks[-1] = live
-    return tuple(((phase, end, k), (peaks if end == "first" else peaks[::-1])[k])
-                 for phase, peaks in sorted(segments.items())
-                 for end in ("first", "last") for k in range(min(width, len(peaks))))
+        elif live[i] > live[runs[-1][1]]:
+            runs[-1][1] = i
+    chosen = {(phase, end, k): (runs if end == "first" else runs[::-1])[k]
+              for phase, runs in sorted(segments.items())
+              for end in ("first", "last") for k in range(min(width, len(runs)))}
+    held = _breakdowns(timeline.events, {peak for _, peak in chosen.values()})
+    index = {name: i for i, name in enumerate(blocks)}
+
+    def block(name: str | None) -> tuple[int, int] | None:
+        i = index.get(name, -1) if name is not None else -1
+        return (i, len(blocks) - 1 - i) if i >= 0 else None
+
+    return tuple((key, End(live[peak], peak - first, held[peak], block(timeline.blocks[first])))
+                 for key, (first, peak) in chosen.items())
+
+
+def _breakdowns(events: Sequence[Any], at: set[int]) -> dict[int, dict[Category, int]]:
+    """Bytes per category at each sample of ``at`` (the running sums of the timeline's
+    events up to it: NOTE [ Memory timeline ] in core/timeline.py), non-zero ones only."""
+    totals: dict[Category, int] = {}
+    out: dict[int, dict[Category, int]] = {}
+    ordered = sorted(events, key=lambda event: event[0])
+    i = 0
+    for sample in sorted(at):
+        while i < len(ordered) and ordered[i][0] <= sample:
+            category = Category(ordered[i][1])
+            totals[category] = totals.get(category, 0) + ordered[i][3]
+            i += 1
+        out[sample] = {k: v for k, v in totals.items() if v}
+    return out
 
 
 def sample_of(prof: Any, device: Any, width: int = 2,
@@ -104,7 +156,7 @@ def sample_of(prof: Any, device: Any, width: int = 2,
                   moments=tuple(sorted((p, int(m.peak_bytes), m.order)
                                        for p, m in prof.phase_peaks.items())),
                   rank_segments=rank_segments,
-                  ends=end_segments(prof.timeline, width))
+                  ends=end_segments(prof.timeline, width, [b.name for b in prof.blocks]))
 
 
 class NotAffine(Exception):
@@ -159,13 +211,41 @@ def mix(s1: Sample, s2: Sample, x1: int, x2: int, x: int, *,
 
 
 def _mix_ends(s1: Sample, s2: Sample, x1: int, x2: int,
-              x: int) -> tuple[tuple[tuple[str, str, int], int], ...]:
-    """The end segments both samples hold, on their line at ``x`` rounded up: exact for a
-    segment that peaks at one moment at both, else (in batch size, where a segment's
-    peak is convex) an upper bound between ``x1`` and ``x2``."""
+              x: int) -> tuple[tuple[EndKey, End], ...]:
+    """The end segments both samples hold in the same place, on their line at ``x``: exact
+    for a segment that peaks at one moment at both (the same offset in the segment, the
+    same kinds of bytes); else a bound, rounded up (in batch size, where a segment's peak
+    is convex, an upper bound between ``x1`` and ``x2``).
+
+    In depth, a key is the same segment at both depths where its block is as far from
+    the stack's first block, or from its last, at both (or outside every block at both);
+    else the key reaches past the other end's segments at the shallower depth (``sqrt``'s
+    recomputations, one segment per ``k`` blocks) and is left out: at ``x`` it names a
+    segment between the ends, whose peak lies between theirs (NOTE [ Fast rows ], 7)."""
     second = dict(s2.ends)
-    return tuple((key, a + -(-(second[key] - a) * (x - x1) // (x2 - x1)) if x2 != x1 else a)
-                 for key, a in s1.ends if key in second)
+    out = []
+    for key, a in s1.ends:
+        b = second.get(key)
+        if b is None or not _same_place(a.block, b.block):
+            continue
+        if a.exact and a.offset == b.offset and a.breakdown.keys() == b.breakdown.keys():
+            try:
+                out.append((key, End(affine(a.peak_bytes, b.peak_bytes, x1, x2, x), a.offset,
+                                     {k: affine(v, b.breakdown[k], x1, x2, x)
+                                      for k, v in a.breakdown.items()}, a.block)))
+                continue
+            except NotAffine:
+                pass
+        bound = a.peak_bytes + -(-(b.peak_bytes - a.peak_bytes) * (x - x1) // (x2 - x1)) \
+            if x2 != x1 else a.peak_bytes
+        out.append((key, End(bound, -1, {}, a.block)))
+    return tuple(out)
+
+
+def _same_place(a: tuple[int, int] | None, b: tuple[int, int] | None) -> bool:
+    if a is None or b is None:
+        return a is b
+    return a[0] == b[0] or a[1] == b[1]
 
 
 def sample_at(samples: dict[int, Sample], b: int, device: Any) -> Sample:
@@ -226,6 +306,21 @@ def deepen(s1: Sample, s2: Sample, depths: tuple[int, int], n_blocks: int) -> Sa
     if any(v < 0 for v in [*out.breakdown.values(), *out.opt_breakdown.values(),
                            *out.rank_segments]):
         raise NotAffine
-    if any(nbytes > out.peak_bytes for _, nbytes in out.ends):
-        raise NotAffine  # another moment overtakes deeper (NOTE [ Fast rows ], 7)
-    return out
+    return _overtaken(out)
+
+
+def _overtaken(out: Sample) -> Sample:
+    """``out`` with its forward/backward moment moved to the end segment that rises above
+    it deeper (NOTE [ Fast rows ], 7); NotAffine where a segment that is only bounded
+    could be the highest."""
+    exact = [(key, end) for key, end in out.ends if end.exact]
+    key, top = max(exact, key=lambda item: item[1].peak_bytes, default=(None, None))
+    highest = out.peak_bytes if top is None else max(out.peak_bytes, top.peak_bytes)
+    if any(not end.exact and end.peak_bytes > highest for _, end in out.ends):
+        raise NotAffine  # another moment may overtake deeper
+    if key is None or top is None or top.peak_bytes <= out.peak_bytes:
+        return out
+    if any(v < 0 for v in top.breakdown.values()):
+        raise NotAffine
+    return dataclasses.replace(out, peak_bytes=top.peak_bytes, phase=key[0],
+                               breakdown=dict(top.breakdown))
