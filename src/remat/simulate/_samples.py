@@ -113,11 +113,11 @@ def end_segments(timeline: Any, width: int,
     held = _breakdowns(timeline.events, {peak for _, peak in chosen.values()})
     index = {name: i for i, name in enumerate(blocks)}
 
-    def block(name: str | None) -> tuple[int, int] | None:
+    def place(name: str | None) -> tuple[int, int] | None:
         i = index.get(name, -1) if name is not None else -1
         return (i, len(blocks) - 1 - i) if i >= 0 else None
 
-    return tuple((key, End(live[peak], peak - first, held[peak], block(timeline.blocks[first])))
+    return tuple((key, End(live[peak], peak - first, held[peak], place(timeline.blocks[first])))
                  for key, (first, peak) in chosen.items())
 
 
