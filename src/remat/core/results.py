@@ -75,6 +75,36 @@ class BlockProfile:
 
 
 @dataclass(frozen=True)
+class SavedStorage:
+    """One storage a step's forward created and left alive for backward: one term of
+    ``activation_bytes``, named by the op that created it.
+
+    Args:
+        op: the op that created it, e.g. ``"aten.mm"`` (``"torch.get_rng_state"`` for the
+            RNG state a checkpoint keeps; NOTE [ RNG states saved by checkpoint ]).
+        shape: shape of the tensor it was created for (elements per dimension).
+        dtype: that tensor's dtype name, e.g. ``"bfloat16"``.
+        nbytes: the storage's bytes (counted once, however many tensors view it).
+        unit: the innermost block or module that ran the op, or ``None``.
+
+    Example:
+        >>> SavedStorage("aten.mm", (64, 192), "bfloat16", 24576, "h.0.attn.c_attn").nbytes
+        24576
+    """
+
+    op: str
+    shape: tuple[int, ...]
+    dtype: str
+    nbytes: int
+    unit: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.nbytes < 0:
+            raise ValueError(message(f"SavedStorage({self.op})", "nbytes must be >= 0",
+                                     {"found": self.nbytes}, fix="pass nbytes >= 0"))
+
+
+@dataclass(frozen=True)
 class Profile(CostViews):
     """One training step, measured: exact bytes and FLOPs, and (real runs) times.
 

@@ -13,10 +13,11 @@ Example::
 from __future__ import annotations
 
 from remat.core.ops import OpRecord
-from remat.core.results import BlockProfile, Profile
+from remat.core.results import BlockProfile, Profile, SavedStorage
 from remat.measure.fake import fake_copy
 from remat.measure.profile import profile, profile_simulated
 from remat.measure.roofline import roofline_ms
+from remat.measure.saved import saved_storages
 from remat.measure.step import run_step
 from remat.measure.tracker import MemoryTracker
 
@@ -25,9 +26,11 @@ __all__ = [
     "MemoryTracker",
     "OpRecord",
     "Profile",
+    "SavedStorage",
     "fake_copy",
     "profile",
     "profile_simulated",
     "roofline_ms",
     "run_step",
+    "saved_storages",
 ]

@@ -54,12 +54,15 @@ def categorized(by_kind: Mapping[str, int]) -> dict[Category, int]:
 class StorageRecord(weakref.ref):  # type: ignore[type-arg]
     """A weak reference to a tracked storage that carries its accounting."""
 
-    __slots__ = ("block", "key", "kind", "nbytes")
+    __slots__ = ("block", "key", "kind", "nbytes", "origin")
 
     key: int
     nbytes: int
     kind: str
     block: str | None
+    #: what created the storage, when the tracker records it (NOTE [ Saved storages ] in
+    #: tracker.py): (op name, shape, dtype name) of the tensor it was created for
+    origin: tuple[str, tuple[int, ...], str] | None
 
 
 def storage_of(t: Tensor) -> torch.UntypedStorage | None:
@@ -125,14 +128,17 @@ class StorageLedger:
         self.events: list[tuple[int, str, str | None, int]] = []
         self.found_later: list[tuple[int, int]] = []  # (sample, bytes) counted from the start
 
-    def add(self, st: torch.UntypedStorage, kind: str, block: str | None) -> int:
-        """Count ``st`` (not tracked yet) as ``kind``; return its bytes."""
+    def add(self, st: torch.UntypedStorage, kind: str, block: str | None,
+            origin: tuple[str, tuple[int, ...], str] | None = None) -> int:
+        """Count ``st`` (not tracked yet) as ``kind``; return its bytes. ``origin``: what
+        created it (:attr:`StorageRecord.origin`)."""
         nbytes = st.nbytes()
         rec = StorageRecord(st, self._on_free)
         rec.key = id(st)
         rec.nbytes = nbytes
         rec.kind = kind
         rec.block = block
+        rec.origin = origin
         self.live[rec.key] = rec
         if nbytes:
             self.current += nbytes
@@ -266,6 +272,10 @@ class StorageLedger:
         return MemoryTimeline(tuple(live), tuple(self.sample_phases), events,
                               tuple(self.sample_blocks))
 
+    def records_of_kind(self, kind: str) -> list[StorageRecord]:
+        """The live records of ``kind`` with bytes, in the order they were added."""
+        return [rec for rec in self.live.values() if rec.kind == kind and rec.nbytes]
+
     def bytes_of_kind(self, kind: str) -> tuple[int, dict[str, int]]:
         """Bytes of live storages of ``kind``, in total and per block."""
         total = 0
@@ -299,10 +309,12 @@ class StorageLedger:
 
     def see_outputs(self, outputs: list[Tensor], input_keys: set[int],
                     counts: Callable[[Tensor], bool], kind: str,
-                    block: str | None) -> tuple[int, bool]:
+                    block: str | None, op: str | None = None) -> tuple[int, bool]:
         """Add the outputs' new storages as ``kind``; follow resizes of tracked ones.
 
-        Returns the bytes added and whether every output aliases an input.
+        With ``op`` (the op's name), each new storage's origin is recorded
+        (:attr:`StorageRecord.origin`). Returns the bytes added and whether every output
+        aliases an input.
         """
         alloc = 0
         aliases_only = True
@@ -316,7 +328,9 @@ class StorageLedger:
             rec = self.live.get(key)
             if rec is None:
                 if counts(t):
-                    alloc += self.add(st, kind, block)
+                    origin = (op, tuple(t.shape), str(t.dtype).removeprefix("torch.")) \
+                        if op is not None else None
+                    alloc += self.add(st, kind, block, origin)
             elif rec.nbytes != st.nbytes():  # resized by an op (out=, resize_)
                 self.resized(rec, st.nbytes())
         return alloc, aliases_only

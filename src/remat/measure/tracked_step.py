@@ -58,11 +58,13 @@ class Tracked:
 
 
 def tracked_step(step: Step, blocks: Sequence[tuple[str, nn.Module]], *,
-                 after_op: Callable[[MemoryTracker], None] | None = None) -> Tracked:
+                 after_op: Callable[[MemoryTracker], None] | None = None,
+                 record_saved: bool = False) -> Tracked:
     """One step of ``step`` under a tracker attributing to ``blocks``; ``after_op(tracker)``
-    runs after every op (a listener reading the tracker's state as the step goes)."""
+    runs after every op (a listener reading the tracker's state as the step goes);
+    ``record_saved`` fills the tracker's ``saved_storages`` (NOTE [ Saved storages ])."""
     model, optimizer = step.model, step.optimizer
-    tracker = MemoryTracker(device=step.device, blocks=blocks)
+    tracker = MemoryTracker(device=step.device, blocks=blocks, record_saved=record_saved)
     if after_op is not None:
         listener = after_op
         tracker.after_op = lambda: listener(tracker)

@@ -41,6 +41,16 @@ NOTE [ Phases ]
     activation bytes; grouped by the innermost block that created them they
     are each block's saved bytes.
 
+NOTE [ Saved storages ]
+    With ``record_saved=True`` the tracker notes, for every storage an op creates, the
+    op's name and the shape and dtype of the output tensor it was created for (a
+    multi-output op such as ``aten.native_layer_norm`` creates one storage per output;
+    a view creates none). At the first switch from forward to backward, the forward
+    storages still alive are :attr:`MemoryTracker.saved_storages`, in the order they
+    were created: the terms of :attr:`MemoryTracker.activation_bytes`, which they sum
+    to exactly, each attributed to the innermost unit that created it (pass every
+    sub-module as a unit to name the linear, norm or dropout that made it).
+
 NOTE [ Gradient accumulation in place ]
     When a tensor feeds several ops, autograd sums its gradients in the engine's input
     buffer. Without a dispatch mode the engine adds in place (``old.add_(new)``, or
@@ -84,7 +94,7 @@ from torch.utils.hooks import RemovableHandle
 
 from remat.blocks import Sublayer
 from remat.core.ops import OpRecord
-from remat.core.results import PhasePeak
+from remat.core.results import PhasePeak, SavedStorage
 from remat.core.timeline import MemoryTimeline
 from remat.errors import message
 from remat.measure import shadow
@@ -161,6 +171,8 @@ class MemoryTracker(TorchDispatchMode):
         record_ops: keep an :class:`OpRecord` per op. Default: ``True``.
         after_op: called with no arguments after every op, once its outputs are counted
             (to read :attr:`current_bytes` op by op). Default: none.
+        record_saved: note which op created each storage, for :attr:`saved_storages`
+            (NOTE [ Saved storages ]). Default: ``False``.
 
     Example:
         >>> model = torch.nn.Linear(4, 4)
@@ -187,12 +199,15 @@ class MemoryTracker(TorchDispatchMode):
         blocks: Sequence[tuple[str, Sublayer]] = (),
         record_ops: bool = True,
         after_op: Callable[[], None] | None = None,
+        record_saved: bool = False,
     ) -> None:
         super().__init__()
         dev = torch.device(device) if device is not None else None
         self._device_type = dev.type if dev is not None else None
         self._device_index = dev.index if dev is not None else None
         self._record_ops = record_ops
+        self._record_saved = record_saved
+        self._saved: tuple[SavedStorage, ...] = ()
         self.after_op = after_op
         self._ledger = StorageLedger()
         # NOTE [ Gradient accumulation in place ]: (phase, reusable input storage keys,
@@ -293,6 +308,10 @@ class MemoryTracker(TorchDispatchMode):
         self.settle()
         if phase == "backward" and self._phase == "forward" and self._activation is None:
             self._activation, self._block_saved = self._ledger.bytes_of_kind("forward")
+            if self._record_saved:  # NOTE [ Saved storages ]
+                self._saved = tuple(
+                    SavedStorage(*(rec.origin or ("(unknown)", (), "")), rec.nbytes, rec.block)
+                    for rec in self._ledger.records_of_kind("forward"))
         self._phase = phase
         self._attribution.backward_block = None
 
@@ -322,7 +341,9 @@ class MemoryTracker(TorchDispatchMode):
         st = storage_of(t)
         if st is None or id(st) in self._ledger.live or not self._counts(t):
             return
-        self._ledger.add(st, self._created_phase(), self._attribution.current)
+        origin = ("torch.get_rng_state", tuple(t.shape), str(t.dtype).removeprefix("torch."))
+        self._ledger.add(st, self._created_phase(), self._attribution.current,
+                         origin if self._record_saved else None)
         self._ledger.update_peak(self._created_phase())
 
     def _resized_outside(self, st: torch.UntypedStorage) -> None:
@@ -401,8 +422,9 @@ class MemoryTracker(TorchDispatchMode):
         outputs = [out] if isinstance(out, Tensor) else tensors_in(
             out if isinstance(out, (tuple, list)) else ()
         )
-        alloc, aliases_only = self._ledger.see_outputs(outputs, input_keys, self._counts, phase,
-                                                       self._attribution.current)
+        alloc, aliases_only = self._ledger.see_outputs(
+            outputs, input_keys, self._counts, phase, self._attribution.current,
+            _op_info(func)[2] if self._record_saved else None)
         scratch = scratch_bytes(func, args, kwargs, out)
         if scratch:  # NOTE [ Kernel scratch the tracker models ] in scratch.py
             self._scratch_moment(phase, scratch)
@@ -521,6 +543,12 @@ class MemoryTracker(TorchDispatchMode):
     def activation_bytes(self) -> int:
         """Bytes created in forward and alive when backward started (0 before that)."""
         return self._activation or 0
+
+    @property
+    def saved_storages(self) -> tuple[SavedStorage, ...]:
+        """The forward storages alive when backward started, in creation order; they sum to
+        :attr:`activation_bytes` (empty without ``record_saved``; NOTE [ Saved storages ])."""
+        return self._saved
 
     @property
     def block_saved_bytes(self) -> dict[str, int]:
