@@ -89,7 +89,11 @@ class ChunkBytes:
         held_bytes: what one micro-batch keeps from its ``F`` to its ``B``.
         forward_bytes: an ``F``'s peak above its start (its held bytes included).
         backward_bytes: a ``B``'s peak above the bytes alive when it starts.
-        recompute_ms: the plan's recompute cost per micro-batch, ms.
+        sent_output_bytes: the output an ``F`` sends to the next stage (0 for the
+            last stage, whose loss is computed where it runs). Default: 0.
+        sent_grad_bytes: the input gradient a ``B`` sends back (0 for the first stage).
+            Default: 0.
+        recompute_ms: the plan's recompute cost per micro-batch, ms. Default: 0.
     """
 
     static_bytes: int
@@ -97,11 +101,13 @@ class ChunkBytes:
     held_bytes: int
     forward_bytes: int
     backward_bytes: int
+    sent_output_bytes: int = 0
+    sent_grad_bytes: int = 0
     recompute_ms: float = 0.0
 
     def __post_init__(self) -> None:
         sizes = (self.static_bytes, self.grad_bytes, self.held_bytes, self.forward_bytes,
-                 self.backward_bytes)
+                 self.backward_bytes, self.sent_output_bytes, self.sent_grad_bytes)
         if min(sizes) < 0 or not self.recompute_ms >= 0:
             raise ValueError(message("ChunkBytes", "bytes and recompute_ms must be >= 0",
                                      {"bytes": sizes, "recompute_ms": self.recompute_ms},
@@ -175,21 +181,23 @@ def held_by_chunk(schedule: str, *, rank: int, stages: int, microbatches: int,
 
 
 def rank_peak_bytes(moments: Sequence[tuple[Action, Mapping[int, int]]],
-                    chunk_bytes: Mapping[int, ChunkBytes]) -> int:
+                    chunk_bytes: Mapping[int, ChunkBytes], *, schedule: str) -> int:
     """The rank's peak over its actions (NOTE [ Rank peak over the schedule ]), bytes.
 
     Args:
         moments: :func:`held_by_chunk` of the rank.
         chunk_bytes: per chunk (stage index), its bytes under its plan.
+        schedule: the schedule the moments are of (its sends, NOTE [ Sends held ]).
 
     Example:
         >>> rank_peak_bytes(held_by_chunk("gpipe", rank=0, stages=1, microbatches=2),
-        ...                 {0: ChunkBytes(10, 4, 3, 5, 6)})  # 10 + 4 + 3 + 6 at B 0
+        ...                 {0: ChunkBytes(10, 4, 3, 5, 6)}, schedule="gpipe")
         23
     """
     static = sum(c.static_bytes for c in chunk_bytes.values())
     peak = static
     backwarded: set[int] = set()
+    sent: dict[int, int] = {}  # bytes of each chunk's sends not yet waited for
     for action, held in moments:
         chunk = chunk_bytes[action.chunk]
         if action.kind == "B":
@@ -197,11 +205,26 @@ def rank_peak_bytes(moments: Sequence[tuple[Action, Mapping[int, int]]],
         grads = sum(chunk_bytes[c].grad_bytes for c in backwarded)
         live = sum(n * chunk_bytes[c].held_bytes for c, n in held.items())
         work = chunk.forward_bytes if action.kind == "F" else chunk.backward_bytes
-        peak = max(peak, static + grads + live + work)
+        peak = max(peak, static + grads + live + sum(sent.values()) + work)
+        if action.kind == "B":
+            sent[action.chunk] = _sent_after_backward(schedule, chunk,
+                                                      sent.get(action.chunk, 0))
     return peak
 
 
-def measure_chunk(setup: FakeSetup, plan: Plan, loss_fn: LossFn) -> ChunkBytes:
+def _sent_after_backward(schedule: str, chunk: ChunkBytes, before: int) -> int:
+    """A chunk's unwaited sends after one more ``B`` (NOTE [ Sends held ])."""
+    if schedule == "1f1b":  # the previous send is waited for; this one is in flight
+        return chunk.sent_grad_bytes
+    if schedule == "gpipe":  # every input gradient, waited for at the step's end
+        return before + chunk.sent_grad_bytes
+    # the runtime schedules wait for every send at the step's end: the output, released
+    # from the forward cache by this B, and the input gradient stay until then
+    return before + chunk.sent_output_bytes + chunk.sent_grad_bytes
+
+
+def measure_chunk(setup: FakeSetup, plan: Plan, loss_fn: LossFn, *,
+                  sent_grad_bytes: int = 0) -> ChunkBytes:
     """:class:`ChunkBytes` of one forward and backward of the chunk's fake copy with
     ``plan`` applied (NOTE [ Rank peak over the schedule ]); the copy is restored.
 
@@ -209,9 +232,10 @@ def measure_chunk(setup: FakeSetup, plan: Plan, loss_fn: LossFn) -> ChunkBytes:
         setup: the chunk's fake copy (``PlanContext.setup``).
         plan: the chunk's plan.
         loss_fn: the chunk's :class:`~remat.measure.step.StageLoss`.
+        sent_grad_bytes: the input gradient a ``B`` sends back, bytes (the real
+            micro-batch's inputs that require grad). Default: 0.
     """
     model, batch = setup.model, setup.batch
-    inputs = [t for t in batch_tensors(batch) if t.requires_grad]
     with preserved_strategy(model), quiet(), setup.mode:
         apply_decisions(model, plan.decisions, blocks=plan.blocks)
         clear_grads(model)
@@ -230,6 +254,8 @@ def measure_chunk(setup: FakeSetup, plan: Plan, loss_fn: LossFn) -> ChunkBytes:
                 tracker.set_phase("forward")
                 root, output = forward_held(model, batch, loss_fn)
                 held = tracker.current_bytes - base
+                sent_output = tracker.bytes_of([root]) if output is not None \
+                    and isinstance(loss_fn, StageLoss) and loss_fn.loss_fn is None else 0
                 tracker.set_phase("backward")
                 start = tracker.current_bytes
                 if isinstance(loss_fn, StageLoss) and loss_fn.loss_fn is None:
@@ -241,12 +267,14 @@ def measure_chunk(setup: FakeSetup, plan: Plan, loss_fn: LossFn) -> ChunkBytes:
                 peaks = tracker.phase_peaks
         finally:
             clear_grads(model)
-            for t in inputs:
+            for t in batch_tensors(batch):
                 t.grad = None
     backward = max(peaks[p].peak_bytes for p in ("backward", "recompute") if p in peaks)
     return ChunkBytes(static_bytes=static, grad_bytes=base - static, held_bytes=held,
                       forward_bytes=peaks["forward"].peak_bytes - base,
-                      backward_bytes=backward - start, recompute_ms=plan.recompute_ms)
+                      backward_bytes=backward - start, sent_output_bytes=sent_output,
+                      sent_grad_bytes=sent_grad_bytes,
+                      recompute_ms=plan.recompute_ms)
 
 
 def _pareto(chunk: nn.Module, micro_batch: Any, loss_fn: LossFn, in_flight: int,
@@ -283,11 +311,13 @@ def _pareto(chunk: nn.Module, micro_batch: Any, loss_fn: LossFn, in_flight: int,
             plans.append(at(budget))
         except BudgetTooSmall:
             continue
+    sent = sum(t.numel() * t.element_size() for t in batch_tensors(micro_batch)
+               if t.requires_grad)
     out: dict[tuple[tuple[str, str], ...], tuple[Plan, ChunkBytes]] = {}
     for p in plans:
         key = tuple(sorted((k, repr(v)) for k, v in p.decisions.items()))
         if key not in out:
-            out[key] = (p, measure_chunk(ctx.setup, p, loss_fn))
+            out[key] = (p, measure_chunk(ctx.setup, p, loss_fn, sent_grad_bytes=sent))
     return list(out.values())
 
 
@@ -360,13 +390,14 @@ def plan_rank(chunks: Sequence[nn.Module], micro_batches: Sequence[Any], *,
                                 microbatches=microbatches, loss_fn=loss_fn)
         options.append(_pareto(chunk, micro, chunk_loss, in_flight, levels, plan_kwargs))
     empty = dict(zip(ids, (o[0][1] for o in options), strict=True))
-    no_checkpoint = rank_peak_bytes(moments, empty)
+    no_checkpoint = rank_peak_bytes(moments, empty, schedule=schedule)
     static = sum(c.static_bytes + c.grad_bytes for c in empty.values())
     budget_bytes = parse_budget(budget).resolve(no_checkpoint, static_bytes=static)
     best: tuple[float, int, tuple[tuple[Plan, ChunkBytes], ...]] | None = None
     least = no_checkpoint
     for combo in itertools.product(*options):
-        peak = rank_peak_bytes(moments, dict(zip(ids, (b for _, b in combo), strict=True)))
+        peak = rank_peak_bytes(moments, dict(zip(ids, (b for _, b in combo), strict=True)),
+                               schedule=schedule)
         least = min(least, peak)
         cost = sum(p.recompute_ms for p, _ in combo)
         if peak <= budget_bytes and (best is None or (cost, peak) < best[:2]):
