@@ -76,7 +76,7 @@ __all__ = ["ChunkBytes", "RankPlan", "held_by_chunk", "plan_rank", "rank_peak_by
 API = "remat.integrations.pipeline_rank.plan_rank"
 #: Budgets per chunk between its least reachable and its un-checkpointed peak
 #: (NOTE [ Choosing the chunks' plans ]), the empty plan besides.
-LEVELS = 4
+LEVELS = 3
 
 
 @dataclass(frozen=True)
@@ -348,7 +348,7 @@ def plan_rank(chunks: Sequence[nn.Module], micro_batches: Sequence[Any], *,
         loss_fn: the last stage's ``loss_fn(output, micro_batch) -> scalar``. Default:
             ``None`` (its output's mean).
         levels: budgets tried per chunk between its least and its un-checkpointed peak.
-            Default: 4.
+            Default: 3.
         **plan_kwargs: passed on to :func:`remat.plan` (``blocks``, ``device``, ``cost``,
             ``optimizer`` for a one-chunk rank).
 
@@ -378,7 +378,7 @@ def plan_rank(chunks: Sequence[nn.Module], micro_batches: Sequence[Any], *,
                 "input micro-batch for each"))
     if isinstance(levels, bool) or not isinstance(levels, int) or levels < 1:
         raise ValueError(message(API, "levels must be an integer >= 1", {"levels": levels},
-                                 fix="pass levels=4 (the default) or so"))
+                                 fix="pass levels=3 (the default) or so"))
     moments = held_by_chunk(schedule, rank=rank, stages=stages, microbatches=microbatches,
                             virtual_stages=virtual_stages)
     ids = [rank + v * stages for v in range(virtual_stages)]
