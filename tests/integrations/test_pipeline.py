@@ -271,9 +271,15 @@ if __name__ == "__main__":  # the docs table: python -m tests.integrations.test_
             r = rows[name]
             print(f"| {name} | {rank} | {r['k']} | {r['budget']:,} B | {r['allocator']:,} B | "
                   f"{r['peak']:,} B |")
-    print("\n| interleaved 1F1B | rank | chunk-micro-batches held | budget (75% of "
-          "un-checkpointed) | modeled rank peak | schedule's peak | plans |")
+    print("\nScheduleInterleaved1F1B, each rank's two stages planned by plan_rank:\n")
+    print("| rank | stages | chunk-micro-batches at once | un-checkpointed rank peak | "
+          "budget (75%) | modeled rank peak | schedule's peak |")
+    print("|---|---|---|---|---|---|---|")
+    plans = []
     for rank in range(WORLD):
         r = json.loads((out / f"results-{rank}.json").read_text())["interleaved"]
-        print(f"| | {rank} | {r['k']} | {r['budget']:,} B (of {r['no_checkpoint']:,} B) | "
-              f"{r['predicted']:,} B | {r['peak']:,} B | {'; '.join(r['plans'])} |")
+        print(f"| {rank} | {rank}, {rank + WORLD} | {r['k']} | {r['no_checkpoint']:,} B | "
+              f"{r['budget']:,} B | {r['predicted']:,} B | {r['peak']:,} B |")
+        plans += [f"stage {i}: {label}" for i, label in zip((rank, rank + WORLD), r["plans"],
+                                                              strict=True)]
+    print("\n" + "\n".join(plans))

@@ -17,7 +17,9 @@ stages' layers deleted. Under a schedule the stage holds several micro-batches' 
 activations at its worst moment (``remat.simulate.pipeline.held_microbatches``: GPipe
 all ``m``, 1F1B ``min(m, p - s)`` at stage ``s``), so :func:`plan_stage` plans it with
 that many in flight (NOTE [ Micro-batches in flight ] in remat/planning/in_flight.py):
-one budget per stage, the card it runs on.
+one budget per stage, the card it runs on. Under an interleaved schedule a rank's
+chunks share its card: :func:`remat.integrations.pipeline_rank.plan_rank` plans them
+together for the rank's one budget.
 """
 
 from __future__ import annotations

@@ -32,21 +32,34 @@ NOTE [ Rank peak over the schedule ]
     * the running action's transient: at an ``F`` the forward's peak above its start
       (``forward_bytes``, its own held bytes included), at a ``B`` the backward's and
       recompute's peak above the held state (``backward_bytes``: the output gradient,
-      the recomputed tensors, the input's and the parameters' gradients in the making).
+      the recomputed tensors, the input's and the parameters' gradients in the making);
+    * the sends not yet waited for (NOTE [ Sends held ]).
 
     The rank's peak is the most over its actions. Each figure is measured once per chunk
     and plan by one tracked forward and backward of the chunk's fake copy (on CPU a fake
     step's bytes are a real one's, NOTE [ Closed loop on the fake copy ]). Not counted:
-    point-to-point buffers (a received input or output gradient lands in a buffer the
-    schedule allocated at its first step; an asynchronous send holds the sent tensor
-    until it completes) and kernel scratch the dispatcher does not see.
+    receive buffers (a received input or output gradient lands in a buffer the schedule
+    allocated at its first step, so the model's ``B``, which allocates its output
+    gradient, is up to one boundary tensor high) and kernel scratch the dispatcher does
+    not see.
+
+NOTE [ Sends held ]
+    A sent tensor stays alive until the schedule waits for its send.
+    ``ScheduleInterleaved1F1B`` (PyTorch's runtime schedules) waits for every send at the
+    step's end, so each ``B`` leaves its micro-batch's output (sent forward, a stage
+    before the last; the ``B`` drops it from the forward cache) and its input gradient
+    (sent back, a stage after the first) alive to the end: by then a rank of ``v``
+    chunks holds up to ``2 v m`` boundary tensors. ``ScheduleGPipe`` waits for the
+    backward sends at the end (the input gradients stay); ``Schedule1F1B`` waits for
+    each before the next (one in flight, as ``StageLoss(sends_input_grad=True)`` has it).
+    tests/integrations/test_pipeline.py measures the interleaved case on gloo.
 
 NOTE [ Choosing the chunks' plans ]
     Each chunk gets a small Pareto set of plans: the empty plan, and ``remat.plan`` of
     the chunk (with the most micro-batches it holds at once in flight) at budgets from
     its un-checkpointed peak down to the least it reaches, evenly spaced, distinct
-    plans kept. Every combination (one plan per chunk; ``levels ** v`` of them, a few
-    dozen) is scored by the rank peak rule above; the cheapest in recompute
+    plans kept. Every combination (one plan per chunk; at most ``(levels + 2) ** v`` of
+    them, a few dozen) is scored by the rank peak rule above; the cheapest in recompute
     (``Plan.recompute_ms`` summed) whose peak fits wins, the lower peak on ties. The
     rank's un-checkpointed peak (every chunk's empty plan) is what ``"75%"`` is of.
 """
@@ -332,9 +345,10 @@ def plan_rank(chunks: Sequence[nn.Module], micro_batches: Sequence[Any], *,
     different moments of the schedule. This plans them jointly: the rank's peak is
     modeled over its whole action list (NOTE [ Rank peak over the schedule ]) for every
     combination of a few plans per chunk, and the least recompute that fits wins (NOTE
-    [ Choosing the chunks' plans ]). It costs one ``remat.prepare`` and ``levels + 1``
-    closed-loop plans per chunk; the model leaves out point-to-point buffers, so measure
-    the schedule's peak once (tests/integrations/test_pipeline.py does) and keep a margin.
+    [ Choosing the chunks' plans ]). It costs one ``remat.prepare`` and about
+    ``levels + 2`` closed-loop plans per chunk; the model leaves out receive buffers and
+    kernel scratch, so measure the schedule's peak once (tests/integrations/test_pipeline.py
+    does) and keep a margin.
 
     Args:
         chunks: the rank's chunk modules (train mode), stage ``rank + i * stages`` at
