@@ -205,7 +205,7 @@ def rank_peak_bytes(moments: Sequence[tuple[Action, Mapping[int, int]]],
     Example:
         >>> rank_peak_bytes(held_by_chunk("gpipe", rank=0, stages=1, microbatches=2),
         ...                 {0: ChunkBytes(10, 4, 3, 5, 6)}, schedule="gpipe")
-        23
+        26
     """
     static = sum(c.static_bytes for c in chunk_bytes.values())
     peak = static
