@@ -206,7 +206,8 @@ PUBLIC_LEAVES = ("remat.errors", "remat.units", "remat.devices", "remat.blocks",
                  "remat.recompute", "remat.progress", "remat.strategies.regions",
                  "remat.integrations.hf", "remat.integrations.fsdp2",
                  "remat.integrations.compile", "remat.integrations.lightning",
-                 "remat.integrations.tp", "remat.integrations.pipeline")
+                 "remat.integrations.tp", "remat.integrations.pipeline",
+                 "remat.integrations.pipeline_rank")
 
 
 def _declares_all(path: Path) -> bool:

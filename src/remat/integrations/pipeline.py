@@ -17,7 +17,9 @@ stages' layers deleted. Under a schedule the stage holds several micro-batches' 
 activations at its worst moment (``remat.simulate.pipeline.held_microbatches``: GPipe
 all ``m``, 1F1B ``min(m, p - s)`` at stage ``s``), so :func:`plan_stage` plans it with
 that many in flight (NOTE [ Micro-batches in flight ] in remat/planning/in_flight.py):
-one budget per stage, the card it runs on.
+one budget per stage, the card it runs on. Under an interleaved schedule a rank's
+chunks share its card: :func:`remat.integrations.pipeline_rank.plan_rank` plans them
+together for the rank's one budget.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from remat.models.common import check_seq_len
 from remat.models.llama import Llama, rotary_cos_sin
 from remat.planning.plans import Plan
 
-__all__ = ["LlamaStage", "plan_stage", "stage_in_flight"]
+__all__ = ["LlamaStage", "plan_stage", "stage_in_flight", "stage_loss"]
 
 
 class LlamaStage(nn.Module):
@@ -158,15 +160,35 @@ def plan_stage(stage: nn.Module, micro_batch: Any, *, budget: BudgetLike | Budge
 
     k = stage_in_flight(schedule, stage_index=stage_index, stages=stages,
                         microbatches=microbatches, virtual_stages=virtual_stages)
-    last = stage_index == stages * virtual_stages - 1
+    loss = stage_loss(schedule, stage_index=stage_index, chunks=stages * virtual_stages,
+                      in_flight=k, microbatches=microbatches, loss_fn=loss_fn)
+    return plan(stage, micro_batch, budget=budget, loss_fn=loss,
+                microbatches_in_flight=k, **plan_kwargs)
+
+
+def stage_loss(schedule: str, *, stage_index: int, chunks: int, in_flight: int,
+               microbatches: int, loss_fn: LossFn | None = None) -> StageLoss:
+    """The :class:`~remat.measure.step.StageLoss` a stage's planned step runs with.
+
+    Args:
+        schedule: ``"gpipe"``, ``"1f1b"`` or ``"interleaved-1f1b"``.
+        stage_index: the stage, ``0 .. chunks - 1``.
+        chunks: stages of the whole pipeline (ranks x virtual stages).
+        in_flight: micro-batches the stage holds at once.
+        microbatches: micro-batches per step.
+        loss_fn: the last stage's loss. Default: ``None`` (its output's mean).
+
+    Example:
+        >>> stage_loss("1f1b", stage_index=1, chunks=2, in_flight=1, microbatches=4).accumulating
+        True
+    """
     # A backward runs before the k-th forward when the stage holds fewer than all m.
-    accumulating = k < microbatches
+    accumulating = in_flight < microbatches
     # 1F1B sends input gradients asynchronously (StageLoss); the first stage has none.
     sends = schedule != "gpipe" and stage_index > 0
-    stage_loss = StageLoss(_mean_loss if loss_fn is None else loss_fn, accumulating, sends) \
-        if last else StageLoss(accumulating=accumulating, sends_input_grad=sends)
-    return plan(stage, micro_batch, budget=budget, loss_fn=stage_loss,
-                microbatches_in_flight=k, **plan_kwargs)
+    if stage_index == chunks - 1:
+        return StageLoss(_mean_loss if loss_fn is None else loss_fn, accumulating, sends)
+    return StageLoss(accumulating=accumulating, sends_input_grad=sends)
 
 
 def _mean_loss(output: Any, batch: Any) -> Tensor:
