@@ -24,6 +24,12 @@ One command on a CUDA machine records, for a ~1B model (``llama-1b``, bfloat16, 
    the planner's model predicts (``full`` plus the copies out beyond the forward's
    roofline and back beyond the recompute's and backward's).
 
+``--hf cohere`` runs the same on a Hugging Face decoder the planner was not tuned on
+(benchmarks/planner.py's held-out families), built from its config class at about 1.06B
+parameters (``HELD_OUT``; random weights, sdpa attention), sequences of ``--seq`` tokens
+(default 2048). The planning time (``plan_s``: the two simulated steps and ``remat.plan``)
+is recorded with every run.
+
 ``--dry-run`` runs the same path on CPU with ``llama-tiny`` (float32, batch 2, bytes
 from the tracker, offload skipped, ``full_offload`` running as ``full``); the tests run
 it so the script cannot rot.
@@ -32,6 +38,7 @@ Usage::
 
     .venv/bin/python benchmarks/gpu.py                           # CUDA, llama-1b
     .venv/bin/python benchmarks/gpu.py --cap-gib 40 --batch 4 --seq 2048 --json out.json
+    .venv/bin/python benchmarks/gpu.py --hf cohere --json hf.json  # CUDA, held-out 1B decoder
     .venv/bin/python benchmarks/gpu.py --dry-run                 # CPU, tiny model
 """
 
@@ -65,6 +72,35 @@ from remat.units import format_bytes
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _results import RESULTS, replace_section  # noqa: E402 (benchmarks/ is on sys.path)
+
+#: Hugging Face decoders of families the planner's tests and tuning never use, as config
+#: overrides: (about 1.06B parameters for the GPU, a tiny one for the dry run).
+_IDS = dict(pad_token_id=0, bos_token_id=1, eos_token_id=2)
+HELD_OUT: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
+    "cohere": (dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=22,
+                    num_attention_heads=16, num_key_value_heads=4, vocab_size=32000, **_IDS),
+               dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                    num_attention_heads=4, num_key_value_heads=2, vocab_size=128, **_IDS)),
+}
+
+
+def _hf_model(name: str, dtype: torch.dtype, device: torch.device,
+              dry_run: bool) -> torch.nn.Module:
+    from remat.simulate.hf import hf_model_from_name
+
+    if name not in HELD_OUT:
+        raise SystemExit(f"benchmarks/gpu.py: --hf {name}: not a held-out family here\n"
+                         f"known: {', '.join(sorted(HELD_OUT))}")
+    return hf_model_from_name(name, dtype=dtype, device=device,
+                              **HELD_OUT[name][1 if dry_run else 0])
+
+
+def _token_batch(model: torch.nn.Module, batch_size: int, seq: int,
+                 device: torch.device) -> dict[str, torch.Tensor]:
+    """Random token ids (a fixed seed) with next-token labels, for a Hugging Face model."""
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, model.config.vocab_size, (batch_size, seq), generator=g)
+    return {"input_ids": ids.to(device), "labels": ids.clone().to(device)}
 
 
 @dataclass
@@ -125,7 +161,8 @@ def _host_link_bytes_per_s(device: torch.device, nbytes: int = 2**30,
 
 
 def run(*, preset: str, batch_size: int, seq: int | None, cap_bytes: int | None,
-        dry_run: bool, repeats: int, argv: Sequence[str] = ()) -> dict[str, Any]:
+        dry_run: bool, repeats: int, argv: Sequence[str] = (),
+        hf: str | None = None) -> dict[str, Any]:
     """Every measurement of the module docstring; returns them as a JSON-able dict."""
     cuda = torch.cuda.is_available() and not dry_run
     if not cuda and not dry_run:
@@ -133,10 +170,15 @@ def run(*, preset: str, batch_size: int, seq: int | None, cap_bytes: int | None,
     device = torch.device("cuda" if cuda else "cpu")
     dtype = torch.bfloat16 if cuda else torch.float32
     torch.manual_seed(0)
-    with device:
-        model = build_model(preset).to(dtype)
-    batch = make_batch(model, batch_size, seq) if seq else make_batch(model, batch_size)
-    batch = {k: v.to(device) for k, v in batch.items()} if isinstance(batch, dict) else batch
+    if hf is not None:
+        model = _hf_model(hf, dtype, device, dry_run)
+        preset = f"{hf} (Hugging Face, {sum(p.numel() for p in model.parameters()) / 1e9:.2f}B)"
+        batch = _token_batch(model, batch_size, seq or (32 if dry_run else 2048), device)
+    else:
+        with device:
+            model = build_model(preset).to(dtype)
+        batch = make_batch(model, batch_size, seq) if seq else make_batch(model, batch_size)
+        batch = {k: v.to(device) for k, v in batch.items()}
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     tokens = batch_size * int(next(iter(batch.values())).shape[-1]) \
         if isinstance(batch, dict) else batch_size
@@ -264,6 +306,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dry-run", action="store_true", help="CPU, llama-tiny, no offload")
     parser.add_argument("--preset", default=None, help="default: llama-1b (dry run: llama-tiny)")
+    parser.add_argument("--hf", default=None, choices=sorted(HELD_OUT),
+                        help="a held-out Hugging Face decoder (about 1.06B; dry run: tiny) "
+                             "instead of --preset")
     parser.add_argument("--batch", type=int, default=None, help="default: 4 (dry run: 2)")
     parser.add_argument("--seq", type=int, default=None, help="default: the preset's")
     parser.add_argument("--cap-gib", type=float, default=None,
@@ -280,7 +325,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     batch = args.batch or (2 if args.dry_run else 4)
     cap = None if args.cap_gib is None else int(args.cap_gib * 2**30)
     result = run(preset=preset, batch_size=batch, seq=args.seq, cap_bytes=cap,
-                 dry_run=args.dry_run, repeats=args.repeats, argv=list(argv or []))
+                 dry_run=args.dry_run, repeats=args.repeats, argv=list(argv or []),
+                 hf=args.hf)
     print(render(result))
     if args.json:
         with open(args.json, "w") as f:
