@@ -14,6 +14,7 @@ One spawn runs both (process start-up dominates).
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -158,16 +159,20 @@ def _reference() -> dict[str, torch.Tensor]:
     return {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
 
 
-def predicted(reshard: bool | None) -> list[int]:
-    """``pipeline_rank_bytes``'s peak per pipeline rank for this configuration (what
-    ``remat simulate --pp 2 --dp 2`` prints)."""
+@functools.cache
+def _ranks(reshard: bool | None) -> tuple[Any, ...]:
     from remat.simulate.pipeline import pipeline_rank_bytes
 
-    ranks = pipeline_rank_bytes(lambda: build_model("llama-tiny", n_layer=4), seq_len=SEQ,
-                                batch_size=MICRO_SIZE, stages=PP, microbatches=MICROBATCHES,
-                                dp=1 if reshard is None else DP, dtype="fp32",
-                                optimizer="adamw", reshard_after_forward=bool(reshard))
-    return [r.peak_bytes for r in ranks]
+    return pipeline_rank_bytes(lambda: build_model("llama-tiny", n_layer=4), seq_len=SEQ,
+                               batch_size=MICRO_SIZE, stages=PP, microbatches=MICROBATCHES,
+                               dp=1 if reshard is None else DP, dtype="fp32",
+                               optimizer="adamw", reshard_after_forward=bool(reshard))
+
+
+def predicted(reshard: bool | None) -> list[int]:
+    """``pipeline_rank_bytes``'s peak per pipeline rank for this configuration (what
+    ``remat simulate --pp 2 --dp 2`` prints; ``None``: without FSDP, ``--dp 1``)."""
+    return [r.peak_bytes for r in _ranks(reshard)]
 
 
 @pytest.mark.parametrize("reshard", RESHARD)
@@ -192,13 +197,9 @@ PIPELINE_GAP = 4 * BOUNDARY_BYTES
 
 
 def test_rank_peak_matches_the_model(spawned: tuple[Path, list[dict[str, Any]]]) -> None:
-    from remat.simulate.pipeline import pipeline_rank_bytes
-
     _, results = spawned
     plain, kept, resharded = predicted(None), predicted(False), predicted(True)
-    gathered = [r.gathered_param_bytes for r in pipeline_rank_bytes(
-        lambda: build_model("llama-tiny", n_layer=4), seq_len=SEQ, batch_size=MICRO_SIZE,
-        stages=PP, microbatches=MICROBATCHES, dp=DP, dtype="fp32")]
+    gathered = [r.gathered_param_bytes for r in _ranks(False)]
     block = sum(p.numel() * 4 for p in _model().blocks[0].parameters())  # 184,832 B
     whole = _model()
     root = sum(p.numel() * 4 for m in (whole.norm, whole.lm_head)
