@@ -13,7 +13,9 @@ from typer.testing import CliRunner
 
 from remat.cli import app
 from remat.models import build_model
+from remat.simulate._pipeline_fsdp import FsdpChunk, fsdp_rank_bytes, plain_rank_bytes
 from remat.simulate.pipeline import (
+    Action,
     chunk_blocks,
     held_microbatches,
     pipeline_rank_bytes,
@@ -127,11 +129,39 @@ def test_ranks_split_the_one_device_step_exactly() -> None:
     gpipe = pipeline_rank_bytes(_tiny, seq_len=16, batch_size=2, stages=2, microbatches=4,
                                 schedule="gpipe", dtype="fp32")
     assert gpipe[0].peak_bytes - ranks[0].peak_bytes == 2 * ranks[0].activation_bytes
-    # FSDP over two pipeline replicas: shards, plus the running block gathered
-    dp = pipeline_rank_bytes(_tiny, seq_len=16, batch_size=2, stages=2, microbatches=4,
-                             dp=2, dtype="fp32")
-    assert dp[0].param_bytes == -(-ranks[0].param_bytes // 2)
-    assert dp[0].activation_bytes == ranks[0].activation_bytes
+    # FSDP over two pipeline replicas (NOTE [ FSDP under pipeline parallelism ]):
+    # parameter and optimizer shards, the stage's parameters gathered from its first
+    # forward and its gradients unsharded from its first backward to the step's end
+    for reshard in (False, True):
+        dp = pipeline_rank_bytes(_tiny, seq_len=16, batch_size=2, stages=2, microbatches=4,
+                                 dp=2, dtype="fp32", reshard_after_forward=reshard)
+        for plain, fsdp in zip(ranks, dp, strict=True):
+            assert fsdp.param_bytes == plain.param_bytes // 2  # even dims: no padding
+            assert fsdp.gathered_param_bytes == plain.param_bytes
+            assert fsdp.grad_bytes == plain.grad_bytes
+            assert fsdp.activation_bytes == plain.activation_bytes
+            # both peak at a backward: all gathered, gradients whole, moments halved
+            assert plain.peak_bytes - fsdp.peak_bytes == (
+                plain.optimizer_bytes - fsdp.optimizer_bytes - fsdp.param_bytes)
+
+
+def test_fsdp_replay_by_hand() -> None:
+    # shards: params 5 + 20 + 20, state 90 -> 135; params and grads 90 unsharded
+    chunk = FsdpChunk(saved=100, work=7, root=(10, 10), blocks=((40, 40), (40, 40)),
+                      moments=180, scalars=0)
+    gpipe = [Action(0, "F", 0), Action(0, "F", 1), Action(0, "B", 0), Action(0, "B", 1)]
+    kept = fsdp_rank_bytes(gpipe, {0: chunk}, dp=2)
+    assert (kept.param_bytes, kept.optimizer_bytes, kept.grad_bytes) == (45, 90, 90)
+    assert kept.peak_bytes == 135 + 90 + 90 + 200 + 7  # the first B
+    # reshard after forward: the same backward peak (every group left gathered)
+    assert fsdp_rank_bytes(gpipe, {0: chunk}, dp=2, reshard_after_forward=True) == kept
+    # frozen blocks (no gradients): the first B with 3 held, the root's gradient
+    forwards = [Action(0, "F", i) for i in range(3)] + [Action(0, "B", i) for i in range(3)]
+    small = FsdpChunk(saved=100, work=0, root=(10, 10), blocks=((40, 0), (40, 0)),
+                      moments=0, scalars=0)
+    assert fsdp_rank_bytes(forwards, {0: small}, dp=2).peak_bytes == 45 + 90 + 10 + 300
+    # without FSDP: the whole static bytes, nothing gathered besides
+    assert plain_rank_bytes(forwards, {0: small}).peak_bytes == 90 + 10 + 300
 
 
 def test_full_recompute_holds_less_and_costs_recompute() -> None:
@@ -153,6 +183,13 @@ def test_cli_pipeline_table_and_errors() -> None:
     assert len(data["pipeline"]) == 4  # 2 strategies x 2 ranks
     assert [r["held_microbatches"] for r in data["stage_plans"]] == [2, 1]
     assert all(r["strategy"] == "none" for r in data["stage_plans"])  # everything fits
+    fsdp = runner.invoke(app, ["simulate", "--model", "llama-tiny", "--seq", "16", "--batch",
+                               "1", "--strategies", "none", "--pp", "2", "--dp", "2",
+                               "--reshard-after-forward", "--json", "-"])
+    assert fsdp.exit_code == 0, fsdp.output
+    rows = json.loads(fsdp.stdout)["pipeline"]
+    assert all(r["reshard_after_forward"] and r["gathered_param_bytes"] == 2 * r["param_bytes"]
+               for r in rows)
     table = runner.invoke(app, ["simulate", "--model", "llama-tiny", "--seq", "16", "--batch",
                                 "1", "--strategies", "full", "--pp", "2"])
     assert table.exit_code == 0 and "Plan per stage" in table.output

@@ -1,5 +1,9 @@
 """``remat simulate --pp P [--dp D] [--tp T [--sp]] --schedule S``: bytes per pipeline rank.
 
+With ``--dp`` the table adds each rank's gathered parameters (NOTE [ FSDP under pipeline
+parallelism ] in remat/simulate/_pipeline_fsdp.py; ``--reshard-after-forward`` picks
+FSDP's ``reshard_after_forward``).
+
 Each strategy's rows are :func:`remat.simulate.pipeline.pipeline_rank_bytes`: one simulated
 step split into pipeline chunks and replayed over the schedule (NOTE [ Pipeline rank bytes ]).
 The plan per stage is, for each pipeline rank, the strategy with the least recompute among
@@ -44,7 +48,8 @@ def check_pp(pp: int, dp: int, world_size: int, microbatches: int | None,
 def pp_rows(source: Any, *, name: str, seqs: Sequence[int], batch_sizes: Sequence[int],
             strategies: Sequence[str], pp: int, dp: int, tp: int, sequence_parallel: bool,
             schedule: str, microbatches: int, virtual_stages: int, dtype: str, optimizer: str,
-            device: str, update: ProgressFn | None = None) -> list[dict[str, Any]]:
+            device: str, reshard_after_forward: bool = False,
+            update: ProgressFn | None = None) -> list[dict[str, Any]]:
     """One row per sequence length, micro-batch size, strategy and pipeline rank."""
     from remat.devices import get_device
     from remat.simulate.pipeline import pipeline_rank_bytes
@@ -62,14 +67,15 @@ def pp_rows(source: Any, *, name: str, seqs: Sequence[int], batch_sizes: Sequenc
                     microbatches=microbatches, schedule=schedule,
                     virtual_stages=virtual_stages, tp=tp, sequence_parallel=sequence_parallel,
                     dp=dp, strategy=strategy, dtype=dtype, optimizer=optimizer,
-                    device=device)
+                    device=device, reshard_after_forward=reshard_after_forward)
                 done += 1
                 for r in ranks:
                     rows.append({"model": name, "seq_len": seq_len, "batch_size": b,
                                  "strategy": strategy, "pp": pp, "dp": dp, "tp": tp,
                                  "sequence_parallel": sequence_parallel, "schedule": schedule,
                                  "microbatches": microbatches,
-                                 "virtual_stages": virtual_stages, **r.to_dict(),
+                                 "virtual_stages": virtual_stages,
+                                 "reshard_after_forward": reshard_after_forward, **r.to_dict(),
                                  "fits": r.peak_bytes <= memory, "device": device})
     return rows
 
@@ -102,13 +108,18 @@ def print_pp_rows(rows: Sequence[dict[str, Any]], json_out: str | None) -> None:
         sp = " + SP" if first["sequence_parallel"] else ""
         virtual = (f", {first['virtual_stages']} virtual stages"
                    if first["virtual_stages"] > 1 else "")
+        # FSDP under a pipeline: NOTE [ FSDP under pipeline parallelism ]
+        fsdp = first["dp"] > 1 and first["pp"] > 1
+        reshard = (", reshard after forward" if first.get("reshard_after_forward")
+                   else ", no reshard after forward") if fsdp else ""
         table = Table(title=f"{first['model']}: PP x{first['pp']} ({first['schedule']}, "
                             f"{first['microbatches']} micro-batches{virtual}), "
-                            f"TP x{first['tp']}{sp}, DP x{first['dp']} on {first['device']} "
-                            "(simulated, per rank)",
+                            f"TP x{first['tp']}{sp}, DP x{first['dp']}{reshard} on "
+                            f"{first['device']} (simulated, per rank)",
                       title_justify="left")
         headers = ("Seq", "Batch", "Strategy", "Rank", "Blocks", "Held", "Parameters",
-                   "Gradients", "Optimizer", "Act / micro-batch", "Peak / rank", "Fits")
+                   *(("Gathered",) if fsdp else ()), "Gradients", "Optimizer",
+                   "Act / micro-batch", "Peak / rank", "Fits")
         for header in headers:
             table.add_column(header, justify="left" if header == "Strategy" else "right")
         for r in rows:
@@ -116,7 +127,9 @@ def print_pp_rows(rows: Sequence[dict[str, Any]], json_out: str | None) -> None:
             span = f"{blocks[0]}-{blocks[-1]}" if blocks else "-"
             table.add_row(str(r["seq_len"]), str(r["batch_size"]), r["strategy"],
                           str(r["rank"]), span, str(r["held_microbatches"]),
-                          format_bytes(r["param_bytes"]), format_bytes(r["grad_bytes"]),
+                          format_bytes(r["param_bytes"]),
+                          *((format_bytes(r["gathered_param_bytes"]),) if fsdp else ()),
+                          format_bytes(r["grad_bytes"]),
                           format_bytes(r["optimizer_bytes"]),
                           format_bytes(r["activation_bytes"]), format_bytes(r["peak_bytes"]),
                           "yes" if r["fits"] else "no")
@@ -134,6 +147,10 @@ def print_pp_rows(rows: Sequence[dict[str, Any]], json_out: str | None) -> None:
                          format_bytes(r["peak_bytes"]) if fits else "-",
                          f"{r['recompute_ms']:.1f} ms" if fits else "-")
         console.print(plan)
+        if fsdp:
+            console.print("FSDP under the pipeline: parameter and optimizer shards; "
+                          "Gathered: unsharded parameters held at most; gradients unsharded "
+                          "(accumulated over micro-batches, reduce-scattered at the step's end).")
         console.print("Point-to-point and collective buffers are not counted; keep a margin.")
     if json_out is not None:
         write_json({"pipeline": list(rows), "stage_plans": plans}, json_out)

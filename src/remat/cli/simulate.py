@@ -216,6 +216,12 @@ def simulate_command(
         "--virtual-stages", min=1, metavar="V",
         help="With --schedule interleaved-1f1b: model chunks per pipeline rank.",
     )] = 1,
+    reshard_after_forward: Annotated[bool, typer.Option(
+        "--reshard-after-forward/--no-reshard-after-forward",
+        help="With --pp and --dp: FSDP reshards each stage's parameters after every "
+             "forward (an all-gather per micro-batch). Default: no (torchtitan's under "
+             "pipeline parallelism): gathered from a stage's first forward to the step's end.",
+    )] = False,
     plan: Annotated[bool, typer.Option(
         "--plan/--no-plan", help="Also simulate the planner's plan (when remat.plan exists).",
     )] = True,
@@ -262,7 +268,8 @@ def simulate_command(
                            batch_sizes=batch_sizes, strategies=names, pp=pp, dp=dp, tp=tp,
                            sequence_parallel=sp, schedule=schedule, microbatches=m,
                            virtual_stages=virtual_stages, dtype=dtype, optimizer=optimizer,
-                           device=device, update=update)
+                           device=device, reshard_after_forward=reshard_after_forward,
+                           update=update)
         print_pp_rows(rows, json_out)
         return
     check_tp(tp, sp, world_size, API)

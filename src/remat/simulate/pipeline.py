@@ -41,8 +41,13 @@ NOTE [ Pipeline rank bytes ]
     once while that chunk's units ran (the logits' gradient on the last chunk). A rank's
     peak is the most, over its action list, of its static bytes plus every held
     chunk-micro-batch's saved bytes, plus, at a ``B``, that chunk's working set. With
-    ``dp > 1`` (FSDP, ZeRO-3) the static bytes are sharded ``ceil(x / dp)`` and the
-    largest block of the rank's chunks is counted gathered (parameters and gradients).
+    ``dp > 1`` (FSDP over pipeline replicas) the replay is NOTE [ FSDP under pipeline
+    parallelism ] in _pipeline_fsdp.py: shards, plus the chunks' parameters unsharded
+    from their first forward and gradients unsharded from their first backward, as
+    ``torch.distributed.pipelining`` runs FSDP. Without a pipeline (``stages=1``) FSDP
+    reshards after every forward and backward: the static bytes are sharded
+    ``ceil(x / dp)`` and the largest block is counted gathered (parameters and
+    gradients).
     A uniform stack of more than three blocks (one list of blocks of one shape, as the
     fast simulation rows require: NOTE [ Fast rows ] in _fast.py) is simulated cut to
     three blocks, and every block between the first and the last takes the middle one's
@@ -57,13 +62,14 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from torch import nn
 
 from remat.errors import RematWarning, message
+from remat.simulate._pipeline_fsdp import FsdpChunk, fsdp_rank_bytes, plain_rank_bytes
 
 if TYPE_CHECKING:
     from remat.measure.tracker import MemoryTracker
@@ -238,11 +244,15 @@ class StageBytes:
         rank: pipeline rank.
         blocks: block indices on this rank (all its chunks).
         held_microbatches: most chunk-micro-batches held at once.
-        param_bytes, grad_bytes, optimizer_bytes: static bytes (sharded with ``dp``).
+        param_bytes, grad_bytes, optimizer_bytes: static bytes. With ``dp > 1`` under a
+            pipeline: parameter and optimizer-state shards, and the gradients unsharded
+            as the step holds them (NOTE [ FSDP under pipeline parallelism ]).
         activation_bytes: saved activations of one micro-batch through the rank's chunks.
         peak_bytes: the rank's peak over its schedule.
         recompute_ms: roofline time of the recompute of one micro-batch through the
             rank's chunks on ``device``, ms.
+        gathered_param_bytes: unsharded parameters held at once at most besides the
+            shards (``dp > 1``; 0 otherwise). Default: 0.
     """
 
     rank: int
@@ -254,10 +264,12 @@ class StageBytes:
     activation_bytes: int
     peak_bytes: int
     recompute_ms: float
+    gathered_param_bytes: int = 0
 
     def __post_init__(self) -> None:
         sizes = (self.param_bytes, self.grad_bytes, self.optimizer_bytes,
-                 self.activation_bytes, self.peak_bytes, self.held_microbatches)
+                 self.activation_bytes, self.peak_bytes, self.held_microbatches,
+                 self.gathered_param_bytes)
         if self.rank < 0 or min(sizes) < 0 or self.recompute_ms < 0:
             raise ValueError(message("StageBytes", "rank and sizes must be >= 0",
                                      {"rank": self.rank, "sizes": sizes},
@@ -277,7 +289,8 @@ class _Chunk:
     params: int = 0
     grads: int = 0
     state: int = 0
-    largest_block: int = 0
+    scalars: int = 0
+    blocks: list[tuple[int, int]] = field(default_factory=list)
     recompute_ms: float = 0.0
 
 
@@ -428,7 +441,8 @@ def pipeline_rank_bytes(model: Any, *, seq_len: int, batch_size: int, stages: in
                         tp: int = 1, sequence_parallel: bool = False, dp: int = 1,
                         strategy: str = "none", dtype: str = "bf16",
                         optimizer: str = "adamw", device: str = "h100-80gb",
-                        exact: bool = False) -> tuple[StageBytes, ...]:
+                        exact: bool = False,
+                        reshard_after_forward: bool = False) -> tuple[StageBytes, ...]:
     """Each pipeline rank's static, activation and peak bytes under a schedule.
 
     One simulated step of the whole model on one device (fake tensors, nothing
@@ -448,6 +462,12 @@ def pipeline_rank_bytes(model: Any, *, seq_len: int, batch_size: int, stages: in
         tp: tensor-parallel degree within each stage. Default: 1.
         sequence_parallel: with ``tp > 1``. Default: ``False``.
         dp: data-parallel (FSDP) degree over pipeline replicas. Default: 1.
+        reshard_after_forward: with ``dp > 1`` and ``stages > 1``, FSDP's
+            ``reshard_after_forward`` of every group: ``False`` (torchtitan's default
+            under pipeline parallelism) keeps each chunk's parameters gathered from its
+            first forward to the step's end; ``True`` gathers them again at every
+            forward, less memory during forwards, one more all-gather per micro-batch
+            (NOTE [ FSDP under pipeline parallelism ]). Default: ``False``.
         strategy: remat strategy applied to every block. Default: ``"none"``.
         dtype: precision (see :data:`remat.simulate.PRECISIONS`). Default: ``"bf16"``.
         optimizer: ``"adamw"``, ``"adam"``, ``"sgd"`` or ``"none"``. Default: ``"adamw"``.
@@ -526,11 +546,14 @@ def pipeline_rank_bytes(model: Any, *, seq_len: int, batch_size: int, stages: in
                 like = grad_bytes if sgd else rank_bytes
                 chunks[c].state += scalars + _shard(moments * like,
                                                     max(p.numel() * p.element_size(), 1))
+                chunks[c].scalars += scalars
         if name in block_index:
-            block_bytes = sum(_param_rank_bytes(p, roles.get(_join(name, sub)), p_name, tp)
-                              for sub, m in module.named_modules()
-                              for p_name, p in m.named_parameters(recurse=False))
-            chunks[c].largest_block = max(chunks[c].largest_block, block_bytes)
+            own = [(roles.get(_join(name, sub)), p_name, p) for sub, m in module.named_modules()
+                   for p_name, p in m.named_parameters(recurse=False)]
+            block_bytes = sum(_param_rank_bytes(p, role, p_name, tp) for role, p_name, p in own)
+            chunks[c].blocks.append((block_bytes, sum(
+                _param_rank_bytes(p, role, p_name, tp, True)
+                for role, p_name, p in own if p.requires_grad)))
 
     actions = schedule_actions(schedule, stages=stages, microbatches=microbatches,
                                virtual_stages=virtual_stages)
@@ -539,28 +562,18 @@ def pipeline_rank_bytes(model: Any, *, seq_len: int, batch_size: int, stages: in
     out = []
     for rank, rank_actions in enumerate(actions):
         mine = [c for c in range(n_chunks) if c % stages == rank]
-        params = sum(chunks[c].params for c in mine)
-        grads = sum(chunks[c].grads for c in mine)
-        state = sum(chunks[c].state for c in mine)
-        gathered = 0
-        if dp > 1:
-            gathered = max(chunks[c].largest_block for c in mine)
-            params, grads, state = _shard(params, dp), _shard(grads, dp), _shard(state, dp)
-            gathered *= 2  # the running block's parameters and gradients, unsharded
-        static = params + grads + state + gathered
-        held: dict[int, int] = {}
-        peak = static
-        for action in rank_actions:
-            if action.kind == "F":
-                held[action.chunk] = held.get(action.chunk, 0) + 1
-            live = sum(n * chunks[c].saved for c, n in held.items())
-            work = chunks[action.chunk].work if action.kind == "B" else 0
-            peak = max(peak, static + live + work)
-            if action.kind == "B":
-                held[action.chunk] -= 1
+        figures = {c: FsdpChunk.of(chunks[c]) for c in mine}
+        if dp > 1 and stages > 1:  # NOTE [ FSDP under pipeline parallelism ]
+            fsdp = fsdp_rank_bytes(rank_actions, figures, dp=dp,
+                                   reshard_after_forward=reshard_after_forward)
+        else:
+            fsdp = plain_rank_bytes(rank_actions, figures, dp=dp)
         out.append(StageBytes(
             rank=rank, blocks=tuple(i for c in mine for i in ranges[c]),
-            held_microbatches=counts[rank], param_bytes=params, grad_bytes=grads,
-            optimizer_bytes=state, activation_bytes=sum(chunks[c].saved for c in mine),
-            peak_bytes=peak, recompute_ms=sum(chunks[c].recompute_ms for c in mine)))
+            held_microbatches=counts[rank], param_bytes=fsdp.param_bytes,
+            grad_bytes=fsdp.grad_bytes, optimizer_bytes=fsdp.optimizer_bytes,
+            activation_bytes=sum(chunks[c].saved for c in mine), peak_bytes=fsdp.peak_bytes,
+            recompute_ms=sum(chunks[c].recompute_ms for c in mine),
+            gathered_param_bytes=fsdp.gathered_param_bytes))
     return tuple(out)
+
