@@ -16,7 +16,7 @@ transformers = pytest.importorskip("transformers")
 def _t5() -> torch.nn.Module:
     torch.manual_seed(0)
     model = transformers.T5ForConditionalGeneration(transformers.T5Config(
-        num_layers=2, num_decoder_layers=2, d_model=32, d_ff=64, d_kv=8, num_heads=4,
+        num_layers=3, num_decoder_layers=2, d_model=32, d_ff=64, d_kv=8, num_heads=4,
         vocab_size=64, decoder_start_token_id=0, pad_token_id=0))
     model.train()
     return model
