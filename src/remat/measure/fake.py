@@ -52,8 +52,10 @@ def fake_tensor(
     """
     if is_dtensor(t):  # the same sharding over a fake local shard
         spec = t._spec  # type: ignore[attr-defined]
-        return type(t)(fake_tensor(local_tensor(t), fake_mode, device=device), spec,
-                       requires_grad=t.requires_grad)
+        dtensor: Any = type(t)
+        out: Tensor = dtensor(fake_tensor(local_tensor(t), fake_mode, device=device), spec,
+                              requires_grad=t.requires_grad)
+        return out
     converter = fake_mode.fake_tensor_converter
     if isinstance(t, FakeTensor) and t.fake_mode is fake_mode:
         if device is None or t.device == torch.device(device):

@@ -62,8 +62,9 @@ def _fake_grouped_mm(fake_mode: Any, func: Any, mat_a: torch.Tensor, mat_b: torc
 
 
 def _is_wait_tensor(func: Any) -> bool:
-    return func.namespace == "_c10d_functional" and func.name() == \
-        "_c10d_functional::wait_tensor"
+    name: Any = getattr(func, "name", None)
+    return getattr(func, "namespace", None) == "_c10d_functional" and callable(name) \
+        and name() == "_c10d_functional::wait_tensor"
 
 
 def _fake_wait_tensor(_fake_mode: Any, _func: Any, tensor: torch.Tensor) -> torch.Tensor:
