@@ -159,8 +159,14 @@ def _steps_in_subprocess(kwargs: dict[str, Any]) -> list[RankStep]:
             "the subprocess that simulates the rank", {"pickling": str(error)},
             fix="pass a preset name, a module-level factory or an nn.Module, or call before "
                 "init_process_group")) from error
-    done = subprocess.run([sys.executable, "-m", __name__], input=payload,
-                          capture_output=True, check=False)
+    import os
+    from pathlib import Path
+
+    root = str(Path(__file__).resolve().parents[2])  # the directory holding remat
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [root, *filter(None, [os.environ.get("PYTHONPATH")])])}
+    done = subprocess.run([sys.executable, "-m", "remat.simulate.tp_step"], input=payload,
+                          capture_output=True, check=False, env=env)
     if done.returncode != 0:
         raise RematError(message(
             API, "the subprocess simulating the tensor-parallel rank failed",
@@ -214,6 +220,8 @@ def simulate_ranks(model: Any, *, seq_len: int, points: Sequence[tuple[str, int]
 
 
 if __name__ == "__main__":  # the subprocess of _steps_in_subprocess
+    from remat.simulate import tp_step  # RankStep pickled by its module's name
+
     warnings.simplefilter("ignore")
     arguments = pickle.loads(sys.stdin.buffer.read())
-    sys.stdout.buffer.write(pickle.dumps(_steps_in_process(**arguments)))
+    sys.stdout.buffer.write(pickle.dumps(tp_step._steps_in_process(**arguments)))
