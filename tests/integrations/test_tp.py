@@ -347,6 +347,23 @@ def test_a_head_count_the_degree_does_not_divide_is_refused() -> None:
         tp_rank_bytes("llama-tiny", seq_len=16, batch_size=2, tp=4)
 
 
+def test_a_module_is_simulated_on_a_copy_and_a_layout_that_fails_is_refused() -> None:
+    model = _model()
+    got = tp_rank_bytes(model, seq_len=16, batch_size=2, tp=2, strategy="full", dtype="fp32",
+                        optimizer="sgd")
+    assert got == tp_rank_bytes(_model, seq_len=16, batch_size=2, tp=2, strategy="full",
+                                dtype="fp32", optimizer="sgd")
+    assert all(type(p) is nn.Parameter and p.device.type == "cpu" for p in model.parameters())
+    assert model.blocks[0].attn.n_head == 4  # not divided by the layout
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64,
+                                      num_hidden_layers=2, num_attention_heads=4,
+                                      num_key_value_heads=2)
+    with pytest.raises(RematError, match="fails on a rank"):
+        tp_rank_bytes(lambda: transformers.LlamaForCausalLM(config), seq_len=16,
+                      batch_size=2, tp=2, sequence_parallel=True, dtype="fp32")
+
+
 def test_simulation_leaves_an_initialized_process_group_alone(tmp_path: Path) -> None:
     # A one-rank gloo group in this process: the rank is simulated in a subprocess, the
     # group survives, and the figures are those of a process without one.

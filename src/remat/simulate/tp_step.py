@@ -127,7 +127,18 @@ def _steps_in_process(model: Any, *, seq_len: int, points: Sequence[tuple[str, i
         wrapped = precision.autocast_dtype is not None
         run_model = Autocast(inner, precision.autocast_dtype) if wrapped else inner  # type: ignore[arg-type]
         first = default_batch(inner, points[0][1], seq_len)
-        warm = WarmFake(Step(run_model, first, optimizer=opt), first, prepare=remove)
+        try:
+            warm = WarmFake(Step(run_model, first, optimizer=opt), first, prepare=remove)
+        except RuntimeError as error:
+            raise RematError(message(
+                API, f"the tensor-parallel step of {type(inner).__name__} fails on a rank",
+                {"tp": tp, "sequence parallel": sequence_parallel,
+                 "error": str(error).strip().splitlines()[-1][:200],
+                 "why": "the model's forward does not run under apply_tp's layout (Hugging "
+                        "Face Llama with sequence parallelism builds its rotary tables from "
+                        "the sequence-sharded residual stream; gloo ranks fail alike)"},
+                fix="drop sequence_parallel, or parallelize the model with your own plan")) \
+                from error
         fake_inner: nn.Module = warm.model.model if wrapped else warm.model  # type: ignore[assignment]
         for strategy, batch_size in points:  # one warm-up for all (see WarmFake)
             remove(fake_inner)
