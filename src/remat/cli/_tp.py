@@ -1,8 +1,9 @@
 """``remat simulate --tp T [--sp]``: one tensor-parallel rank's bytes per strategy and size.
 
-Each row is :func:`remat.simulate.tensor_parallel.tp_rank_bytes`: one simulated step on one
-device, split by what tensor parallelism shards (NOTE [ Tensor-parallel bytes per rank ]);
-an arithmetic model of the parallel step, so collective buffers are not in it.
+Each row is what :func:`remat.simulate.tensor_parallel.tp_rank_bytes` gives: rank 0's step
+simulated under a fake process group (NOTE [ One tensor-parallel rank, simulated ] in
+simulate/tp_step.py), one parallelized fake copy and one warm-up per sequence length for all
+strategies and sizes. Collective backends' buffers are not in it.
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ def check_tp(tp: int, sequence_parallel: bool, world_size: int, api: str) -> Non
     if tp > 1 and world_size > 1:
         fail(message(api, "--tp with --world-size > 1 is not modelled",
                      {"--tp": tp, "--world-size": world_size,
-                      "why": "the tensor-parallel rows split a one-device step by what TP "
-                             "shards; data parallelism over TP groups is not in them"},
+                      "why": "the tensor-parallel rows simulate one TP rank; "
+                             "data parallelism over TP groups is not in them"},
                      fix="pass --dp instead of --world-size (TP groups replicated with FSDP)"))
 
 
@@ -32,23 +33,23 @@ def tp_rows(source: Any, *, name: str, seqs: Sequence[int], batch_sizes: Sequenc
             optimizer: str, device: str) -> list[dict[str, Any]]:
     """One row per sequence length, strategy and micro-batch size."""
     from remat.devices import get_device
-    from remat.simulate.tensor_parallel import tp_rank_bytes
+    from remat.simulate.tp_step import simulate_ranks
 
     memory = get_device(device).memory_bytes
     rows: list[dict[str, Any]] = []
     for seq_len in seqs:
-        for strategy in strategies:
-            for b in batch_sizes:
-                r = tp_rank_bytes(source, seq_len=seq_len, batch_size=b, tp=tp,
-                                  sequence_parallel=sequence_parallel, strategy=strategy,
-                                  dtype=dtype, optimizer=optimizer)
-                rows.append({"model": name, "seq_len": seq_len, "strategy": strategy,
-                             "batch_size": b, "tp": tp, "sequence_parallel": sequence_parallel,
-                             "param_bytes": r.param_bytes, "grad_bytes": r.grad_bytes,
-                             "optimizer_bytes": r.optimizer_bytes,
-                             "activation_bytes": r.activation_bytes,
-                             "peak_bytes": r.peak_bytes, "fits": r.peak_bytes <= memory,
-                             "device": device})
+        points = [(strategy, b) for strategy in strategies for b in batch_sizes]
+        ranks = simulate_ranks(source, seq_len=seq_len, points=points, tp=tp,
+                               sequence_parallel=sequence_parallel, dtype=dtype,
+                               optimizer=optimizer)
+        for (strategy, b), r in zip(points, ranks, strict=True):
+            rows.append({"model": name, "seq_len": seq_len, "strategy": strategy,
+                         "batch_size": b, "tp": tp, "sequence_parallel": sequence_parallel,
+                         "param_bytes": r.param_bytes, "grad_bytes": r.grad_bytes,
+                         "optimizer_bytes": r.optimizer_bytes,
+                         "activation_bytes": r.activation_bytes,
+                         "peak_bytes": r.peak_bytes, "fits": r.peak_bytes <= memory,
+                         "device": device})
     return rows
 
 
@@ -62,7 +63,7 @@ def print_tp_rows(rows: Sequence[dict[str, Any]], json_out: str | None) -> None:
         first = rows[0]
         sp = " + SP" if first["sequence_parallel"] else ""
         table = Table(title=f"{first['model']}: one rank of TP x{first['tp']}{sp} on "
-                            f"{first['device']} (simulated, split by what TP shards)",
+                            f"{first['device']} (simulated under a fake process group)",
                       title_justify="left")
         for header in ("Seq", "Strategy", "Batch", "Parameters", "Gradients", "Optimizer",
                        "Activations", "Peak / rank", "Fits"):
@@ -75,7 +76,7 @@ def print_tp_rows(rows: Sequence[dict[str, Any]], json_out: str | None) -> None:
                           "yes" if r["fits"] else "no")
         console = stdout_console()
         console.print(table)
-        console.print("Collective buffers (all-gathers, reduce-scatters) are not counted; "
-                      "keep a margin.")
+        console.print("Collective backends' own buffers (NCCL's) are not counted; keep a "
+                      "margin.")
     if json_out is not None:
         write_json({"tensor_parallel": list(rows)}, json_out)

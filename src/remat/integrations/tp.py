@@ -55,65 +55,12 @@ from typing import Any, TypeVar
 
 from torch import nn
 
-from remat.errors import RematError, message
-from remat.simulate.tensor_parallel import Role, attention_modules, tp_roles
+from remat.simulate.tp_layout import build_plan, parallelize
 
 __all__ = ["apply_tp", "tp_plan"]
 
 M = TypeVar("M", bound=nn.Module)
 API = "remat.integrations.tp.apply_tp"
-_HEAD_COUNTS = ("n_head", "n_kv_head", "num_heads", "num_key_value_heads")
-
-
-def _positional_inputs(module: nn.Module) -> int:
-    """Required positional inputs of ``module.forward`` (PrepareModuleInput wants them all)."""
-    import inspect
-
-    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-    params = inspect.signature(module.forward).parameters.values()
-    return max(1, sum(p.kind in kinds and p.default is inspect.Parameter.empty for p in params))
-
-
-def _style(role: Role, module: nn.Module, sequence_parallel: bool) -> Any:
-    """The DTensor style of one role (None: nothing to do without sequence parallelism)."""
-    from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import (
-        ColwiseParallel,
-        PrepareModuleInput,
-        PrepareModuleInputOutput,
-        RowwiseParallel,
-        SequenceParallel,
-    )
-
-    seq = Shard(1) if sequence_parallel else Replicate()
-    if role == "colwise":
-        return ColwiseParallel()
-    if role == "rowwise":
-        return RowwiseParallel(output_layouts=seq)
-    if role == "embedding":
-        return RowwiseParallel(input_layouts=Replicate(), output_layouts=seq)
-    if role == "head":
-        return ColwiseParallel(input_layouts=seq, output_layouts=Replicate())
-    if not sequence_parallel:
-        return None
-    if role == "norm":
-        return SequenceParallel()
-    if role == "gather" and _called_by_keyword(module):
-        return PrepareModuleInput(input_kwarg_layouts={"hidden_states": Shard(1)},
-                                      desired_input_kwarg_layouts={"hidden_states": Replicate()})
-    rest = (None,) * (_positional_inputs(module) - 1)
-    if role == "gather":
-        return PrepareModuleInput(input_layouts=(Shard(1), *rest),
-                                  desired_input_layouts=(Replicate(), *rest))
-    return PrepareModuleInputOutput(  # "replicated": gather in, shard out
-        input_layouts=(Shard(1), *rest), desired_input_layouts=(Replicate(), *rest),
-        output_layouts=(Replicate(),), desired_output_layouts=(Shard(1),))
-
-
-def _called_by_keyword(module: nn.Module) -> bool:
-    """Hugging Face decoders call attention by keyword (``self_attn(hidden_states=...)``)."""
-    return type(module).__module__.startswith("transformers.") and \
-        type(module).__name__.endswith("Attention")
 
 
 def tp_plan(model: nn.Module, *, sequence_parallel: bool = False) -> dict[str, Any]:
@@ -143,28 +90,8 @@ def tp_plan(model: nn.Module, *, sequence_parallel: bool = False) -> dict[str, A
         >>> type(plan["blocks.0.attn.q_proj"]).__name__
         'ColwiseParallel'
     """
-    modules = dict(model.named_modules())
-    plan: dict[str, Any] = {}
-    for name, role in tp_roles(model, sequence_parallel=sequence_parallel,
-                               api="remat.integrations.tp.tp_plan").items():
-        style = _style(role, modules[name], sequence_parallel)
-        if style is not None:
-            plan[name] = style
-    return plan
-
-
-def _divide_head_counts(model: nn.Module, tp: int) -> None:
-    modules = dict(model.named_modules())
-    for name in attention_modules(tp_roles(model, api=API)):
-        attn = modules[name]
-        for attr in _HEAD_COUNTS:
-            count = getattr(attn, attr, None)
-            if isinstance(count, int) and not isinstance(count, bool):
-                if count % tp:
-                    raise RematError(message(
-                        API, f"{name}.{attr}={count} is not divisible by the TP degree {tp}",
-                        fix="pick a TP degree dividing the number of (key/value) heads"))
-                setattr(attn, attr, count // tp)
+    return build_plan(model, sequence_parallel=sequence_parallel,
+                      api="remat.integrations.tp.tp_plan")
 
 
 def apply_tp(model: M, mesh: Any, *, sequence_parallel: bool = False) -> M:
@@ -196,12 +123,5 @@ def apply_tp(model: M, mesh: Any, *, sequence_parallel: bool = False) -> M:
         >>> remat.apply(model, "attn")
         >>> model(**batch).loss.backward()
     """
-    from torch.distributed.tensor.parallel import parallelize_module
-
-    if mesh.ndim != 1:
-        raise RematError(message(API, f"the mesh has {mesh.ndim} dimensions",
-                                 fix="pass the tensor-parallel sub-mesh, e.g. mesh['tp']"))
-    plan = tp_plan(model, sequence_parallel=sequence_parallel)
-    _divide_head_counts(model, mesh.size())
-    parallelize_module(model, mesh, plan)
+    parallelize(model, mesh, sequence_parallel=sequence_parallel, api=API)
     return model

@@ -35,6 +35,7 @@ from remat.errors import message
 from remat.measure import shadow
 from remat.measure.closures import rebind_closures
 from remat.measure.fake_kernels import install_fake_kernels
+from remat.measure.sharded import is_dtensor, local_tensor
 
 
 def fake_tensor(
@@ -49,6 +50,12 @@ def fake_tensor(
         fake_mode: the mode the result belongs to.
         device: device of the result. Default: ``t``'s device, or CPU for meta tensors.
     """
+    if is_dtensor(t):  # the same sharding over a fake local shard
+        spec = t._spec  # type: ignore[attr-defined]
+        dtensor: Any = type(t)
+        out: Tensor = dtensor(fake_tensor(local_tensor(t), fake_mode, device=device), spec,
+                              requires_grad=t.requires_grad)
+        return out
     converter = fake_mode.fake_tensor_converter
     if isinstance(t, FakeTensor) and t.fake_mode is fake_mode:
         if device is None or t.device == torch.device(device):

@@ -22,6 +22,16 @@ NOTE [ Grouped matmul under fake tensors ]
     implementation that loops over experts and gathers each one's tokens
     (``experts_implementation="eager"``: ``torch.where(mask)``) has
     data-dependent shapes; see NOTE [ Data-dependent shapes ] in shadow.py.
+
+NOTE [ Waiting on a collective under fake tensors ]
+    ``torch.ops._c10d_functional.wait_tensor(t)`` waits for the collective that
+    writes ``t`` and returns ``t`` itself (the C++ kernel returns its input); its
+    meta kernel returns ``torch.empty_like(t)``, a second storage. Under fake
+    tensors DTensor's functional collectives wait at once (``_are_we_tracing``), so
+    every redistribution (a row-parallel linear's all-reduce, the head's all-gather)
+    would count its output twice until the collective's own output is dropped.
+    :func:`install_fake_kernels` makes the fake ``wait_tensor`` return its input, as
+    the real one does.
 """
 
 from __future__ import annotations
@@ -51,14 +61,26 @@ def _fake_grouped_mm(fake_mode: Any, func: Any, mat_a: torch.Tensor, mat_b: torc
         return _create_grouped_mm_output_tensor(mat_a, mat_b, offs, out_dtype)
 
 
+def _is_wait_tensor(func: Any) -> bool:
+    name: Any = getattr(func, "name", None)
+    return getattr(func, "namespace", None) == "_c10d_functional" and callable(name) \
+        and name() == "_c10d_functional::wait_tensor"
+
+
+def _fake_wait_tensor(_fake_mode: Any, _func: Any, tensor: torch.Tensor) -> torch.Tensor:
+    return tensor  # See NOTE [ Waiting on a collective under fake tensors ].
+
+
 def install_fake_kernels() -> None:
     """Register remat's fake kernels with ``FakeTensorMode`` (idempotent).
 
     Called by :func:`remat.measure.fake.fake_copy_with_map`, so every simulated step has
-    them. See NOTE [ Grouped matmul under fake tensors ].
+    them. See NOTE [ Grouped matmul under fake tensors ] and NOTE [ Waiting on a collective
+    under fake tensors ].
     """
     global _installed
     if _installed:
         return
     _installed = True
     fake_impls.op_implementations_checks.insert(0, (_is_grouped_mm, _fake_grouped_mm))
+    fake_impls.op_implementations_checks.insert(0, (_is_wait_tensor, _fake_wait_tensor))

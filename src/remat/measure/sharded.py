@@ -35,6 +35,14 @@ NOTE [ Sharded models in the tracker ]
        is counted as created then, not as memory that predates the step (NOTE
        [ What the tracker cannot see ], 2. in tracker.py). NCCL keeps its
        buffers outside PyTorch's allocator; they are not counted on GPUs.
+    6. Functional collectives (DTensor's redistributions) return, outside tracing,
+       an ``AsyncCollectiveTensor``: a wrapper subclass around the collective's
+       output, made by the custom op ``_c10d_functional._wrap_tensor_autograd`` (and
+       again by views of it), whose own storage is a placeholder of the full size.
+       The bytes are the wrapped tensor's, so :func:`local_tensor` unwraps it as it
+       unwraps a ``DTensor``. Under fake tensors the collectives wait at once and
+       return plain tensors (``_are_we_tracing``), so a simulated step never meets
+       the wrapper.
 """
 
 from __future__ import annotations
@@ -49,16 +57,27 @@ from torch import Tensor, nn
 
 
 def local_tensor(t: Tensor) -> Tensor:
-    """``t``'s local shard when ``t`` is a ``DTensor``, else ``t`` (NOTE [ Sharded models
-    in the tracker ], 1.). Never imports ``torch.distributed``."""
+    """``t``'s local shard when ``t`` is a ``DTensor``, the tensor an
+    ``AsyncCollectiveTensor`` wraps, else ``t`` (NOTE [ Sharded models in the tracker ],
+    1. and 6.). Never imports ``torch.distributed``."""
     if type(t) is Tensor or type(t) is nn.Parameter:
         return t
+    if is_dtensor(t):
+        local: Tensor = t._local_tensor  # type: ignore[attr-defined]
+        return local_tensor(local)
+    funcol = sys.modules.get("torch.distributed._functional_collectives")
+    wrapper = getattr(funcol, "AsyncCollectiveTensor", None)
+    if wrapper is not None and isinstance(t, wrapper):
+        elem: Tensor = t.elem  # type: ignore[attr-defined]
+        return local_tensor(elem)
+    return t
+
+
+def is_dtensor(t: Tensor) -> bool:
+    """Whether ``t`` is a ``DTensor`` (never imports ``torch.distributed``)."""
     module = sys.modules.get("torch.distributed.tensor")
     dtensor = getattr(module, "DTensor", None)
-    if dtensor is not None and isinstance(t, dtensor):
-        local: Tensor = t._local_tensor
-        return local
-    return t
+    return dtensor is not None and isinstance(t, dtensor)
 
 
 def unsharded_param_tensors(model: nn.Module) -> list[Tensor]:

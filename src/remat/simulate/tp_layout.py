@@ -1,0 +1,108 @@
+"""The DTensor layout of tensor (and sequence) parallelism: module name -> ParallelStyle.
+
+Below the integration (``remat.integrations.tp``, which documents the plan in NOTE [ TP
+plan by module names ]) so that the per-rank simulation
+(:mod:`remat.simulate.tensor_parallel`) parallelizes its fake copy with the very styles a
+real run gets.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+
+from remat.errors import RematError, message
+from remat.simulate.tp_roles import Role, attention_modules, tp_roles
+
+HEAD_COUNTS = ("n_head", "n_kv_head", "num_heads", "num_key_value_heads")
+
+
+def _positional_inputs(module: nn.Module) -> int:
+    """Required positional inputs of ``module.forward`` (PrepareModuleInput wants them all)."""
+    import inspect
+
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    params = inspect.signature(module.forward).parameters.values()
+    return max(1, sum(p.kind in kinds and p.default is inspect.Parameter.empty for p in params))
+
+
+def _called_by_keyword(module: nn.Module) -> bool:
+    """Hugging Face decoders call attention by keyword (``self_attn(hidden_states=...)``)."""
+    return type(module).__module__.startswith("transformers.") and \
+        type(module).__name__.endswith("Attention")
+
+
+def style(role: Role, module: nn.Module, sequence_parallel: bool) -> Any:
+    """The DTensor style of one role (None: nothing to do without sequence parallelism)."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        PrepareModuleInputOutput,
+        RowwiseParallel,
+        SequenceParallel,
+    )
+
+    seq = Shard(1) if sequence_parallel else Replicate()
+    if role == "colwise":
+        return ColwiseParallel()
+    if role == "rowwise":
+        return RowwiseParallel(output_layouts=seq)
+    if role == "embedding":
+        return RowwiseParallel(input_layouts=Replicate(), output_layouts=seq)
+    if role == "head":
+        return ColwiseParallel(input_layouts=seq, output_layouts=Replicate())
+    if not sequence_parallel:
+        return None
+    if role == "norm":
+        return SequenceParallel()
+    if role == "gather" and _called_by_keyword(module):
+        return PrepareModuleInput(input_kwarg_layouts={"hidden_states": Shard(1)},
+                                  desired_input_kwarg_layouts={"hidden_states": Replicate()})
+    rest = (None,) * (_positional_inputs(module) - 1)
+    if role == "gather":
+        return PrepareModuleInput(input_layouts=(Shard(1), *rest),
+                                  desired_input_layouts=(Replicate(), *rest))
+    return PrepareModuleInputOutput(  # "replicated": gather in, shard out
+        input_layouts=(Shard(1), *rest), desired_input_layouts=(Replicate(), *rest),
+        output_layouts=(Replicate(),), desired_output_layouts=(Shard(1),))
+
+
+def build_plan(model: nn.Module, *, sequence_parallel: bool, api: str) -> dict[str, Any]:
+    """Module name -> ParallelStyle for ``model`` (see ``remat.integrations.tp.tp_plan``)."""
+    modules = dict(model.named_modules())
+    plan: dict[str, Any] = {}
+    for name, role in tp_roles(model, sequence_parallel=sequence_parallel, api=api).items():
+        found = style(role, modules[name], sequence_parallel)
+        if found is not None:
+            plan[name] = found
+    return plan
+
+
+def divide_head_counts(model: nn.Module, tp: int, *, api: str) -> None:
+    """Divide each attention module's head-count attributes by ``tp`` (their ``view`` uses
+    them), refusing a count ``tp`` does not divide."""
+    modules = dict(model.named_modules())
+    for name in attention_modules(tp_roles(model, api=api)):
+        attn = modules[name]
+        for attr in HEAD_COUNTS:
+            count = getattr(attn, attr, None)
+            if isinstance(count, int) and not isinstance(count, bool):
+                if count % tp:
+                    raise RematError(message(
+                        api, f"{name}.{attr}={count} is not divisible by the TP degree {tp}",
+                        fix="pick a TP degree dividing the number of (key/value) heads"))
+                setattr(attn, attr, count // tp)
+
+
+def parallelize(model: nn.Module, mesh: Any, *, sequence_parallel: bool, api: str) -> None:
+    """:func:`build_plan`, :func:`divide_head_counts` and ``parallelize_module``, in place."""
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    if mesh.ndim != 1:
+        raise RematError(message(api, f"the mesh has {mesh.ndim} dimensions",
+                                 fix="pass the tensor-parallel sub-mesh, e.g. mesh['tp']"))
+    plan = build_plan(model, sequence_parallel=sequence_parallel, api=api)
+    divide_head_counts(model, mesh.size(), api=api)
+    parallelize_module(model, mesh, plan)

@@ -1,0 +1,238 @@
+"""One tensor-parallel rank's training step, simulated under a fake process group.
+
+NOTE [ One tensor-parallel rank, simulated ]
+    :func:`simulate_ranks` runs what rank 0 of ``t`` runs, not an arithmetic split of
+    one device's step (torchtitan estimates FSDP memory the same way):
+
+    1. a process group of the ``"fake"`` backend (PyTorch's ``FakeProcessGroup``:
+       ``world_size=t``, ``rank=0``, collectives that move no data) and a
+       one-dimensional CPU ``DeviceMesh`` over it;
+    2. a meta copy of the model (the user's module is never changed), converted to
+       the precision's parameter dtype and parallelized with the very plan and
+       styles ``remat.integrations.tp.apply_tp`` uses (:mod:`remat.simulate.tp_layout`):
+       parameters become DTensors over meta shards, attention head counts per-rank;
+    3. the optimizer over those DTensors, then remat's simulated step
+       (:class:`~remat.measure.profile.WarmFake`: a fake copy, a warm-up step, the
+       strategy, one tracked step). The tracker counts each DTensor's local shard
+       (NOTE [ Sharded models in the tracker ] in measure/sharded.py), so parameters,
+       gradients, optimizer state, activations and the peak are the rank's own:
+       DTensor's redistributions (all-gathers, all-reduces, the vocabulary-parallel
+       embedding's masked partial sums) allocate what they allocate on a real rank.
+
+    Rank 0 holds the largest shard when a dimension does not divide. The optimizer
+    runs ``foreach`` when every trainable parameter is a DTensor (with sequence
+    parallelism) and per parameter otherwise: ``foreach`` kernels refuse lists that
+    mix DTensors and plain tensors (the norms TP leaves alone without SP).
+
+    Process-group state: ``torch.distributed`` has one default group per process.
+    When none is initialized the fake group is created in this process and destroyed
+    afterwards (nothing is left behind). When the caller's process already has one
+    (a ``torchrun`` job planning its own step), it is left alone and the simulation
+    runs in a fresh Python subprocess (a few seconds to start): replacing or
+    sub-grouping the caller's group could change what its ranks agree on, and a fake
+    group of ``t`` ranks cannot be a sub-group of a world of another size. The
+    subprocess gets the arguments by pickle, so a model given as a lambda or a class
+    defined in ``__main__`` is refused there with the fix.
+
+    Not simulated: collective backends' own buffers (NCCL's live outside PyTorch's
+    allocator; gloo's are short-lived copies on its worker thread).
+"""
+
+from __future__ import annotations
+
+import copy
+import pickle
+import subprocess
+import sys
+import warnings
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
+from typing import Any
+
+from torch import nn
+
+from remat.errors import RematError, RematWarning, message
+
+API = "remat.simulate.tp_rank_bytes"
+
+
+@dataclass(frozen=True)
+class RankStep:
+    """One rank's simulated step, bytes (NOTE [ One tensor-parallel rank, simulated ])."""
+
+    param_bytes: int
+    grad_bytes: int
+    optimizer_bytes: int
+    activation_bytes: int
+    peak_bytes: int
+
+    def __post_init__(self) -> None:
+        sizes = (self.param_bytes, self.grad_bytes, self.optimizer_bytes,
+                 self.activation_bytes, self.peak_bytes)
+        if min(sizes) < 0:
+            raise ValueError(message("RankStep", "sizes must be >= 0", {"sizes": sizes},
+                                     fix="pass the figures of one rank"))
+
+
+def meta_copy(model: nn.Module) -> nn.Module:
+    """A copy of ``model`` whose parameters and buffers are on the meta device (tied
+    weights stay tied; no data is copied; ``model`` is unchanged)."""
+    memo: dict[int, Any] = {}
+    for p in model.parameters():
+        memo.setdefault(id(p), nn.Parameter(p.detach().to("meta"), requires_grad=p.requires_grad))
+    for b in model.buffers():
+        memo.setdefault(id(b), b.detach().to("meta"))
+    return copy.deepcopy(model, memo)
+
+
+@contextmanager
+def fake_mesh(tp: int) -> Iterator[Any]:
+    """A CPU ``DeviceMesh`` of ``tp`` ranks over a fake process group, as rank 0; the
+    group is destroyed on exit. The caller checks that no group exists yet."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.testing._internal.distributed.fake_pg import FakeStore  # registers "fake"
+
+    dist.init_process_group("fake", rank=0, world_size=tp, store=FakeStore())
+    try:
+        yield init_device_mesh("cpu", (tp,))
+    finally:
+        dist.destroy_process_group()
+
+
+def _steps_in_process(model: Any, *, seq_len: int, points: Sequence[tuple[str, int]],
+                      tp: int, sequence_parallel: bool, dtype: str,
+                      optimizer: str) -> list[RankStep]:
+    from remat.measure.profile import WarmFake
+    from remat.measure.sharded import is_dtensor
+    from remat.measure.step import Step, clear_grads
+    from remat.measure.tracked_step import tracked_step
+    from remat.simulate._setup import Autocast, build_model, default_batch
+    from remat.simulate.precision import get_precision, make_optimizer
+    from remat.simulate.tp_layout import parallelize
+    from remat.strategies import apply, remove
+
+    precision = get_precision(dtype)
+    inner = meta_copy(model) if isinstance(model, nn.Module) else build_model(model, seq_len)[0]
+    inner.to(precision.param_dtype)
+    inner.train()
+    out: list[RankStep] = []
+    with fake_mesh(tp) if tp > 1 else nullcontext() as mesh:
+        if mesh is not None:
+            parallelize(inner, mesh, sequence_parallel=sequence_parallel, api=API)
+        trainable = [p for p in dict.fromkeys(inner.parameters()) if p.requires_grad]
+        opt = make_optimizer(optimizer, trainable,
+                             foreach=all(is_dtensor(p) for p in trainable))
+        wrapped = precision.autocast_dtype is not None
+        run_model = Autocast(inner, precision.autocast_dtype) if wrapped else inner  # type: ignore[arg-type]
+        first = default_batch(inner, points[0][1], seq_len)
+        try:
+            warm = WarmFake(Step(run_model, first, optimizer=opt), first, prepare=remove)
+        except RuntimeError as error:
+            raise RematError(message(
+                API, f"the tensor-parallel step of {type(inner).__name__} fails on a rank",
+                {"tp": tp, "sequence parallel": sequence_parallel,
+                 "error": str(error).strip().splitlines()[-1][:200],
+                 "why": "the model's forward does not run under apply_tp's layout (Hugging "
+                        "Face Llama with sequence parallelism builds its rotary tables from "
+                        "the sequence-sharded residual stream; gloo ranks fail alike)"},
+                fix="drop sequence_parallel, or parallelize the model with your own plan")) \
+                from error
+        fake_inner: nn.Module = warm.model.model if wrapped else warm.model  # type: ignore[assignment]
+        for strategy, batch_size in points:  # one warm-up for all (see WarmFake)
+            remove(fake_inner)
+            with warnings.catch_warnings():
+                # TP's redistribution hooks inside a checkpointed block replay the same
+                # collectives in recompute (NOTE [ Order: tensor parallel, then checkpoint ])
+                warnings.simplefilter("ignore", RematWarning)
+                apply(fake_inner, strategy)
+            fstep = warm._step(default_batch(inner, batch_size, seq_len))
+            with warm.mode:
+                clear_grads(warm.model)
+                tracked = tracked_step(fstep, fstep.blocks_found(api=API, required=False))
+            tracker = tracked.tracker
+            out.append(RankStep(
+                param_bytes=tracked.static.get("params", 0), grad_bytes=tracked.grad_bytes,
+                optimizer_bytes=tracked.static.get("optimizer_state", 0),
+                activation_bytes=tracker.activation_bytes, peak_bytes=tracker.peak_bytes))
+    return out
+
+
+def _steps_in_subprocess(kwargs: dict[str, Any]) -> list[RankStep]:
+    """:func:`simulate_ranks` in a fresh interpreter (NOTE [ One tensor-parallel rank,
+    simulated ], process-group state)."""
+    try:
+        payload = pickle.dumps(kwargs)
+    except (pickle.PicklingError, AttributeError, TypeError) as error:
+        raise RematError(message(
+            API, "torch.distributed is initialized here, and the model cannot be sent to "
+            "the subprocess that simulates the rank", {"pickling": str(error)},
+            fix="pass a preset name, a module-level factory or an nn.Module, or call before "
+                "init_process_group")) from error
+    import os
+    from pathlib import Path
+
+    root = str(Path(__file__).resolve().parents[2])  # the directory holding remat
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [root, *filter(None, [os.environ.get("PYTHONPATH")])])}
+    done = subprocess.run([sys.executable, "-m", "remat.simulate.tp_step"], input=payload,
+                          capture_output=True, check=False, env=env)
+    if done.returncode != 0:
+        raise RematError(message(
+            API, "the subprocess simulating the tensor-parallel rank failed",
+            {"exit code": done.returncode,
+             "its error": done.stderr.decode(errors="replace").strip().splitlines()[-1:]},
+            fix="call tp_rank_bytes before init_process_group to see the full error"))
+    result = pickle.loads(done.stdout)
+    if not isinstance(result, list):
+        raise RematError(message(API, "the subprocess returned no result",
+                                 {"returned": type(result).__name__},
+                                 fix="call tp_rank_bytes before init_process_group"))
+    return result
+
+
+def simulate_ranks(model: Any, *, seq_len: int, points: Sequence[tuple[str, int]], tp: int,
+                   sequence_parallel: bool, dtype: str, optimizer: str) -> list[RankStep]:
+    """Rank 0's bytes for one step under tensor parallelism of degree ``tp``, per point.
+
+    See NOTE [ One tensor-parallel rank, simulated ]. One fake process group, one
+    parallelized copy and one warm-up serve every point, so each further point costs
+    one tracked step.
+
+    Args:
+        model: a preset name, a factory (called on the meta device) or a module (copied
+            to the meta device; never changed).
+        seq_len: tokens per sequence.
+        points: ``(strategy, batch_size)`` pairs, simulated in order; at least one.
+        tp: tensor-parallel degree (1: the one-device step, no process group).
+        sequence_parallel, dtype, optimizer: as for
+            :func:`remat.simulate.tensor_parallel.tp_rank_bytes`.
+
+    Returns:
+        One :class:`RankStep` per point.
+
+    Example:
+        >>> [r.param_bytes for r in simulate_ranks(
+        ...     "llama-tiny", seq_len=16, points=[("full", 2)], tp=2,
+        ...     sequence_parallel=True, dtype="fp32", optimizer="sgd")]  # doctest: +SKIP
+        [251136]
+    """
+    import torch.distributed as dist
+
+    if not points:
+        raise ValueError(message(API, "no (strategy, batch_size) point to simulate",
+                                 fix="pass at least one point"))
+    kwargs = {"model": model, "seq_len": seq_len, "points": list(points), "tp": tp,
+              "sequence_parallel": sequence_parallel, "dtype": dtype, "optimizer": optimizer}
+    if tp > 1 and dist.is_available() and dist.is_initialized():
+        return _steps_in_subprocess(kwargs)
+    return _steps_in_process(**kwargs)
+
+
+if __name__ == "__main__":  # the subprocess of _steps_in_subprocess
+    from remat.simulate import tp_step  # RankStep pickled by its module's name
+
+    warnings.simplefilter("ignore")
+    arguments = pickle.loads(sys.stdin.buffer.read())
+    sys.stdout.buffer.write(pickle.dumps(tp_step._steps_in_process(**arguments)))
