@@ -144,7 +144,7 @@ def _worker(rank: int, store_path: str, out_path: str) -> None:
     for sp in (False, True):
         model = apply_tp(_model(), mesh, sequence_parallel=sp)
         remat.apply(model, "full")
-        results[f"bytes:sp={sp}"] = _bytes(model)
+        results[f"t={TP}:sp={sp}"] = _bytes(model)
     if rank == 0:
         Path(out_path).write_text(json.dumps(results))
     dist.barrier()
@@ -155,16 +155,22 @@ def _worker(rank: int, store_path: str, out_path: str) -> None:
 
 
 def _bytes_worker(rank: int, store_path: str, out_path: str, world: int) -> None:
-    """One of ``world`` ranks (2 or a key of :data:`WIDE`): the measured bytes of ``full`` with
-    and without SP; every rank writes its own file."""
+    """One of ``world`` ranks: the measured bytes of ``full`` with and without SP at TP
+    degree ``world`` and, on 8 ranks, at 4 too (two TP groups of 4 on a 2 x 4 mesh: one
+    spawn for both degrees); every rank writes its own file."""
+    from torch.distributed.device_mesh import init_device_mesh
+
     import remat
 
-    mesh = _mesh(rank, store_path, world)
+    meshes = {world: _mesh(rank, store_path, world)}
+    if world == 8:
+        meshes[4] = init_device_mesh("cpu", (2, 4), mesh_dim_names=("dp", "tp"))["tp"]
     results: dict[str, Any] = {}
-    for sp in (False, True):
-        model = apply_tp(_model(**WIDE.get(world, {})), mesh, sequence_parallel=sp)
-        remat.apply(model, "full")
-        results[f"bytes:sp={sp}"] = _bytes(model)
+    for t, mesh in meshes.items():
+        for sp in (False, True):
+            model = apply_tp(_model(**WIDE.get(t, {})), mesh, sequence_parallel=sp)
+            remat.apply(model, "full")
+            results[f"t={t}:sp={sp}"] = _bytes(model)
     Path(f"{out_path}.{rank}").write_text(json.dumps(results))
     dist.barrier()
     dist.destroy_process_group()
@@ -190,14 +196,12 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return json.loads((tmp / "results.json").read_text())  # type: ignore[no-any-return]
 
 
-@pytest.fixture(scope="module", params=sorted(WIDE))
-def wide(request: pytest.FixtureRequest,
-         tmp_path_factory: pytest.TempPathFactory) -> tuple[int, list[dict[str, Any]]]:
-    """The degree and each of its ranks' measured bytes (``_bytes_worker``)."""
-    world = int(request.param)
-    tmp = tmp_path_factory.mktemp(f"tp{world}")
-    _spawn(_bytes_worker, world, tmp, world)
-    return world, [json.loads((tmp / f"results.json.{r}").read_text()) for r in range(world)]
+@pytest.fixture(scope="module")
+def wide(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    """Each of 8 ranks' measured bytes at TP degrees 8 and 4 (``_bytes_worker``)."""
+    tmp = tmp_path_factory.mktemp("tp8")
+    _spawn(_bytes_worker, 8, tmp, 8)
+    return [json.loads((tmp / f"results.json.{r}").read_text()) for r in range(8)]
 
 
 @pytest.mark.parametrize("case", [c[0] for c in PARITY])
@@ -209,17 +213,17 @@ def test_tp_gradients_match_one_process(results: dict[str, Any], case: str) -> N
 
 @pytest.mark.parametrize("sp", [False, True])
 def test_measured_rank_bytes_match_the_simulation(results: dict[str, Any], sp: bool) -> None:
-    _check_rank_bytes(results[f"bytes:sp={sp}"], TP, sp, {})
+    _check_rank_bytes(results[f"t={TP}:sp={sp}"], TP, sp, {})
 
 
 @pytest.mark.parametrize("sp", [False, True])
+@pytest.mark.parametrize("t", sorted(WIDE))
 def test_measured_rank_bytes_match_the_simulation_at_t4_and_t8(
-        wide: tuple[int, list[dict[str, Any]]], sp: bool) -> None:
+        wide: list[dict[str, Any]], t: int, sp: bool) -> None:
     # Every rank holds the same shards and runs the same ops: each is checked on its own
     # against the simulation of rank 0.
-    world, ranks = wide
-    for measured in (r[f"bytes:sp={sp}"] for r in ranks):
-        _check_rank_bytes(measured, world, sp, WIDE[world])
+    for measured in (r[f"t={t}:sp={sp}"] for r in wide):
+        _check_rank_bytes(measured, t, sp, WIDE[t])
 
 
 def test_t1_is_the_single_device_profile() -> None:
@@ -389,17 +393,23 @@ if __name__ == "__main__":  # the docs table: python -m tests.integrations.test_
 
     print("| t | SP | parameters, B | activations, B: measured / simulated "
           "| peak, B: measured / simulated | ranks equal |")
-    for t in (2, *sorted(WIDE)):
+    measured: dict[int, list[dict[str, Any]]] = {}
+    for world in (2, 8):  # the 8 ranks measure t = 4 too (_bytes_worker)
         out = Path(tempfile.mkdtemp())
-        _spawn(_bytes_worker, t, out, t)
-        ranks = [json.loads((out / f"results.json.{r}").read_text()) for r in range(t)]
+        _spawn(_bytes_worker, world, out, world)
+        ranks = [json.loads((out / f"results.json.{r}").read_text()) for r in range(world)]
+        for t in {2: (2,), 8: (4, 8)}[world]:
+            measured[t] = [{k.split(":", 1)[1]: v for k, v in r.items()
+                            if k.startswith(f"t={t}:")} for r in ranks]
+    for t in sorted(measured):
+        ranks = measured[t]
         for sp in (False, True):
             sim = tp_rank_bytes(functools.partial(_model, **WIDE.get(t, {})), seq_len=16,
                                 batch_size=2, tp=t, sequence_parallel=sp, strategy="full",
                                 dtype="fp32", optimizer="sgd")
-            m = ranks[0][f"bytes:sp={sp}"]
+            m = ranks[0][f"sp={sp}"]
             keys = ("params", "optimizer", "activations", "peak")  # the allocator's varies
-            same = all(all(r[f"bytes:sp={sp}"][k] == m[k] for k in keys) for r in ranks)
+            same = all(all(r[f"sp={sp}"][k] == m[k] for k in keys) for r in ranks)
             print(f"| {t} | {'yes' if sp else 'no'} | {m['params']} | {m['activations']} / "
                   f"{sim.activation_bytes} | {m['peak']} / {sim.peak_bytes} | "
                   f"{'yes' if same else 'no'} |")
