@@ -83,7 +83,13 @@ def apply_parts(model: nn.Module, name: str, parts: Sequence[Part],
 #   its memory is freed, NOTE [ Storage identity and frees ] in ledger.py) less the
 #   memory before the forward without the input, the weight and the loss is the saved
 #   bytes. The block's other inputs (masks, position embeddings shared by all blocks)
-#   stay referenced and are never counted. Measuring with the output alive and the input
+#   stay referenced and are never counted. A checkpointed block holds them until its
+#   backward, though, and one that no block's graph keeps (Hugging Face decoders pass
+#   ``position_ids``, a ``(1, s)`` int64 tensor, to every layer, which uses the rotary
+#   tables instead) would otherwise die at the end of forward: while any checkpointed
+#   block's backward is to come, the step holds ``8 s`` bytes more than the peak model
+#   (one tensor however many blocks hold it: not additive, so not modelled; the closed
+#   loop's measurement of the plan sees it). Measuring with the output alive and the input
 #   pre-existing instead under-predicted every bf16 window by one
 #   hidden state per checkpointed block before it.
 
