@@ -253,10 +253,7 @@ def measure_chunk(setup: FakeSetup, plan: Plan, loss_fn: LossFn, *,
         apply_decisions(model, plan.decisions, blocks=plan.blocks)
         clear_grads(model)
         tracker = MemoryTracker(device=setup.device, blocks=setup.blocks)
-        tracker.register_model(model)
-        if setup.optimizer is not None:
-            tracker.register_optimizer(setup.optimizer)
-        tracker.register(batch_tensors(batch), "batch")
+        tracker.register_step(model, setup.optimizer, batch_tensors(batch))
         static = tracker.current_bytes
         try:
             with held_gc(), tracker, torch.enable_grad():

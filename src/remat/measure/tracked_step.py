@@ -68,10 +68,7 @@ def tracked_step(step: Step, blocks: Sequence[tuple[str, nn.Module]], *,
     if after_op is not None:
         listener = after_op
         tracker.after_op = lambda: listener(tracker)
-    tracker.register_model(model)
-    if optimizer is not None:
-        tracker.register_optimizer(optimizer)
-    tracker.register(batch_tensors(step.batch), "batch")
+    tracker.register_step(model, optimizer, batch_tensors(step.batch))
     static = tracker.current_breakdown
     grad_bytes = 0
 

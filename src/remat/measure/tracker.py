@@ -280,6 +280,15 @@ class MemoryTracker(TorchDispatchMode):
         added += self.register((p.grad for p in params), "grads")
         return added
 
+    def register_step(self, model: nn.Module, optimizer: torch.optim.Optimizer | None,
+                      batch: Iterable[Tensor]) -> int:
+        """Register what a step starts with: ``model`` (:meth:`register_model`), the
+        ``optimizer``'s state if one is given and the ``batch``'s tensors; return bytes."""
+        added = self.register_model(model)
+        if optimizer is not None:
+            added += self.register_optimizer(optimizer)
+        return added + self.register(batch, "batch")
+
     def register_optimizer(self, optimizer: torch.optim.Optimizer) -> int:
         """Register the tensors in ``optimizer.state`` (momenta, step counters); return bytes."""
         return self.register(

@@ -208,10 +208,7 @@ def run_windows(setup: FakeSetup, *, loss_fn: LossFn | None,
             run_step(model, batch, loss_fn=loss_fn, optimizer=optimizer)
             clear_grads(model)
         tracker = MemoryTracker(device=setup.device, blocks=setup.blocks, record_ops=record_ops)
-        tracker.register_model(model)
-        if optimizer is not None:
-            tracker.register_optimizer(optimizer)
-        tracker.register(batch_tensors(batch), "batch")
+        tracker.register_step(model, optimizer, batch_tensors(batch))
         static = tracker.current_breakdown
         windows = WindowRecorder(tracker)
         handles = _window_hooks(setup.blocks, windows, tracker)

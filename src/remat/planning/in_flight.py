@@ -61,10 +61,7 @@ def forward_held_bytes(setup: FakeSetup, *, loss_fn: LossFn | None) -> int:
     model, batch = setup.model, setup.batch
     with setup.mode:
         tracker = MemoryTracker(device=setup.device, blocks=setup.blocks)
-        tracker.register_model(model)
-        if setup.optimizer is not None:
-            tracker.register_optimizer(setup.optimizer)
-        tracker.register(batch_tensors(batch), "batch")
+        tracker.register_step(model, setup.optimizer, batch_tensors(batch))
         before = tracker.current_bytes
         with held_gc(), tracker:
             tracker.set_phase("forward")
