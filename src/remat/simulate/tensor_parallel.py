@@ -132,7 +132,7 @@ class TPRankBytes:
 def _divisor(role: Role | None, sequence_parallel: bool, t: int) -> int:
     if role in ("colwise", "gather"):
         return t
-    if role in ("rowwise", "norm", "embedding", None):  # None: block-level (residual)
+    if role in ("rowwise", "norm", "embedding", "scatter", None):  # block-level: residual
         return t if sequence_parallel else 1
     return 1  # head (logits gathered), replicated sub-layers
 
