@@ -188,3 +188,90 @@ def replace_paper(term: Term, *, sp: bool) -> Term:
     of Table 2 keeps ``2sbh`` at every ``t``)."""
     return Term(term.name, term.shape, term.remat_bytes, term.remat_tp, term.remat_sp,
                 term.paper_bytes, term.paper_tp, sp)
+
+
+def closed_form_bytes(recompute: str, *, seq_len: int, batch_size: int, hidden_size: int,
+                      n_heads: int) -> int:
+    """``remat estimate``'s closed form for the row at t = 1 (16-bit; it has no ``t``)."""
+    shape = {"seq_len": seq_len, "batch_size": batch_size, "hidden_size": hidden_size}
+    if recompute == "full":
+        return full_checkpoint_bytes(**shape)
+    if recompute == "selective":
+        return korthikanti_flash_bytes(**shape)
+    return korthikanti_bytes(**shape, n_heads=n_heads)
+
+
+def _divided(term: Term, sp: bool, *, paper: bool) -> bool:
+    if paper:
+        return term.paper_sp if sp else term.paper_tp
+    return term.remat_sp if sp else term.remat_tp
+
+
+def _formula(terms: list[Term], sp: bool, *, paper: bool) -> str:
+    """``whole + (split)/t`` in ``sbh``, ``as²b`` and plain bytes (16 bits: sbh bytes =
+    2 bytes x sbh / 2; the paper's Table 2 coefficients)."""
+    s, b, h, a = (SHAPE[k] for k in ("seq_len", "batch_size", "hidden_size", "n_heads"))
+    units = (("sbh", s * b * h), ("as²b", a * s * s * b))
+
+    def written(chosen: list[Term]) -> str:
+        coefficients = {"sbh": 0, "as²b": 0, "B": 0}
+        for x in chosen:
+            nbytes = x.paper_bytes if paper else x.remat_bytes
+            unit = "as²b" if "softmax" in x.name else "sbh" if "mean" not in x.name \
+                and "RNG" not in x.name else "B"
+            size = dict(units).get(unit, 1)
+            coefficients[unit] += nbytes // size
+        parts = [f"{c} {u}" if u != "B" else f"{c} B" for u, c in coefficients.items() if c]
+        return " + ".join(parts) or "0"
+
+    whole = written([x for x in terms if not _divided(x, sp, paper=paper)])
+    split = written([x for x in terms if _divided(x, sp, paper=paper)])
+    if split == "0":
+        return whole
+    return f"({split})/t" if whole == "0" else f"{whole} + ({split})/t"
+
+
+def tp_table() -> str:
+    """Every Table 2 setting at t = 1, 2, 4, 8: the paper, ``remat estimate`` (t = 1) and
+    ``tp_rank_bytes``, with each side's bytes kept whole on a rank and divided by ``t``
+    (in units of ``sbh`` bytes); raises if the terms do not add up to the simulation."""
+    sbh = SHAPE["seq_len"] * SHAPE["batch_size"] * SHAPE["hidden_size"]
+    lines = ["| Table 2 row | t | paper, B | remat estimate, B | remat simulate, B "
+             "| simulate - paper, B | paper: whole + (split)/t | remat: whole + (split)/t |",
+             "|---|---:|---:|---:|---:|---:|---|---|"]
+    for label, strategy, recompute in STRATEGIES:
+        terms = layer_terms(recompute, **SHAPE)
+        for sp in (False, True):
+            for t in DEGREES:
+                if sp and t == 1:
+                    continue
+                simulated = rank_layer_bytes(strategy, tp=t, sequence_parallel=sp, **SHAPE)
+                by_terms = sum(term.remat(t, sp) for term in terms)
+                paper = korthikanti_table2_bytes(**SHAPE, tp=t, sequence_parallel=sp,
+                                                 recompute=recompute)
+                if simulated != by_terms or paper != sum(term.paper(t, sp) for term in terms):
+                    raise AssertionError(f"{label} t={t} sp={sp}: simulated {simulated} B, "
+                                         f"terms {by_terms} B; paper {paper} B")
+                estimate = (str(closed_form_bytes(recompute, **SHAPE)) if t == 1 else "-")
+                sides = [_formula(terms, sp, paper=side) for side in (True, False)]
+                name = {"none": "no recompute", "selective": "selective",
+                        "full": "full recompute"}[recompute]
+                setting = ("TP+SP" if sp else "TP" if t > 1 else "one device") + ", " + name
+                lines.append(f"| {setting} | {t} | {paper} | {estimate} | {simulated} "
+                             f"| {simulated - paper:+d} | {sides[0]} | {sides[1]} |")
+    return "\n".join(lines)
+
+
+def terms_table() -> str:
+    """One layer's terms with no recompute: bytes on one device and how TP and TP + SP
+    divide them, remat's run next to the paper's."""
+    def how(divided: bool) -> str:
+        return "/t" if divided else "whole"
+
+    lines = ["| term | shape (one device) | remat, B | TP | TP+SP | paper, B | TP | TP+SP |",
+             "|---|---|---:|---|---|---:|---|---|"]
+    for x in layer_terms("none", **SHAPE):
+        lines.append(f"| {x.name} | {x.shape} | {x.remat_bytes} | {how(x.remat_tp)} "
+                     f"| {how(x.remat_sp)} | {x.paper_bytes} | {how(x.paper_tp)} "
+                     f"| {how(x.paper_sp)} |")
+    return "\n".join(lines)

@@ -26,6 +26,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _korthikanti_tp import SHAPE as TP_SHAPE  # noqa: E402
+from _korthikanti_tp import terms_table, tp_table  # noqa: E402
 from _results import RESULTS, replace_section, run_header  # noqa: E402
 
 from remat.core.results import SavedStorage  # noqa: E402
@@ -263,10 +265,23 @@ def main() -> None:
                   f"(remat.measure.saved_storages, in the order they were made) next to "
                   f"the paper's Sec. 4.1 terms of its `{recompute}` row:",
                   itemized_table(strategy, recompute)]
+    s, b, h, a = (TP_SHAPE[k] for k in ("seq_len", "batch_size", "hidden_size", "n_heads"))
     parts += [
+        f"Every Table 2 setting per tensor-parallel rank, one layer, s={s} b={b} h={h} a={a}, "
+        "bf16: Hugging Face OPT (GPT-3's layout: q/k/v, out_proj, fc1/fc2, pre-LayerNorm, "
+        "GELU, dropout 0.1, eager attention) split by apply_tp's layout, simulated on rank 0 "
+        "under a fake process group (remat.simulate.tensor_parallel.tp_rank_bytes, a "
+        "2-layer model minus a 1-layer one); selective = ops on each attention sub-layer "
+        "keeping q/k/v's outputs and the output projection's input; `remat estimate` has "
+        "t = 1 only. Each side as bytes kept whole on every rank + bytes divided by t "
+        "(sbh, as²b: the paper's units, 16-bit); the script checks that the terms below add "
+        "up to every simulated row:",
+        tp_table(),
+        "One layer's terms with no recompute: bytes on one device and how TP and TP+SP "
+        "divide them (remat's run on CPU next to the paper's count):",
+        terms_table(),
         "The paper's configurations (s = 2048, b = 1), activation GiB per rank for all "
-        "layers, by formula (remat's own TP simulation covers llama-style blocks, not "
-        "GPT-3's):",
+        "layers, by formula:",
         configs_table(),
     ]
     header = run_header("Korthikanti et al. Table 2 vs remat", "korthikanti.py",
