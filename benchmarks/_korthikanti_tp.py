@@ -234,8 +234,7 @@ def _formula(terms: list[Term], sp: bool, *, paper: bool) -> str:
 def tp_table() -> str:
     """Every Table 2 setting at t = 1, 2, 4, 8: the paper, ``remat estimate`` (t = 1) and
     ``tp_rank_bytes``, with each side's bytes kept whole on a rank and divided by ``t``
-    (in units of ``sbh`` bytes); raises if the terms do not add up to the simulation."""
-    sbh = SHAPE["seq_len"] * SHAPE["batch_size"] * SHAPE["hidden_size"]
+    (in the paper's units); raises if the terms do not add up to the simulation."""
     lines = ["| Table 2 row | t | paper, B | remat estimate, B | remat simulate, B "
              "| simulate - paper, B | paper: whole + (split)/t | remat: whole + (split)/t |",
              "|---|---:|---:|---:|---:|---:|---|---|"]
