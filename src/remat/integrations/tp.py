@@ -30,7 +30,7 @@ NOTE [ TP plan by module names ]
     module above it gathers its own sequence-sharded input. Sequence parallelism shards
     the token dimension, the second from last (OPT flattens batch and sequence before
     its MLP). A model that adds learned position embeddings after the token embedding
-    (``embed_positions``, ``wpe``) keeps the embedding's output whole under SP and
+    (OPT's ``embed_positions``) keeps the embedding's output whole under SP and
     shards the first block's input instead (Megatron-LM does the same).
     remat's GPT fuses q, k and v in one ``qkv`` linear whose output is split by
     position, which a column shard would cut across q, k and v: its attention stays

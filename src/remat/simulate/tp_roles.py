@@ -29,8 +29,8 @@ _NORMS = ("attn_norm", "mlp_norm", "input_layernorm", "post_attention_layernorm"
           "final_layer_norm")
 _EMBEDDINGS = ("tok_emb", "embed_tokens", "tok_embeddings", "wte")
 _FINAL_NORMS = ("norm", "ln_f", "final_layer_norm")
-#: Learned position embeddings added to the token embedding's output (OPT, GPT-2).
-_POSITIONS = ("embed_positions", "wpe")
+#: Learned position embeddings added to the token embedding's output (OPT).
+_POSITIONS = ("embed_positions",)
 _HEADS = ("lm_head", "output")
 
 
