@@ -1,6 +1,7 @@
 """Korthikanti et al. 2022, Table 2, next to remat: the paper's formula, ``remat estimate``'s
-closed form and ``remat simulate``'s exact bytes for one GPT-3-style layer; then the paper's
-22B / 175B / 530B / 1T configurations per tensor-parallel rank (formula rows).
+closed form and ``remat simulate``'s exact bytes for one GPT-3-style layer; every Table 2
+setting per tensor-parallel rank, simulated on an OPT layer (``_korthikanti_tp.py``); then
+the paper's 22B / 175B / 530B / 1T configurations per rank (formula rows).
 
 The layer: Hugging Face GPT-2 (LayerNorm, GELU MLP of 4h, dropout 0.1 on attention
 probabilities and both residual branches) with ``attn_implementation="eager"`` (the s x s
@@ -12,7 +13,7 @@ strategy on each attention sub-layer (:data:`SELECTIVE_SAVE_OPS`; then with both
 projections kept); ``full``. ``none``, the selective save set and ``full`` are then
 itemized storage by storage (``remat.measure.saved_storages``) next to the paper's terms.
 
-Run: ``PYTHONPATH=src python benchmarks/korthikanti.py`` (a few seconds, CPU only); writes
+Run: ``PYTHONPATH=src python benchmarks/korthikanti.py`` (about 20 s, CPU only); writes
 the ``korthikanti`` section of benchmarks/RESULTS.md.
 """
 
