@@ -1,6 +1,7 @@
 """Korthikanti et al. 2022, Table 2, next to remat: the paper's formula, ``remat estimate``'s
-closed form and ``remat simulate``'s exact bytes for one GPT-3-style layer; then the paper's
-22B / 175B / 530B / 1T configurations per tensor-parallel rank (formula rows).
+closed form and ``remat simulate``'s exact bytes for one GPT-3-style layer; every Table 2
+setting per tensor-parallel rank, simulated on an OPT layer (``_korthikanti_tp.py``); then
+the paper's 22B / 175B / 530B / 1T configurations per rank (formula rows).
 
 The layer: Hugging Face GPT-2 (LayerNorm, GELU MLP of 4h, dropout 0.1 on attention
 probabilities and both residual branches) with ``attn_implementation="eager"`` (the s x s
@@ -12,7 +13,7 @@ strategy on each attention sub-layer (:data:`SELECTIVE_SAVE_OPS`; then with both
 projections kept); ``full``. ``none``, the selective save set and ``full`` are then
 itemized storage by storage (``remat.measure.saved_storages``) next to the paper's terms.
 
-Run: ``PYTHONPATH=src python benchmarks/korthikanti.py`` (a few seconds, CPU only); writes
+Run: ``PYTHONPATH=src python benchmarks/korthikanti.py`` (about 20 s, CPU only); writes
 the ``korthikanti`` section of benchmarks/RESULTS.md.
 """
 
@@ -26,6 +27,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _korthikanti_tp import SHAPE as TP_SHAPE  # noqa: E402
+from _korthikanti_tp import terms_table, tp_table  # noqa: E402
 from _results import RESULTS, replace_section, run_header  # noqa: E402
 
 from remat.core.results import SavedStorage  # noqa: E402
@@ -263,10 +266,23 @@ def main() -> None:
                   f"(remat.measure.saved_storages, in the order they were made) next to "
                   f"the paper's Sec. 4.1 terms of its `{recompute}` row:",
                   itemized_table(strategy, recompute)]
+    s, b, h, a = (TP_SHAPE[k] for k in ("seq_len", "batch_size", "hidden_size", "n_heads"))
     parts += [
+        f"Every Table 2 setting per tensor-parallel rank, one layer, s={s} b={b} h={h} a={a}, "
+        "bf16: Hugging Face OPT (GPT-3's layout: q/k/v, out_proj, fc1/fc2, pre-LayerNorm, "
+        "GELU, dropout 0.1, eager attention) split by apply_tp's layout, simulated on rank 0 "
+        "under a fake process group (remat.simulate.tensor_parallel.tp_rank_bytes, a "
+        "2-layer model minus a 1-layer one); selective = ops on each attention sub-layer "
+        "keeping q/k/v's outputs and the output projection's input; `remat estimate` has "
+        "t = 1 only. Each side as bytes kept whole on every rank + bytes divided by t "
+        "(sbh, as²b: the paper's units, 16-bit); the script checks that the terms below add "
+        "up to every simulated row:",
+        tp_table(),
+        "One layer's terms with no recompute: bytes on one device and how TP and TP+SP "
+        "divide them (remat's run on CPU next to the paper's count):",
+        terms_table(),
         "The paper's configurations (s = 2048, b = 1), activation GiB per rank for all "
-        "layers, by formula (remat's own TP simulation covers llama-style blocks, not "
-        "GPT-3's):",
+        "layers, by formula:",
         configs_table(),
     ]
     header = run_header("Korthikanti et al. Table 2 vs remat", "korthikanti.py",

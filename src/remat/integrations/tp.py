@@ -24,7 +24,14 @@ NOTE [ TP plan by module names ]
     ``PrepareModuleInput``. Modules are found by name, so the same plan covers
     remat's Llama (``attn.q_proj``, ``mlp.gate_proj``, ``attn_norm``), Hugging
     Face Llama-style decoders (``self_attn.q_proj``, ``input_layernorm``) and
-    torchtitan's names (``attention.wq``, ``feed_forward.w1``, ``attention_norm``).
+    torchtitan's names (``attention.wq``, ``feed_forward.w1``, ``attention_norm``) and
+    GPT-3-style names (Hugging Face OPT: ``self_attn.out_proj``, ``fc1`` / ``fc2`` on the
+    block itself, ``self_attn_layer_norm``): a colwise linear with no attention or MLP
+    module above it gathers its own sequence-sharded input. Sequence parallelism shards
+    the token dimension, the second from last (OPT flattens batch and sequence before
+    its MLP). A model that adds learned position embeddings after the token embedding
+    (OPT's ``embed_positions``) keeps the embedding's output whole under SP and
+    shards the first block's input instead (Megatron-LM does the same).
     remat's GPT fuses q, k and v in one ``qkv`` linear whose output is split by
     position, which a column shard would cut across q, k and v: its attention stays
     replicated and only its MLP (``fc`` / ``proj``) is parallelized.

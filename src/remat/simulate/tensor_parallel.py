@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -42,6 +42,9 @@ from remat.errors import message
 from remat.simulate.tp_roles import Role as Role
 from remat.simulate.tp_roles import attention_modules as attention_modules
 from remat.simulate.tp_roles import tp_roles as tp_roles
+
+if TYPE_CHECKING:
+    from remat.strategies.base import Strategy
 
 API = "remat.simulate.tp_rank_bytes"
 
@@ -132,7 +135,7 @@ class TPRankBytes:
 def _divisor(role: Role | None, sequence_parallel: bool, t: int) -> int:
     if role in ("colwise", "gather"):
         return t
-    if role in ("rowwise", "norm", "embedding", None):  # None: block-level (residual)
+    if role in ("rowwise", "norm", "embedding", "scatter", None):  # block-level: residual
         return t if sequence_parallel else 1
     return 1  # head (logits gathered), replicated sub-layers
 
@@ -170,7 +173,7 @@ def split_activations(saved_by_unit: dict[str, int], roles: dict[str, Role],
 
 
 def tp_rank_bytes(model: Any, *, seq_len: int, batch_size: int, tp: int,
-                  sequence_parallel: bool = False, strategy: str = "none",
+                  sequence_parallel: bool = False, strategy: str | Strategy = "none",
                   dtype: str = "bf16", optimizer: str = "adamw") -> TPRankBytes:
     """One tensor-parallel rank's parameter, gradient, optimizer, activation and peak bytes.
 
@@ -192,7 +195,8 @@ def tp_rank_bytes(model: Any, *, seq_len: int, batch_size: int, tp: int,
         batch_size: sequences per micro-batch (every TP rank runs the whole micro-batch).
         tp: tensor-parallel degree, >= 1.
         sequence_parallel: sequence-shard norms and the residual stream. Default: ``False``.
-        strategy: remat strategy applied to the blocks. Default: ``"none"``.
+        strategy: remat strategy applied to the blocks: a name (``remat.STRATEGIES``) or
+            a :class:`~remat.strategies.base.Strategy` config. Default: ``"none"``.
         dtype: precision (see :data:`remat.simulate.PRECISIONS`). Default: ``"bf16"``.
         optimizer: ``"adamw"``, ``"adam"``, ``"sgd"`` or ``"none"``. Default: ``"adamw"``.
 
@@ -215,7 +219,7 @@ def tp_rank_bytes(model: Any, *, seq_len: int, batch_size: int, tp: int,
     from remat.simulate.tp_step import simulate_ranks
 
     check_ints(API, "seq_len, batch_size and tp", (seq_len, batch_size, tp))
-    points = [(strategy, batch_size)]
+    points: list[tuple[str | Strategy, int]] = [(strategy, batch_size)]
     rank = simulate_ranks(model, seq_len=seq_len, points=points, tp=tp,
                           sequence_parallel=sequence_parallel, dtype=dtype,
                           optimizer=optimizer)[0]

@@ -33,8 +33,20 @@ def _called_by_keyword(module: nn.Module) -> bool:
         type(module).__name__.endswith("Attention")
 
 
-def style(role: Role, module: nn.Module, sequence_parallel: bool) -> Any:
-    """The DTensor style of one role (None: nothing to do without sequence parallelism)."""
+#: The sequence (token) dimension SP shards: second from last, before the hidden size, so
+#: a block that flattens batch and sequence into one dimension before its MLP (OPT) stays
+#: sharded by tokens (DTensor normalizes the negative dimension per tensor).
+SEQ_DIM = -2
+
+
+def style(role: Role, module: nn.Module, sequence_parallel: bool, *,
+          gathers_input: bool = False, scattered_later: bool = False) -> Any:
+    """The DTensor style of one role (None: nothing to do without sequence parallelism).
+
+    ``gathers_input``: a colwise linear with no ``"gather"`` module above it, which
+    all-gathers its own sequence-sharded input under SP. ``scattered_later``: the
+    embedding's output stays whole because a ``"scatter"`` block shards the stream.
+    """
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
@@ -44,37 +56,46 @@ def style(role: Role, module: nn.Module, sequence_parallel: bool) -> Any:
         SequenceParallel,
     )
 
-    seq = Shard(1) if sequence_parallel else Replicate()
+    shard = Shard(SEQ_DIM)
+    seq = shard if sequence_parallel else Replicate()
     if role == "colwise":
-        return ColwiseParallel()
+        return ColwiseParallel(input_layouts=seq) if gathers_input else ColwiseParallel()
     if role == "rowwise":
         return RowwiseParallel(output_layouts=seq)
     if role == "embedding":
-        return RowwiseParallel(input_layouts=Replicate(), output_layouts=seq)
+        return RowwiseParallel(input_layouts=Replicate(),
+                               output_layouts=Replicate() if scattered_later else seq)
     if role == "head":
         return ColwiseParallel(input_layouts=seq, output_layouts=Replicate())
     if not sequence_parallel:
         return None
     if role == "norm":
-        return SequenceParallel()
+        return SequenceParallel(sequence_dim=SEQ_DIM)
     if role == "gather" and _called_by_keyword(module):
-        return PrepareModuleInput(input_kwarg_layouts={"hidden_states": Shard(1)},
+        return PrepareModuleInput(input_kwarg_layouts={"hidden_states": shard},
                                   desired_input_kwarg_layouts={"hidden_states": Replicate()})
     rest = (None,) * (_positional_inputs(module) - 1)
     if role == "gather":
-        return PrepareModuleInput(input_layouts=(Shard(1), *rest),
+        return PrepareModuleInput(input_layouts=(shard, *rest),
                                   desired_input_layouts=(Replicate(), *rest))
+    if role == "scatter":  # Megatron's scatter_to_sequence_parallel_region
+        return PrepareModuleInput(input_layouts=(Replicate(), *rest),
+                                  desired_input_layouts=(shard, *rest), use_local_output=True)
     return PrepareModuleInputOutput(  # "replicated": gather in, shard out
-        input_layouts=(Shard(1), *rest), desired_input_layouts=(Replicate(), *rest),
-        output_layouts=(Replicate(),), desired_output_layouts=(Shard(1),))
+        input_layouts=(shard, *rest), desired_input_layouts=(Replicate(), *rest),
+        output_layouts=(Replicate(),), desired_output_layouts=(shard,))
 
 
 def build_plan(model: nn.Module, *, sequence_parallel: bool, api: str) -> dict[str, Any]:
     """Module name -> ParallelStyle for ``model`` (see ``remat.integrations.tp.tp_plan``)."""
     modules = dict(model.named_modules())
+    roles = tp_roles(model, sequence_parallel=sequence_parallel, api=api)
+    scattered = "scatter" in roles.values()
     plan: dict[str, Any] = {}
-    for name, role in tp_roles(model, sequence_parallel=sequence_parallel, api=api).items():
-        found = style(role, modules[name], sequence_parallel)
+    for name, role in roles.items():
+        gathers = role == "colwise" and roles.get(name.rpartition(".")[0]) != "gather"
+        found = style(role, modules[name], sequence_parallel, gathers_input=gathers,
+                      scattered_later=scattered)
         if found is not None:
             plan[name] = found
     return plan

@@ -15,18 +15,22 @@ from remat.errors import RematError, message
 
 API = "remat.simulate.tp_rank_bytes"
 
-Role = Literal["colwise", "rowwise", "embedding", "head", "norm", "gather", "replicated"]
+Role = Literal["colwise", "rowwise", "embedding", "head", "norm", "gather", "replicated",
+               "scatter"]
 
 _ATTN = ("attn", "self_attn", "attention")
 _MLP = ("mlp", "feed_forward")
 COLWISE_ATTN = ("q_proj", "k_proj", "v_proj", "wq", "wk", "wv")
-_ROWWISE_ATTN = ("o_proj", "wo")
-_COLWISE_MLP = ("gate_proj", "up_proj", "w1", "w3", "fc", "c_fc")
-_ROWWISE_MLP = ("down_proj", "w2", "proj", "c_proj")
+_ROWWISE_ATTN = ("o_proj", "wo", "out_proj")
+_COLWISE_MLP = ("gate_proj", "up_proj", "w1", "w3", "fc", "c_fc", "fc1")
+_ROWWISE_MLP = ("down_proj", "w2", "proj", "c_proj", "fc2")
 _NORMS = ("attn_norm", "mlp_norm", "input_layernorm", "post_attention_layernorm",
-          "attention_norm", "ffn_norm", "ln_1", "ln_2")
+          "attention_norm", "ffn_norm", "ln_1", "ln_2", "self_attn_layer_norm",
+          "final_layer_norm")
 _EMBEDDINGS = ("tok_emb", "embed_tokens", "tok_embeddings", "wte")
-_FINAL_NORMS = ("norm", "ln_f")
+_FINAL_NORMS = ("norm", "ln_f", "final_layer_norm")
+#: Learned position embeddings added to the token embedding's output (OPT).
+_POSITIONS = ("embed_positions",)
 _HEADS = ("lm_head", "output")
 
 
@@ -48,12 +52,19 @@ def _join(prefix: str, name: str) -> str:
 
 def _block_roles(prefix: str, block: nn.Module) -> dict[str, Role]:
     roles: dict[str, Role] = {}
+    mlp = _child(block, _MLP)
+    if mlp is None and _linears(block, _COLWISE_MLP) and len(_linears(block, _ROWWISE_MLP)) == 1:
+        mlp = ("", block)  # the MLP's linears on the block itself (OPT's fc1 / fc2)
     for found, colwise, rowwise in ((_child(block, _ATTN), COLWISE_ATTN, _ROWWISE_ATTN),
-                                    (_child(block, _MLP), _COLWISE_MLP, _ROWWISE_MLP)):
+                                    (mlp, _COLWISE_MLP, _ROWWISE_MLP)):
         if found is None:
             continue
         name, module = found
         cols, rows = _linears(module, colwise), _linears(module, rowwise)
+        if not name:  # no module between the linears: the colwise ones gather the input
+            roles.update({_join(prefix, c): "colwise" for c in cols})
+            roles[_join(prefix, rows[0])] = "rowwise"
+            continue
         if not cols or len(rows) != 1:  # fused qkv (GPT) or an unknown layout
             roles[_join(prefix, name)] = "replicated"
             continue
@@ -77,9 +88,13 @@ def tp_roles(model: nn.Module, *, sequence_parallel: bool = False,
     untouched); ``"gather"``: an attention or MLP module between its colwise and
     rowwise linears, whose input SP all-gathers; ``"replicated"``: a sub-layer left
     whole (GPT's fused-qkv attention), whose input SP gathers and whose output it
-    re-shards. ``sequence_parallel`` only decides whether an embedding tied to the
-    head is an error. See NOTE [ TP plan by module
-    names ] in remat/integrations/tp.py.
+    re-shards; ``"scatter"``: with SP, the first block of a model that adds learned
+    position embeddings to the token embedding's output (OPT), whose input SP
+    shards on the sequence (the embedding's output stays whole). A colwise linear
+    with no ``"gather"`` module above it (OPT's ``fc1``, on the block itself)
+    gathers its own input. ``sequence_parallel`` decides whether an embedding tied
+    to the head is an error and whether there is a ``"scatter"``. See NOTE [ TP plan
+    by module names ] in remat/integrations/tp.py.
 
     Args:
         model: the model (any device, meta included), not yet parallelized.
@@ -126,6 +141,8 @@ def tp_roles(model: nn.Module, *, sequence_parallel: bool = False,
              "tied to the head": tied},
             fix="untie the embedding and the head (tie_weights=False), or drop sequence "
                 "parallelism"))
+    if sequence_parallel and _child(modules[parent], _POSITIONS) is not None:
+        roles[blocks[0][0]] = "scatter"
     norm = _child(modules[parent], _FINAL_NORMS)
     if norm is not None:
         roles[_join(parent, norm[0])] = "norm"

@@ -101,7 +101,7 @@ def fake_mesh(tp: int) -> Iterator[Any]:
         dist.destroy_process_group()
 
 
-def _steps_in_process(model: Any, *, seq_len: int, points: Sequence[tuple[str, int]],
+def _steps_in_process(model: Any, *, seq_len: int, points: Sequence[tuple[Any, int]],
                       tp: int, sequence_parallel: bool, dtype: str,
                       optimizer: str) -> list[RankStep]:
     from remat.measure.profile import WarmFake
@@ -192,7 +192,7 @@ def _steps_in_subprocess(kwargs: dict[str, Any]) -> list[RankStep]:
     return result
 
 
-def simulate_ranks(model: Any, *, seq_len: int, points: Sequence[tuple[str, int]], tp: int,
+def simulate_ranks(model: Any, *, seq_len: int, points: Sequence[tuple[Any, int]], tp: int,
                    sequence_parallel: bool, dtype: str, optimizer: str) -> list[RankStep]:
     """Rank 0's bytes for one step under tensor parallelism of degree ``tp``, per point.
 
@@ -204,7 +204,8 @@ def simulate_ranks(model: Any, *, seq_len: int, points: Sequence[tuple[str, int]
         model: a preset name, a factory (called on the meta device) or a module (copied
             to the meta device; never changed).
         seq_len: tokens per sequence.
-        points: ``(strategy, batch_size)`` pairs, simulated in order; at least one.
+        points: ``(strategy, batch_size)`` pairs (a strategy name or config), simulated
+            in order; at least one.
         tp: tensor-parallel degree (1: the one-device step, no process group).
         sequence_parallel, dtype, optimizer: as for
             :func:`remat.simulate.tensor_parallel.tp_rank_bytes`.
