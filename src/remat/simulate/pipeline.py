@@ -319,34 +319,20 @@ def _unit_chunk(model: nn.Module, blocks: Sequence[str],
     return find
 
 
-def _state_by_parameter(model: nn.Module, optimizer: Any) -> dict[int, tuple[int, int]]:
-    """Per trainable parameter of ``model`` (by id): the optimizer's per-element state
-    bytes and its scalar state bytes (step counters), from the warmed-up fake copy's
-    optimizer, whose parameters are the model's trainable ones in the same order."""
-    if optimizer is None:
-        return {}
-    ours = [p for p in dict.fromkeys(model.parameters()) if p.requires_grad]
-    theirs = [p for group in optimizer.param_groups for p in group["params"]]
-    out: dict[int, tuple[int, int]] = {}
-    for mine, fake in zip(ours, theirs, strict=False):
-        values = [v for v in optimizer.state.get(fake, {}).values()
-                  if isinstance(v, torch.Tensor)]
-        out[id(mine)] = (sum(v.numel() * v.element_size() for v in values if v.dim() > 0),
-                         sum(v.numel() * v.element_size() for v in values if v.dim() == 0))
-    return out
-
-
 @dataclass
 class _Record:
     """What one simulated step gives per place (a block's name, or a module outside the
     blocks): saved bytes per attribution unit, the backward working set and recompute
-    time per place, each trainable parameter's optimizer state by name."""
+    time per place; per parameter name, its bytes and its gradient's on the rank, and
+    the optimizer's per-element and scalar state bytes; the step's own peak."""
 
     saved: dict[str, int]
     rest: int
     work: dict[str | None, int]
     recompute_ms: dict[str | None, float]
+    params: dict[str, tuple[int, int]]
     state: dict[str, tuple[int, int]]
+    peak: int
 
 
 def _place(unit: str | None, blocks: set[str]) -> str | None:
@@ -358,9 +344,32 @@ def _place(unit: str | None, blocks: set[str]) -> str | None:
     return unit
 
 
-def _record(setup: Any, strategy: str, batch_size: int, seq_len: int, roles: dict[str, Any],
+def _outside_units(model: nn.Module, blocks: Sequence[str]) -> set[str]:
+    """The largest modules outside every block (each child of the root or of a block's
+    ancestor that is neither): the embedding, final norm and head, however nested."""
+    ancestors = {""} | {b.rpartition(".")[0] for b in blocks}
+    for name in list(ancestors):
+        while name:
+            name = name.rpartition(".")[0]
+            ancestors.add(name)
+    block_set = set(blocks)
+    return {n for n, _ in model.named_modules() if n and n not in ancestors
+            and n not in block_set and n.rpartition(".")[0] in ancestors}
+
+
+def _nbytes(t: torch.Tensor | None) -> int:
+    from remat.measure.sharded import local_tensor
+
+    if t is None:
+        return 0
+    local = local_tensor(t)  # a DTensor's shard: this rank's bytes
+    return local.numel() * local.element_size()
+
+
+def _record(setup: Any, strategy: str, batch_size: int, seq_len: int,
             blocks: Sequence[str], device: str) -> _Record:
-    """One simulated step of ``setup`` with every block and role module attributed."""
+    """One simulated step of ``setup`` with every block and the modules outside them
+    attributed (one tensor-parallel rank's step when ``setup``'s model is parallelized)."""
     from remat.devices import get_device
     from remat.measure.profile import WarmFake
     from remat.measure.roofline import op_roofline_ms
@@ -373,15 +382,21 @@ def _record(setup: Any, strategy: str, batch_size: int, seq_len: int, roles: dic
     warm = WarmFake(Step(setup.model, batch, loss_fn=setup.loss_fn,
                          optimizer=setup.optimizer, blocks=setup.blocks), batch, prepare=remove)
     inner = warm.model.model if isinstance(warm.model, Autocast) else warm.model
-    apply(inner, strategy)
+    with warnings.catch_warnings():
+        # TP's redistribution hooks inside a checkpointed block replay the same
+        # collectives in recompute (NOTE [ Order: tensor parallel, then checkpoint ])
+        warnings.simplefilter("ignore", RematWarning)
+        apply(inner, strategy)
     modules = dict(inner.named_modules())
-    names = (set(roles) | set(blocks)) & set(modules)
-    names |= {n for n, _ in inner.named_children() if n not in names
-              and not any(b.startswith(n + ".") for b in blocks)}
+    names = (set(blocks) & set(modules)) | _outside_units(inner, blocks)
     block_set = set(blocks)
     work: dict[str | None, int] = {}
+    named = list(inner.named_parameters(remove_duplicate=False))
+    grads: dict[str, int] = {}
 
     def after_op(tracker: MemoryTracker) -> None:
+        if tracker.phase == "optimizer" and not grads:  # the step's gradients, all there
+            grads.update((n, _nbytes(p.grad)) for n, p in named)
         if tracker.phase in ("backward", "recompute"):
             now = tracker.current_breakdown
             place = _place(tracker.current_unit, block_set)
@@ -394,17 +409,25 @@ def _record(setup: Any, strategy: str, batch_size: int, seq_len: int, roles: dic
         tracker = tracked_step(warm._step(batch),
                                [(n, modules[n]) for n in sorted(names, key=len)],
                                after_op=after_op).tracker
+    if not grads:  # no optimizer: the gradients stay after the step
+        grads.update((n, _nbytes(p.grad)) for n, p in named)
     spec = get_device(device)
     recompute: dict[str | None, float] = {}
     for op in tracker.ops:
         if op.phase == "recompute":
             place = _place(op.block, block_set)
             recompute[place] = recompute.get(place, 0.0) + op_roofline_ms(op, spec)
-    by_id = _state_by_parameter(setup.inner, warm.optimizer)
-    state = {n: by_id[id(p)] for n, p in setup.inner.named_parameters() if id(p) in by_id}
+    state: dict[str, tuple[int, int]] = {}
+    opt_state = warm.optimizer.state if warm.optimizer is not None else {}
+    for n, p in named:
+        values = [v for v in opt_state.get(p, {}).values() if isinstance(v, torch.Tensor)]
+        state[n] = (sum(_nbytes(v) for v in values if v.dim() > 0),
+                    sum(_nbytes(v) for v in values if v.dim() == 0))
     saved = tracker.block_saved_bytes
     return _Record(saved=dict(saved), rest=tracker.activation_bytes - sum(saved.values()),
-                   work=work, recompute_ms=recompute, state=state)
+                   work=work, recompute_ms=recompute,
+                   params={n: (_nbytes(p), grads.get(n, 0)) for n, p in named},
+                   state=state, peak=tracker.peak_bytes)
 
 
 def _expand(record: _Record, blocks: Sequence[str], depth: int) -> _Record:
@@ -430,7 +453,8 @@ def _expand(record: _Record, blocks: Sequence[str], depth: int) -> _Record:
         return out
 
     return _Record(saved=spread(record.saved), rest=record.rest, work=spread(record.work),
-                   recompute_ms=spread(record.recompute_ms), state=spread(record.state))
+                   recompute_ms=spread(record.recompute_ms), params=spread(record.params),
+                   state=spread(record.state), peak=record.peak)
 
 
 _CUT_DEPTH = 3  # first, a middle and the last block (NOTE [ Pipeline rank bytes ])
@@ -485,75 +509,104 @@ def pipeline_rank_bytes(model: Any, *, seq_len: int, batch_size: int, stages: in
         >>> [r.held_microbatches for r in ranks]  # doctest: +SKIP
         [4, 3, 2, 1]
     """
-    from remat.blocks import named_blocks
-    from remat.devices import get_device
-    from remat.simulate._fast import _cut, _stack
-    from remat.simulate._setup import build_model, check_ints, make_setup
-    from remat.simulate.precision import get_precision
-    from remat.simulate.tensor_parallel import (
-        _param_rank_bytes,
-        _shard,
-        split_activations,
-        tp_roles,
-    )
+    from remat.simulate._setup import check_ints
+    from remat.simulate.tp_step import run_isolated
 
     _check(API, schedule, stages, microbatches, virtual_stages)
     check_ints(API, "seq_len, batch_size, tp and dp", (seq_len, batch_size, tp, dp))
-    inner, _ = build_model(model, seq_len)
-    setup = make_setup(inner, precision=get_precision(dtype), optimizer=optimizer,
-                       device=get_device("h100-80gb"), world_size=1, sharding="none",
-                       blocks=None, loss_fn=None, batch_fn=None)
-    roles = tp_roles(inner, sequence_parallel=sequence_parallel) if tp > 1 else {}
-    blocks = [n for n, _ in named_blocks(inner, None, api=API)]
-    n_chunks = stages * virtual_stages
-    ranges = chunk_blocks(len(blocks), n_chunks)
-    chunk_of = _unit_chunk(inner, blocks, ranges)
-    chunks = [_Chunk() for _ in range(n_chunks)]
+    kwargs = {"model": model, "seq_len": seq_len, "batch_size": batch_size,
+              "stages": stages, "microbatches": microbatches, "schedule": schedule,
+              "virtual_stages": virtual_stages, "tp": tp,
+              "sequence_parallel": sequence_parallel, "dp": dp, "strategy": strategy,
+              "dtype": dtype, "optimizer": optimizer, "device": device, "exact": exact,
+              "reshard_after_forward": reshard_after_forward}
+    out: tuple[StageBytes, ...] = run_isolated(_rank_bytes, kwargs, tp=tp, api=API)
+    return out
+
+
+def _rank_record(setup: Any, *, strategy: str, batch_size: int, seq_len: int,
+                 blocks: Sequence[str], device: str, exact: bool) -> _Record:
+    """The step's record, from the stack cut to three blocks where that gives the same
+    bytes (NOTE [ Pipeline rank bytes ])."""
+    from remat.simulate._fast import _cut, _stack
 
     kind = strategy.partition(":")[0]
     stack = _stack(setup) if kind not in ("every", "sqrt") and not exact else None
     if stack is not None and len(blocks) > _CUT_DEPTH:
         with _cut(setup, stack, _CUT_DEPTH) as cut:
-            record = _expand(_record(cut, strategy, batch_size, seq_len, roles,
-                                     blocks[:_CUT_DEPTH], device), blocks, _CUT_DEPTH)
-    else:
-        record = _record(setup, strategy, batch_size, seq_len, roles, blocks, device)
-    by_chunk: list[dict[str, int]] = [{} for _ in range(n_chunks)]
-    for unit, nbytes in record.saved.items():
-        by_chunk[chunk_of(unit)][unit] = nbytes
-    for c, part in enumerate(by_chunk):
-        total = sum(part.values()) + (record.rest if c == n_chunks - 1 else 0)
-        chunks[c].saved = split_activations(part, roles, blocks, {}, total_bytes=total, t=tp,
-                                            sequence_parallel=sequence_parallel)
-        work = max((v for k, v in record.work.items() if chunk_of(k) == c), default=0)
-        # TP shards the working set as it shards the chunk's saved bytes
-        chunks[c].work = _shard(work * chunks[c].saved, total) if total else work
-        chunks[c].recompute_ms = sum(v for k, v in record.recompute_ms.items()
-                                     if chunk_of(k) == c) / tp
+            return _expand(_record(cut, strategy, batch_size, seq_len, blocks[:_CUT_DEPTH],
+                                   device), blocks, _CUT_DEPTH)
+    return _record(setup, strategy, batch_size, seq_len, blocks, device)
 
-    sgd = optimizer.lower() == "sgd"
+
+def _rank_bytes(model: Any, *, seq_len: int, batch_size: int, stages: int,
+                microbatches: int, schedule: str, virtual_stages: int, tp: int,
+                sequence_parallel: bool, dp: int, strategy: str, dtype: str,
+                optimizer: str, device: str, exact: bool,
+                reshard_after_forward: bool) -> tuple[StageBytes, ...]:
+    """:func:`pipeline_rank_bytes` in a process without a ``torch.distributed`` group."""
+    import dataclasses
+
+    from remat.blocks import named_blocks
+    from remat.devices import get_device
+    from remat.simulate._setup import make_setup
+    from remat.simulate.precision import get_precision, make_optimizer
+    from remat.simulate.tp_step import rank_model, step_failed
+
+    # one chunk, one micro-batch, no FSDP: the rank runs the simulated step itself
+    whole_step = stages == 1 and microbatches == 1 and dp == 1
+    with rank_model(model, seq_len=seq_len, tp=tp, sequence_parallel=sequence_parallel,
+                    dtype=dtype, api=API) as (inner, all_dtensor):
+        setup = make_setup(inner, precision=get_precision(dtype), optimizer=optimizer,
+                           device=get_device("h100-80gb"), world_size=1, sharding="none",
+                           blocks=None, loss_fn=None, batch_fn=None)
+        if tp > 1:  # foreach kernels refuse lists mixing DTensors and plain tensors
+            trainable = [p for p in dict.fromkeys(inner.parameters()) if p.requires_grad]
+            setup = dataclasses.replace(setup, optimizer=make_optimizer(
+                optimizer, trainable, foreach=all_dtensor))
+        blocks = [n for n, _ in named_blocks(inner, None, api=API)]
+        try:
+            record = _rank_record(setup, strategy=strategy, batch_size=batch_size,
+                                  seq_len=seq_len, blocks=blocks, device=device,
+                                  exact=exact or whole_step)
+        except RuntimeError as error:
+            if tp == 1:
+                raise
+            raise step_failed(error, inner, tp=tp, sequence_parallel=sequence_parallel,
+                              api=API) from error
+    n_chunks = stages * virtual_stages
+    ranges = chunk_blocks(len(blocks), n_chunks)
+    chunk_of = _unit_chunk(inner, blocks, ranges)
+    chunks = [_Chunk() for _ in range(n_chunks)]
+    for unit, nbytes in record.saved.items():
+        chunks[chunk_of(unit)].saved += nbytes
+    chunks[-1].saved += record.rest  # what no unit holds (the loss's)
+    for c, chunk in enumerate(chunks):
+        chunk.work = max((v for k, v in record.work.items() if chunk_of(k) == c), default=0)
+        chunk.recompute_ms = sum(v for k, v in record.recompute_ms.items()
+                                 if chunk_of(k) == c)
+
     block_index = {name: i for i, name in enumerate(blocks)}
+    counted: set[tuple[int, int]] = set()  # (chunk, parameter): tied ones once per chunk
     for name, module in inner.named_modules():
         c = chunk_of(name)
         for p_name, p in module.named_parameters(recurse=False):
-            rank_bytes = _param_rank_bytes(p, roles.get(name), p_name, tp)
-            chunks[c].params += rank_bytes
+            if (c, id(p)) in counted:
+                continue
+            counted.add((c, id(p)))
+            key = _join(name, p_name)
+            param_bytes, grad_bytes = record.params[key]
+            chunks[c].params += param_bytes
             if p.requires_grad:
-                grad_bytes = _param_rank_bytes(p, roles.get(name), p_name, tp, True)
+                moments, scalars = record.state.get(key, (0, 0))
                 chunks[c].grads += grad_bytes
-                # per-element state follows its parameter (SGD's momentum: its gradient)
-                moments, scalars = record.state.get(_join(name, p_name), (0, 0))
-                like = grad_bytes if sgd else rank_bytes
-                chunks[c].state += scalars + _shard(moments * like,
-                                                    max(p.numel() * p.element_size(), 1))
+                chunks[c].state += moments + scalars
                 chunks[c].scalars += scalars
         if name in block_index:
-            own = [(roles.get(_join(name, sub)), p_name, p) for sub, m in module.named_modules()
-                   for p_name, p in m.named_parameters(recurse=False)]
-            block_bytes = sum(_param_rank_bytes(p, role, p_name, tp) for role, p_name, p in own)
-            chunks[c].blocks.append((block_bytes, sum(
-                _param_rank_bytes(p, role, p_name, tp, True)
-                for role, p_name, p in own if p.requires_grad)))
+            own = [(_join(name, n), p.requires_grad)
+                   for n, p in module.named_parameters(remove_duplicate=False)]
+            chunks[c].blocks.append((sum(record.params[k][0] for k, _ in own),
+                                     sum(record.params[k][1] for k, grad in own if grad)))
 
     actions = schedule_actions(schedule, stages=stages, microbatches=microbatches,
                                virtual_stages=virtual_stages)
@@ -568,11 +621,12 @@ def pipeline_rank_bytes(model: Any, *, seq_len: int, batch_size: int, stages: in
                                    reshard_after_forward=reshard_after_forward)
         else:
             fsdp = plain_rank_bytes(rank_actions, figures, dp=dp)
+        peak = record.peak if whole_step else fsdp.peak_bytes
         out.append(StageBytes(
             rank=rank, blocks=tuple(i for c in mine for i in ranges[c]),
             held_microbatches=counts[rank], param_bytes=fsdp.param_bytes,
             grad_bytes=fsdp.grad_bytes, optimizer_bytes=fsdp.optimizer_bytes,
-            activation_bytes=sum(chunks[c].saved for c in mine), peak_bytes=fsdp.peak_bytes,
+            activation_bytes=sum(chunks[c].saved for c in mine), peak_bytes=peak,
             recompute_ms=sum(chunks[c].recompute_ms for c in mine),
             gathered_param_bytes=fsdp.gathered_param_bytes))
     return tuple(out)
