@@ -61,9 +61,11 @@ NOTE [ Pipeline rank bytes ]
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import torch
 from torch import nn
@@ -524,19 +526,25 @@ def pipeline_rank_bytes(model: Any, *, seq_len: int, batch_size: int, stages: in
     return out
 
 
-def _rank_record(setup: Any, *, strategy: str, batch_size: int, seq_len: int,
-                 blocks: Sequence[str], device: str, exact: bool) -> _Record:
-    """The step's record, from the stack cut to three blocks where that gives the same
-    bytes (NOTE [ Pipeline rank bytes ])."""
-    from remat.simulate._fast import _cut, _stack
+@contextmanager
+def _cut_stack(model: nn.Module, depth: int) -> Iterator[None]:
+    """``model``'s uniform stack of blocks cut to its first ``depth`` (NOTE [ Pipeline
+    rank bytes ]) for the context, when it has one longer than ``depth``."""
+    from remat.simulate._fast import _stack
 
-    kind = strategy.partition(":")[0]
-    stack = _stack(setup) if kind not in ("every", "sqrt") and not exact else None
-    if stack is not None and len(blocks) > _CUT_DEPTH:
-        with _cut(setup, stack, _CUT_DEPTH) as cut:
-            return _expand(_record(cut, strategy, batch_size, seq_len, blocks[:_CUT_DEPTH],
-                                   device), blocks, _CUT_DEPTH)
-    return _record(setup, strategy, batch_size, seq_len, blocks, device)
+    # _stack reads a Setup's model and blocks only
+    stack = _stack(cast(Any, SimpleNamespace(model=model, blocks=None)))
+    if stack is None or len(stack[2]) <= depth:
+        yield
+        return
+    owner, attr, modules = stack
+    whole = getattr(owner, attr)
+    setattr(owner, attr, type(whole)(*modules[:depth]) if isinstance(whole, nn.Sequential)
+            else nn.ModuleList(modules[:depth]))
+    try:
+        yield
+    finally:
+        setattr(owner, attr, whole)
 
 
 def _rank_bytes(model: Any, *, seq_len: int, batch_size: int, stages: int,
@@ -555,8 +563,16 @@ def _rank_bytes(model: Any, *, seq_len: int, batch_size: int, stages: int,
 
     # one chunk, one micro-batch, no FSDP: the rank runs the simulated step itself
     whole_step = stages == 1 and microbatches == 1 and dp == 1
+    kind = strategy.partition(":")[0]
+    cut = not (exact or whole_step or kind in ("every", "sqrt"))
+    blocks: list[str] = []
+
+    def prepare(inner: nn.Module) -> AbstractContextManager[None]:
+        blocks.extend(n for n, _ in named_blocks(inner, None, api=API))
+        return _cut_stack(inner, _CUT_DEPTH) if cut else nullcontext()
+
     with rank_model(model, seq_len=seq_len, tp=tp, sequence_parallel=sequence_parallel,
-                    dtype=dtype, api=API) as (inner, all_dtensor):
+                    dtype=dtype, api=API, prepare=prepare) as (inner, all_dtensor):
         setup = make_setup(inner, precision=get_precision(dtype), optimizer=optimizer,
                            device=get_device("h100-80gb"), world_size=1, sharding="none",
                            blocks=None, loss_fn=None, batch_fn=None)
@@ -564,16 +580,16 @@ def _rank_bytes(model: Any, *, seq_len: int, batch_size: int, stages: int,
             trainable = [p for p in dict.fromkeys(inner.parameters()) if p.requires_grad]
             setup = dataclasses.replace(setup, optimizer=make_optimizer(
                 optimizer, trainable, foreach=all_dtensor))
-        blocks = [n for n, _ in named_blocks(inner, None, api=API)]
+        depth = len(named_blocks(inner, None, api=API))
         try:
-            record = _rank_record(setup, strategy=strategy, batch_size=batch_size,
-                                  seq_len=seq_len, blocks=blocks, device=device,
-                                  exact=exact or whole_step)
+            record = _record(setup, strategy, batch_size, seq_len, blocks[:depth], device)
         except RuntimeError as error:
             if tp == 1:
                 raise
             raise step_failed(error, inner, tp=tp, sequence_parallel=sequence_parallel,
                               api=API) from error
+    if depth < len(blocks):
+        record = _expand(record, blocks, depth)
     n_chunks = stages * virtual_stages
     ranges = chunk_blocks(len(blocks), n_chunks)
     chunk_of = _unit_chunk(inner, blocks, ranges)

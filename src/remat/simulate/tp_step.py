@@ -46,7 +46,7 @@ import subprocess
 import sys
 import warnings
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -103,22 +103,28 @@ def fake_mesh(tp: int) -> Iterator[Any]:
 
 @contextmanager
 def rank_model(model: Any, *, seq_len: int, tp: int, sequence_parallel: bool,
-               dtype: str, api: str = API) -> Iterator[tuple[nn.Module, bool]]:
+               dtype: str, api: str = API,
+               prepare: Callable[[nn.Module], AbstractContextManager[Any]] | None = None,
+               ) -> Iterator[tuple[nn.Module, bool]]:
     """Rank 0's model of ``tp`` (steps 1. and 2. of NOTE [ One tensor-parallel rank,
     simulated ]): a meta copy in the precision's parameter dtype, in train mode,
     parallelized as ``apply_tp`` does on a fake mesh that lives as long as the context
     (``tp == 1``: the copy, no process group). Yields the model and whether every
-    trainable parameter is a DTensor (``foreach`` optimizers refuse mixed lists). The
-    caller checks that no process group exists (:func:`run_isolated`)."""
+    trainable parameter is a DTensor (``foreach`` optimizers refuse mixed lists).
+    ``prepare(copy)``, a context entered before the conversion, may change the copy
+    for the context (the pipeline rows cut its stack: only what is left is converted
+    and parallelized). The caller checks that no process group exists
+    (:func:`run_isolated`)."""
     from remat.measure.sharded import is_dtensor
     from remat.simulate._setup import build_model
     from remat.simulate.precision import get_precision
     from remat.simulate.tp_layout import parallelize
 
     inner = meta_copy(model) if isinstance(model, nn.Module) else build_model(model, seq_len)[0]
-    inner.to(get_precision(dtype).param_dtype)
-    inner.train()
-    with fake_mesh(tp) if tp > 1 else nullcontext() as mesh:
+    with prepare(inner) if prepare is not None else nullcontext(), \
+            fake_mesh(tp) if tp > 1 else nullcontext() as mesh:
+        inner.to(get_precision(dtype).param_dtype)
+        inner.train()
         if mesh is not None:
             parallelize(inner, mesh, sequence_parallel=sequence_parallel, api=api)
         trainable = [p for p in dict.fromkeys(inner.parameters()) if p.requires_grad]
