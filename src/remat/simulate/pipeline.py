@@ -26,22 +26,30 @@ NOTE [ Micro-batches in flight ]
     activations, plus one backward's working set.
 
 NOTE [ Pipeline rank bytes ]
-    :func:`pipeline_rank_bytes` simulates one step of the whole model on one device
-    (fake tensors; one tensor-parallel rank's share when ``tp > 1``, NOTE [
-    Tensor-parallel bytes per rank ]) with every block and TP role module as an
-    attribution unit, and assigns each unit to its chunk: blocks by index; modules
-    outside the blocks to the first chunk when they come before the first block in
-    the model's module order (the embedding), to the last chunk otherwise (final norm,
-    head). Per chunk and micro-batch: the saved activations (what no unit holds, such as
-    the loss's, goes to the last chunk); its parameters, gradients and optimizer state
-    (the optimizer's state of each of its parameters, the per-element part split as
-    the parameter is under tensor parallelism; a tied
-    embedding and head count on both ends, as a pipeline holds both copies); and its
-    backward working set: the most bytes the step's backward and recompute held at
-    once while that chunk's units ran (the logits' gradient on the last chunk). A rank's
-    peak is the most, over its action list, of its static bytes plus every held
-    chunk-micro-batch's saved bytes, plus, at a ``B``, that chunk's working set. With
-    ``dp > 1`` (FSDP over pipeline replicas) the replay is NOTE [ FSDP under pipeline
+    :func:`pipeline_rank_bytes` simulates one step of the whole model as one rank runs
+    it (fake tensors): with ``tp > 1`` the step of tensor-parallel rank 0, the model
+    parallelized as ``apply_tp`` does on a fake process group (``rank_model`` in
+    tp_step.py, NOTE [ One tensor-parallel rank, simulated ]), so every byte below is
+    the rank's own, DTensor's redistributions included. Every block and the largest
+    modules outside the blocks (embedding, final norm, head, however nested) are
+    attribution units, and each unit goes to its chunk: blocks by index; modules
+    outside the blocks to the first chunk when they come before the first block in the
+    model's module order (the embedding), to the last chunk otherwise (final norm,
+    head). Per chunk and micro-batch: the saved activations (what no unit holds goes to
+    the last chunk: the loss's, and tables the model's forward computes once outside
+    every block, such as RoPE's, which each real stage computes for itself); its
+    parameters, gradients and optimizer state as the rank's step holds them (each
+    parameter's local shard, its gradient, the optimizer's state of it; a tied
+    embedding and head count on both ends, as a pipeline holds both copies, once when
+    both ends are one chunk); its backward working set: the most bytes the step's
+    backward and recompute held at once while that chunk's units ran (the logits'
+    gradient on the last chunk); and the roofline time of its recompute, priced from
+    the rank's own ops (an op on DTensors by its shards). A rank's peak is the most,
+    over its action list, of its static bytes plus every held chunk-micro-batch's
+    saved bytes, plus, at a ``B``, that chunk's working set; one chunk and one
+    micro-batch without FSDP is the simulated step itself, whose peak it takes (so
+    ``stages=1`` with one micro-batch gives :func:`tp_rank_bytes`'s figures: tested).
+    With ``dp > 1`` (FSDP over pipeline replicas) the replay is NOTE [ FSDP under pipeline
     parallelism ] in _pipeline_fsdp.py: shards, plus the chunks' parameters unsharded
     from their first forward and gradients unsharded from their first backward, as
     ``torch.distributed.pipelining`` runs FSDP. Without a pipeline (``stages=1``) FSDP
@@ -50,31 +58,30 @@ NOTE [ Pipeline rank bytes ]
     gradients).
     A uniform stack of more than three blocks (one list of blocks of one shape, as the
     fast simulation rows require: NOTE [ Fast rows ] in _fast.py) is simulated cut to
-    three blocks, and every block between the first and the last takes the middle one's
-    figures (strategies that treat blocks alike only; ``every:N`` and ``sqrt`` run the
-    whole stack). ``tests/simulate/test_pipeline.py`` checks the cut against the whole
-    stack byte for byte.
+    three blocks, before it is parallelized (TP's layout of a block does not depend on
+    the blocks around it), and every block between the first and the last takes the
+    middle one's figures (strategies that treat blocks alike only; ``every:N`` and
+    ``sqrt`` run the whole stack). ``tests/simulate/test_pipeline.py`` checks the cut
+    against the whole stack byte for byte, with TP and SP too.
     Not modelled: point-to-point buffers, the stage inputs a rank receives and keeps
     for its backward besides the first block's saved input, collective buffers.
 """
 
 from __future__ import annotations
 
-import warnings
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict, dataclass, field
-from types import SimpleNamespace
-from typing import TYPE_CHECKING, Any, Literal, cast
+from typing import TYPE_CHECKING, Any, Literal
 
-import torch
 from torch import nn
 
-from remat.errors import RematWarning, message
+from remat.errors import message
 from remat.simulate._pipeline_fsdp import FsdpChunk, fsdp_rank_bytes, plain_rank_bytes
+from remat.simulate._pipeline_record import CUT_DEPTH, cut_stack, expand_record, record_step
 
 if TYPE_CHECKING:
-    from remat.measure.tracker import MemoryTracker
+    pass
 
 Schedule = Literal["gpipe", "1f1b", "interleaved-1f1b"]
 SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", "interleaved-1f1b")
@@ -321,147 +328,6 @@ def _unit_chunk(model: nn.Module, blocks: Sequence[str],
     return find
 
 
-@dataclass
-class _Record:
-    """What one simulated step gives per place (a block's name, or a module outside the
-    blocks): saved bytes per attribution unit, the backward working set and recompute
-    time per place; per parameter name, its bytes and its gradient's on the rank, and
-    the optimizer's per-element and scalar state bytes; the step's own peak."""
-
-    saved: dict[str, int]
-    rest: int
-    work: dict[str | None, int]
-    recompute_ms: dict[str | None, float]
-    params: dict[str, tuple[int, int]]
-    state: dict[str, tuple[int, int]]
-    peak: int
-
-
-def _place(unit: str | None, blocks: set[str]) -> str | None:
-    name = unit
-    while name:
-        if name in blocks:
-            return name
-        name = name.rpartition(".")[0]
-    return unit
-
-
-def _outside_units(model: nn.Module, blocks: Sequence[str]) -> set[str]:
-    """The largest modules outside every block (each child of the root or of a block's
-    ancestor that is neither): the embedding, final norm and head, however nested."""
-    ancestors = {""} | {b.rpartition(".")[0] for b in blocks}
-    for name in list(ancestors):
-        while name:
-            name = name.rpartition(".")[0]
-            ancestors.add(name)
-    block_set = set(blocks)
-    return {n for n, _ in model.named_modules() if n and n not in ancestors
-            and n not in block_set and n.rpartition(".")[0] in ancestors}
-
-
-def _nbytes(t: torch.Tensor | None) -> int:
-    from remat.measure.sharded import local_tensor
-
-    if t is None:
-        return 0
-    local = local_tensor(t)  # a DTensor's shard: this rank's bytes
-    return local.numel() * local.element_size()
-
-
-def _record(setup: Any, strategy: str, batch_size: int, seq_len: int,
-            blocks: Sequence[str], device: str) -> _Record:
-    """One simulated step of ``setup`` with every block and the modules outside them
-    attributed (one tensor-parallel rank's step when ``setup``'s model is parallelized)."""
-    from remat.devices import get_device
-    from remat.measure.profile import WarmFake
-    from remat.measure.roofline import op_roofline_ms
-    from remat.measure.step import Step, clear_grads
-    from remat.measure.tracked_step import tracked_step
-    from remat.simulate._setup import Autocast
-    from remat.strategies import apply, remove
-
-    batch = setup.batch_fn(batch_size, seq_len)
-    warm = WarmFake(Step(setup.model, batch, loss_fn=setup.loss_fn,
-                         optimizer=setup.optimizer, blocks=setup.blocks), batch, prepare=remove)
-    inner = warm.model.model if isinstance(warm.model, Autocast) else warm.model
-    with warnings.catch_warnings():
-        # TP's redistribution hooks inside a checkpointed block replay the same
-        # collectives in recompute (NOTE [ Order: tensor parallel, then checkpoint ])
-        warnings.simplefilter("ignore", RematWarning)
-        apply(inner, strategy)
-    modules = dict(inner.named_modules())
-    names = (set(blocks) & set(modules)) | _outside_units(inner, blocks)
-    block_set = set(blocks)
-    work: dict[str | None, int] = {}
-    named = list(inner.named_parameters(remove_duplicate=False))
-    grads: dict[str, int] = {}
-
-    def after_op(tracker: MemoryTracker) -> None:
-        if tracker.phase == "optimizer" and not grads:  # the step's gradients, all there
-            grads.update((n, _nbytes(p.grad)) for n, p in named)
-        if tracker.phase in ("backward", "recompute"):
-            now = tracker.current_breakdown
-            place = _place(tracker.current_unit, block_set)
-            work[place] = max(work.get(place, 0),
-                              now.get("backward", 0) + now.get("recompute", 0))
-
-    with warm.mode, warnings.catch_warnings():
-        warnings.simplefilter("ignore", RematWarning)  # recompute re-enters the units' hooks
-        clear_grads(warm.model)
-        tracker = tracked_step(warm._step(batch),
-                               [(n, modules[n]) for n in sorted(names, key=len)],
-                               after_op=after_op).tracker
-    if not grads:  # no optimizer: the gradients stay after the step
-        grads.update((n, _nbytes(p.grad)) for n, p in named)
-    spec = get_device(device)
-    recompute: dict[str | None, float] = {}
-    for op in tracker.ops:
-        if op.phase == "recompute":
-            place = _place(op.block, block_set)
-            recompute[place] = recompute.get(place, 0.0) + op_roofline_ms(op, spec)
-    state: dict[str, tuple[int, int]] = {}
-    opt_state = warm.optimizer.state if warm.optimizer is not None else {}
-    for n, p in named:
-        values = [v for v in opt_state.get(p, {}).values() if isinstance(v, torch.Tensor)]
-        state[n] = (sum(_nbytes(v) for v in values if v.dim() > 0),
-                    sum(_nbytes(v) for v in values if v.dim() == 0))
-    saved = tracker.block_saved_bytes
-    return _Record(saved=dict(saved), rest=tracker.activation_bytes - sum(saved.values()),
-                   work=work, recompute_ms=recompute,
-                   params={n: (_nbytes(p), grads.get(n, 0)) for n, p in named},
-                   state=state, peak=tracker.peak_bytes)
-
-
-def _expand(record: _Record, blocks: Sequence[str], depth: int) -> _Record:
-    """A record of the stack cut to ``depth`` blocks, as the full stack's: block ``i``
-    takes the cut stack's first, last or (all between) second block's figures."""
-    n = len(blocks)
-
-    def rep(i: int) -> int:
-        return 0 if i == 0 else depth - 1 if i == n - 1 else 1
-
-    def rename(name: str, i: int) -> str:
-        cut = blocks[rep(i)]
-        return blocks[i] + name[len(cut):]
-
-    def under(name: str | None, j: int) -> bool:
-        return name is not None and (name == blocks[j] or name.startswith(blocks[j] + "."))
-
-    def spread(values: dict[Any, Any]) -> dict[Any, Any]:
-        out = {k: v for k, v in values.items() if not any(under(k, j) for j in range(depth))}
-        for i in range(n):
-            j = rep(i)
-            out.update({rename(k, i): v for k, v in values.items() if under(k, j)})
-        return out
-
-    return _Record(saved=spread(record.saved), rest=record.rest, work=spread(record.work),
-                   recompute_ms=spread(record.recompute_ms), params=spread(record.params),
-                   state=spread(record.state), peak=record.peak)
-
-
-_CUT_DEPTH = 3  # first, a middle and the last block (NOTE [ Pipeline rank bytes ])
-
-
 def pipeline_rank_bytes(model: Any, *, seq_len: int, batch_size: int, stages: int,
                         microbatches: int, schedule: str = "1f1b", virtual_stages: int = 1,
                         tp: int = 1, sequence_parallel: bool = False, dp: int = 1,
@@ -471,11 +337,14 @@ def pipeline_rank_bytes(model: Any, *, seq_len: int, batch_size: int, stages: in
                         reshard_after_forward: bool = False) -> tuple[StageBytes, ...]:
     """Each pipeline rank's static, activation and peak bytes under a schedule.
 
-    One simulated step of the whole model on one device (fake tensors, nothing
-    allocated), split into chunks and replayed over the schedule's action lists
-    (NOTE [ Pipeline rank bytes ], NOTE [ Micro-batches in flight ]). Cheap (one step
-    whatever the degrees), but arithmetic on that step: collective and point-to-point
-    buffers are not in it, so keep a margin.
+    One simulated step of the whole model as one tensor-parallel rank runs it (fake
+    tensors and a fake process group, nothing allocated), split into chunks and
+    replayed over the schedule's action lists (NOTE [ Pipeline rank bytes ], NOTE
+    [ Micro-batches in flight ]). Cheap (one step whatever the degrees; a uniform
+    stack cut to three blocks), but the replay is arithmetic on that step:
+    collective and point-to-point buffers are not in it, so keep a margin. When
+    ``torch.distributed`` is already initialized here and ``tp > 1`` it runs in a
+    subprocess (the caller's group is left alone).
 
     Args:
         model: a preset name, a factory (called on the meta device) or a module.
@@ -485,7 +354,7 @@ def pipeline_rank_bytes(model: Any, *, seq_len: int, batch_size: int, stages: in
         microbatches: micro-batches per step ``m``.
         schedule: ``"gpipe"``, ``"1f1b"`` or ``"interleaved-1f1b"``. Default: ``"1f1b"``.
         virtual_stages: chunks per rank (interleaved only). Default: 1.
-        tp: tensor-parallel degree within each stage. Default: 1.
+        tp: tensor-parallel degree within each stage (``apply_tp``'s layout). Default: 1.
         sequence_parallel: with ``tp > 1``. Default: ``False``.
         dp: data-parallel (FSDP) degree over pipeline replicas. Default: 1.
         reshard_after_forward: with ``dp > 1`` and ``stages > 1``, FSDP's
@@ -504,6 +373,10 @@ def pipeline_rank_bytes(model: Any, *, seq_len: int, batch_size: int, stages: in
 
     Returns:
         One :class:`StageBytes` per pipeline rank.
+
+    Raises:
+        RematError: with ``tp > 1``, as :func:`tp_rank_bytes` (a head count ``tp`` does
+            not divide, a step that fails under the layout).
 
     Example:
         >>> ranks = pipeline_rank_bytes("llama-7b", seq_len=4096, batch_size=1, stages=4,
@@ -524,27 +397,6 @@ def pipeline_rank_bytes(model: Any, *, seq_len: int, batch_size: int, stages: in
               "reshard_after_forward": reshard_after_forward}
     out: tuple[StageBytes, ...] = run_isolated(_rank_bytes, kwargs, tp=tp, api=API)
     return out
-
-
-@contextmanager
-def _cut_stack(model: nn.Module, depth: int) -> Iterator[None]:
-    """``model``'s uniform stack of blocks cut to its first ``depth`` (NOTE [ Pipeline
-    rank bytes ]) for the context, when it has one longer than ``depth``."""
-    from remat.simulate._fast import _stack
-
-    # _stack reads a Setup's model and blocks only
-    stack = _stack(cast(Any, SimpleNamespace(model=model, blocks=None)))
-    if stack is None or len(stack[2]) <= depth:
-        yield
-        return
-    owner, attr, modules = stack
-    whole = getattr(owner, attr)
-    setattr(owner, attr, type(whole)(*modules[:depth]) if isinstance(whole, nn.Sequential)
-            else nn.ModuleList(modules[:depth]))
-    try:
-        yield
-    finally:
-        setattr(owner, attr, whole)
 
 
 def _rank_bytes(model: Any, *, seq_len: int, batch_size: int, stages: int,
@@ -569,7 +421,7 @@ def _rank_bytes(model: Any, *, seq_len: int, batch_size: int, stages: int,
 
     def prepare(inner: nn.Module) -> AbstractContextManager[None]:
         blocks.extend(n for n, _ in named_blocks(inner, None, api=API))
-        return _cut_stack(inner, _CUT_DEPTH) if cut else nullcontext()
+        return cut_stack(inner, CUT_DEPTH) if cut else nullcontext()
 
     with rank_model(model, seq_len=seq_len, tp=tp, sequence_parallel=sequence_parallel,
                     dtype=dtype, api=API, prepare=prepare) as (inner, all_dtensor):
@@ -582,14 +434,14 @@ def _rank_bytes(model: Any, *, seq_len: int, batch_size: int, stages: int,
                 optimizer, trainable, foreach=all_dtensor))
         depth = len(named_blocks(inner, None, api=API))
         try:
-            record = _record(setup, strategy, batch_size, seq_len, blocks[:depth], device)
+            record = record_step(setup, strategy, batch_size, seq_len, blocks[:depth], device)
         except RuntimeError as error:
             if tp == 1:
                 raise
             raise step_failed(error, inner, tp=tp, sequence_parallel=sequence_parallel,
                               api=API) from error
     if depth < len(blocks):
-        record = _expand(record, blocks, depth)
+        record = expand_record(record, blocks, depth)
     n_chunks = stages * virtual_stages
     ranges = chunk_blocks(len(blocks), n_chunks)
     chunk_of = _unit_chunk(inner, blocks, ranges)
