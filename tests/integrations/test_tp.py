@@ -24,6 +24,7 @@ from torch.multiprocessing.spawn import spawn
 from remat.errors import RematError
 from remat.integrations.tp import apply_tp, tp_plan
 from remat.models import build_model, make_batch
+from remat.simulate.pipeline import pipeline_rank_bytes
 from remat.simulate.tensor_parallel import rank_param_bytes, tp_rank_bytes, tp_roles
 
 TP = 2
@@ -390,12 +391,16 @@ def test_simulation_leaves_an_initialized_process_group_alone(tmp_path: Path) ->
     # group survives, and the figures are those of a process without one.
     want = tp_rank_bytes("llama-tiny", seq_len=16, batch_size=2, tp=2, strategy="full",
                          dtype="fp32", optimizer="sgd")
+    pipeline = {"seq_len": 16, "batch_size": 2, "stages": 2, "microbatches": 2, "tp": 2,
+                "sequence_parallel": True, "dtype": "fp32", "optimizer": "sgd"}
+    want_ranks = pipeline_rank_bytes("llama-tiny", **pipeline)
     store = dist.FileStore(str(tmp_path / "store"), 1)  # type: ignore[attr-defined]
     dist.init_process_group("gloo", store=store, rank=0, world_size=1)
     try:
         group = dist.group.WORLD
         got = tp_rank_bytes("llama-tiny", seq_len=16, batch_size=2, tp=2, strategy="full",
                             dtype="fp32", optimizer="sgd")
+        got_ranks = pipeline_rank_bytes("llama-tiny", **pipeline)  # the same subprocess way
         assert dist.is_initialized() and dist.group.WORLD is group
         assert dist.get_backend() == "gloo" and dist.get_world_size() == 1
         with pytest.raises(RematError, match="cannot be sent to the subprocess"):
@@ -403,6 +408,7 @@ def test_simulation_leaves_an_initialized_process_group_alone(tmp_path: Path) ->
     finally:
         dist.destroy_process_group()
     assert got == want
+    assert got_ranks == want_ranks
 
 
 if __name__ == "__main__":  # the docs table: python -m tests.integrations.test_tp

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from remat.measure import MemoryTracker, OpRecord, run_step
@@ -161,3 +162,21 @@ def test_phase_peaks_hold_the_step_peak_and_the_optimizers_moment(strategy: str,
     opt = phases["optimizer"].breakdown
     assert opt["optimizer_state"] == prof.optimizer_bytes > 0
     assert opt["gradients"] == prof.grad_bytes
+
+
+def test_an_op_on_dtensors_is_priced_by_its_shards() -> None:
+    # a column-parallel linear of 2 ranks: rank 0's matmul is (4, 8) @ (8, 3), its
+    # output 4 x 3 fp32, though the tracker meets the op with the global (8, 6) weight
+    from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
+
+    from remat.simulate.tp_step import fake_mesh
+
+    with fake_mesh(2) as mesh:
+        linear = parallelize_module(nn.Linear(8, 6, bias=False), mesh, ColwiseParallel())
+        tracker = MemoryTracker()
+        with tracker:
+            linear(torch.ones(4, 8))
+    (mm,) = [op for op in tracker.ops if op.name in ("aten.mm", "aten.t", "aten.addmm")
+             and op.flops]
+    assert mm.flops == 2 * 4 * 8 * 3
+    assert mm.write_bytes == 4 * 3 * 4

@@ -7,12 +7,15 @@ import types
 from typing import Any
 
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from torch import nn
 from typer.testing import CliRunner
 
 from remat.cli import app
 from remat.models import build_model
+from remat.models.llama import rotary_cos_sin
 from remat.simulate._pipeline_fsdp import FsdpChunk, fsdp_rank_bytes, plain_rank_bytes
 from remat.simulate.pipeline import (
     Action,
@@ -202,7 +205,7 @@ def test_cli_pipeline_table_and_errors() -> None:
 
 
 @pytest.mark.parametrize(("strategy", "layout"), [
-    ("full", {"stages": 3, "microbatches": 6, "tp": 2}),
+    ("full", {"stages": 3, "microbatches": 6, "tp": 2, "sequence_parallel": True}),
     ("ops", {"stages": 2, "microbatches": 4, "schedule": "interleaved-1f1b",
              "virtual_stages": 2, "dp": 2})])
 def test_cut_stack_gives_the_whole_stacks_bytes(strategy: str, layout: dict[str, Any]) -> None:
@@ -213,3 +216,57 @@ def test_cut_stack_gives_the_whole_stacks_bytes(strategy: str, layout: dict[str,
     whole = pipeline_rank_bytes(seven, seq_len=16, batch_size=2, strategy=strategy,
                                 exact=True, **layout)
     assert cut == whole
+
+
+@pytest.mark.parametrize("sp", [False, True])
+def test_one_stage_is_the_tp_rank_step(sp: bool) -> None:
+    # pp = 1, one micro-batch: the rank runs tp_rank_bytes's step, byte for byte
+    one = tp_rank_bytes(_tiny, seq_len=16, batch_size=2, tp=2, sequence_parallel=sp,
+                        strategy="full", dtype="fp32")
+    (rank,) = pipeline_rank_bytes(_tiny, seq_len=16, batch_size=2, stages=1, microbatches=1,
+                                  tp=2, sequence_parallel=sp, strategy="full", dtype="fp32")
+    assert (rank.param_bytes, rank.grad_bytes, rank.optimizer_bytes, rank.activation_bytes,
+            rank.peak_bytes) == (one.param_bytes, one.grad_bytes, one.optimizer_bytes,
+                                 one.activation_bytes, one.peak_bytes)
+    # --tp 2 --dp 2 without --pp: FSDP shards of the rank's own shards (even sizes here)
+    (fsdp,) = pipeline_rank_bytes(_tiny, seq_len=16, batch_size=2, stages=1, microbatches=1,
+                                  tp=2, sequence_parallel=sp, dp=2, strategy="full",
+                                  dtype="fp32")
+    assert (fsdp.param_bytes, fsdp.activation_bytes) == (one.param_bytes // 2,
+                                                         one.activation_bytes)
+
+
+class _FirstStage(nn.Module):
+    """Stage 0 of 2 of llama-tiny (4 blocks) as its own model: the embedding and blocks 0
+    and 1, Llama's forward up to there; the loss squares the stage output, so that the
+    output is saved as the next stage's first norm saves it in the whole model."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        model = _tiny()
+        self.config = model.config
+        self.tok_emb, self.drop = model.tok_emb, model.drop
+        self.blocks = nn.ModuleList(model.blocks[:2])
+
+    def forward(self, input_ids: torch.Tensor, labels: Any = None) -> torch.Tensor:
+        x = self.drop(self.tok_emb(input_ids))  # (B, T, C)
+        cos, sin = rotary_cos_sin(input_ids.size(1), self.config.head_dim,
+                                  self.config.rope_theta, device=x.device, dtype=x.dtype)
+        for block in self.blocks:
+            x = block(x, cos, sin)  # (B, T, C), sequence-sharded under SP
+        return x.pow(2).mean()
+
+
+@pytest.mark.parametrize("sp", [False, True])
+def test_stage_is_the_tp_rank_step_of_the_stage_alone(sp: bool) -> None:
+    alone = tp_rank_bytes(_FirstStage, seq_len=16, batch_size=2, tp=2, sequence_parallel=sp,
+                          dtype="fp32")
+    ranks = pipeline_rank_bytes(_tiny, seq_len=16, batch_size=2, stages=2, microbatches=2,
+                                tp=2, sequence_parallel=sp, dtype="fp32")
+    assert ranks[0].param_bytes == alone.param_bytes
+    # The stage alone computes its RoPE tables (cos, sin: 2 x T x head_dim fp32) and its
+    # loss (one fp32 scalar); the whole model's step computes the tables once, outside
+    # every block, and counts them with the loss on the last stage.
+    config = _tiny().config
+    own = 2 * 16 * config.head_dim * 4 + 4
+    assert ranks[0].activation_bytes + own == alone.activation_bytes

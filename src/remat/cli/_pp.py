@@ -5,7 +5,8 @@ parallelism ] in remat/simulate/_pipeline_fsdp.py; ``--reshard-after-forward`` p
 FSDP's ``reshard_after_forward``).
 
 Each strategy's rows are :func:`remat.simulate.pipeline.pipeline_rank_bytes`: one simulated
-step split into pipeline chunks and replayed over the schedule (NOTE [ Pipeline rank bytes ]).
+step (with ``--tp``, tensor-parallel rank 0's, under a fake process group) split into
+pipeline chunks and replayed over the schedule (NOTE [ Pipeline rank bytes ]).
 The plan per stage is, for each pipeline rank, the strategy with the least recompute among
 those whose peak fits the device: each stage its own budget, the same card.
 """

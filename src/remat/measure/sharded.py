@@ -10,7 +10,10 @@ NOTE [ Sharded models in the tracker ]
        bytes on the rank are those of its ``_local_tensor``;
        :func:`~remat.measure.ledger.storage_of` counts that one (so parameters,
        gradients and optimizer state count their local shards, padding included:
-       FSDP2 pads dim 0 to a multiple of the world size).
+       FSDP2 pads dim 0 to a multiple of the world size). A dispatch mode meets an op
+       on DTensors before DTensor runs it on the shards, with the global shapes; the
+       tracker prices it (FLOPs, bytes moved) from the local tensors, as the rank
+       runs it.
     2. The unsharded parameters are views into per-parameter all-gather outputs
        that FSDP2 allocates once and then frees and re-allocates by resizing
        their storage (``tensor.untyped_storage().resize_(0)`` after forward and

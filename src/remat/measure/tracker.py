@@ -90,6 +90,7 @@ from torch import Tensor, nn
 from torch._prims_common import is_non_overlapping_and_dense_or_false
 from torch._subclasses.fake_tensor import DynamicOutputShapeException
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_map_only
 from torch.utils.hooks import RemovableHandle
 
 from remat.blocks import Sublayer
@@ -109,6 +110,8 @@ from remat.measure.ledger import (
 from remat.measure.outside import watch_rng_states
 from remat.measure.scratch import scratch_bytes
 from remat.measure.sharded import (
+    is_dtensor,
+    local_tensor,
     unsharded_param_tensors,
     watch_collectives,
     watch_storage_resizes,
@@ -499,6 +502,11 @@ class MemoryTracker(TorchDispatchMode):
     def _record(self, func: Any, args: Any, kwargs: Any, out: Any, inputs: list[Tensor],
                 outputs: list[Tensor], phase: str, alloc: int, aliases_only: bool) -> None:
         stored = [t for t in outputs if storage_of(t) is not None]
+        if any(type(t) is not Tensor and is_dtensor(t) for t in (*inputs, *outputs)):
+            # an op on DTensors runs on their shards: FLOPs and traffic of this rank's
+            # (NOTE [ Sharded models in the tracker ], 1.)
+            args, kwargs, out = tree_map_only(Tensor, local_tensor, (args, kwargs, out))
+            inputs, stored = [local_tensor(t) for t in inputs], [local_tensor(t) for t in stored]
         read, write, dtype_bytes = op_traffic(func, inputs, stored, aliases_only=aliases_only)
         flops = op_flops(func.overloadpacket, args, kwargs, out)
         self._raw_ops.append((_op_info(func)[2], phase, flops, read, write,

@@ -26,22 +26,30 @@ NOTE [ Micro-batches in flight ]
     activations, plus one backward's working set.
 
 NOTE [ Pipeline rank bytes ]
-    :func:`pipeline_rank_bytes` simulates one step of the whole model on one device
-    (fake tensors; one tensor-parallel rank's share when ``tp > 1``, NOTE [
-    Tensor-parallel bytes per rank ]) with every block and TP role module as an
-    attribution unit, and assigns each unit to its chunk: blocks by index; modules
-    outside the blocks to the first chunk when they come before the first block in
-    the model's module order (the embedding), to the last chunk otherwise (final norm,
-    head). Per chunk and micro-batch: the saved activations (what no unit holds, such as
-    the loss's, goes to the last chunk); its parameters, gradients and optimizer state
-    (the optimizer's state of each of its parameters, the per-element part split as
-    the parameter is under tensor parallelism; a tied
-    embedding and head count on both ends, as a pipeline holds both copies); and its
-    backward working set: the most bytes the step's backward and recompute held at
-    once while that chunk's units ran (the logits' gradient on the last chunk). A rank's
-    peak is the most, over its action list, of its static bytes plus every held
-    chunk-micro-batch's saved bytes, plus, at a ``B``, that chunk's working set. With
-    ``dp > 1`` (FSDP over pipeline replicas) the replay is NOTE [ FSDP under pipeline
+    :func:`pipeline_rank_bytes` simulates one step of the whole model as one rank runs
+    it (fake tensors): with ``tp > 1`` the step of tensor-parallel rank 0, the model
+    parallelized as ``apply_tp`` does on a fake process group (``rank_model`` in
+    tp_step.py, NOTE [ One tensor-parallel rank, simulated ]), so every byte below is
+    the rank's own, DTensor's redistributions included. Every block and the largest
+    modules outside the blocks (embedding, final norm, head, however nested) are
+    attribution units, and each unit goes to its chunk: blocks by index; modules
+    outside the blocks to the first chunk when they come before the first block in the
+    model's module order (the embedding), to the last chunk otherwise (final norm,
+    head). Per chunk and micro-batch: the saved activations (what no unit holds goes to
+    the last chunk: the loss's, and tables the model's forward computes once outside
+    every block, such as RoPE's, which each real stage computes for itself); its
+    parameters, gradients and optimizer state as the rank's step holds them (each
+    parameter's local shard, its gradient, the optimizer's state of it; a tied
+    embedding and head count on both ends, as a pipeline holds both copies, once when
+    both ends are one chunk); its backward working set: the most bytes the step's
+    backward and recompute held at once while that chunk's units ran (the logits'
+    gradient on the last chunk); and the roofline time of its recompute, priced from
+    the rank's own ops (an op on DTensors by its shards). A rank's peak is the most,
+    over its action list, of its static bytes plus every held chunk-micro-batch's
+    saved bytes, plus, at a ``B``, that chunk's working set; one chunk and one
+    micro-batch without FSDP is the simulated step itself, whose peak it takes (so
+    ``stages=1`` with one micro-batch gives :func:`tp_rank_bytes`'s figures: tested).
+    With ``dp > 1`` (FSDP over pipeline replicas) the replay is NOTE [ FSDP under pipeline
     parallelism ] in _pipeline_fsdp.py: shards, plus the chunks' parameters unsharded
     from their first forward and gradients unsharded from their first backward, as
     ``torch.distributed.pipelining`` runs FSDP. Without a pipeline (``stages=1``) FSDP
@@ -50,29 +58,30 @@ NOTE [ Pipeline rank bytes ]
     gradients).
     A uniform stack of more than three blocks (one list of blocks of one shape, as the
     fast simulation rows require: NOTE [ Fast rows ] in _fast.py) is simulated cut to
-    three blocks, and every block between the first and the last takes the middle one's
-    figures (strategies that treat blocks alike only; ``every:N`` and ``sqrt`` run the
-    whole stack). ``tests/simulate/test_pipeline.py`` checks the cut against the whole
-    stack byte for byte.
+    three blocks, before it is parallelized (TP's layout of a block does not depend on
+    the blocks around it), and every block between the first and the last takes the
+    middle one's figures (strategies that treat blocks alike only; ``every:N`` and
+    ``sqrt`` run the whole stack). ``tests/simulate/test_pipeline.py`` checks the cut
+    against the whole stack byte for byte, with TP and SP too.
     Not modelled: point-to-point buffers, the stage inputs a rank receives and keeps
     for its backward besides the first block's saved input, collective buffers.
 """
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-import torch
 from torch import nn
 
-from remat.errors import RematWarning, message
+from remat.errors import message
 from remat.simulate._pipeline_fsdp import FsdpChunk, fsdp_rank_bytes, plain_rank_bytes
+from remat.simulate._pipeline_record import CUT_DEPTH, cut_stack, expand_record, record_step
 
 if TYPE_CHECKING:
-    from remat.measure.tracker import MemoryTracker
+    pass
 
 Schedule = Literal["gpipe", "1f1b", "interleaved-1f1b"]
 SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", "interleaved-1f1b")
@@ -319,123 +328,6 @@ def _unit_chunk(model: nn.Module, blocks: Sequence[str],
     return find
 
 
-def _state_by_parameter(model: nn.Module, optimizer: Any) -> dict[int, tuple[int, int]]:
-    """Per trainable parameter of ``model`` (by id): the optimizer's per-element state
-    bytes and its scalar state bytes (step counters), from the warmed-up fake copy's
-    optimizer, whose parameters are the model's trainable ones in the same order."""
-    if optimizer is None:
-        return {}
-    ours = [p for p in dict.fromkeys(model.parameters()) if p.requires_grad]
-    theirs = [p for group in optimizer.param_groups for p in group["params"]]
-    out: dict[int, tuple[int, int]] = {}
-    for mine, fake in zip(ours, theirs, strict=False):
-        values = [v for v in optimizer.state.get(fake, {}).values()
-                  if isinstance(v, torch.Tensor)]
-        out[id(mine)] = (sum(v.numel() * v.element_size() for v in values if v.dim() > 0),
-                         sum(v.numel() * v.element_size() for v in values if v.dim() == 0))
-    return out
-
-
-@dataclass
-class _Record:
-    """What one simulated step gives per place (a block's name, or a module outside the
-    blocks): saved bytes per attribution unit, the backward working set and recompute
-    time per place, each trainable parameter's optimizer state by name."""
-
-    saved: dict[str, int]
-    rest: int
-    work: dict[str | None, int]
-    recompute_ms: dict[str | None, float]
-    state: dict[str, tuple[int, int]]
-
-
-def _place(unit: str | None, blocks: set[str]) -> str | None:
-    name = unit
-    while name:
-        if name in blocks:
-            return name
-        name = name.rpartition(".")[0]
-    return unit
-
-
-def _record(setup: Any, strategy: str, batch_size: int, seq_len: int, roles: dict[str, Any],
-            blocks: Sequence[str], device: str) -> _Record:
-    """One simulated step of ``setup`` with every block and role module attributed."""
-    from remat.devices import get_device
-    from remat.measure.profile import WarmFake
-    from remat.measure.roofline import op_roofline_ms
-    from remat.measure.step import Step, clear_grads
-    from remat.measure.tracked_step import tracked_step
-    from remat.simulate._setup import Autocast
-    from remat.strategies import apply, remove
-
-    batch = setup.batch_fn(batch_size, seq_len)
-    warm = WarmFake(Step(setup.model, batch, loss_fn=setup.loss_fn,
-                         optimizer=setup.optimizer, blocks=setup.blocks), batch, prepare=remove)
-    inner = warm.model.model if isinstance(warm.model, Autocast) else warm.model
-    apply(inner, strategy)
-    modules = dict(inner.named_modules())
-    names = (set(roles) | set(blocks)) & set(modules)
-    names |= {n for n, _ in inner.named_children() if n not in names
-              and not any(b.startswith(n + ".") for b in blocks)}
-    block_set = set(blocks)
-    work: dict[str | None, int] = {}
-
-    def after_op(tracker: MemoryTracker) -> None:
-        if tracker.phase in ("backward", "recompute"):
-            now = tracker.current_breakdown
-            place = _place(tracker.current_unit, block_set)
-            work[place] = max(work.get(place, 0),
-                              now.get("backward", 0) + now.get("recompute", 0))
-
-    with warm.mode, warnings.catch_warnings():
-        warnings.simplefilter("ignore", RematWarning)  # recompute re-enters the units' hooks
-        clear_grads(warm.model)
-        tracker = tracked_step(warm._step(batch),
-                               [(n, modules[n]) for n in sorted(names, key=len)],
-                               after_op=after_op).tracker
-    spec = get_device(device)
-    recompute: dict[str | None, float] = {}
-    for op in tracker.ops:
-        if op.phase == "recompute":
-            place = _place(op.block, block_set)
-            recompute[place] = recompute.get(place, 0.0) + op_roofline_ms(op, spec)
-    by_id = _state_by_parameter(setup.inner, warm.optimizer)
-    state = {n: by_id[id(p)] for n, p in setup.inner.named_parameters() if id(p) in by_id}
-    saved = tracker.block_saved_bytes
-    return _Record(saved=dict(saved), rest=tracker.activation_bytes - sum(saved.values()),
-                   work=work, recompute_ms=recompute, state=state)
-
-
-def _expand(record: _Record, blocks: Sequence[str], depth: int) -> _Record:
-    """A record of the stack cut to ``depth`` blocks, as the full stack's: block ``i``
-    takes the cut stack's first, last or (all between) second block's figures."""
-    n = len(blocks)
-
-    def rep(i: int) -> int:
-        return 0 if i == 0 else depth - 1 if i == n - 1 else 1
-
-    def rename(name: str, i: int) -> str:
-        cut = blocks[rep(i)]
-        return blocks[i] + name[len(cut):]
-
-    def under(name: str | None, j: int) -> bool:
-        return name is not None and (name == blocks[j] or name.startswith(blocks[j] + "."))
-
-    def spread(values: dict[Any, Any]) -> dict[Any, Any]:
-        out = {k: v for k, v in values.items() if not any(under(k, j) for j in range(depth))}
-        for i in range(n):
-            j = rep(i)
-            out.update({rename(k, i): v for k, v in values.items() if under(k, j)})
-        return out
-
-    return _Record(saved=spread(record.saved), rest=record.rest, work=spread(record.work),
-                   recompute_ms=spread(record.recompute_ms), state=spread(record.state))
-
-
-_CUT_DEPTH = 3  # first, a middle and the last block (NOTE [ Pipeline rank bytes ])
-
-
 def pipeline_rank_bytes(model: Any, *, seq_len: int, batch_size: int, stages: int,
                         microbatches: int, schedule: str = "1f1b", virtual_stages: int = 1,
                         tp: int = 1, sequence_parallel: bool = False, dp: int = 1,
@@ -445,11 +337,14 @@ def pipeline_rank_bytes(model: Any, *, seq_len: int, batch_size: int, stages: in
                         reshard_after_forward: bool = False) -> tuple[StageBytes, ...]:
     """Each pipeline rank's static, activation and peak bytes under a schedule.
 
-    One simulated step of the whole model on one device (fake tensors, nothing
-    allocated), split into chunks and replayed over the schedule's action lists
-    (NOTE [ Pipeline rank bytes ], NOTE [ Micro-batches in flight ]). Cheap (one step
-    whatever the degrees), but arithmetic on that step: collective and point-to-point
-    buffers are not in it, so keep a margin.
+    One simulated step of the whole model as one tensor-parallel rank runs it (fake
+    tensors and a fake process group, nothing allocated), split into chunks and
+    replayed over the schedule's action lists (NOTE [ Pipeline rank bytes ], NOTE
+    [ Micro-batches in flight ]). Cheap (one step whatever the degrees; a uniform
+    stack cut to three blocks), but the replay is arithmetic on that step:
+    collective and point-to-point buffers are not in it, so keep a margin. When
+    ``torch.distributed`` is already initialized here and ``tp > 1`` it runs in a
+    subprocess (the caller's group is left alone).
 
     Args:
         model: a preset name, a factory (called on the meta device) or a module.
@@ -459,7 +354,7 @@ def pipeline_rank_bytes(model: Any, *, seq_len: int, batch_size: int, stages: in
         microbatches: micro-batches per step ``m``.
         schedule: ``"gpipe"``, ``"1f1b"`` or ``"interleaved-1f1b"``. Default: ``"1f1b"``.
         virtual_stages: chunks per rank (interleaved only). Default: 1.
-        tp: tensor-parallel degree within each stage. Default: 1.
+        tp: tensor-parallel degree within each stage (``apply_tp``'s layout). Default: 1.
         sequence_parallel: with ``tp > 1``. Default: ``False``.
         dp: data-parallel (FSDP) degree over pipeline replicas. Default: 1.
         reshard_after_forward: with ``dp > 1`` and ``stages > 1``, FSDP's
@@ -479,81 +374,107 @@ def pipeline_rank_bytes(model: Any, *, seq_len: int, batch_size: int, stages: in
     Returns:
         One :class:`StageBytes` per pipeline rank.
 
+    Raises:
+        RematError: with ``tp > 1``, as :func:`tp_rank_bytes` (a head count ``tp`` does
+            not divide, a step that fails under the layout).
+
     Example:
         >>> ranks = pipeline_rank_bytes("llama-7b", seq_len=4096, batch_size=1, stages=4,
         ...                             microbatches=8, strategy="full")  # doctest: +SKIP
         >>> [r.held_microbatches for r in ranks]  # doctest: +SKIP
         [4, 3, 2, 1]
     """
-    from remat.blocks import named_blocks
-    from remat.devices import get_device
-    from remat.simulate._fast import _cut, _stack
-    from remat.simulate._setup import build_model, check_ints, make_setup
-    from remat.simulate.precision import get_precision
-    from remat.simulate.tensor_parallel import (
-        _param_rank_bytes,
-        _shard,
-        split_activations,
-        tp_roles,
-    )
+    from remat.simulate._setup import check_ints
+    from remat.simulate.tp_step import run_isolated
 
     _check(API, schedule, stages, microbatches, virtual_stages)
     check_ints(API, "seq_len, batch_size, tp and dp", (seq_len, batch_size, tp, dp))
-    inner, _ = build_model(model, seq_len)
-    setup = make_setup(inner, precision=get_precision(dtype), optimizer=optimizer,
-                       device=get_device("h100-80gb"), world_size=1, sharding="none",
-                       blocks=None, loss_fn=None, batch_fn=None)
-    roles = tp_roles(inner, sequence_parallel=sequence_parallel) if tp > 1 else {}
-    blocks = [n for n, _ in named_blocks(inner, None, api=API)]
+    kwargs = {"model": model, "seq_len": seq_len, "batch_size": batch_size,
+              "stages": stages, "microbatches": microbatches, "schedule": schedule,
+              "virtual_stages": virtual_stages, "tp": tp,
+              "sequence_parallel": sequence_parallel, "dp": dp, "strategy": strategy,
+              "dtype": dtype, "optimizer": optimizer, "device": device, "exact": exact,
+              "reshard_after_forward": reshard_after_forward}
+    out: tuple[StageBytes, ...] = run_isolated(_rank_bytes, kwargs, tp=tp, api=API)
+    return out
+
+
+def _rank_bytes(model: Any, *, seq_len: int, batch_size: int, stages: int,
+                microbatches: int, schedule: str, virtual_stages: int, tp: int,
+                sequence_parallel: bool, dp: int, strategy: str, dtype: str,
+                optimizer: str, device: str, exact: bool,
+                reshard_after_forward: bool) -> tuple[StageBytes, ...]:
+    """:func:`pipeline_rank_bytes` in a process without a ``torch.distributed`` group."""
+    import dataclasses
+
+    from remat.blocks import named_blocks
+    from remat.devices import get_device
+    from remat.simulate._setup import make_setup
+    from remat.simulate.precision import get_precision, make_optimizer
+    from remat.simulate.tp_step import rank_model, step_failed
+
+    # one chunk, one micro-batch, no FSDP: the rank runs the simulated step itself
+    whole_step = stages == 1 and microbatches == 1 and dp == 1
+    kind = strategy.partition(":")[0]
+    cut = not (exact or whole_step or kind in ("every", "sqrt"))
+    blocks: list[str] = []
+
+    def prepare(inner: nn.Module) -> AbstractContextManager[None]:
+        blocks.extend(n for n, _ in named_blocks(inner, None, api=API))
+        return cut_stack(inner, CUT_DEPTH) if cut else nullcontext()
+
+    with rank_model(model, seq_len=seq_len, tp=tp, sequence_parallel=sequence_parallel,
+                    dtype=dtype, api=API, prepare=prepare) as (inner, all_dtensor):
+        setup = make_setup(inner, precision=get_precision(dtype), optimizer=optimizer,
+                           device=get_device("h100-80gb"), world_size=1, sharding="none",
+                           blocks=None, loss_fn=None, batch_fn=None)
+        if tp > 1:  # foreach kernels refuse lists mixing DTensors and plain tensors
+            trainable = [p for p in dict.fromkeys(inner.parameters()) if p.requires_grad]
+            setup = dataclasses.replace(setup, optimizer=make_optimizer(
+                optimizer, trainable, foreach=all_dtensor))
+        depth = len(named_blocks(inner, None, api=API))
+        try:
+            record = record_step(setup, strategy, batch_size, seq_len, blocks[:depth], device)
+        except RuntimeError as error:
+            if tp == 1:
+                raise
+            raise step_failed(error, inner, tp=tp, sequence_parallel=sequence_parallel,
+                              api=API) from error
+    if depth < len(blocks):
+        record = expand_record(record, blocks, depth)
     n_chunks = stages * virtual_stages
     ranges = chunk_blocks(len(blocks), n_chunks)
     chunk_of = _unit_chunk(inner, blocks, ranges)
     chunks = [_Chunk() for _ in range(n_chunks)]
-
-    kind = strategy.partition(":")[0]
-    stack = _stack(setup) if kind not in ("every", "sqrt") and not exact else None
-    if stack is not None and len(blocks) > _CUT_DEPTH:
-        with _cut(setup, stack, _CUT_DEPTH) as cut:
-            record = _expand(_record(cut, strategy, batch_size, seq_len, roles,
-                                     blocks[:_CUT_DEPTH], device), blocks, _CUT_DEPTH)
-    else:
-        record = _record(setup, strategy, batch_size, seq_len, roles, blocks, device)
-    by_chunk: list[dict[str, int]] = [{} for _ in range(n_chunks)]
     for unit, nbytes in record.saved.items():
-        by_chunk[chunk_of(unit)][unit] = nbytes
-    for c, part in enumerate(by_chunk):
-        total = sum(part.values()) + (record.rest if c == n_chunks - 1 else 0)
-        chunks[c].saved = split_activations(part, roles, blocks, {}, total_bytes=total, t=tp,
-                                            sequence_parallel=sequence_parallel)
-        work = max((v for k, v in record.work.items() if chunk_of(k) == c), default=0)
-        # TP shards the working set as it shards the chunk's saved bytes
-        chunks[c].work = _shard(work * chunks[c].saved, total) if total else work
-        chunks[c].recompute_ms = sum(v for k, v in record.recompute_ms.items()
-                                     if chunk_of(k) == c) / tp
+        chunks[chunk_of(unit)].saved += nbytes
+    chunks[-1].saved += record.rest  # what no unit holds (the loss's)
+    for c, chunk in enumerate(chunks):
+        chunk.work = max((v for k, v in record.work.items() if chunk_of(k) == c), default=0)
+        chunk.recompute_ms = sum(v for k, v in record.recompute_ms.items()
+                                 if chunk_of(k) == c)
 
-    sgd = optimizer.lower() == "sgd"
     block_index = {name: i for i, name in enumerate(blocks)}
+    counted: set[tuple[int, int]] = set()  # (chunk, parameter): tied ones once per chunk
     for name, module in inner.named_modules():
         c = chunk_of(name)
         for p_name, p in module.named_parameters(recurse=False):
-            rank_bytes = _param_rank_bytes(p, roles.get(name), p_name, tp)
-            chunks[c].params += rank_bytes
+            if (c, id(p)) in counted:
+                continue
+            counted.add((c, id(p)))
+            key = _join(name, p_name)
+            param_bytes, grad_bytes = record.params[key]
+            chunks[c].params += param_bytes
             if p.requires_grad:
-                grad_bytes = _param_rank_bytes(p, roles.get(name), p_name, tp, True)
+                moments, scalars = record.state.get(key, (0, 0))
                 chunks[c].grads += grad_bytes
-                # per-element state follows its parameter (SGD's momentum: its gradient)
-                moments, scalars = record.state.get(_join(name, p_name), (0, 0))
-                like = grad_bytes if sgd else rank_bytes
-                chunks[c].state += scalars + _shard(moments * like,
-                                                    max(p.numel() * p.element_size(), 1))
+                chunks[c].state += moments + scalars
                 chunks[c].scalars += scalars
         if name in block_index:
-            own = [(roles.get(_join(name, sub)), p_name, p) for sub, m in module.named_modules()
-                   for p_name, p in m.named_parameters(recurse=False)]
-            block_bytes = sum(_param_rank_bytes(p, role, p_name, tp) for role, p_name, p in own)
-            chunks[c].blocks.append((block_bytes, sum(
-                _param_rank_bytes(p, role, p_name, tp, True)
-                for role, p_name, p in own if p.requires_grad)))
+            own = [(_join(name, n), p.requires_grad)
+                   for n, p in module.named_parameters(remove_duplicate=False)]
+            chunks[c].blocks.append((sum(record.params[k][0] for k, _ in own),
+                                     sum(record.params[k][1] for k, grad in own if grad)))
 
     actions = schedule_actions(schedule, stages=stages, microbatches=microbatches,
                                virtual_stages=virtual_stages)
@@ -568,11 +489,12 @@ def pipeline_rank_bytes(model: Any, *, seq_len: int, batch_size: int, stages: in
                                    reshard_after_forward=reshard_after_forward)
         else:
             fsdp = plain_rank_bytes(rank_actions, figures, dp=dp)
+        peak = record.peak if whole_step else fsdp.peak_bytes
         out.append(StageBytes(
             rank=rank, blocks=tuple(i for c in mine for i in ranges[c]),
             held_microbatches=counts[rank], param_bytes=fsdp.param_bytes,
             grad_bytes=fsdp.grad_bytes, optimizer_bytes=fsdp.optimizer_bytes,
-            activation_bytes=sum(chunks[c].saved for c in mine), peak_bytes=fsdp.peak_bytes,
+            activation_bytes=sum(chunks[c].saved for c in mine), peak_bytes=peak,
             recompute_ms=sum(chunks[c].recompute_ms for c in mine),
             gathered_param_bytes=fsdp.gathered_param_bytes))
     return tuple(out)

@@ -1,37 +1,26 @@
 """Per-rank bytes under tensor (and sequence) parallelism.
 
 :func:`tp_rank_bytes` simulates one rank's step under a fake process group (NOTE [ One
-tensor-parallel rank, simulated ] in tp_step.py). Which module TP splits how (its *role*)
-comes from :mod:`remat.simulate.tp_roles` (re-exported here). The arithmetic split below
-(NOTE [ Tensor-parallel bytes per rank ]) remains for estimates that start from a
-one-device step's saved bytes per module (pipeline parallelism's per-chunk figures).
+tensor-parallel rank, simulated ] in tp_step.py); the pipeline rows simulate each
+stage's rank the same way (NOTE [ Pipeline rank bytes ] in pipeline.py). Which module TP
+splits how (its *role*) comes from :mod:`remat.simulate.tp_roles` (re-exported here).
+:func:`rank_param_bytes` is the arithmetic of NOTE [ Tensor-parallel bytes per rank ],
+a check on the simulated shards.
 
 NOTE [ Tensor-parallel bytes per rank ]
-    An estimate of rank 0's bytes from one device's step (all bytes of one rank; rank
-    0 holds the largest shard when a dimension does not divide):
-
-    * Parameters, gradients, optimizer state: colwise linears keep ``ceil(out/t)``
-      rows of the weight (and bias), rowwise linears ``ceil(in/t)`` columns (the bias
-      whole), the vocabulary-sharded embedding ``ceil(V/t)`` rows; norms and anything
-      TP leaves alone stay whole. Gradients and optimizer state follow their parameter.
-    * Activations (what is saved for backward), by the role of the innermost module
-      that created each saved byte: between the column- and row-parallel linears
-      ``/ t`` (each rank holds ``n_head / t`` heads and ``d_ff / t`` columns); the
-      residual stream (block-level ops, a checkpointed block's saved input, the
-      rowwise outputs, the norms, the embedding's output) whole without sequence
-      parallelism, ``/ t`` with it, except each norm's output, which the colwise
-      linears save all-gathered (whole); the rest (the head's gathered logits, RoPE
-      tables, the loss) whole. This is Korthikanti et al. 2022's split (TP:
-      ``sbh(10 + 24/t + 5as/(ht))``, TP+SP: ``sbh/t (34 + 5as/h)``) applied to what
-      remat counts for the actual layer; PyTorch's SP saves the gathered input that
-      Megatron re-gathers in backward (``2 sbh`` per layer at 16 bits more).
-    The split leaves out what DTensor allocates on a rank (redistribution copies,
-    the embedding's input mask); :func:`tp_rank_bytes` simulates the rank instead.
+    Rank 0's parameter bytes from the unparallelized model (rank 0 holds the largest
+    shard when a dimension does not divide): colwise linears keep ``ceil(out/t)`` rows
+    of the weight (and bias), rowwise linears ``ceil(in/t)`` columns (the bias whole),
+    the vocabulary-sharded embedding ``ceil(V/t)`` rows; norms and anything TP leaves
+    alone stay whole. Gradients follow their parameter, except the embedding's, which
+    DTensor's embedding backward returns replicated (whole). Activations are not split
+    arithmetically: what a rank saves depends on DTensor's redistributions (a
+    row-parallel linear's local matmul output is the whole ``s x h`` partial sum, the
+    colwise linears save their all-gathered inputs under SP), so they are simulated.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -97,7 +86,8 @@ def rank_param_bytes(model: nn.Module, roles: dict[str, Role], t: int, *,
 
 @dataclass(frozen=True)
 class TPRankBytes:
-    """One tensor-parallel rank's bytes for a step (NOTE [ Tensor-parallel bytes per rank ]).
+    """One tensor-parallel rank's bytes for a step (NOTE [ One tensor-parallel rank,
+    simulated ] in tp_step.py).
 
     Args:
         tp: tensor-parallel degree ``t``.
@@ -130,46 +120,6 @@ class TPRankBytes:
     def to_dict(self) -> dict[str, Any]:
         """The fields as a JSON-ready dict."""
         return asdict(self)
-
-
-def _divisor(role: Role | None, sequence_parallel: bool, t: int) -> int:
-    if role in ("colwise", "gather"):
-        return t
-    if role in ("rowwise", "norm", "embedding", "scatter", None):  # block-level: residual
-        return t if sequence_parallel else 1
-    return 1  # head (logits gathered), replicated sub-layers
-
-
-def split_activations(saved_by_unit: dict[str, int], roles: dict[str, Role],
-                      block_names: Iterable[str], norm_out_bytes: dict[str, int], *,
-                      total_bytes: int, t: int, sequence_parallel: bool) -> int:
-    """Per-rank activation bytes from one device's saved bytes per attribution unit.
-
-    Args:
-        saved_by_unit: saved bytes per innermost module (blocks and the role modules).
-        roles: from :func:`tp_roles`.
-        block_names: the blocks (their own bytes are the residual stream's).
-        norm_out_bytes: each norm's output bytes (whole under SP: the gathered input).
-        total_bytes: the one-device activation bytes (what no unit holds is whole).
-        t: tensor-parallel degree.
-        sequence_parallel: as in :func:`tp_roles`.
-
-    Returns:
-        Bytes, rounded up per unit.
-    """
-    blocks = set(block_names)
-    rank = 0
-    for unit, nbytes in saved_by_unit.items():
-        role = roles.get(unit)
-        if role is None and unit not in blocks:
-            rank += nbytes  # a module no role covers: whole
-            continue
-        if sequence_parallel and role == "norm":
-            out = min(norm_out_bytes.get(unit, 0), nbytes)
-            rank += out + _shard(nbytes - out, t)
-            continue
-        rank += _shard(nbytes, _divisor(role, sequence_parallel, t))
-    return rank + total_bytes - sum(saved_by_unit.values())
 
 
 def tp_rank_bytes(model: Any, *, seq_len: int, batch_size: int, tp: int,

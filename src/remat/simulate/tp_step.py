@@ -45,8 +45,8 @@ import pickle
 import subprocess
 import sys
 import warnings
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager, nullcontext
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -101,43 +101,72 @@ def fake_mesh(tp: int) -> Iterator[Any]:
         dist.destroy_process_group()
 
 
+@contextmanager
+def rank_model(model: Any, *, seq_len: int, tp: int, sequence_parallel: bool,
+               dtype: str, api: str = API,
+               prepare: Callable[[nn.Module], AbstractContextManager[Any]] | None = None,
+               ) -> Iterator[tuple[nn.Module, bool]]:
+    """Rank 0's model of ``tp`` (steps 1. and 2. of NOTE [ One tensor-parallel rank,
+    simulated ]): a meta copy in the precision's parameter dtype, in train mode,
+    parallelized as ``apply_tp`` does on a fake mesh that lives as long as the context
+    (``tp == 1``: the copy, no process group). Yields the model and whether every
+    trainable parameter is a DTensor (``foreach`` optimizers refuse mixed lists).
+    ``prepare(copy)``, a context entered before the conversion, may change the copy
+    for the context (the pipeline rows cut its stack: only what is left is converted
+    and parallelized). The caller checks that no process group exists
+    (:func:`run_isolated`)."""
+    from remat.measure.sharded import is_dtensor
+    from remat.simulate._setup import build_model
+    from remat.simulate.precision import get_precision
+    from remat.simulate.tp_layout import parallelize
+
+    inner = meta_copy(model) if isinstance(model, nn.Module) else build_model(model, seq_len)[0]
+    with prepare(inner) if prepare is not None else nullcontext(), \
+            fake_mesh(tp) if tp > 1 else nullcontext() as mesh:
+        inner.to(get_precision(dtype).param_dtype)
+        inner.train()
+        if mesh is not None:
+            parallelize(inner, mesh, sequence_parallel=sequence_parallel, api=api)
+        trainable = [p for p in dict.fromkeys(inner.parameters()) if p.requires_grad]
+        yield inner, all(is_dtensor(p) for p in trainable)
+
+
+def step_failed(error: RuntimeError, model: nn.Module, *, tp: int, sequence_parallel: bool,
+                api: str = API) -> RematError:
+    """The error for a tensor-parallel step that fails on a rank (its warm-up raised)."""
+    return RematError(message(
+        api, f"the tensor-parallel step of {type(model).__name__} fails on a rank",
+        {"tp": tp, "sequence parallel": sequence_parallel,
+         "error": str(error).strip().splitlines()[-1][:200],
+         "why": "the model's forward does not run under apply_tp's layout (Hugging "
+                "Face Llama with sequence parallelism builds its rotary tables from "
+                "the sequence-sharded residual stream; gloo ranks fail alike)"},
+        fix="drop sequence_parallel, or parallelize the model with your own plan"))
+
+
 def _steps_in_process(model: Any, *, seq_len: int, points: Sequence[tuple[Any, int]],
                       tp: int, sequence_parallel: bool, dtype: str,
                       optimizer: str) -> list[RankStep]:
     from remat.measure.profile import WarmFake
-    from remat.measure.sharded import is_dtensor
     from remat.measure.step import Step, clear_grads
     from remat.measure.tracked_step import tracked_step
-    from remat.simulate._setup import Autocast, build_model, default_batch
+    from remat.simulate._setup import Autocast, default_batch
     from remat.simulate.precision import get_precision, make_optimizer
-    from remat.simulate.tp_layout import parallelize
     from remat.strategies import apply, remove
 
     precision = get_precision(dtype)
-    inner = meta_copy(model) if isinstance(model, nn.Module) else build_model(model, seq_len)[0]
-    inner.to(precision.param_dtype)
-    inner.train()
     out: list[RankStep] = []
-    with fake_mesh(tp) if tp > 1 else nullcontext() as mesh:
-        if mesh is not None:
-            parallelize(inner, mesh, sequence_parallel=sequence_parallel, api=API)
+    with rank_model(model, seq_len=seq_len, tp=tp, sequence_parallel=sequence_parallel,
+                    dtype=dtype) as (inner, foreach):
         trainable = [p for p in dict.fromkeys(inner.parameters()) if p.requires_grad]
-        opt = make_optimizer(optimizer, trainable,
-                             foreach=all(is_dtensor(p) for p in trainable))
+        opt = make_optimizer(optimizer, trainable, foreach=foreach)
         wrapped = precision.autocast_dtype is not None
         run_model = Autocast(inner, precision.autocast_dtype) if wrapped else inner  # type: ignore[arg-type]
         first = default_batch(inner, points[0][1], seq_len)
         try:
             warm = WarmFake(Step(run_model, first, optimizer=opt), first, prepare=remove)
         except RuntimeError as error:
-            raise RematError(message(
-                API, f"the tensor-parallel step of {type(inner).__name__} fails on a rank",
-                {"tp": tp, "sequence parallel": sequence_parallel,
-                 "error": str(error).strip().splitlines()[-1][:200],
-                 "why": "the model's forward does not run under apply_tp's layout (Hugging "
-                        "Face Llama with sequence parallelism builds its rotary tables from "
-                        "the sequence-sharded residual stream; gloo ranks fail alike)"},
-                fix="drop sequence_parallel, or parallelize the model with your own plan")) \
+            raise step_failed(error, inner, tp=tp, sequence_parallel=sequence_parallel) \
                 from error
         fake_inner: nn.Module = warm.model.model if wrapped else warm.model  # type: ignore[assignment]
         for strategy, batch_size in points:  # one warm-up for all (see WarmFake)
@@ -159,14 +188,14 @@ def _steps_in_process(model: Any, *, seq_len: int, points: Sequence[tuple[Any, i
     return out
 
 
-def _steps_in_subprocess(kwargs: dict[str, Any]) -> list[RankStep]:
-    """:func:`simulate_ranks` in a fresh interpreter (NOTE [ One tensor-parallel rank,
-    simulated ], process-group state)."""
+def _in_subprocess(target: Callable[..., Any], kwargs: dict[str, Any], api: str) -> Any:
+    """``target(**kwargs)`` in a fresh interpreter (NOTE [ One tensor-parallel rank,
+    simulated ], process-group state); ``target`` is a module-level function."""
     try:
-        payload = pickle.dumps(kwargs)
+        payload = pickle.dumps((target, kwargs))
     except (pickle.PicklingError, AttributeError, TypeError) as error:
         raise RematError(message(
-            API, "torch.distributed is initialized here, and the model cannot be sent to "
+            api, "torch.distributed is initialized here, and the model cannot be sent to "
             "the subprocess that simulates the rank", {"pickling": str(error)},
             fix="pass a preset name, a module-level factory or an nn.Module, or call before "
                 "init_process_group")) from error
@@ -180,16 +209,24 @@ def _steps_in_subprocess(kwargs: dict[str, Any]) -> list[RankStep]:
                           capture_output=True, check=False, env=env)
     if done.returncode != 0:
         raise RematError(message(
-            API, "the subprocess simulating the tensor-parallel rank failed",
+            api, "the subprocess simulating the tensor-parallel rank failed",
             {"exit code": done.returncode,
              "its error": done.stderr.decode(errors="replace").strip().splitlines()[-1:]},
-            fix="call tp_rank_bytes before init_process_group to see the full error"))
-    result = pickle.loads(done.stdout)
-    if not isinstance(result, list):
-        raise RematError(message(API, "the subprocess returned no result",
-                                 {"returned": type(result).__name__},
-                                 fix="call tp_rank_bytes before init_process_group"))
-    return result
+            fix=f"call {api.rpartition('.')[2]} before init_process_group to see the full "
+                "error"))
+    return pickle.loads(done.stdout)
+
+
+def run_isolated(target: Callable[..., Any], kwargs: dict[str, Any], *, tp: int,
+                 api: str = API) -> Any:
+    """``target(**kwargs)``, in a subprocess when ``tp > 1`` and this process already has
+    a ``torch.distributed`` group (NOTE [ One tensor-parallel rank, simulated ],
+    process-group state): :func:`fake_mesh` needs a process without one."""
+    import torch.distributed as dist
+
+    if tp > 1 and dist.is_available() and dist.is_initialized():
+        return _in_subprocess(target, kwargs, api)
+    return target(**kwargs)
 
 
 def simulate_ranks(model: Any, *, seq_len: int, points: Sequence[tuple[Any, int]], tp: int,
@@ -219,21 +256,16 @@ def simulate_ranks(model: Any, *, seq_len: int, points: Sequence[tuple[Any, int]
         ...     sequence_parallel=True, dtype="fp32", optimizer="sgd")]  # doctest: +SKIP
         [251136]
     """
-    import torch.distributed as dist
-
     if not points:
         raise ValueError(message(API, "no (strategy, batch_size) point to simulate",
                                  fix="pass at least one point"))
     kwargs = {"model": model, "seq_len": seq_len, "points": list(points), "tp": tp,
               "sequence_parallel": sequence_parallel, "dtype": dtype, "optimizer": optimizer}
-    if tp > 1 and dist.is_available() and dist.is_initialized():
-        return _steps_in_subprocess(kwargs)
-    return _steps_in_process(**kwargs)
+    out: list[RankStep] = run_isolated(_steps_in_process, kwargs, tp=tp)
+    return out
 
 
-if __name__ == "__main__":  # the subprocess of _steps_in_subprocess
-    from remat.simulate import tp_step  # RankStep pickled by its module's name
-
+if __name__ == "__main__":  # the subprocess of _in_subprocess
     warnings.simplefilter("ignore")
-    arguments = pickle.loads(sys.stdin.buffer.read())
-    sys.stdout.buffer.write(pickle.dumps(tp_step._steps_in_process(**arguments)))
+    function, arguments = pickle.loads(sys.stdin.buffer.read())  # by module name
+    sys.stdout.buffer.write(pickle.dumps(function(**arguments)))
