@@ -216,10 +216,13 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def wide(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
-    """Each of 8 ranks' measured bytes at TP degrees 8 and 4 (``_bytes_worker``)."""
-    tmp = tmp_path_factory.mktemp("tp8")
-    _spawn(_bytes_worker, 8, tmp, 8)
-    return [json.loads((tmp / f"results.json.{r}").read_text()) for r in range(8)]
+    """Each of 4 ranks' measured bytes at TP degree 4 (``_bytes_worker``). The suite
+    spawns at most 4 ranks (8 processes on the test machine's 2 cores take longer than
+    the rest of this module); ``python -m tests.integrations.test_tp`` measures 8 too
+    and prints the docs' table."""
+    tmp = tmp_path_factory.mktemp("tp4")
+    _spawn(_bytes_worker, 4, tmp, 4)
+    return [json.loads((tmp / f"results.json.{r}").read_text()) for r in range(4)]
 
 
 @pytest.mark.parametrize("case", [c[0] for c in PARITY] + ["opt:sp=False", "opt:sp=True"])
@@ -235,13 +238,12 @@ def test_measured_rank_bytes_match_the_simulation(results: dict[str, Any], sp: b
 
 
 @pytest.mark.parametrize("sp", [False, True])
-@pytest.mark.parametrize("t", sorted(WIDE))
-def test_measured_rank_bytes_match_the_simulation_at_t4_and_t8(
-        wide: list[dict[str, Any]], t: int, sp: bool) -> None:
+def test_measured_rank_bytes_match_the_simulation_at_t4(
+        wide: list[dict[str, Any]], sp: bool) -> None:
     # Every rank holds the same shards and runs the same ops: each is checked on its own
     # against the simulation of rank 0.
-    for measured in (r[f"t={t}:sp={sp}"] for r in wide):
-        _check_rank_bytes(measured, t, sp, WIDE[t])
+    for measured in (r[f"t=4:sp={sp}"] for r in wide):
+        _check_rank_bytes(measured, 4, sp, WIDE[4])
 
 
 def test_t1_is_the_single_device_profile() -> None:
