@@ -19,8 +19,10 @@ venv: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/remat compare --plot out/compare.png
 
+# --dist loadscope: a module's tests run on one worker, so its module-scoped fixtures (the
+# gloo spawns, warm fake copies) are built once, not once per worker.
 test: $(STAMP)
-	$(BIN)/python -m pytest -n 2 -p no:cacheprovider tests
+	$(BIN)/python -m pytest -n 2 --dist loadscope -p no:cacheprovider tests
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks examples scripts
