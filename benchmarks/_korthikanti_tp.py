@@ -192,7 +192,8 @@ def replace_paper(term: Term, *, sp: bool) -> Term:
 
 def closed_form_bytes(recompute: str, *, seq_len: int, batch_size: int, hidden_size: int,
                       n_heads: int) -> int:
-    """``remat estimate``'s closed form for the row at t = 1 (16-bit; it has no ``t``)."""
+    """``remat estimate``'s closed form for the row (16-bit; it has no ``t``: the t = 1
+    table's and the t = 1 rows of the per-rank table)."""
     shape = {"seq_len": seq_len, "batch_size": batch_size, "hidden_size": hidden_size}
     if recompute == "full":
         return full_checkpoint_bytes(**shape)

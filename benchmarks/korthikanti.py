@@ -28,14 +28,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _korthikanti_tp import SHAPE as TP_SHAPE  # noqa: E402
-from _korthikanti_tp import terms_table, tp_table  # noqa: E402
+from _korthikanti_tp import closed_form_bytes, terms_table, tp_table  # noqa: E402
 from _results import RESULTS, replace_section, run_header  # noqa: E402
 
 from remat.core.results import SavedStorage  # noqa: E402
 from remat.simulate.formulas import (  # noqa: E402
-    full_checkpoint_bytes,
-    korthikanti_bytes,
-    korthikanti_flash_bytes,
     korthikanti_table2_bytes,
 )
 
@@ -211,17 +208,6 @@ def itemized_table(strategy: str, recompute: str) -> str:
     remat, paper = sum(s.nbytes for s in storages), sum(terms.values())
     lines.append(f"| **total** | | | | **{remat}** | | **{paper}** | **{remat - paper:+d}** |")
     return "\n".join(lines)
-
-
-def closed_form_bytes(recompute: str, *, seq_len: int, batch_size: int, hidden_size: int,
-                      n_heads: int) -> int:
-    """``remat estimate``'s closed form for the row (16-bit)."""
-    shape = {"seq_len": seq_len, "batch_size": batch_size, "hidden_size": hidden_size}
-    if recompute == "full":
-        return full_checkpoint_bytes(**shape)
-    if recompute == "selective":
-        return korthikanti_flash_bytes(**shape)
-    return korthikanti_bytes(**shape, n_heads=n_heads)
 
 
 def t1_table() -> str:

@@ -30,15 +30,6 @@ FIGURES = ("peak_bytes", "single_device_peak_bytes", "activation_bytes", "flops"
            "recompute_flops", "peak_phase")
 
 
-def _value(text: str) -> Any:
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            pass
-    return text
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="llama-7b", help="a built-in preset")
@@ -55,10 +46,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     model: Any = args.model
     if args.hf is not None:
+        from remat.cli.options import overrides
         from remat.simulate.hf import hf_model_from_name
 
-        overrides = {k: _value(v) for k, _, v in (s.partition("=") for s in args.set)}
-        model = functools.partial(hf_model_from_name, args.hf, **overrides)
+        model = functools.partial(hf_model_from_name, args.hf, **overrides(args.set))
     kwargs: dict[str, Any] = dict(
         seq_len=args.seq, batch_sizes=[int(b) for b in args.batch.split(",")],
         strategies=args.strategies.split(","), dtype=args.dtype, device=args.device,
