@@ -189,8 +189,8 @@ def simulate_command(
     strategies: SimStrategiesOpt = None,
     tp: Annotated[int, typer.Option(
         "--tp", min=1, metavar="T",
-        help="Tensor-parallel degree: one rank's bytes per strategy (llama-style blocks; "
-             "collective buffers not counted).",
+        help="Tensor-parallel degree: one rank's bytes per strategy, from rank 0's own step "
+             "under a fake process group (llama- and OPT-style blocks).",
     )] = 1,
     sp: Annotated[bool, typer.Option(
         "--sp", help="With --tp: sequence parallelism (norms and the residual stream "

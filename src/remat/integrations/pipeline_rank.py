@@ -81,7 +81,7 @@ from remat.measure.tracked_step import held_gc
 from remat.measure.tracker import MemoryTracker
 from remat.measure.windows import FakeSetup, quiet
 from remat.planning.plans import Plan
-from remat.simulate.pipeline import Action, schedule_actions
+from remat.simulate.pipeline import Action, chunk_holds, schedule_actions
 from remat.strategies import apply_decisions, preserved_strategy
 
 __all__ = ["ChunkBytes", "RankPlan", "held_by_chunk", "plan_rank", "rank_peak_bytes"]
@@ -179,18 +179,8 @@ def held_by_chunk(schedule: str, *, rank: int, stages: int, microbatches: int,
                                  "rank must be in 0 .. stages - 1",
                                  {"rank": rank, "stages": stages},
                                  fix="pass the pipeline rank whose actions to count"))
-    actions = schedule_actions(schedule, stages=stages, microbatches=microbatches,
-                               virtual_stages=virtual_stages)[rank]
-    held = {rank + v * stages: 0 for v in range(virtual_stages)}
-    out: list[tuple[Action, Mapping[int, int]]] = []
-    for action in actions:
-        if action.kind == "F":
-            out.append((action, dict(held)))
-            held[action.chunk] += 1
-        else:
-            out.append((action, dict(held)))
-            held[action.chunk] -= 1
-    return tuple(out)
+    return chunk_holds(schedule_actions(schedule, stages=stages, microbatches=microbatches,
+                                        virtual_stages=virtual_stages)[rank])
 
 
 def rank_peak_bytes(moments: Sequence[tuple[Action, Mapping[int, int]]],

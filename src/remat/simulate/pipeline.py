@@ -191,6 +191,23 @@ def schedule_actions(schedule: str, *, stages: int, microbatches: int,
     return tuple(ranks)
 
 
+def chunk_holds(actions: Sequence[Action]) -> tuple[tuple[Action, dict[int, int]], ...]:
+    """Per action of one rank's list (in order), the micro-batches each of its chunks holds
+    while the action runs: at an ``F`` those before it, at a ``B`` its own included (a
+    chunk's ``F`` of a micro-batch holds it until that micro-batch's ``B``).
+
+    Example:
+        >>> [h for _, h in chunk_holds(schedule_actions("1f1b", stages=2, microbatches=2)[0])]
+        [{0: 0}, {0: 1}, {0: 2}, {0: 1}]
+    """
+    held = dict.fromkeys(sorted({a.chunk for a in actions}), 0)
+    out: list[tuple[Action, dict[int, int]]] = []
+    for action in actions:
+        out.append((action, dict(held)))
+        held[action.chunk] += 1 if action.kind == "F" else -1
+    return tuple(out)
+
+
 def held_microbatches(schedule: str, *, stages: int, microbatches: int,
                       virtual_stages: int = 1) -> tuple[int, ...]:
     """Per pipeline rank, the most chunk-micro-batches forwarded and not yet backwarded.
@@ -211,15 +228,11 @@ def held_microbatches(schedule: str, *, stages: int, microbatches: int,
         >>> held_microbatches("1f1b", stages=4, microbatches=8)
         (4, 3, 2, 1)
     """
-    out = []
-    for actions in schedule_actions(schedule, stages=stages, microbatches=microbatches,
-                                    virtual_stages=virtual_stages):
-        held = most = 0
-        for action in actions:
-            held += 1 if action.kind == "F" else -1
-            most = max(most, held)
-        out.append(most)
-    return tuple(out)
+    return tuple(max(sum(held.values()) + (action.kind == "F")
+                     for action, held in chunk_holds(actions))
+                 for actions in schedule_actions(schedule, stages=stages,
+                                                 microbatches=microbatches,
+                                                 virtual_stages=virtual_stages))
 
 
 def chunk_blocks(n_blocks: int, chunks: int) -> tuple[range, ...]:
