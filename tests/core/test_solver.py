@@ -198,3 +198,35 @@ def test_a_window_without_the_prefix_form_falls_back_to_the_integer_program() ->
             found += 1
             assert choice_cost_ps(odd, choice) == choice_cost_ps(odd, exact)
     assert found
+
+
+def test_the_integer_program_is_bounded_by_work_and_says_when_it_stops(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """NOTE [ Work, not time ]: no wall-clock limit; a solve cut at the node limit still
+    returns a choice that fits, and warns."""
+    import inspect
+
+    from remat.core import solver as solver_module
+    from remat.errors import RematWarning
+
+    assert "time_limit" not in inspect.getsource(solver_module._run)
+    # a multiple-choice knapsack whose costs track its bytes: HiGHS must branch
+    rng = random.Random(1)
+    tables = []
+    for _ in range(40):
+        table = [Cand("none", 1000, 1000, 1000, 0.0)]
+        for k in range(4):
+            saved = rng.randint(100, 900)
+            table.append(Cand(f"c{k}", saved, 1000, 1000,
+                              (1000 - saved + rng.randint(0, 50)) * 0.001))
+        tables.append(tuple(table))
+    pm = PeakModel((Window("pre", 0, 0), Window("gap", 0, 40)), tuple(tables),
+                   tuple(f"b.{i}" for i in range(40)), 0)
+    budget = pm.predict([0] * 40) // 2
+    full = solve(pm, budget, exact=True)
+    assert full is not None
+    monkeypatch.setattr(solver_module, "_NODE_LIMIT", 2)
+    with pytest.warns(RematWarning, match="work limit"):
+        cut = solve(pm, budget, exact=True)
+    assert cut is not None and pm.predict(cut) <= budget
+    assert choice_cost_ps(pm, cut) >= choice_cost_ps(pm, full)

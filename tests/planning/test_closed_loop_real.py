@@ -30,12 +30,12 @@ def test_real_measurement_equals_the_fake_copy_and_warms_up_once(
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         ctx = prepare(model, batch)
-        assert ctx.setup is not None and ctx.setup.fake_step_s > 0
+        assert ctx.setup is not None and ctx.setup.step_ops > 0
         budget = int(0.85 * ctx.no_checkpoint_peak_bytes)
         step = Step(model, batch)
         plan = close_loop(step, ctx, budget, simulate=False)
-        assert ctx.setup.real_step_s is not None  # the warm-up ran first, timed
-        assert calls and all(calls)  # every allocator step reused the warm-up
+        assert planning_loop._real_is_cheaper(ctx)  # a tiny model: by its work
+        assert calls and all(calls)  # every allocator step reused the first step
         key = tuple(sorted(plan.decisions.items()))
         measured = ctx.setup.profiles.pop(key)  # real or fake: measure again on the copy
         assert measured is not None

@@ -23,6 +23,15 @@ NOTE [ Byte units ]
     at most 2**24 (exact in floating point, and 1 byte for test-sized models); the
     exact integer check after solving catches any rounding.
 
+NOTE [ Work, not time ]
+    The integer program is bounded by work (``_NODE_LIMIT`` branch-and-bound nodes of
+    HiGHS, whose MIP search is deterministic), never by a wall-clock limit: a time limit
+    makes the plan depend on how busy the machine is (the best plan found so far when the
+    clock ran out). A solve that reaches the node limit before proving its answer optimal
+    still returns the best choice it found (the closed loop checks that it fits, as any
+    other), and warns that a cheaper plan may exist. The dynamic program is exact and
+    bounded by ``_MAX_FRONT`` states per block, so no solve reads the clock.
+
 SciPy is imported inside the functions that run HiGHS, so importing this module
 (as ``remat.jax`` does) loads NumPy only.
 """
@@ -31,13 +40,14 @@ from __future__ import annotations
 
 import contextlib
 import math
+import warnings
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from remat.core.peak import PeakModel
-from remat.errors import RematError, message
+from remat.errors import RematError, RematWarning, message
 from remat.native import silenced
 
 if TYPE_CHECKING:
@@ -47,7 +57,8 @@ if TYPE_CHECKING:
 _PS_PER_MS = 10**9
 _MAX_RESOLVES = 4
 _MAX_COEFFICIENT = 2.0**24  # See NOTE [ Byte units ].
-_TIME_LIMIT_S = 10.0  # then the best plan found so far (it still must fit: closed loop)
+#: Branch-and-bound nodes HiGHS may explore: NOTE [ Work, not time ].
+_NODE_LIMIT = 20_000
 
 
 def _cost_ps(ms: float) -> int:
@@ -113,13 +124,21 @@ def _run(c: np.ndarray, constraints: list[LinearConstraint], integrality: np.nda
 
     with silenced(1):  # HiGHS prints debug lines from C++ on large problems
         result = milp(c, constraints=constraints, integrality=integrality, bounds=bounds,
-                      options={"mip_rel_gap": 0.0, "disp": False, "time_limit": _TIME_LIMIT_S})
-    if result.status in (0, 1) and result.x is not None:  # 1: time limit, best found so far
+                      options={"mip_rel_gap": 0.0, "disp": False, "node_limit": _NODE_LIMIT})
+    if result.status == 0:
         return np.asarray(result.x)
     if result.status == 2:  # infeasible
         return None
+    if result.x is not None:  # NOTE [ Work, not time ]: stopped at the node limit
+        warnings.warn(message(
+            "remat.plan", "the solver reached its work limit before proving the plan optimal",
+            {"limit": f"{_NODE_LIMIT} branch-and-bound nodes",
+             "so": "the plan fits (the closed loop measured it) but a cheaper one may exist"},
+            fix="plan fewer distinct blocks at once (blocks=...), or report the model"),
+            RematWarning, stacklevel=2)
+        return np.asarray(result.x)
     raise RematError(message("remat.plan", "the solver stopped without an answer",
-                             {"solver": result.message},
+                             {"solver": result.message, "limit": f"{_NODE_LIMIT} nodes"},
                              fix="please report this with the model and budget"))
 
 

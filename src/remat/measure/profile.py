@@ -27,6 +27,28 @@ NOTE [ What a profile runs ]
     Everything the steps change is restored afterwards (see :func:`profile`).
     With ``simulate=True`` steps 1-2 run on fake copies under FakeTensorMode
     and 3-4 are skipped.
+
+NOTE [ The first step ]
+    The first training step after ``remat.apply`` is not a steady step, and it is the
+    one a job runs out of memory on. What it holds that later steps do not:
+
+    * selective regions learn on their first call (NOTE [ Skipping only where it pays ]
+      in strategies/sac.py): the dead-op ledger and the RNG replay of kept random ops
+      (one 5056-byte CPU RNG state per kept random op, NOTE [ Kept random ops and the
+      RNG ] in strategies/sac_rng.py) run in the first forward and are dropped where
+      they saved nothing, so under ``ops`` the first step peaks higher than the
+      second on every Hugging Face decoder tried (benchmarks/RESULTS.md, "The first
+      step");
+    * caches a model builds on its first forward (rotary tables, masks), allocated
+      inside the first step and alive after it;
+    * the optimizer state, created inside the first ``optimizer.step()`` (torch's
+      optimizers create it lazily), while later steps start with it.
+
+    The warm-up step every measurement runs first (NOTE [ What a profile runs ]) hides
+    all of it. So wherever a plan's fit is checked on the allocator, the check runs the
+    first step itself, on the model with the choice freshly applied and the optimizer as
+    the user passed it, and then a steady step; the choice's allocator peak is the higher
+    of the two (:func:`first_step_peak`, ``planning/loop.py``).
 """
 
 from __future__ import annotations
@@ -53,9 +75,10 @@ from remat.measure.fake import (
 )
 from remat.measure.ledger import categorized
 from remat.measure.state import preserved_state
-from remat.measure.step import LossFn, Step, check_runnable, clear_grads
+from remat.measure.step import LossFn, Step, batch_tensors, check_runnable, clear_grads
 from remat.measure.timing import time_blocks, time_step
 from remat.measure.tracked_step import Tracked, check_trainable, tracked_step
+from remat.measure.tracker import MemoryTracker
 
 _API = "remat.profile"
 
@@ -116,8 +139,9 @@ def allocator_step_peak(step: Step, start_bytes: int) -> int:
     allocator peak includes ] in allocator.py: CUDA's ``max_memory_allocated``, the CPU
     allocator's events under the profiler), plus ``start_bytes``, the bytes alive before
     the step that the tracker counts (parameters, buffers, optimizer state, batch). The
-    caller has run a warm-up step (optimizer state exists) and restores the model after.
-    Automatic garbage collection is held, as in the tracked step.
+    step runs as the model is now: after a warm-up step it is a steady step, right after
+    ``remat.apply`` it is the first step (:func:`first_step_peak`); the caller restores
+    the model after. Automatic garbage collection is held, as in the tracked step.
 
     Args:
         step: the step to run once, untracked.
@@ -136,6 +160,35 @@ def allocator_step_peak(step: Step, start_bytes: int) -> int:
             gc.enable()
     clear_grads(step.model)
     return int(peak + start_bytes)
+
+
+def start_bytes(step: Step) -> int:
+    """Bytes alive on the step's device before it runs, as the tracker counts them:
+    parameters, buffers, the optimizer state that exists now and the batch (each storage
+    once; gradients are cleared before a step).
+
+    Example:
+        >>> start_bytes(Step(torch.nn.Linear(4, 4), torch.randn(2, 4)))
+        112
+    """
+    tracker = MemoryTracker(device=step.device, record_ops=False)
+    return tracker.register_step(step.model, step.optimizer, batch_tensors(step.batch))
+
+
+def first_step_peak(step: Step) -> int:
+    """The allocator's peak of the step run now as the first step after ``remat.apply``,
+    plus the bytes alive before it (NOTE [ The first step ]).
+
+    Call it on a model whose regions were just installed, with the optimizer as the
+    user's job has it (no state before its first ``step()``: the state is created inside
+    the measured step); the caller restores the model after.
+
+    Example:
+        >>> remat.apply(model, plan)
+        >>> first_step_peak(Step(model, batch, optimizer=opt)) <= plan.budget_bytes
+        True
+    """
+    return allocator_step_peak(step, start_bytes(step))
 
 
 # ---- public entry points -----------------------------------------------------------------

@@ -516,6 +516,12 @@ class MemoryTracker(TorchDispatchMode):
     # ---- results -----------------------------------------------------------------------
 
     @property
+    def samples(self) -> int:
+        """Samples taken so far: one per op counted, and one per storage counted outside
+        an op (NOTE [ Memory timeline ]); a step's work in ops."""
+        return len(self._ledger.samples)
+
+    @property
     def current_bytes(self) -> int:
         """Bytes of tracked storages alive now (just after a deferred engine sum, while
         it is settled: NOTE [ Gradient accumulation in place ])."""

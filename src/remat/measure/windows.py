@@ -43,7 +43,6 @@ NOTE [ Peak moments ]
 
 from __future__ import annotations
 
-import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -81,11 +80,10 @@ class FakeSetup:
 
     ``profiles`` keeps the profiles of the steps measured on it, per set of decisions
     (``planning.loop.measure_on_copy``): a choice the closed loop measured is not
-    measured again. ``fake_step_s`` is the wall time of one tracked step of the copy
-    (the windows step; 0.0 until one ran) and ``real_step_s`` that of one untracked step
-    of the real model with a choice applied (None until one ran): the closed loop
-    measures a CPU model's choices where that is cheaper (NOTE [ Closed loop on the real
-    model ] in planning/loop.py).
+    measured again. ``step_ops`` is the number of ops of one step of the copy (the
+    windows step's; 0 until one ran): the closed loop measures a CPU model's choices on
+    the real model where that is cheaper by the work of a step (NOTE [ Closed loop on the
+    real model ] in planning/loop.py).
     """
 
     mode: FakeTensorMode
@@ -95,8 +93,7 @@ class FakeSetup:
     blocks: list[tuple[str, nn.Module]]
     device: torch.device
     profiles: dict[tuple[tuple[str, Any], ...], Profile | None] = field(default_factory=dict)
-    fake_step_s: float = 0.0
-    real_step_s: float | None = None
+    step_ops: int = 0
 
 
 class WindowRecorder:
@@ -199,8 +196,8 @@ def run_windows(setup: FakeSetup, *, loss_fn: LossFn | None,
     model needs only the bytes; ``record_ops=True`` also records every op (FLOPs and
     bytes moved, in ``StepWindows.ops``; otherwise empty), a tenth of the step's time.
     ``warm_up=False`` skips the warm-up, for a copy a previous call left warm (the
-    optimizer state does not depend on the batch). The tracked step's wall time goes to
-    ``setup.fake_step_s``.
+    optimizer state does not depend on the batch). The tracked step's op count goes to
+    ``setup.step_ops``.
     """
     model, batch, optimizer = setup.model, setup.batch, setup.optimizer
     with setup.mode:
@@ -221,10 +218,9 @@ def run_windows(setup: FakeSetup, *, loss_fn: LossFn | None,
 
         try:
             windows.open("pre")
-            started = time.perf_counter()
             with held_gc(), tracker:
                 run_step(model, batch, loss_fn=loss_fn, optimizer=optimizer, on_phase=on_phase)
-            setup.fake_step_s = time.perf_counter() - started
+            setup.step_ops = tracker.samples
         finally:
             for handle in handles:
                 handle.remove()

@@ -25,25 +25,27 @@ NOTE [ Fits on the allocator ]
     device's allocator says: ``Plan.allocator_peak_bytes <= Plan.budget_bytes``.
 
 NOTE [ Closed loop on the real model ]
-    The allocator's step needs a warm-up step of the real model with the choice applied
-    first (optimizer state, lazy caches). On CPU that warm-up is run *before* the
-    choice is measured (:func:`measure_on_cpu`), and timed: when a tracked real step
-    (about ``_TRACKED_COST`` untracked ones: the tracker's Python call per op) is cheaper
-    than the fake copy's tracked step (``FakeSetup.fake_step_s``, the windows step), the
-    choice is measured by a tracked real step right after the warm-up, as
-    :func:`remat.profile` measures it (warm-up, tracked step; the same bytes as the fake
-    copy's, NOTE [ Closed loop on the fake copy ]), else on the fake copy as before. The
-    model's state after the warm-up is restored before the allocator's step, which then
-    runs exactly as :func:`allocator_peak_of` runs it, without a second warm-up. For a
-    small model (a 32-layer, d=128 decoder) a real step costs a fifth of a fake one and
-    the closed loop's measuring halves; for a large one the fake copy stays the cheaper
-    and only the first choice pays an untracked real step that did not fit. Once a real
-    step was timed, choices not worth a real measurement skip the warm-up until they fit.
+    The allocator's check runs the first step after apply and then a steady step (NOTE
+    [ The first step ] in measure/profile.py), so the real model runs one step with the
+    choice applied before the allocator's steady step anyway. On CPU that first step
+    doubles as the warm-up of a tracked real step, which measures the choice as
+    :func:`remat.profile` measures it (the same bytes as the fake copy's, NOTE [ Closed
+    loop on the fake copy ]), when that is cheaper than a tracked step of the fake copy
+    (:func:`measure_on_cpu`). Which one is cheaper is decided from the work of the
+    step, never from the clock (the same plan on an idle and on a loaded machine): the
+    windows step's op count (``FakeSetup.step_ops``) prices a fake tracked step at
+    ``_FAKE_OP_S`` per op, and a real one costs ``_TRACKED_COST`` untracked steps of
+    ``_REAL_OP_S`` per op plus three times the blocks' forward FLOPs (forward, and
+    backward at twice the forward) at ``_CPU_FLOPS_PER_THREAD`` per thread (torch's
+    intra-op threads). The constants are medians measured on 1-thread CPU steps of
+    Hugging Face decoders (d 32 to 1024); they only decide speed, since both measure
+    the same bytes. For a small model (a 32-layer, d=128 decoder) a real step costs a
+    fifth of a fake one and the closed loop's measuring halves; for a large one the fake
+    copy stays the cheaper.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
@@ -56,7 +58,7 @@ from remat.core.results import Profile
 from remat.core.solver import min_peak_choice
 from remat.errors import BudgetTooSmall, message
 from remat.measure.profile import _build as _build_profile
-from remat.measure.profile import allocator_step_peak, profile_step
+from remat.measure.profile import allocator_step_peak, first_step_peak, profile_step
 from remat.measure.state import preserved_state
 from remat.measure.step import Step, clear_grads, model_device
 from remat.measure.timing import time_step
@@ -72,8 +74,13 @@ from remat.strategies.builtin import Full
 from remat.units import format_bytes
 
 _MAX_ROUNDS = 6
-#: A tracked real step's cost in untracked ones (NOTE [ Closed loop on the real model ]).
+#: A tracked real step's cost in untracked ones, the seconds per op of a tracked fake
+#: step and of an untracked real CPU step, and a CPU thread's FLOP rate (NOTE [ Closed
+#: loop on the real model ]).
 _TRACKED_COST = 1.5
+_FAKE_OP_S = 250e-6
+_REAL_OP_S = 15e-6
+_CPU_FLOPS_PER_THREAD = 40e9
 _KIND_NAMES: dict[str, str] = {
     Category.PARAMETERS: "parameters", Category.GRADIENTS: "gradients",
     Category.OPTIMIZER_STATE: "optimizer state", Category.BATCH: "batch",
@@ -100,24 +107,24 @@ def measure_decisions(step: Step, decisions: Mapping[str, BlockStrategy], *,
 
 
 def allocator_peak_of(step: Step, decisions: Mapping[str, BlockStrategy], prof: Profile,
-                      warm: bool = False) -> int:
+                      first_bytes: int | None = None) -> int:
     """The allocator's peak of a real step with ``decisions`` applied (NOTE [ Fits on
-    the allocator ]), with the bytes ``prof`` counts at the step's start added; the
-    model is restored. 0 where no allocator is read (a device other than CPU or CUDA).
-    ``warm=True``: the caller applied ``decisions``, ran the warm-up step and restores
-    the model (:func:`measure_on_cpu`); only the allocator's step runs.
+    the allocator ]), with the bytes ``prof`` counts at the step's start added: the higher
+    of the first step after apply and a steady step (NOTE [ The first step ] in
+    measure/profile.py); the model is restored. 0 where no allocator is read (a device
+    other than CPU or CUDA). ``first_bytes``: the caller applied ``decisions``, measured
+    the first step (that peak) and restores the model; only the steady step runs.
     """
     if step.device.type not in ("cpu", "cuda"):
         return 0
-    start_bytes = prof.param_bytes + prof.buffer_bytes + prof.optimizer_bytes + prof.batch_bytes
-    if warm:
-        return allocator_step_peak(step, start_bytes)
+    start = prof.param_bytes + prof.buffer_bytes + prof.optimizer_bytes + prof.batch_bytes
+    if first_bytes is not None:
+        return max(first_bytes, allocator_step_peak(step, start))
     model = step.model
     with preserved_strategy(model), quiet(), preserved_state(model, step.optimizer, step.device):
         apply_decisions(model, decisions, blocks=step.blocks)
-        clear_grads(model)
-        step.run()  # warm-up: optimizer state and lazy caches exist before the window
-        return allocator_step_peak(step, start_bytes)
+        first = first_step_peak(step)
+        return max(first, allocator_step_peak(step, start))
 
 
 def _tracked_real(step: Step) -> Profile:
@@ -133,24 +140,28 @@ def _tracked_real(step: Step) -> Profile:
 def real_first(step: Step, ctx: PlanContext, decisions: Mapping[str, BlockStrategy], *,
                simulate: bool) -> bool:
     """Whether :func:`measure_on_cpu` measures ``decisions`` (NOTE [ Closed loop on the real
-    model ]): a real CPU model with a fake copy, the choice not measured on it yet, and
-    no real step timed yet or one timed cheaper than a fake step."""
+    model ]): a real CPU model with a fake copy, the choice not measured on it yet, and a
+    tracked real step cheaper than a tracked fake one."""
     setup = ctx.setup
     if simulate or setup is None or model_device(step.model).type != "cpu" \
             or _key(decisions) in setup.profiles:
         return False
-    return setup.real_step_s is None or _real_is_cheaper(setup)
+    return _real_is_cheaper(ctx)
 
 
-def _real_is_cheaper(setup: FakeSetup) -> bool:
+def _real_is_cheaper(ctx: PlanContext) -> bool:
     # A model in a process group (TP, FSDP) runs collectives in its real steps, which
-    # every rank must run alike: a choice made from each rank's own timings could differ
-    # between ranks and leave one waiting in a collective forever. Its ranks measure on
-    # the fake copy.
-    if _in_process_group():
+    # every rank must run alike: its ranks measure on the fake copy.
+    setup = ctx.setup
+    if setup is None or _in_process_group():
         return False
-    real_s = setup.real_step_s
-    return real_s is not None and real_s * _TRACKED_COST < setup.fake_step_s
+    import torch
+
+    forward_flops = sum(max((c.recompute_flops for c in table), default=0)
+                        for table in ctx.peak_model.tables)
+    real_s = setup.step_ops * _REAL_OP_S + 3 * forward_flops / (
+        _CPU_FLOPS_PER_THREAD * max(1, torch.get_num_threads()))
+    return real_s * _TRACKED_COST < setup.step_ops * _FAKE_OP_S
 
 
 def _in_process_group() -> bool:
@@ -161,28 +172,24 @@ def _in_process_group() -> bool:
 
 def measure_on_cpu(step: Step, ctx: PlanContext, decisions: Mapping[str, BlockStrategy],
                    budget_bytes: int) -> tuple[Profile, int | None]:
-    """The profile of a step with ``decisions`` applied and, when its tracked peak fits
-    ``budget_bytes``, the allocator's peak (else None), from one warm-up of the real
-    model (NOTE [ Closed loop on the real model ]); the model is restored."""
+    """The profile of a step with ``decisions`` applied, from a tracked real step, and,
+    when its tracked peak fits ``budget_bytes``, the allocator's peak (else None): the
+    first step after apply, measured on the allocator, is the tracked step's warm-up
+    (NOTE [ Closed loop on the real model ]); the model is restored."""
     setup = ctx.setup
     assert setup is not None
     model = step.model
     with preserved_strategy(model), quiet(), \
             preserved_state(model, step.optimizer, step.device):
         apply_decisions(model, decisions, blocks=step.blocks)
-        clear_grads(model)
-        started = time.perf_counter()
-        step.run()  # warm-up: optimizer state and lazy caches exist before the window
-        setup.real_step_s = time.perf_counter() - started
-        prof = measure_on_copy(step, ctx, decisions) if not _real_is_cheaper(setup) else None
-        if prof is None:
-            with preserved_state(model, step.optimizer, step.device):
-                prof = _tracked_real(step)
-            setup.profiles[_key(decisions)] = prof
+        first = first_step_peak(step)  # the first step after apply, and the warm-up
+        with preserved_state(model, step.optimizer, step.device):
+            prof = _tracked_real(step)
+        setup.profiles[_key(decisions)] = prof
         allocated = None
         if prof.peak_bytes <= budget_bytes:
             report("closed loop, allocator step", 0, 1)
-            allocated = allocator_peak_of(step, decisions, prof, True)
+            allocated = allocator_peak_of(step, decisions, prof, first)
     return prof, allocated
 
 
