@@ -48,7 +48,8 @@ def _plan(model: torch.nn.Module, batch: torch.Tensor, optimizer: torch.optim.Op
           ) -> remat.Plan:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return remat.plan(model, batch, optimizer=optimizer, budget=4_150_000)  # half-way between full and none
+        # half-way between the peaks of full (3,852,440 B) and none (4,443,080 B)
+        return remat.plan(model, batch, optimizer=optimizer, budget=4_150_000)
 
 
 def test_a_slowed_clock_gives_the_same_plan(monkeypatch: pytest.MonkeyPatch) -> None:
