@@ -112,3 +112,25 @@ def test_the_loop_tightens_when_the_allocator_reads_over() -> None:
     assert tight.allocator_peak_bytes == tight.measured_peak_bytes + scratch
     assert tight.measured_peak_bytes < honest.measured_peak_bytes
     assert len(seen) >= 2 and seen[0] > budget  # the first fit on the tracker was over
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_plans_of_generated_models_fit_on_the_first_and_the_third_step(seed: int) -> None:
+    """Seeded random decoders (tests/generated_models.py), half-way between full and none."""
+    from generated_models import generated_model
+
+    drawn = generated_model(1000 + seed)
+    pristine, batch = drawn.model, drawn.batch
+    model = copy.deepcopy(pristine)
+    opt = _adamw(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        none_peak = profile(model, batch, optimizer=opt, timing=False).peak_bytes
+        remat.apply(model, "full")
+        full_peak = profile(model, batch, optimizer=opt, timing=False).peak_bytes
+        remat.remove(model)
+        budget = (full_peak + none_peak) // 2
+        plan = remat.plan(model, batch, optimizer=opt, budget=budget)
+        first, third = first_and_third_step(pristine, batch, plan)
+    assert first <= budget and third <= budget, (drawn.label, first, third, budget)
+    assert max(first, third) == plan.allocator_peak_bytes, drawn.label

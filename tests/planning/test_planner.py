@@ -142,7 +142,8 @@ def test_budget_too_small_names_the_smallest_peak_and_what_dominates(tiny: Prepa
     # (min_peak_bytes is the allocator's figure: NOTE [ Fits on the allocator ].)
     at_min = plan(tiny.model, tiny.batch, budget=err.min_peak_bytes, context=tiny.context)
     assert at_min.allocator_peak_bytes is not None and at_min.measured_peak_bytes is not None
-    assert max(at_min.measured_peak_bytes, at_min.allocator_peak_bytes) == err.min_peak_bytes
+    # (the lowest choices measured for the message; the loop may find one lower still)
+    assert max(at_min.measured_peak_bytes, at_min.allocator_peak_bytes) <= err.min_peak_bytes
 
 
 def test_budget_too_small_reports_optimizer_state() -> None:
