@@ -89,3 +89,55 @@ def test_bad_arguments_are_refused(example: ModuleType) -> None:
     callback = RematCallback("full", module=lambda lm: torch.nn.Linear(2, 2))
     with pytest.raises(ValueError, match="that is not inside LitLM"):
         callback.on_train_start(None, example.LitLM())
+
+
+def test_a_pytorch_lightning_trainer_takes_the_callback(baseline: list[float]) -> None:
+    """NOTE [ Both Lightning packages ]: the older package's Trainer accepts the callback
+    and trains with it as lightning.pytorch's does."""
+    pl = pytest.importorskip("pytorch_lightning")
+    import lightning.pytorch
+
+    from remat.models import build_model, make_batch
+
+    class OldLM(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            torch.manual_seed(0)
+            self.model = build_model("gpt-tiny", dropout=0.0)
+
+        def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> Any:
+            return self.model(**batch).loss
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.AdamW(self.parameters(), lr=1e-3)
+
+    class Losses(pl.Callback):
+        def __init__(self) -> None:
+            self.losses: list[float] = []
+
+        def on_train_batch_end(self, trainer: Any, module: Any, outputs: Any, batch: Any,
+                               batch_idx: int) -> None:
+            self.losses.append(float(outputs["loss"]))
+
+    lit = OldLM()
+    data = make_batch(lit.model, 16, 32, seed=1)
+    rows = [{key: value[i] for key, value in data.items()} for i in range(16)]
+    loader = torch.utils.data.DataLoader(rows, batch_size=4)
+    callback, log = RematCallback("full"), Losses()
+    assert isinstance(callback, pl.Callback)
+    assert isinstance(callback, lightning.pytorch.Callback)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):
+            warnings.simplefilter("ignore")
+            trainer = pl.Trainer(max_steps=2, accelerator="cpu", logger=False,
+                                 enable_checkpointing=False, enable_progress_bar=False,
+                                 enable_model_summary=False, callbacks=[log, callback])
+            trainer.fit(lit, loader)
+    finally:
+        torch.set_num_threads(threads)
+    assert callback.applied is not None and callback.applied.strategy == "full"
+    assert [name for name, _ in callback.applied.decisions] == ["model.blocks.0",
+                                                                 "model.blocks.1"]
+    assert log.losses == pytest.approx(baseline, rel=1e-6, abs=0)

@@ -8,7 +8,7 @@
 
 The blocks are found by remat's rules in the LightningModule, or in one of its
 submodules (``module="model"``). ``lightning`` is an optional dependency
-(``pip install 'remat[lightning]'``).
+(``pip install 'remat[lightning]'``; ``pytorch_lightning``, its older name, works too).
 
 NOTE [ Planning a Lightning training step ]
     A budget is planned on the step the Trainer runs: ``training_step(batch, 0)``
@@ -25,6 +25,14 @@ NOTE [ Planning a Lightning training step ]
     batch-transfer hooks run) as NOTE [ Planning from a Trainer batch ] in hf.py
     describes for transformers. With manual optimization ``training_step`` steps the
     optimizer itself: pass ``step_fn=`` to plan.
+
+NOTE [ Both Lightning packages ]
+    Lightning is published as ``lightning`` (``lightning.pytorch``) and under its older
+    name ``pytorch_lightning``; the two are separate copies of the same code, and each
+    Trainer accepts only callbacks of its own ``Callback`` class. ``RematCallback``
+    derives from the ``Callback`` of every package installed (their hooks have the same
+    names and signatures), so it is a callback of whichever one the user's Trainer comes
+    from.
 """
 
 from __future__ import annotations
@@ -43,12 +51,25 @@ from remat.integrations._prepare import check_one_of, plan_budget
 from remat.strategies.apply import AppliedStrategy, applied, apply
 from remat.strategies.registry import parse_strategy
 
-try:
-    from lightning.pytorch import Callback
-except ImportError as exc:  # pragma: no cover - exercised only without the extra
-    raise ImportError(message(
-        "remat.integrations.lightning", "needs the lightning package, which is not installed",
-        fix="install it with: pip install 'remat[lightning]'")) from exc
+
+def _callback_bases() -> tuple[type, ...]:
+    """The ``Callback`` class of every Lightning package installed (NOTE [ Both Lightning
+    packages ])."""
+    import importlib
+
+    bases: list[type] = []
+    for package in ("lightning.pytorch", "pytorch_lightning"):
+        try:
+            bases.append(importlib.import_module(package).Callback)
+        except ImportError:
+            continue
+    if not bases:
+        raise ImportError(message(
+            "remat.integrations.lightning",
+            "needs Lightning, and neither lightning nor pytorch_lightning is installed",
+            fix="install it with: pip install 'remat[lightning]' (or pytorch-lightning)"))
+    return tuple(bases)
+
 
 if TYPE_CHECKING:
     from remat.planning.plans import Plan
@@ -171,8 +192,10 @@ def _first_batch(trainer: Any) -> Any:
     return next(iter(loader))
 
 
-class RematCallback(Callback):  # type: ignore[misc]
-    """A ``lightning.pytorch.Callback`` that applies remat when training starts.
+class RematCallback(*_callback_bases()):  # type: ignore[misc]
+    """A Lightning ``Callback`` (of ``lightning.pytorch`` and of ``pytorch_lightning``,
+    whichever are installed: NOTE [ Both Lightning packages ]) that applies remat when
+    training starts.
 
     At ``on_train_start`` (the model is on its device, the optimizers exist and the
     training dataloader is loaded; the sanity-check validation before it runs no
