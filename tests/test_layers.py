@@ -33,8 +33,8 @@ from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "remat"
 
-CORE = ("core", "errors", "units", "devices", "blocks", "recompute", "models", "native",
-        "progress")
+CORE = ("core", "errors", "units", "devices", "device_memory", "blocks", "recompute", "models",
+        "native", "progress")
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("remat",),  # the package's own __init__: lazy names only, imports nothing eagerly
     CORE,
@@ -202,8 +202,8 @@ def test_no_module_is_a_big_room() -> None:
 
 #: Modules users import from by name: every package's ``__init__`` and these leaves. Only
 #: they declare ``__all__``; every other module is the implementation behind them.
-PUBLIC_LEAVES = ("remat.errors", "remat.units", "remat.devices", "remat.blocks",
-                 "remat.recompute", "remat.progress", "remat.strategies.regions",
+PUBLIC_LEAVES = ("remat.errors", "remat.units", "remat.devices", "remat.device_memory",
+                 "remat.blocks", "remat.recompute", "remat.progress", "remat.strategies.regions",
                  "remat.integrations.hf", "remat.integrations.fsdp2",
                  "remat.integrations.compile", "remat.integrations.lightning",
                  "remat.integrations.tp", "remat.integrations.pipeline",

@@ -44,7 +44,7 @@ def test_fsdp_plan_row_fits_whenever_full_fits(peaks: tuple[int, int], where: fl
     # Devices from exactly full's per-rank peak to halfway to none's: full fits, none does not.
     full_peak, none_peak = peaks
     device = _device(full_peak + int(where * (none_peak - full_peak)))
-    assert device.memory_bytes < none_peak  # none does not fit (measured in `peaks`)
+    assert device.capacity_bytes < none_peak  # none does not fit (measured in `peaks`)
     result = simulate(_factory(), seq_len=SEQ, batch_sizes=[BATCH], strategies=["full"],
                       world_size=WORLD, sharding="fsdp", device=device, plan=True)
     assert result.row("full", BATCH).fits
@@ -52,8 +52,8 @@ def test_fsdp_plan_row_fits_whenever_full_fits(peaks: tuple[int, int], where: fl
     gib = 1024**3
     assert planned.fits, (
         f"plan row {planned.peak_bytes / gib:.6f} GiB per rank does not fit "
-        f"{device.memory_bytes / gib:.6f} GiB while full fits at {full_peak / gib:.6f} GiB")
-    assert planned.peak_bytes <= device.memory_bytes
+        f"{device.capacity_bytes / gib:.6f} GiB while full fits at {full_peak / gib:.6f} GiB")
+    assert planned.peak_bytes <= device.capacity_bytes
     assert not planned.note and planned.step_ms > 0
     assert planned.single_device_peak_bytes > planned.peak_bytes  # sharding arithmetic applied
 
@@ -65,4 +65,4 @@ def test_fsdp_no_plan_fits_a_device_smaller_than_full(peaks: tuple[int, int]) ->
                       world_size=WORLD, sharding="fsdp", device=device, plan=True)
     planned = result.row("plan", BATCH)
     assert not result.row("full", BATCH).fits and not planned.fits
-    assert planned.peak_bytes > device.memory_bytes
+    assert planned.peak_bytes > device.capacity_bytes

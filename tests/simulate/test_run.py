@@ -188,7 +188,7 @@ def test_planner_rows_fit_a_device_no_strategy_fits() -> None:
     assert result.strategies == ("none", "plan")
     assert not result.row("none", 4).fits
     planned = result.row("plan", 4)
-    assert planned.fits and planned.peak_bytes <= tight.memory_bytes
+    assert planned.fits and planned.peak_bytes <= tight.capacity_bytes
     assert planned.recompute_flops > 0  # the plan had to checkpoint something
 
 

@@ -55,7 +55,7 @@ def pp_rows(source: Any, *, name: str, seqs: Sequence[int], batch_sizes: Sequenc
     from remat.devices import get_device
     from remat.simulate.pipeline import pipeline_rank_bytes
 
-    memory = get_device(device).memory_bytes
+    memory = get_device(device).capacity_bytes
     rows: list[dict[str, Any]] = []
     total, done = len(seqs) * len(batch_sizes) * len(strategies), 0
     for seq_len in seqs:

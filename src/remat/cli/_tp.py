@@ -35,7 +35,7 @@ def tp_rows(source: Any, *, name: str, seqs: Sequence[int], batch_sizes: Sequenc
     from remat.devices import get_device
     from remat.simulate.tp_step import simulate_ranks
 
-    memory = get_device(device).memory_bytes
+    memory = get_device(device).capacity_bytes
     rows: list[dict[str, Any]] = []
     for seq_len in seqs:
         points = [(strategy, b) for strategy in strategies for b in batch_sizes]

@@ -462,7 +462,7 @@ def _row(setup: Setup, label: str, batch_size: int, seq_len: int,
     )
     return SimulationRow(
         strategy=label, batch_size=batch_size, seq_len=seq_len, cost=cost,
-        fits=rank_peak <= setup.device.memory_bytes,
+        fits=rank_peak <= setup.device.capacity_bytes,
         samples_per_s=samples_per_s, tokens_per_s=samples_per_s * seq_len,
         single_device_peak_bytes=peak, peak_phase=phase,
     )

@@ -300,7 +300,7 @@ def _row(setup: Setup, batch_size: int, seq_len: int, fixed: tuple[int, int, int
         recompute_flops=recompute_flops, recompute_ms=recompute_ms)
     return dataclasses.replace(
         none, strategy="plan", cost=cost,
-        fits=rank_peak <= setup.device.memory_bytes,
+        fits=rank_peak <= setup.device.capacity_bytes,
         samples_per_s=samples_per_s, tokens_per_s=samples_per_s * seq_len,
         single_device_peak_bytes=peak, peak_phase=_phase(model, windows, choice))
 

@@ -61,7 +61,7 @@ def _ceil_div(a: int, b: int) -> int:
 
 def _budget(setup: Setup, fixed: tuple[int, int, int]) -> int:
     """The one-device budget for ``"none"`` and ``"ddp"`` (NOTE [ Per-rank budgets ])."""
-    memory = setup.device.memory_bytes
+    memory = setup.device.capacity_bytes
     if setup.sharding == "ddp":
         return max(memory - fixed[1], 1)
     return memory
@@ -74,7 +74,7 @@ def _fsdp_budgets(setup: Setup, fixed: tuple[int, int, int]) -> tuple[int, int]:
     layout = setup.layout
     unsharded = (layout.block_param_bytes + layout.block_grad_bytes
                  + layout.root_param_bytes + layout.root_grad_bytes)
-    lo = setup.device.memory_bytes + params - _ceil_div(params, w) - _ceil_div(states, w) \
+    lo = setup.device.capacity_bytes + params - _ceil_div(params, w) - _ceil_div(states, w) \
         - unsharded
     return max(lo, 1), max(lo + grads - _ceil_div(grads, w), 1)
 
@@ -92,7 +92,7 @@ def _no_plan_row(setup: Setup, batch_size: int, seq_len: int, fixed: tuple[int, 
     the rank's equivalent is it plus what the budget translation took off (an upper
     bound under FSDP, see NOTE [ Per-rank budgets ]).
     """
-    rank_peak = min_peak_bytes + max(setup.device.memory_bytes - budget_bytes, 0)
+    rank_peak = min_peak_bytes + max(setup.device.capacity_bytes - budget_bytes, 0)
     cost = StepCost(peak_bytes=rank_peak, step_ms=0.0, activation_bytes=0,
                     param_bytes=per_rank(setup, fixed[0]), grad_bytes=per_rank(setup, fixed[1]),
                     optimizer_bytes=per_rank(setup, fixed[2]), flops=0, recompute_flops=0,
@@ -168,7 +168,7 @@ def _fsdp_plan_row(setup: Setup, batch_size: int, seq_len: int,
         tried.append(row)
         if budget == lo:
             break
-        budget = max(lo, budget - (row.peak_bytes - setup.device.memory_bytes))
+        budget = max(lo, budget - (row.peak_bytes - setup.device.capacity_bytes))
     apply(setup.model, "full", blocks=setup.blocks)  # every block checkpointed
     tried.append(point(setup, "plan", batch_size, seq_len))
     return min(tried, key=lambda r: (not r.fits, r.peak_bytes))

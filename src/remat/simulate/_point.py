@@ -144,7 +144,7 @@ def row_of(setup: Setup, strategy: str, batch_size: int, seq_len: int, prof: Any
         batch_size=batch_size,
         seq_len=seq_len,
         cost=cost,
-        fits=peak <= setup.device.memory_bytes,
+        fits=peak <= setup.device.capacity_bytes,
         samples_per_s=samples_per_s,
         tokens_per_s=samples_per_s * seq_len,
         single_device_peak_bytes=int(prof.peak_bytes),

@@ -175,7 +175,7 @@ def simulate(
         precision=precision.name,
         optimizer=optimizer.lower(),
         device=spec.name,
-        device_memory_bytes=spec.memory_bytes,
+        device_memory_bytes=spec.capacity_bytes,
         world_size=world_size,
         sharding=sharding,
         batch_sizes=sizes,
