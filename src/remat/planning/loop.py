@@ -122,9 +122,22 @@ def allocator_peak_of(step: Step, decisions: Mapping[str, BlockStrategy], prof: 
         return max(first_bytes, allocator_step_peak(step, start))
     model = step.model
     with preserved_strategy(model), quiet(), preserved_state(model, step.optimizer, step.device):
-        apply_decisions(model, decisions, blocks=step.blocks)
-        first = first_step_peak(step)
+        first = first_steps_peak(step, decisions)
         return max(first, allocator_step_peak(step, start))
+
+
+def first_steps_peak(step: Step, decisions: Mapping[str, BlockStrategy]) -> int:
+    """The allocator's peak of the first step after ``decisions`` are applied, as a job
+    starts (the optimizer as passed) and, with an optimizer, as a resumed job starts (its
+    state loaded, the regions new): NOTE [ The first step ] in measure/profile.py. The
+    caller restores the model; the regions are left warm (one step run on them).
+    """
+    apply_decisions(step.model, decisions, blocks=step.blocks)
+    first = first_step_peak(step)
+    if step.optimizer is not None:  # resumed: the state exists now, the regions anew
+        apply_decisions(step.model, decisions, blocks=step.blocks)
+        first = max(first, first_step_peak(step))
+    return first
 
 
 def _tracked_real(step: Step) -> Profile:
@@ -181,8 +194,7 @@ def measure_on_cpu(step: Step, ctx: PlanContext, decisions: Mapping[str, BlockSt
     model = step.model
     with preserved_strategy(model), quiet(), \
             preserved_state(model, step.optimizer, step.device):
-        apply_decisions(model, decisions, blocks=step.blocks)
-        first = first_step_peak(step)  # the first step after apply, and the warm-up
+        first = first_steps_peak(step, decisions)  # the first steps, and the warm-up
         with preserved_state(model, step.optimizer, step.device):
             prof = _tracked_real(step)
         setup.profiles[_key(decisions)] = prof
