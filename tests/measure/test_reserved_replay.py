@@ -83,6 +83,22 @@ def test_every_kind_of_storage_event_is_logged() -> None:
     assert sum(sizes) == 0 and log.optimizer_start is None
 
 
+def test_the_log_ends_when_the_tracker_is_left() -> None:
+    model = torch.nn.Linear(512, 512)
+    x = torch.randn(1024, 512)
+    tracker = MemoryTracker()
+    tracker.register_model(model)
+    tracker.register([x], "batch")
+    with tracker:
+        model(x).sum().backward()
+    log = tracker.allocations
+    del x  # the batch is freed after the step: not the step's
+    assert tracker.allocations == log
+    assert [kind for _, _, kind, _ in log.preexisting] == ["params", "params", "batch"]
+    p = reserved_of_step(log)  # the steady step still has its batch
+    assert p.steady_allocated_bytes is not None and p.steady_allocated_bytes >= 3 * MiB
+
+
 def _fragmenting_program() -> MemoryTracker:
     tracker = MemoryTracker()
     with tracker:

@@ -18,7 +18,9 @@ NOTE [ Allocation log ]
     1. Storages registered before the tracker is first entered are what the step starts
        with (:meth:`StorageLedger.start_step`); storages found later to predate the step
        (NOTE [ What the tracker cannot see ], 2. in tracker.py) join them, as the tracker
-       counts them from the start.
+       counts them from the start. The step ends when the tracker is last left
+       (:meth:`StorageLedger.end_step`): what is freed after (the model, once the caller
+       drops it) is not the step's.
     2. A resize is a free, then an allocation of the new size (how the tracker counts
        it; the allocator holds both for the copy); a kernel's modelled scratch is an
        allocation freed at once.
@@ -154,6 +156,7 @@ class StorageLedger:
         self.allocations: list[tuple[int, int, str, int]] = []
         self.allocations_found: list[tuple[int, int, str, int]] = []
         self.step_start: int | None = None
+        self.step_end: int | None = None
         self.optimizer_start: int | None = None
         self._serials = itertools.count().__next__
         self.stream_now: Callable[[], int] | None = None
@@ -284,6 +287,10 @@ class StorageLedger:
         if self.step_start is None:
             self.step_start = len(self.allocations)
 
+    def end_step(self) -> None:
+        """The step ends now (the tracker is left); a later exit moves the end."""
+        self.step_end = len(self.allocations)
+
     def phase_started(self, phase: str) -> None:
         """Note where the first optimizer phase starts in the log."""
         if phase == "optimizer" and self.optimizer_start is None:
@@ -312,7 +319,7 @@ class StorageLedger:
         pre = [*alive.values(), *self.allocations_found]
         streams = {entry[0]: entry[3] for entry in pre}
         events = []
-        for serial, signed, kind, stream in entries[start:]:
+        for serial, signed, kind, stream in entries[start:self.step_end]:
             if signed > 0:
                 streams[serial] = stream
             else:

@@ -402,6 +402,7 @@ class MemoryTracker(TorchDispatchMode):
         super().__exit__(exc_type, exc_val, exc_tb)
         self._depth -= 1
         if self._depth == 0:
+            self._ledger.end_step()
             self._attribution.remove()
             for handle in self._handles:
                 handle.remove()
