@@ -16,6 +16,7 @@ from remat.core.ops import OpRecord
 from remat.core.results import BlockProfile, Profile, SavedStorage
 from remat.measure.fake import fake_copy
 from remat.measure.profile import profile, profile_simulated
+from remat.measure.reserved import reserved_of_step
 from remat.measure.roofline import roofline_ms
 from remat.measure.saved import saved_storages
 from remat.measure.step import run_step
@@ -30,6 +31,7 @@ __all__ = [
     "fake_copy",
     "profile",
     "profile_simulated",
+    "reserved_of_step",
     "roofline_ms",
     "run_step",
     "saved_storages",

@@ -8,10 +8,33 @@ NOTE [ Storage identity and frees ]
     releases it (the autograd engine runs CUDA backward on its own thread; modes
     propagate there). ``torch.distributed._tools.mem_tracker`` relies on the
     same behaviour. We never hold a strong reference to a tracked storage.
+
+NOTE [ Allocation log ]
+    Besides bytes per kind, the ledger keeps the order storages come and go, for the
+    model of the CUDA caching allocator (NOTE [ Reserved bytes of a step ] in
+    remat/core/allocator_replay.py): one append per storage event, ``(serial, signed
+    bytes, kind, stream)``, with a serial per storage (``id()`` is reused once a storage
+    dies; a serial never is). Rules:
+    1. Storages registered before the tracker is first entered are what the step starts
+       with (:meth:`StorageLedger.start_step`); storages found later to predate the step
+       (NOTE [ What the tracker cannot see ], 2. in tracker.py) join them, as the tracker
+       counts them from the start. The step ends when the tracker is last left
+       (:meth:`StorageLedger.end_step`): what is freed after (the model, once the caller
+       drops it) is not the step's.
+    2. A resize is a free, then an allocation of the new size (how the tracker counts
+       it; the allocator holds both for the copy); a kernel's modelled scratch is an
+       allocation freed at once.
+    3. When the engine sums gradients in place (NOTE [ Gradient accumulation in place ]
+       in tracker.py), the sum is logged after the free of the buffer it reuses
+       (:meth:`StorageLedger.log_after_frees`), as the real engine writes into it.
+    4. The stream is CUDA's current stream when the tracker counts CUDA storages and CUDA
+       is initialised when it is made; 0 elsewhere (fake tensors included).
+    The replay of the log therefore reaches the tracker's peak exactly, unrounded.
 """
 
 from __future__ import annotations
 
+import itertools
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -19,6 +42,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from remat.core.allocator_replay import AllocationLog
 from remat.core.cost import Category
 from remat.core.ops import PHASES
 from remat.core.results import PhasePeak
@@ -54,9 +78,10 @@ def categorized(by_kind: Mapping[str, int]) -> dict[Category, int]:
 class StorageRecord(weakref.ref):  # type: ignore[type-arg]
     """A weak reference to a tracked storage that carries its accounting."""
 
-    __slots__ = ("block", "key", "kind", "nbytes", "origin")
+    __slots__ = ("block", "key", "kind", "nbytes", "origin", "serial")
 
     key: int
+    serial: int  # NOTE [ Allocation log ]
     nbytes: int
     kind: str
     block: str | None
@@ -110,7 +135,7 @@ class StorageLedger:
     """Live storages, bytes per kind now and at the peak (the step's and each phase's).
     See NOTE [ Storage identity ]."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, cuda_streams: bool = False) -> None:
         self.live: dict[int, StorageRecord] = {}
         self.by_kind: dict[str, int] = dict.fromkeys(sorted(KINDS), 0)
         self.current = 0
@@ -127,6 +152,16 @@ class StorageLedger:
         self.block_now: Callable[[], str | None] = lambda: None
         self.events: list[tuple[int, str, str | None, int]] = []
         self.found_later: list[tuple[int, int]] = []  # (sample, bytes) counted from the start
+        # NOTE [ Allocation log ]: (serial, signed bytes, kind, stream) per storage event.
+        self.allocations: list[tuple[int, int, str, int]] = []
+        self.allocations_found: list[tuple[int, int, str, int]] = []
+        self.step_start: int | None = None
+        self.step_end: int | None = None
+        self.optimizer_start: int | None = None
+        self._serials = itertools.count().__next__
+        self.stream_now: Callable[[], int] | None = None
+        if cuda_streams and torch.cuda.is_initialized():
+            self.stream_now = lambda: torch.cuda.current_stream().stream_id
 
     def add(self, st: torch.UntypedStorage, kind: str, block: str | None,
             origin: tuple[str, tuple[int, ...], str] | None = None) -> int:
@@ -139,12 +174,15 @@ class StorageLedger:
         rec.kind = kind
         rec.block = block
         rec.origin = origin
+        rec.serial = serial = self._serials()
         self.live[rec.key] = rec
         if nbytes:
             self.current += nbytes
             self.by_kind[kind] += nbytes
             self._now.clear()
             self.events.append((len(self.samples), kind, block, nbytes))
+            self.allocations.append((serial, nbytes, kind, 0 if self.stream_now is None
+                                     else self.stream_now()))
         return nbytes
 
     def add_preexisting(self, st: torch.UntypedStorage) -> None:
@@ -153,6 +191,7 @@ class StorageLedger:
         if nbytes:  # counted from the start (NOTE [ Memory timeline ])
             self.events[-1] = (0, "other", None, nbytes)
             self.found_later.append((len(self.samples), nbytes))
+            self.allocations_found.append(self.allocations.pop())  # NOTE [ Allocation log ]
         for entry in self.phase_peaks.values():  # alive at every phase's peak
             entry[0] += nbytes
             entry[1]["other"] += nbytes
@@ -165,9 +204,16 @@ class StorageLedger:
                 self.by_kind[rec.kind] -= rec.nbytes
                 self._now.clear()
                 self.events.append((len(self.samples), rec.kind, rec.block, -rec.nbytes))
+                self.allocations.append((rec.serial, -rec.nbytes, rec.kind, 0))
 
     def resized(self, rec: StorageRecord, nbytes: int) -> None:
         """An op resized a tracked storage to ``nbytes``."""
+        if rec.nbytes:  # NOTE [ Allocation log ], 2.
+            self.allocations.append((rec.serial, -rec.nbytes, rec.kind, 0))
+        rec.serial = self._serials()
+        if nbytes:
+            self.allocations.append((rec.serial, nbytes, rec.kind, 0 if self.stream_now is None
+                                     else self.stream_now()))
         delta = nbytes - rec.nbytes
         rec.nbytes = nbytes
         self.current += delta
@@ -207,11 +253,15 @@ class StorageLedger:
         self.by_kind[phase] += nbytes
         self._now.clear()
         self.events.append((len(self.samples), phase, None, nbytes))
+        serial = self._serials()  # NOTE [ Allocation log ], 2.
+        self.allocations.append((serial, nbytes, phase, 0 if self.stream_now is None
+                                 else self.stream_now()))
         self.update_peak(phase)
         self.current -= nbytes
         self.by_kind[phase] -= nbytes
         self._now.clear()
         self.events.append((len(self.samples), phase, None, -nbytes))
+        self.allocations.append((serial, -nbytes, phase, 0))
 
     def update_peak_at(self, phase: str, current: int, by_kind: dict[str, int],
                        events_then: int) -> None:
@@ -228,6 +278,55 @@ class StorageLedger:
         entry = self.phase_peaks.get(phase)
         if entry is None or current > entry[0]:
             self.phase_peaks[phase] = [current, dict(by_kind), self._updates]
+
+    # ---- the allocation log (NOTE [ Allocation log ]) ---------------------------------------
+
+    def start_step(self) -> None:
+        """The step starts now (the tracker is entered): what was registered before is
+        what it starts with. Only the first call counts."""
+        if self.step_start is None:
+            self.step_start = len(self.allocations)
+
+    def end_step(self) -> None:
+        """The step ends now (the tracker is left); a later exit moves the end."""
+        self.step_end = len(self.allocations)
+
+    def phase_started(self, phase: str) -> None:
+        """Note where the first optimizer phase starts in the log."""
+        if phase == "optimizer" and self.optimizer_start is None:
+            self.optimizer_start = len(self.allocations)
+
+    def log_after_frees(self, start: int, stop: int) -> None:
+        """Move log entries ``start:stop`` (an op's outputs) to the end, after the frees
+        logged since (NOTE [ Allocation log ], 3.)."""
+        moved = self.allocations[start:stop]
+        del self.allocations[start:stop]
+        self.allocations.extend(moved)
+
+    def allocation_log(self) -> AllocationLog:
+        """The log as an :class:`~remat.core.allocator_replay.AllocationLog`: pre-existing
+        storages (registered before the step and alive when it started, then those found
+        later), the step's events with each free on its allocation's stream, and where the
+        optimizer phase starts."""
+        entries = self.allocations
+        start = len(entries) if self.step_start is None else self.step_start
+        alive: dict[int, tuple[int, int, str, int]] = {}
+        for entry in entries[:start]:
+            if entry[1] > 0:
+                alive[entry[0]] = entry
+            else:
+                alive.pop(entry[0], None)
+        pre = [*alive.values(), *self.allocations_found]
+        streams = {entry[0]: entry[3] for entry in pre}
+        events = []
+        for serial, signed, kind, stream in entries[start:self.step_end]:
+            if signed > 0:
+                streams[serial] = stream
+            else:
+                stream = streams.get(serial, 0)
+            events.append((serial, signed, kind, stream))
+        optimizer = None if self.optimizer_start is None else max(self.optimizer_start - start, 0)
+        return AllocationLog(tuple(pre), tuple(events), optimizer)
 
     def _step_peak(self) -> list[Any] | None:
         """The step's peak entry: the largest phase peak, the earliest on ties."""

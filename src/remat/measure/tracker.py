@@ -94,6 +94,7 @@ from torch.utils._pytree import tree_map_only
 from torch.utils.hooks import RemovableHandle
 
 from remat.blocks import Sublayer
+from remat.core.allocator_replay import AllocationLog
 from remat.core.ops import OpRecord
 from remat.core.results import PhasePeak, SavedStorage
 from remat.core.timeline import MemoryTimeline
@@ -101,12 +102,7 @@ from remat.errors import message
 from remat.measure import shadow
 from remat.measure.attribution import BlockAttribution
 from remat.measure.flops import FRESH_OPS, METADATA_OPS, op_flops, op_traffic
-from remat.measure.ledger import (
-    REGISTERED_KINDS,
-    StorageLedger,
-    storage_of,
-    tensors_in,
-)
+from remat.measure.ledger import REGISTERED_KINDS, StorageLedger, storage_of, tensors_in
 from remat.measure.outside import watch_rng_states
 from remat.measure.scratch import scratch_bytes
 from remat.measure.sharded import (
@@ -212,11 +208,11 @@ class MemoryTracker(TorchDispatchMode):
         self._record_saved = record_saved
         self._saved: tuple[SavedStorage, ...] = ()
         self.after_op = after_op
-        self._ledger = StorageLedger()
+        self._ledger = StorageLedger(cuda_streams=dev is None or dev.type == "cuda")
         # NOTE [ Gradient accumulation in place ]: (phase, reusable input storage keys,
-        # current bytes, bytes per kind and events logged just after the op) of a
-        # deferred engine sum.
-        self._pending: tuple[str, tuple[int, ...], int, dict[str, int], int] | None = None
+        # current bytes, bytes per kind and events logged just after the op, the op's
+        # outputs in the allocation log) of a deferred engine sum.
+        self._pending: tuple[str, tuple[int, ...], int, dict[str, int], int, int, int] | None = None
         self._settling: int | None = None
         self._phase = "forward"
         self._activation: int | None = None
@@ -318,6 +314,7 @@ class MemoryTracker(TorchDispatchMode):
                 fix="phase must be one of 'forward', 'backward' or 'optimizer' (recompute is "
                     "detected from remat.recompute)"))
         self.settle()
+        self._ledger.phase_started(phase)  # NOTE [ Allocation log ] in ledger.py
         if phase == "backward" and self._phase == "forward" and self._activation is None:
             self._activation, self._block_saved = self._ledger.bytes_of_kind("forward")
             if self._record_saved:  # NOTE [ Saved storages ]
@@ -388,6 +385,7 @@ class MemoryTracker(TorchDispatchMode):
     def __enter__(self) -> MemoryTracker:
         if self._depth == 0:
             type(self)._prime()
+            self._ledger.start_step()
             self._attribution.install()
             self._handles.extend(p.register_post_accumulate_grad_hook(self._grad_hook)
                                  for p in self._params)
@@ -404,6 +402,7 @@ class MemoryTracker(TorchDispatchMode):
         super().__exit__(exc_type, exc_val, exc_tb)
         self._depth -= 1
         if self._depth == 0:
+            self._ledger.end_step()
             self._attribution.remove()
             for handle in self._handles:
                 handle.remove()
@@ -431,6 +430,7 @@ class MemoryTracker(TorchDispatchMode):
             if _engine_sum(func, args, kwargs) else ()
         out = self._run(func, args, kwargs)
         phase = self._created_phase()
+        logged = len(self._ledger.allocations)
         outputs = [out] if isinstance(out, Tensor) else tensors_in(
             out if isinstance(out, (tuple, list)) else ()
         )
@@ -445,7 +445,7 @@ class MemoryTracker(TorchDispatchMode):
         if reusable and alloc:
             ledger = self._ledger
             self._pending = (phase, reusable, ledger.current, dict(ledger.by_kind),
-                             len(ledger.events))
+                             len(ledger.events), logged, len(ledger.allocations))
             return out
         self._ledger.update_peak(phase)
         if self.after_op is not None:
@@ -468,10 +468,11 @@ class MemoryTracker(TorchDispatchMode):
         """Resolve a deferred engine sum (NOTE [ Gradient accumulation in place ])."""
         if self._pending is None:
             return
-        phase, reusable, current, by_kind, events_then = self._pending
+        phase, reusable, current, by_kind, events_then, logged, logged_to = self._pending
         self._pending = None
         ledger = self._ledger
         if any(key not in ledger.live for key in reusable):  # summed in place for real
+            ledger.log_after_frees(logged, logged_to)
             ledger.update_peak(phase)
             if self.after_op is not None:
                 self.after_op()
@@ -577,6 +578,12 @@ class MemoryTracker(TorchDispatchMode):
     def block_saved_bytes(self) -> dict[str, int]:
         """Per block: its share of :attr:`activation_bytes` (blocks with none omitted)."""
         return dict(self._block_saved)
+
+    @property
+    def allocations(self) -> AllocationLog:
+        """Every storage the step allocated and freed, in order, and what it started with
+        (NOTE [ Allocation log ] in ledger.py): what ``remat.measure.reserved`` replays."""
+        return self._ledger.allocation_log()
 
     @property
     def ops(self) -> tuple[OpRecord, ...]:
