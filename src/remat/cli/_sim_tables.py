@@ -25,6 +25,12 @@ def _ms(value: float) -> str:
     return f"{value:.3f}" if value < 1 else f"{value:.1f}"
 
 
+def _signed(nbytes: int) -> str:
+    from remat.units import format_bytes
+
+    return format_bytes(nbytes) if nbytes >= 0 else f"[red]-{format_bytes(-nbytes)}[/]"
+
+
 def simulation_tables(result: SimulationResult) -> tuple[Table, Table]:
     """The per-strategy-and-batch table and the largest-batch summary, as rich tables."""
     from rich.table import Table
@@ -32,30 +38,37 @@ def simulation_tables(result: SimulationResult) -> tuple[Table, Table]:
     from remat.units import format_bytes
 
     ranks = f", {result.sharding} x{result.world_size}" if result.sharding != "none" else ""
+    outside = (f"; {format_bytes(result.outside_bytes)} outside the allocator, "
+               f"{format_bytes(result.workspace_bytes)} workspaces"
+               if result.outside_bytes or result.workspace_bytes else "")
     main = Table(title=f"{result.model}: seq {result.seq_len}, {result.precision} + "
                        f"{result.optimizer} on {result.device} "
-                       f"({format_bytes(result.device_memory_bytes)}{ranks}), simulated",
-                 title_justify="left")
-    for header in ("Strategy", "Batch", "Peak / rank", "Fits", "Activations", "Step (ms)",
-                   "Samples/s", "Tokens/s", "Recompute time"):
+                       f"({format_bytes(result.device_memory_bytes)}{outside}{ranks}), "
+                       "simulated", title_justify="left")
+    for header in ("Strategy", "Batch", "Allocated / rank", "Reserved / rank", "Left", "Fits",
+                   "Activations", "Step (ms)", "Samples/s", "Tokens/s", "Recompute time"):
         main.add_column(header, justify="left" if header == "Strategy" else "right")
     for strategy in result.strategies:
         rows = result.rows_for(strategy)
         for i, r in enumerate(rows):
             recompute = f"{100 * r.recompute_ms / r.step_ms:.0f}%" if r.step_ms else "-"
+            missing = bool(r.note) and not r.note.startswith("fits with")
+            fits = "[green]yes[/]" if r.fits else \
+                "[yellow]expandable[/]" if r.note.startswith("fits with") else "[red]no[/]"
             main.add_row(
                 strategy if i == 0 else "", str(r.batch_size), format_bytes(r.peak_bytes),
-                "[green]yes[/]" if r.fits else "[red]no[/]",
-                format_bytes(r.activation_bytes) if not r.note else "-",
-                _ms(r.step_ms) if not r.note else "-",
-                rate(r.samples_per_s) if not r.note else r.note,
-                rate(r.tokens_per_s) if not r.note else "-",
-                recompute if not r.note else "-",
+                format_bytes(r.reserved_bytes) if r.reserved_bytes else "-",
+                _signed(r.margin_bytes) if r.reserved_bytes else "-", fits,
+                format_bytes(r.activation_bytes) if not missing else "-",
+                _ms(r.step_ms) if not missing else "-",
+                rate(r.samples_per_s) if not missing else r.note,
+                rate(r.tokens_per_s) if not missing else "-",
+                recompute if not missing else "-",
                 end_section=i == len(rows) - 1,
             )
     best = result.best()
     summary = Table(title="Largest micro-batch that fits, per strategy", title_justify="left")
-    for header in ("Strategy", "Largest batch", "Peak / rank", "Tokens/s"):
+    for header in ("Strategy", "Largest batch", "Reserved / rank", "Tokens/s"):
         summary.add_column(header, justify="left" if header == "Strategy" else "right")
     for strategy in result.strategies:
         largest = result.largest_batch(strategy)
@@ -64,8 +77,8 @@ def simulation_tables(result: SimulationResult) -> tuple[Table, Table]:
             continue
         r = result.row(strategy, largest)
         mark = " (best)" if best is not None and r == best else ""
-        summary.add_row(strategy + mark, str(largest), format_bytes(r.peak_bytes),
-                        rate(r.tokens_per_s))
+        summary.add_row(strategy + mark, str(largest),
+                        format_bytes(r.reserved_bytes or r.peak_bytes), rate(r.tokens_per_s))
     return main, summary
 
 

@@ -10,6 +10,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from remat.core.allocator_replay import (
+    AllocationLog,
+    SettingsLike,
+    StepReserved,
+    predict_step_reserved,
+)
 from remat.core.cost import Category, CostViews, StepCost
 from remat.core.ops import PHASES, OpRecord
 from remat.core.timeline import MemoryTimeline
@@ -148,6 +154,9 @@ class Profile(CostViews):
         timeline: live bytes by category over the step, sample by sample (NOTE [ Memory
             timeline ] in remat/core/timeline.py), for :func:`remat.report.plot_timeline`.
             Tracked steps only, else None.
+        allocations: every storage the step allocated and freed, in order, and what it
+            started with (NOTE [ Allocation log ] in measure/ledger.py): what
+            :meth:`reserved` replays. Tracked steps only, else None.
     """
 
     cost: StepCost
@@ -159,6 +168,35 @@ class Profile(CostViews):
     peak_phase: str | None = None
     phase_peaks: Mapping[str, PhasePeak] = field(default_factory=dict, hash=False)
     timeline: MemoryTimeline | None = field(default=None, repr=False, compare=False, hash=False)
+    allocations: AllocationLog | None = field(default=None, repr=False, compare=False,
+                                              hash=False)
+
+    def reserved(self, settings: SettingsLike = None, *,
+                 capacity_bytes: int | None = None) -> StepReserved:
+        """What this step reserves under PyTorch's CUDA caching allocator on a job's first
+        step and on a steady one: its allocations replayed through the allocator's model
+        (NOTE [ Reserved bytes of a step ] in core/allocator_replay.py; NOTE [ Fits on the
+        card ] in core/card_fit.py).
+
+        Args:
+            settings: the allocator's options or a ``PYTORCH_CUDA_ALLOC_CONF`` string
+                (``"expandable_segments:True"``). Default: torch's defaults.
+            capacity_bytes: what the allocator may reserve; None for no limit.
+
+        Raises:
+            ValueError: a profile without an allocation log (not a tracked step).
+
+        Example:
+            >>> prof = remat.profile(model, batch, simulate=True)
+            >>> prof.reserved().reserved_bytes >= prof.peak_bytes
+            True
+        """
+        if self.allocations is None:
+            raise ValueError(message(
+                "Profile.reserved", "this profile has no allocation log",
+                {"why": "only a tracked step records one (not a compiled step's)"},
+                fix="profile the step eagerly, or with simulate=True"))
+        return predict_step_reserved(self.allocations, settings, capacity_bytes)
 
     def __post_init__(self) -> None:
         cost = self.cost

@@ -135,6 +135,7 @@ def _build(tracked: Tracked, blocks: Sequence[tuple[str, nn.Module]], *, simulat
         peak_phase=tracker.peak_phase,
         phase_peaks=tracker.phase_peaks,
         timeline=tracker.timeline,
+        allocations=tracker.allocations,
     )
 
 

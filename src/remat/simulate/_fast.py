@@ -112,7 +112,7 @@ from torch import nn
 
 from remat.core.cost import StepCost
 from remat.measure.profile import WarmFake
-from remat.simulate._point import shard
+from remat.simulate._point import card_fit, fit_note, reserved_extras, shard
 from remat.simulate._samples import (
     NotAffine,
     Sample,
@@ -326,7 +326,8 @@ def _measure(ctx: FastContext, label: str, depth: int, sizes: Sequence[int],
         cut = _depths(label, len(ctx.stack[2]))
         width = 1 + (cut[1] if cut is not None else 1)  # NOTE [ Fast rows ], 7
         return {b: sample_of(prof, on_copy.device, width,
-                             _rank_segments(on_copy, prof, period[1]))
+                             _rank_segments(on_copy, prof, period[1]),
+                             reserved_extras(on_copy, prof))
                 for b, prof in zip(sizes, profs, strict=True)}
 
 
@@ -460,9 +461,12 @@ def _row(setup: Setup, label: str, batch_size: int, seq_len: int,
         flops=sample.flops, recompute_flops=sample.recompute_flops,
         recompute_ms=sample.recompute_ms,
     )
+    fit = card_fit(setup, rank_peak, sample.reserved_extra_bytes,
+                   sample.expandable_extra_bytes)
     return SimulationRow(
         strategy=label, batch_size=batch_size, seq_len=seq_len, cost=cost,
-        fits=rank_peak <= setup.device.capacity_bytes,
+        fits=fit.fits,
         samples_per_s=samples_per_s, tokens_per_s=samples_per_s * seq_len,
-        single_device_peak_bytes=peak, peak_phase=phase,
+        single_device_peak_bytes=peak, peak_phase=phase, note=fit_note(fit),
+        reserved_bytes=fit.reserved_bytes, margin_bytes=fit.margin_bytes,
     )

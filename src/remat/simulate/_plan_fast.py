@@ -62,6 +62,7 @@ from remat.planning.block_run import BlockRun, run_block
 from remat.planning.candidates import BlockGroup, Candidate
 from remat.simulate._fast import FastContext, _cut
 from remat.simulate._plan_windows import SHALLOW, deepen_windows, interpolate_windows, mix_run
+from remat.simulate._point import card_fit, fit_note
 from remat.simulate._samples import NotAffine
 from remat.simulate._setup import Setup
 from remat.simulate.result import SimulationRow
@@ -298,11 +299,14 @@ def _row(setup: Setup, batch_size: int, seq_len: int, fixed: tuple[int, int, int
         none.cost, peak_bytes=rank_peak, step_ms=step_ms,
         activation_bytes=none.activation_bytes - dropped, flops=none.flops + recompute_flops,
         recompute_flops=recompute_flops, recompute_ms=recompute_ms)
+    # NOTE [ Reserved per rank ]: the none row's reserved overhead at this batch size
+    extra = none.reserved_bytes - setup.card.workspace_bytes - none.peak_bytes
+    fit = card_fit(setup, rank_peak, extra, None)
     return dataclasses.replace(
-        none, strategy="plan", cost=cost,
-        fits=rank_peak <= setup.device.capacity_bytes,
+        none, strategy="plan", cost=cost, fits=fit.fits,
         samples_per_s=samples_per_s, tokens_per_s=samples_per_s * seq_len,
-        single_device_peak_bytes=peak, peak_phase=_phase(model, windows, choice))
+        single_device_peak_bytes=peak, peak_phase=_phase(model, windows, choice),
+        note=fit_note(fit), reserved_bytes=fit.reserved_bytes, margin_bytes=fit.margin_bytes)
 
 
 def fast_plan_rows(ctx: FastContext, sizes: Sequence[int], seq_len: int,
@@ -342,7 +346,10 @@ def fast_plan_rows(ctx: FastContext, sizes: Sequence[int], seq_len: int,
         except NotAffine:
             continue  # NOTE [ Windows from shallow steps ]: this size takes the exact path
         model = PeakModel.calibrate([BlockGroup(tuple(names), candidates[b])], names, windows)
-        choice = solve(model, budget_bytes)
+        # the none row's reserved overhead at this size (NOTE [ Reserved per rank ])
+        none = none_rows[b]
+        extra = max(none.reserved_bytes - setup.card.workspace_bytes - none.peak_bytes, 0)
+        choice = solve(model, budget_bytes - extra)
         fits = choice is not None
         solved[b] = (windows, model, choice if choice is not None else min_peak_choice(model),
                      fits)

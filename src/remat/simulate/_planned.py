@@ -11,12 +11,13 @@ in _plan_fast.py); ``exact=True``, and whatever that path cannot give, plans on 
 whole model as described here.
 
 NOTE [ Per-rank budgets ]
-The planner plans the one-device step, so the device's memory ``M`` (a per-rank
-budget) is translated into a one-device budget that keeps the rank's peak, as
-:func:`~remat.simulate._point.point` computes it (NOTE [ Peaks under sharding ]),
-within ``M``. ``P``, ``G`` and ``O`` are the one-device parameter, gradient and
-optimizer-state bytes, ``W`` the ranks, ``U`` what FSDP unshards at once (NOTE
-[ Sharding arithmetic ] in sharding.py):
+The planner plans the one-device step, so the bytes a rank's tensors may take on its
+card, ``M`` (capacity less outside memory less workspaces: ``CardBudget.tensor_bytes``,
+NOTE [ Fits on the card ] in core/card_fit.py), are translated into a one-device
+budget that keeps the rank's peak, as :func:`~remat.simulate._point.point` computes it
+(NOTE [ Peaks under sharding ]), within ``M``. ``P``, ``G`` and ``O`` are the one-device
+parameter, gradient and optimizer-state bytes, ``W`` the ranks, ``U`` what FSDP
+unshards at once (NOTE [ Sharding arithmetic ] in sharding.py):
 
 * ``"none"``: ``M``.
 * ``"ddp"``: the rank holds the one-device step plus gradient buckets of ``G`` bytes
@@ -53,6 +54,7 @@ from remat.simulate._setup import Setup
 from remat.simulate.result import SimulationRow
 
 _FSDP_ROUNDS = 4
+_RESERVED_ROUNDS = 3
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -61,7 +63,7 @@ def _ceil_div(a: int, b: int) -> int:
 
 def _budget(setup: Setup, fixed: tuple[int, int, int]) -> int:
     """The one-device budget for ``"none"`` and ``"ddp"`` (NOTE [ Per-rank budgets ])."""
-    memory = setup.device.capacity_bytes
+    memory = setup.card.tensor_bytes
     if setup.sharding == "ddp":
         return max(memory - fixed[1], 1)
     return memory
@@ -74,7 +76,7 @@ def _fsdp_budgets(setup: Setup, fixed: tuple[int, int, int]) -> tuple[int, int]:
     layout = setup.layout
     unsharded = (layout.block_param_bytes + layout.block_grad_bytes
                  + layout.root_param_bytes + layout.root_grad_bytes)
-    lo = setup.device.capacity_bytes + params - _ceil_div(params, w) - _ceil_div(states, w) \
+    lo = setup.card.tensor_bytes + params - _ceil_div(params, w) - _ceil_div(states, w) \
         - unsharded
     return max(lo, 1), max(lo + grads - _ceil_div(grads, w), 1)
 
@@ -92,15 +94,17 @@ def _no_plan_row(setup: Setup, batch_size: int, seq_len: int, fixed: tuple[int, 
     the rank's equivalent is it plus what the budget translation took off (an upper
     bound under FSDP, see NOTE [ Per-rank budgets ]).
     """
-    rank_peak = min_peak_bytes + max(setup.device.capacity_bytes - budget_bytes, 0)
+    rank_peak = min_peak_bytes + max(setup.card.tensor_bytes - budget_bytes, 0)
     cost = StepCost(peak_bytes=rank_peak, step_ms=0.0, activation_bytes=0,
                     param_bytes=per_rank(setup, fixed[0]), grad_bytes=per_rank(setup, fixed[1]),
                     optimizer_bytes=per_rank(setup, fixed[2]), flops=0, recompute_flops=0,
                     recompute_ms=0.0)
+    fit = setup.card.check(rank_peak, rank_peak)
     return SimulationRow(
         strategy="plan", batch_size=batch_size, seq_len=seq_len, cost=cost, fits=False,
         samples_per_s=0.0, tokens_per_s=0.0, single_device_peak_bytes=min_peak_bytes,
-        note="no plan fits the budget",
+        note="no plan fits the budget", reserved_bytes=fit.reserved_bytes,
+        margin_bytes=fit.margin_bytes,
     )
 
 
@@ -129,15 +133,24 @@ def _plan_row(setup: Setup, batch_size: int, seq_len: int,
     step = Step(setup.model, batch, loss_fn=setup.loss_fn, optimizer=setup.optimizer,
                 blocks=setup.blocks)
     context = prepare_step(step, device=setup.device, cost="roofline")
-    try:
-        chosen = planner(setup.model, batch, budget=budget, optimizer=setup.optimizer,
-                         context=context, **_planner_kwargs(setup))
-    except BudgetTooSmall as exc:
-        return _no_plan_row(setup, batch_size, seq_len, fixed, int(exc.min_peak_bytes), budget)
-    prof = measure_on_copy(step, context, chosen.decisions)
-    if prof is None:
-        return _simulate_plan(setup, chosen, batch_size, seq_len)
-    return row_of(setup, "plan", batch_size, seq_len, prof, batch)
+    row: SimulationRow | None = None
+    for _ in range(_RESERVED_ROUNDS):  # NOTE [ Reserved per rank ]: tighten by the excess
+        try:
+            chosen = planner(setup.model, batch, budget=budget, optimizer=setup.optimizer,
+                             context=context, **_planner_kwargs(setup))
+        except BudgetTooSmall as exc:
+            if row is not None:
+                return row
+            return _no_plan_row(setup, batch_size, seq_len, fixed, int(exc.min_peak_bytes),
+                                budget)
+        prof = measure_on_copy(step, context, chosen.decisions)
+        row = _simulate_plan(setup, chosen, batch_size, seq_len) if prof is None \
+            else row_of(setup, "plan", batch_size, seq_len, prof, batch)
+        if row.fits or row.margin_bytes >= 0:
+            return row
+        budget -= -row.margin_bytes
+    assert row is not None
+    return row
 
 
 def _fsdp_plan_row(setup: Setup, batch_size: int, seq_len: int,
@@ -168,7 +181,7 @@ def _fsdp_plan_row(setup: Setup, batch_size: int, seq_len: int,
         tried.append(row)
         if budget == lo:
             break
-        budget = max(lo, budget - (row.peak_bytes - setup.device.capacity_bytes))
+        budget = max(lo, budget + min(row.margin_bytes, 0))
     apply(setup.model, "full", blocks=setup.blocks)  # every block checkpointed
     tried.append(point(setup, "plan", batch_size, seq_len))
     return min(tried, key=lambda r: (not r.fits, r.peak_bytes))

@@ -20,15 +20,36 @@ activation peak does not, so when the one-device peak is in the optimizer phase 
 second simulation without the optimizer gives the forward/backward peak's
 breakdown (plus the constant optimizer state), and the rank's peak is the larger
 of the two, sharded.
+
+NOTE [ Reserved per rank ]
+A row fits when its rank's reserved peak, library workspaces included, is within the
+card's capacity less what lives outside the allocator (NOTE [ Fits on the card ] in
+core/card_fit.py). On one device the reserved peak is the simulated step's allocations
+replayed through the model of PyTorch's caching allocator (``Profile.reserved``: the
+first and a steady step, under the job's ``PYTORCH_CUDA_ALLOC_CONF``), exactly as for a
+real step. Under sharding the rank's allocations are not replayed one by one: its
+reserved peak is its allocated peak plus what the one-device step reserves above its own
+allocated peak (rounding, segment sizes and the free space stranded between segments come
+from the same requests, each no larger on a rank). Fast rows take that overhead from
+their shallow steps (NOTE [ Fast rows ]): the largest of the samples a row is built from.
+It is an estimate: what a step reserves above its allocated peak is not affine in depth
+or batch (on Llama-7B ``full`` it is 0.2-3.4 GiB at 2 and 3 blocks, 1.1-1.9 GiB at 32),
+so fast rows read it from steps of the same shape and keep the largest; a fast row whose
+margin is within 5% of the card's limit (``_CONFIRM_SHARE`` in run.py), where that
+estimate could decide the fit, is simulated exactly instead, and ``exact=True`` replays
+every row's whole step. Plan rows composed from candidates take
+the ``none`` row's overhead at their batch size.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 
+from remat.core.card_fit import CardFit
 from remat.core.cost import Category, StepCost
 from remat.simulate._setup import Setup
 from remat.simulate.result import SimulationRow
@@ -119,6 +140,32 @@ def point(setup: Setup, strategy: str, batch_size: int, seq_len: int) -> Simulat
                   profile_point(setup, batch, setup.optimizer), batch)
 
 
+def card_fit(setup: Setup, rank_peak_bytes: int, reserved_extra_bytes: int,
+             expandable_extra_bytes: int | None) -> CardFit:
+    """The row's fit on its card (NOTE [ Reserved per rank ]): the rank's allocated peak
+    plus what the one-device step reserves above its allocated peak, with the default
+    segments and with expandable ones."""
+    return setup.card.check(
+        rank_peak_bytes, rank_peak_bytes + max(reserved_extra_bytes, 0),
+        None if expandable_extra_bytes is None
+        else rank_peak_bytes + max(expandable_extra_bytes, 0))
+
+
+def reserved_extras(setup: Setup, prof: Any) -> tuple[int, int]:
+    """What the profiled step reserves above its allocated peak, with the job's allocator
+    settings and with expandable segments, bytes (NOTE [ Reserved per rank ])."""
+    peak = int(prof.peak_bytes)
+    default = prof.reserved(setup.allocator).reserved_bytes - peak
+    expandable = prof.reserved(dataclasses.replace(
+        setup.allocator, expandable_segments=True)).reserved_bytes - peak
+    return max(default, 0), max(expandable, 0)
+
+
+def fit_note(fit: CardFit) -> str:
+    """The row's note about its fit: empty, or that expandable segments make it fit."""
+    return "fits with expandable_segments:True" if fit.needs_expandable_segments else ""
+
+
 def row_of(setup: Setup, strategy: str, batch_size: int, seq_len: int, prof: Any,
            batch: Any) -> SimulationRow:
     """The row of a simulated step's profile (its step: ``setup.model`` as it is now on
@@ -139,16 +186,20 @@ def row_of(setup: Setup, strategy: str, batch_size: int, seq_len: int, prof: Any
         recompute_flops=int(prof.recompute_flops),
         recompute_ms=float(roofline_ms(prof.ops, setup.device, phases=("recompute",))),
     )
+    fit = card_fit(setup, peak, *reserved_extras(setup, prof))
     return SimulationRow(
         strategy=strategy,
         batch_size=batch_size,
         seq_len=seq_len,
         cost=cost,
-        fits=peak <= setup.device.capacity_bytes,
+        fits=fit.fits,
         samples_per_s=samples_per_s,
         tokens_per_s=samples_per_s * seq_len,
         single_device_peak_bytes=int(prof.peak_bytes),
         peak_phase=prof.peak_phase,
+        note=fit_note(fit),
+        reserved_bytes=fit.reserved_bytes,
+        margin_bytes=fit.margin_bytes,
     )
 
 

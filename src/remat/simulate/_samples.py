@@ -77,6 +77,10 @@ class Sample:
     moments: tuple[tuple[str, int, int], ...] = ()
     rank_segments: tuple[int, ...] = ()  # FSDP: per-rank peak per segment (NOTE [ Fast rows ], 6)
     ends: tuple[tuple[EndKey, End], ...] = ()
+    #: reserved above the allocated peak, default and expandable segments (NOTE
+    #: [ Reserved per rank ] in _point.py): bounds, not on the affine line
+    reserved_extra_bytes: int = 0
+    expandable_extra_bytes: int = 0
 
 
 def roofline_times(ops: Sequence[Any], device: Any) -> dict[str, float]:
@@ -138,10 +142,12 @@ def _breakdowns(events: Sequence[Any], at: set[int]) -> dict[int, dict[Category,
 
 
 def sample_of(prof: Any, device: Any, width: int = 2,
-              rank_segments: tuple[int, ...] = ()) -> Sample:
+              rank_segments: tuple[int, ...] = (),
+              reserved_extras: tuple[int, int] = (0, 0)) -> Sample:
     """The sample of one shallow step's profile: both moments, every op, roofline times,
     the peaks of the ``width`` segments at either end of each phase (``ends``) and,
-    under FSDP, the rank's segment peaks (computed by the caller)."""
+    under FSDP, the rank's segment peaks and what the step reserves above its allocated
+    peak (both computed by the caller)."""
     ops = tuple(prof.ops)
     moments = {p: m for p, m in prof.phase_peaks.items() if p != "optimizer"}
     phase = max(moments, key=lambda p: (moments[p].peak_bytes, -moments[p].order))
@@ -156,7 +162,9 @@ def sample_of(prof: Any, device: Any, width: int = 2,
                   moments=tuple(sorted((p, int(m.peak_bytes), m.order)
                                        for p, m in prof.phase_peaks.items())),
                   rank_segments=rank_segments,
-                  ends=end_segments(prof.timeline, width, [b.name for b in prof.blocks]))
+                  ends=end_segments(prof.timeline, width, [b.name for b in prof.blocks]),
+                  reserved_extra_bytes=reserved_extras[0],
+                  expandable_extra_bytes=reserved_extras[1])
 
 
 class NotAffine(Exception):
@@ -171,6 +179,13 @@ def affine(a: int, b: int, xa: int, xb: int, x: int) -> int:
     if num % (xb - xa):
         raise NotAffine
     return a + num // (xb - xa)
+
+
+def _extra(a: int, b: int, x1: int, x2: int, x: int) -> int:
+    """Reserved-above-allocated bytes at ``x`` from two samples: the larger of theirs
+    (NOTE [ Reserved per rank ] in _point.py; it is not affine in depth or batch)."""
+    del x1, x2, x
+    return max(a, b)
 
 
 def mix(s1: Sample, s2: Sample, x1: int, x2: int, x: int, *,
@@ -190,6 +205,10 @@ def mix(s1: Sample, s2: Sample, x1: int, x2: int, x: int, *,
     ints["rank_segments"] = tuple(affine(a, b, x1, x2, x) for a, b in
                                   zip(s1.rank_segments, s2.rank_segments, strict=True))
     ends = _mix_ends(s1, s2, x1, x2, x)
+    ints["reserved_extra_bytes"] = _extra(s1.reserved_extra_bytes, s2.reserved_extra_bytes,
+                                          x1, x2, x)
+    ints["expandable_extra_bytes"] = _extra(s1.expandable_extra_bytes,
+                                            s2.expandable_extra_bytes, x1, x2, x)
     if device is None:
         times = {k: getattr(s1, k) + (getattr(s2, k) - getattr(s1, k)) * (x - x1) / (x2 - x1)
                  for k in ("compute_ms", "recompute_ms", "optimizer_ms")}

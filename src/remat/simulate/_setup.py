@@ -6,13 +6,16 @@ Private to :mod:`remat.simulate`; :func:`default_batch` is public (re-exported b
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
+from remat.core.allocator_settings import AllocatorSettings
+from remat.core.card_fit import CardBudget, card_budget
+from remat.device_memory import layout_process_groups
 from remat.devices import DeviceSpec
 from remat.errors import message
 from remat.simulate.precision import Precision, make_optimizer
@@ -142,6 +145,8 @@ class Setup:
     blocks: Any
     loss_fn: LossFn | None
     batch_fn: BatchFn
+    card: CardBudget  # what a rank may hold on its card: NOTE [ Fits on the card ]
+    allocator: AllocatorSettings  # the job's caching-allocator settings (from the environment)
 
 
 def _adapt_blocks(blocks: Any, wrapped: bool) -> Any:
@@ -162,8 +167,10 @@ def check_ints(api: str, name: str, values: Iterable[Any]) -> tuple[int, ...]:
 
 def make_setup(inner: nn.Module, *, precision: Precision, optimizer: str, device: DeviceSpec,
                world_size: int, sharding: str, blocks: Any, loss_fn: LossFn | None,
-               batch_fn: BatchFn | None) -> Setup:
-    """Convert ``inner`` to the precision's dtype, wrap it for autocast, build its optimizer."""
+               batch_fn: BatchFn | None, process_groups: Sequence[int] | None = None) -> Setup:
+    """Convert ``inner`` to the precision's dtype, wrap it for autocast, build its optimizer;
+    the card's budget counts one NCCL communicator per process group (default: one over
+    the data-parallel ranks when there are several)."""
     inner.to(precision.param_dtype)
     inner.train()
     wrapped = precision.autocast_dtype is not None
@@ -175,4 +182,7 @@ def make_setup(inner: nn.Module, *, precision: Precision, optimizer: str, device
         precision=precision, device=device, world_size=world_size, sharding=sharding,
         layout=_layout(run_model, run_blocks), blocks=run_blocks, loss_fn=loss_fn,
         batch_fn=batch_fn or (lambda b, s: default_batch(inner, b, s)),
+        card=card_budget(device, process_groups=layout_process_groups(dp=world_size)
+                         if process_groups is None else tuple(process_groups)),
+        allocator=AllocatorSettings.from_env(),
     )

@@ -13,7 +13,8 @@ from remat.simulate.sharding import SHARDINGS
 
 #: The JSON keys of a row, in order: the simulation JSON keeps the cost fields flat, as
 #: before ``SimulationRow.cost``, so files written either way read the same.
-_ROW_KEYS = ("strategy", "batch_size", "seq_len", "peak_bytes", "fits", "step_ms",
+_ROW_KEYS = ("strategy", "batch_size", "seq_len", "peak_bytes", "reserved_bytes",
+             "margin_bytes", "fits", "step_ms",
              "samples_per_s", "tokens_per_s", "single_device_peak_bytes", "activation_bytes",
              "param_bytes", "grad_bytes", "optimizer_bytes", "flops", "recompute_flops",
              "recompute_ms", "peak_phase", "note")
@@ -39,13 +40,20 @@ class SimulationRow(CostViews):
             pointwise ops: they cost bandwidth, not FLOPs) and ``recompute_ms`` (roofline
             time of the recomputation, part of ``step_ms``); ``step_ms`` and
             ``recompute_ms`` are always set. The flat names below are read-only views.
-        fits: ``peak_bytes <= device memory``.
+        fits: the rank's step fits its card: ``reserved_bytes <= capacity - outside``
+            (NOTE [ Fits on the card ] in core/card_fit.py).
         samples_per_s: sequences per second over all ranks.
         tokens_per_s: tokens per second over all ranks.
         single_device_peak_bytes: the simulated one-device peak (before sharding).
         peak_phase: phase of the one-device peak (``"forward"``, ``"backward"``,
             ``"recompute"`` or ``"optimizer"``).
-        note: why a row is missing figures (e.g. the planner found no plan), else ``""``.
+        note: why a row is missing figures (e.g. the planner found no plan), or that
+            ``expandable_segments:True`` is what makes it fit, else ``""``.
+        reserved_bytes: the rank's predicted reserved peak under PyTorch's caching
+            allocator, library workspaces included (NOTE [ Reserved per rank ] in
+            simulate/_point.py). Default: 0 (a row written before it was predicted).
+        margin_bytes: capacity less outside memory less ``reserved_bytes``: what is left
+            on the card (negative: over). Default: 0.
     """
 
     strategy: str
@@ -58,6 +66,8 @@ class SimulationRow(CostViews):
     single_device_peak_bytes: int
     peak_phase: str | None = None
     note: str = ""
+    reserved_bytes: int = 0
+    margin_bytes: int = 0
 
     def __post_init__(self) -> None:
         for key in ("batch_size", "seq_len"):
@@ -118,13 +128,17 @@ class SimulationResult:
         precision: ``"bf16"``, ``"amp-bf16"``, ``"fp32"`` or ``"amp-fp16"``.
         optimizer: ``"adamw"``, ``"adam"``, ``"sgd"`` or ``"none"``.
         device: the device's name.
-        device_memory_bytes: its memory.
+        device_memory_bytes: its capacity as PyTorch reports it.
         world_size: data-parallel ranks.
         sharding: ``"none"``, ``"fsdp"`` or ``"ddp"``.
         batch_sizes: micro-batch sizes simulated, ascending.
         strategies: strategies simulated, in order (``"plan"`` last when planned).
         rows: one row per strategy and batch size, strategies in order, batches ascending.
         elapsed_s: wall time of the simulation, seconds.
+        outside_bytes: what a rank holds outside PyTorch's allocator (CUDA context, NCCL
+            buffers; NOTE [ Fits on the card ] in core/card_fit.py). Default: 0.
+        workspace_bytes: library workspaces a rank allocates through it (cuBLAS,
+            cuBLASLt, cuDNN), included in each row's ``reserved_bytes``. Default: 0.
 
     Example:
         >>> result = simulate("llama-tiny", seq_len=32, batch_sizes=[1, 2],
@@ -146,6 +160,8 @@ class SimulationResult:
     strategies: tuple[str, ...]
     rows: tuple[SimulationRow, ...]
     elapsed_s: float = field(default=0.0, compare=False)
+    outside_bytes: int = 0
+    workspace_bytes: int = 0
 
     def __post_init__(self) -> None:
         if self.sharding not in SHARDINGS:
