@@ -10,6 +10,11 @@ NOTE [ Budget forms ]
     ``static`` is the parameters, buffers, gradients, optimizer state and batch alive at
     the un-checkpointed peak. :meth:`Budget.other_form` writes a resolved budget in the
     other form, for messages (``BudgetTooSmall``).
+
+    ``"device"`` is the card itself: its capacity less what lives outside PyTorch's
+    allocator, applied to the step's predicted *reserved* peak with the library workspaces
+    (NOTE [ Fits on the card ] in core/card_fit.py), so a plan for it trains without
+    running out of memory on that card. It resolves to the card's limit in bytes.
 """
 
 from __future__ import annotations
@@ -27,13 +32,15 @@ BudgetLike = int | str
 class Budget:
     """A peak-memory budget for a whole training step.
 
-    Exactly one of ``bytes_`` and ``fraction`` is set.
+    Exactly one of ``bytes_`` and ``fraction`` is set, or neither with ``of="device"``.
 
     Args:
         bytes_: an absolute budget, bytes.
         fraction: a fraction of the un-checkpointed step's peak (``"60%"`` is 0.6), or of
             its activations with ``of="activations"`` (NOTE [ Budget forms ]).
-        of: what ``fraction`` is of: ``"peak"`` or ``"activations"``. Default: ``"peak"``.
+        of: what ``fraction`` is of: ``"peak"`` or ``"activations"``; or ``"device"``, the
+            card's capacity less the memory outside the allocator, on the reserved peak
+            (NOTE [ Budget forms ]). Default: ``"peak"``.
 
     Example:
         >>> parse_budget("60%").resolve(1000)
@@ -47,6 +54,12 @@ class Budget:
     of: str = "peak"
 
     def __post_init__(self) -> None:
+        if self.of == "device":
+            if self.bytes_ is not None or self.fraction is not None:
+                raise ValueError(message("Budget", "of='device' takes no bytes_ or fraction",
+                                         {"bytes_": self.bytes_, "fraction": self.fraction},
+                                         fix="pass Budget(of='device') (or parse 'device')"))
+            return
         if (self.bytes_ is None) == (self.fraction is None):
             raise ValueError(message("Budget", "set exactly one of bytes_ and fraction",
                                      {"bytes_": self.bytes_, "fraction": self.fraction},
@@ -70,13 +83,28 @@ class Budget:
         """True for a percentage budget."""
         return self.fraction is not None
 
-    def resolve(self, no_checkpoint_peak_bytes: int, *, static_bytes: int | None = None) -> int:
+    @property
+    def is_device(self) -> bool:
+        """True for the card's own budget (``"device"``: NOTE [ Budget forms ])."""
+        return self.of == "device"
+
+    def resolve(self, no_checkpoint_peak_bytes: int, *, static_bytes: int | None = None,
+                device_limit_bytes: int | None = None) -> int:
         """The budget in bytes, given the un-checkpointed step's peak and, for an
-        ``"activations:"`` budget, its static bytes (NOTE [ Budget forms ]).
+        ``"activations:"`` budget, its static bytes; for ``"device"``, the card's
+        capacity less what lives outside the allocator (NOTE [ Budget forms ]).
 
         Raises:
-            ValueError: an ``"activations:"`` budget without ``static_bytes``.
+            ValueError: an ``"activations:"`` budget without ``static_bytes``, or a
+                ``"device"`` one without ``device_limit_bytes``.
         """
+        if self.of == "device":
+            if device_limit_bytes is None:
+                raise ValueError(message(
+                    "Budget.resolve", "budget 'device' needs the card's limit",
+                    fix="pass device_limit_bytes= (remat.core.card_fit.card_budget(...)"
+                        ".limit_bytes)"))
+            return device_limit_bytes
         if self.bytes_ is not None:
             return self.bytes_
         fraction = self.fraction or 0.0
@@ -99,7 +127,7 @@ class Budget:
             >>> parse_budget("activations:50%").other_form(700, 1000, 400)
             '70% of the peak'
         """
-        if self.of == "activations":
+        if self.of != "peak":
             share = 100.0 * budget_bytes / max(no_checkpoint_peak_bytes, 1)
             return f"{share:.3g}% of the peak"
         active = no_checkpoint_peak_bytes - static_bytes
@@ -108,6 +136,8 @@ class Budget:
             "below the static bytes (no activations:X% reaches it)"
 
     def __str__(self) -> str:
+        if self.of == "device":
+            return "device"
         if self.fraction is not None:
             prefix = "activations:" if self.of == "activations" else ""
             return f"{prefix}{self.fraction * 100:g}%"
@@ -115,12 +145,12 @@ class Budget:
 
 
 #: What a fractional budget is of (NOTE [ Budget forms ]).
-_OF: tuple[str, ...] = ("peak", "activations")
+_OF: tuple[str, ...] = ("peak", "activations", "device")
 
 
 def parse_budget(budget: BudgetLike | Budget) -> Budget:
-    """Read a budget: an int (bytes), ``"12GiB"`` / ``"800MB"``, ``"60%"`` or
-    ``"activations:50%"``.
+    """Read a budget: an int (bytes), ``"12GiB"`` / ``"800MB"``, ``"60%"``,
+    ``"activations:50%"`` or ``"device"`` (the card: NOTE [ Budget forms ]).
 
     A percentage is a fraction of the un-checkpointed step's peak
     (``remat.profile(model, batch).peak_bytes`` without checkpointing); it may exceed
@@ -140,11 +170,13 @@ def parse_budget(budget: BudgetLike | Budget) -> Budget:
         return budget
     hint = "write budget as bytes (an int), with a unit (\"12GiB\", \"800MB\"), as a " \
            "percentage of the un-checkpointed peak (\"60%\") or of its activations " \
-           "(\"activations:50%\")"
+           "(\"activations:50%\"), or \"device\" for the card's own memory"
     if isinstance(budget, bool) or not isinstance(budget, (int, str)):
         raise ValueError(message("remat.plan", f"cannot read budget {budget!r}",
                                  {"type": type(budget).__name__}, fix=hint))
     of = "peak"
+    if isinstance(budget, str) and budget.strip().lower() == "device":
+        return Budget(of="device")
     if isinstance(budget, str) and budget.strip().lower().startswith("activations:"):
         of, budget = "activations", budget.strip()[len("activations:"):]
         if not budget.strip().endswith("%"):

@@ -48,6 +48,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from remat.core.budget import Budget
+from remat.core.card_fit import CardBudget
 from remat.core.peak import PeakModel
 from remat.core.solver import solve
 from remat.errors import BudgetTooSmall, StrategyError
@@ -129,13 +130,14 @@ def _without_head_windows(model: PeakModel[Any]) -> PeakModel[Any]:
 
 
 def cheaper_with_head(step: Step, ctx: PlanContext, budget_bytes: int, plan: Plan, *,
-                      simulate: bool, budget: Budget | None) -> Plan:
+                      simulate: bool, budget: Budget | None,
+                      card: CardBudget | None = None) -> Plan:
     """``plan``, or a plan with a chunked head where that is cheaper (NOTE [ Priced head ]).
 
     Args:
         step, ctx, budget_bytes: what ``plan`` was planned for.
         plan: the block-only plan (its measured peak fits ``budget_bytes``).
-        simulate, budget: as for :func:`~remat.planning.loop.close_loop`.
+        simulate, budget, card: as for :func:`~remat.planning.loop.close_loop`.
 
     Returns:
         The plan with the lower recompute cost (``plan`` on a tie).
@@ -152,7 +154,8 @@ def cheaper_with_head(step: Step, ctx: PlanContext, budget_bytes: int, plan: Pla
             if (choice is None or headed.recompute_ms(choice) + (option.recompute_ms or 0.0)
                     >= plan.recompute_ms):
                 return plan
-            found = close_loop(step, headed, budget_bytes, simulate=simulate, budget=budget)
+            found = close_loop(step, headed, budget_bytes, simulate=simulate, budget=budget,
+                               card=card)
             return found if found.recompute_ms < plan.recompute_ms else plan
     except (BudgetTooSmall, StrategyError):  # a forward the chunked head refuses at run time
         return plan
@@ -165,7 +168,8 @@ def cheaper_with_head(step: Step, ctx: PlanContext, budget_bytes: int, plan: Pla
 
 
 def plan_with_head(step: Step, ctx: PlanContext, budget_bytes: int, *, simulate: bool,
-                   budget: Budget | None, error: BudgetTooSmall) -> Plan:
+                   budget: Budget | None, error: BudgetTooSmall,
+                   card: CardBudget | None = None) -> Plan:
     """The plan with the fewest head chunks that fits, where no block-only plan does
     (NOTE [ Head choice ]).
 
@@ -180,7 +184,7 @@ def plan_with_head(step: Step, ctx: PlanContext, budget_bytes: int, *, simulate:
             return None
         try:
             return close_loop(step, with_head(ctx, option), budget_bytes,
-                              simulate=simulate, budget=budget)
+                              simulate=simulate, budget=budget, card=card)
         except BudgetTooSmall as exc:
             return exc
 

@@ -50,7 +50,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
+from remat.core.allocator_settings import AllocatorSettings
 from remat.core.budget import Budget
+from remat.core.card_fit import CardBudget
 from remat.core.checks import decisions_label
 from remat.core.cost import Category, StepCost
 from remat.core.loop import close_loop as close_loop_core
@@ -350,12 +352,17 @@ def _lowest_choices(ctx: PlanContext) -> list[list[int]]:
 
 
 def close_loop(step: Step, ctx: PlanContext, budget_bytes: int, *, simulate: bool,
-               fake_loop: bool = True, budget: Budget | None = None) -> Plan:
+               fake_loop: bool = True, budget: Budget | None = None,
+               card: CardBudget | None = None) -> Plan:
     """Step 4 of NOTE [ How a plan is made ]: NOTE [ Closed loop ] (remat.core.loop) with a
     tracked step as the measurement; ``fake_loop=False`` measures every choice with
-    :func:`measure_decisions` (NOTE [ Closed loop on the fake copy ])."""
+    :func:`measure_decisions` (NOTE [ Closed loop on the fake copy ]). With ``card`` (a
+    ``budget="device"`` plan) a choice's peak is its predicted reserved peak on that card,
+    workspaces included (NOTE [ Fits on the card ] in core/card_fit.py)."""
     measured: dict[tuple[int, ...], Profile] = {}
     allocated: dict[tuple[int, ...], int] = {}
+    reserved: dict[tuple[int, ...], int] = {}
+    settings = AllocatorSettings.from_env() if card is not None else None
 
     def measure(choice: Sequence[int]) -> Profile:
         key = tuple(choice)
@@ -385,15 +392,33 @@ def close_loop(step: Step, ctx: PlanContext, budget_bytes: int, *, simulate: boo
 
     def peak(choice: Sequence[int]) -> int:
         """NOTE [ Fits on the allocator ]: the tracker's peak, and the allocator's too
-        when the tracker's fits."""
+        when the tracker's fits; on a card, the reserved peak."""
         prof = measure(choice)
+        if card is not None:
+            return reserved_peak(choice)
         return prof.peak_bytes if prof.peak_bytes > budget_bytes else truth(choice)
+
+    def reserved_peak(choice: Sequence[int]) -> int:
+        """NOTE [ Fits on the card ]: the step's allocations replayed through the caching
+        allocator's model, first and steady step, workspaces added."""
+        assert card is not None
+        key = tuple(choice)
+        if key not in reserved:
+            prof = measure(choice)
+            tensors = prof.peak_bytes if prof.peak_bytes + card.workspace_bytes > budget_bytes \
+                else truth(choice)
+            predicted = prof.reserved(settings).reserved_bytes \
+                if prof.allocations is not None else tensors
+            reserved[key] = card.check(tensors, max(predicted, tensors)).reserved_bytes
+        return reserved[key]
 
     def build(choice: Sequence[int], prof: Profile) -> Plan:
         step_time = timed_step_ms(step, ctx.decisions(choice)) \
             if ctx.cost_source == "measured" else None
         plan = _build(ctx, choice, prof, budget_bytes, step.blocks, step_time)
-        return replace(plan, allocator_peak_bytes=allocated.get(tuple(choice)))
+        key = tuple(choice)
+        return replace(plan, allocator_peak_bytes=allocated.get(key),
+                       reserved_peak_bytes=reserved_peak(choice) if card is not None else None)
 
     def cost(choice: Sequence[int], prof: Profile) -> float:
         if ctx.cost_source == "measured":
@@ -418,5 +443,6 @@ def close_loop(step: Step, ctx: PlanContext, budget_bytes: int, *, simulate: boo
     # and the tracker's lowest: what BudgetTooSmall offers as reachable.
     lowest_keys = {min(measured, key=lambda k: measured[k].peak_bytes),
                    *(tuple(c) for c in _lowest_choices(ctx))}
-    lowest = min(sorted(lowest_keys), key=truth)
-    raise _too_small(ctx, budget_bytes, lowest, measured[lowest], budget, truth(lowest))
+    reached = reserved_peak if card is not None else truth
+    lowest = min(sorted(lowest_keys), key=reached)
+    raise _too_small(ctx, budget_bytes, lowest, measured[lowest], budget, reached(lowest))

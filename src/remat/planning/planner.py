@@ -36,6 +36,8 @@ from torch import Tensor, nn
 
 from remat.blocks import BlocksSpec
 from remat.core.budget import Budget, BudgetLike
+from remat.core.card_fit import CardBudget, card_budget
+from remat.device_memory import layout_process_groups
 from remat.devices import DeviceSpec
 from remat.errors import BudgetTooSmall, message
 from remat.measure.step import LossFn, Step, model_device
@@ -86,7 +88,10 @@ def plan(
         batch: a batch as :func:`remat.profile` takes it.
         budget: the whole step's peak: bytes (int), ``"12GiB"`` / ``"800MB"``, or
             ``"60%"`` of the un-checkpointed step's peak. A budget above the
-            un-checkpointed peak gives the empty plan.
+            un-checkpointed peak gives the empty plan. ``"device"``: the card itself (the
+            GPU the model is on, or ``device=``): its capacity less what lives outside
+            PyTorch's allocator, on the step's predicted reserved peak with the library
+            workspaces (``plan.reserved_peak_bytes``; NOTE [ Fits on the card ]).
         loss_fn: ``loss_fn(output, batch) -> scalar``. Default: ``output.loss``, else a mean.
         optimizer: stepped in the measured step; its state counts toward the peak.
             Default: ``None``.
@@ -214,18 +219,46 @@ def plan_step(step: Step, options: PlanOptions, *, context: PlanContext | None =
                 "in flight", {"context": context.microbatches_in_flight,
                               "asked": step.microbatches_in_flight},
                 fix="prepare the context with the same microbatches_in_flight"))
-    budget_bytes = options.budget.resolve(context.no_checkpoint_peak_bytes,
-                                          static_bytes=context.static_bytes)
+    card = card_of(step, options) if options.budget.is_device else None
+    budget_bytes = options.budget.resolve(
+        context.no_checkpoint_peak_bytes, static_bytes=context.static_bytes,
+        device_limit_bytes=card.limit_bytes if card is not None else None)
     try:
         plan = close_loop(step, context, budget_bytes, simulate=options.simulate,
-                          budget=options.budget)
+                          budget=options.budget, card=card)
         plan = cheaper_with_head(step, context, budget_bytes, plan,
-                                 simulate=options.simulate, budget=options.budget)
+                                 simulate=options.simulate, budget=options.budget, card=card)
     except BudgetTooSmall as error:  # a chunked output head may still fit it
         plan = plan_with_head(step, context, budget_bytes, simulate=options.simulate,
-                              budget=options.budget, error=error)
+                              budget=options.budget, error=error, card=card)
     # What the plan is for, so remat.apply refuses another model (NOTE [ Plan fingerprint ]).
     return replace(plan, fingerprint=fingerprint_of(step.model, plan.block_names))
+
+
+def card_of(step: Step, options: PlanOptions) -> CardBudget:
+    """The card a ``budget="device"`` plan is for (NOTE [ Fits on the card ] in
+    core/card_fit.py): the GPU the model is on, else ``device=``; one NCCL communicator
+    over the process group's ranks when one is initialized.
+
+    Raises:
+        ValueError: a model off CUDA and no ``device=`` to plan for.
+    """
+    import torch.distributed as dist
+
+    from remat.devices import current, get_device
+
+    groups = layout_process_groups(dp=dist.get_world_size()) \
+        if dist.is_available() and dist.is_initialized() else ()
+    where = model_device(step.model)
+    if where.type == "cuda":
+        return card_budget(current(where.index), process_groups=groups)
+    if options.device is None:
+        raise ValueError(message(
+            "remat.plan", "budget='device' needs a card to plan for",
+            {"model on": str(where)},
+            fix="pass device='h100-80gb' (or another name in remat.devices.DEVICES, or "
+                "remat.devices.current() on the GPU machine), with simulate=True on a CPU"))
+    return card_budget(get_device(options.device), process_groups=groups)
 
 
 def auto(model: nn.Module, batch: Any, **kwargs: Any) -> Plan:

@@ -118,7 +118,14 @@ class Plan:
         allocator_peak_bytes: the step's peak on the device's allocator with the plan
             applied (``Profile.allocator_peak_bytes``), which the closed loop checks
             against the budget when the step runs for real (NOTE [ Fits on the
-            allocator ]); ``None`` when simulated. Default: ``None``.
+            allocator ]); the higher of the first step after apply and a steady step
+            (NOTE [ The first step ] in measure/profile.py); ``None`` when simulated.
+            Default: ``None``.
+        reserved_peak_bytes: the predicted reserved peak of the planned step under
+            PyTorch's CUDA caching allocator, library workspaces included, which a
+            ``budget="device"`` plan keeps within ``budget_bytes`` (the card's capacity
+            less what lives outside the allocator: NOTE [ Fits on the card ] in
+            core/card_fit.py); ``None`` for other budgets. Default: ``None``.
     """
 
     decisions: Mapping[str, BlockStrategy]
@@ -137,6 +144,7 @@ class Plan:
     fingerprint: tuple[BlockPrint, ...] | None = None
     compiled: Mapping[str, float] | None = None
     allocator_peak_bytes: int | None = None
+    reserved_peak_bytes: int | None = None
 
     def __post_init__(self) -> None:
         names = tuple(self.block_names)
@@ -175,6 +183,7 @@ class Plan:
             object.__setattr__(self, "cost", replace(self.cost, recompute_ms=0.0))
         check_int("Plan", "measured_peak_bytes", self.measured_peak_bytes, optional=True)
         check_int("Plan", "allocator_peak_bytes", self.allocator_peak_bytes, optional=True)
+        check_int("Plan", "reserved_peak_bytes", self.reserved_peak_bytes, optional=True)
         check_int("Plan", "no_checkpoint_peak_bytes", self.no_checkpoint_peak_bytes,
                    optional=True)
         check_int("Plan", "batch_size", self.batch_size, optional=True)
@@ -298,6 +307,7 @@ class Plan:
             "predicted_peak_bytes": self.predicted_peak_bytes,
             "measured_peak_bytes": self.measured_peak_bytes,
             "allocator_peak_bytes": self.allocator_peak_bytes,
+            "reserved_peak_bytes": self.reserved_peak_bytes,
             "recompute_flops": self.recompute_flops,
             "recompute_ms": self.recompute_ms,
             "predicted_step_ms": self.predicted_step_ms,
@@ -346,6 +356,7 @@ class Plan:
                               step_ms=opt_float(data.get("predicted_step_ms"))),
                 measured_peak_bytes=opt_int(data.get("measured_peak_bytes")),
                 allocator_peak_bytes=opt_int(data.get("allocator_peak_bytes")),
+                reserved_peak_bytes=opt_int(data.get("reserved_peak_bytes")),
                 no_checkpoint_peak_bytes=opt_int(data.get("no_checkpoint_peak_bytes")),
                 cost_device=str(data.get("cost_device", "h100-80gb")),
                 cost_source=str(data.get("cost_source", "roofline")),

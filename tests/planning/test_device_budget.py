@@ -1,0 +1,65 @@
+"""``budget="device"``: the card's capacity less what lives outside the allocator, on the
+predicted reserved peak with the workspaces (NOTE [ Fits on the card ] in core/card_fit.py)."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+import remat
+from remat.core.card_fit import card_budget
+from remat.devices import DeviceSpec
+from remat.models import build_model, make_batch
+
+MIB = 2**20
+
+
+def _step() -> tuple[torch.nn.Module, torch.Tensor, torch.optim.Optimizer]:
+    torch.manual_seed(0)
+    model = build_model("gpt-tiny", max_seq_len=128)
+    return model, make_batch(model, 16, 128), torch.optim.AdamW(model.parameters())
+
+
+def _card(tensor_mib: int) -> DeviceSpec:
+    """A card whose allocator can reserve ``tensor_mib`` MiB besides the default outside
+    terms and workspaces (the estimates for an unknown card, no environment)."""
+    probe = card_budget(DeviceSpec("probe", 2**40, 1e14, 1e13, 1e12, 1e10), env={})
+    overhead = probe.outside_bytes + probe.workspace_bytes
+    return DeviceSpec("test-card", overhead + tensor_mib * MIB, 1e14, 1e13, 1e12, 1e10)
+
+
+def test_a_device_plan_keeps_its_reserved_peak_on_the_card(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "CUBLAS_WORKSPACE_CONFIG",
+                 "CUDA_MODULE_LOADING", "NCCL_BUFFSIZE"):
+        monkeypatch.delenv(name, raising=False)
+    model, batch, optimizer = _step()
+    card = _card(44)  # `none` reserves 56 MiB here, `full` 30 MiB (simulated)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        plan = remat.plan(model, batch, optimizer=optimizer, budget="device", device=card,
+                          simulate=True)
+    limit = card_budget(card).limit_bytes
+    assert plan.budget_bytes == limit
+    assert plan.reserved_peak_bytes is not None and plan.reserved_peak_bytes <= limit
+    assert plan.decisions  # `none` would be over: something is checkpointed
+    # The same figure from the applied plan's own simulated step
+    remat.apply(model, plan)
+    prof = remat.profile(model, batch, optimizer=optimizer, simulate=True)
+    remat.remove(model)
+    workspaces = card_budget(card).workspace_bytes
+    assert prof.reserved().reserved_bytes + workspaces == plan.reserved_peak_bytes
+    # On allocated bytes alone the same card's tensor bytes admit a cheaper, unfitting plan
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        on_bytes = remat.plan(model, batch, optimizer=optimizer,
+                              budget=card_budget(card).tensor_bytes, simulate=True)
+    assert on_bytes.recompute_ms <= plan.recompute_ms
+
+
+def test_a_device_budget_needs_a_card() -> None:
+    model, batch, optimizer = _step()
+    with pytest.raises(ValueError, match="budget='device' needs a card to plan for"):
+        remat.plan(model, batch, optimizer=optimizer, budget="device", simulate=True)
