@@ -6,6 +6,7 @@ import math
 from typing import Any
 
 import pytest
+from allocated_fit import ON_ALLOCATED
 
 import remat.simulate._plan_fast as plan_fast
 import remat.simulate._planned as planned
@@ -36,7 +37,8 @@ def _kwargs(preset: str, dtype: str, **extra: Any) -> tuple[dict[str, Any], Any]
     probe = simulate(_factory(preset), strategies=["none", "full"], device="l4", **kwargs)
     memory = probe.row("none", 4).peak_bytes - 1
     return {**kwargs, "strategies": ["none"], "plan": True,
-            "device": DeviceSpec("gpu-test", memory, 1e14, 1e12, 1e12, 1e10)}, probe
+            "device": DeviceSpec("gpu-test", memory, 1e14, 1e12, 1e12, 1e10),
+            **ON_ALLOCATED}, probe
 
 
 @pytest.fixture(scope="module", params=CASES, ids=[f"{p}-{d}" for p, d in CASES])

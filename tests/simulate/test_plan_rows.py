@@ -8,6 +8,7 @@ Regression test: ``remat simulate --hf mistral --seq 4096 --batch 4
 from __future__ import annotations
 
 import pytest
+from allocated_fit import ON_ALLOCATED
 
 pytest.importorskip("transformers")
 
@@ -46,7 +47,8 @@ def test_fsdp_plan_row_fits_whenever_full_fits(peaks: tuple[int, int], where: fl
     device = _device(full_peak + int(where * (none_peak - full_peak)))
     assert device.capacity_bytes < none_peak  # none does not fit (measured in `peaks`)
     result = simulate(_factory(), seq_len=SEQ, batch_sizes=[BATCH], strategies=["full"],
-                      world_size=WORLD, sharding="fsdp", device=device, plan=True)
+                      world_size=WORLD, sharding="fsdp", device=device, plan=True,
+                      **ON_ALLOCATED)
     assert result.row("full", BATCH).fits
     planned = result.row("plan", BATCH)
     gib = 1024**3
@@ -62,7 +64,8 @@ def test_fsdp_no_plan_fits_a_device_smaller_than_full(peaks: tuple[int, int]) ->
     full_peak, _ = peaks
     device = _device(full_peak // 2)
     result = simulate(_factory(), seq_len=SEQ, batch_sizes=[BATCH], strategies=["full"],
-                      world_size=WORLD, sharding="fsdp", device=device, plan=True)
+                      world_size=WORLD, sharding="fsdp", device=device, plan=True,
+                      **ON_ALLOCATED)
     planned = result.row("plan", BATCH)
     assert not result.row("full", BATCH).fits and not planned.fits
     assert planned.peak_bytes > device.capacity_bytes

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 import torch
+from allocated_fit import ON_ALLOCATED
 
 from remat.core.cost import StepCost
 from remat.devices import DeviceSpec
@@ -64,7 +65,8 @@ def test_largest_batch_on_a_synthetic_device() -> None:
     memory = probe.row("none", 2).peak_bytes
     tiny = DeviceSpec("tiny-gpu", memory, 1e12, 1e11, 1e11, 1e9)
     result = simulate("llama-tiny", seq_len=SEQ, batch_sizes=[4, 1, 2, 2], optimizer="sgd",
-                      strategies=["none", "full"], device=tiny)
+                      strategies=["none", "full"], device=tiny,
+                      **ON_ALLOCATED)
     assert result.batch_sizes == (1, 2, 4)
     assert result.device == "tiny-gpu" and result.device_memory_bytes == memory
     peaks = {(r.strategy, r.batch_size): r.peak_bytes for r in result.rows}
@@ -184,7 +186,7 @@ def test_planner_rows_fit_a_device_no_strategy_fits() -> None:
     assert low < high
     tight = DeviceSpec("tight-gpu", (low + high) // 2, 1e12, 1e11, 1e11, 1e9)
     result = simulate("llama-tiny", seq_len=SEQ, batch_sizes=[4], strategies=["none"],
-                      optimizer="sgd", device=tight, plan=True)
+                      optimizer="sgd", device=tight, plan=True, **ON_ALLOCATED)
     assert result.strategies == ("none", "plan")
     assert not result.row("none", 4).fits
     planned = result.row("plan", 4)
@@ -209,7 +211,7 @@ def test_plan_row_is_nones_row_where_none_fits(monkeypatch: pytest.MonkeyPatch) 
     memory = (probe.row("none", 1).peak_bytes + probe.row("none", 4).peak_bytes) // 2
     device = DeviceSpec("mid-gpu", memory, 1e12, 1e11, 1e11, 1e9)
     result = simulate("llama-tiny", seq_len=SEQ, batch_sizes=[1, 4], strategies=["none"],
-                      optimizer="sgd", device=device, plan=True)
+                      optimizer="sgd", device=device, plan=True, **ON_ALLOCATED)
     none_1 = result.row("none", 1)
     assert none_1.fits and not result.row("none", 4).fits
     assert result.row("plan", 1) == dataclasses.replace(none_1, strategy="plan")
@@ -226,7 +228,7 @@ def test_plan_row_from_the_planners_copy_equals_a_fresh_simulation(
     low, high = probe.row("full", 4).peak_bytes, probe.row("none", 4).peak_bytes
     device = DeviceSpec("tight-gpu", (low + high) // 2, 1e12, 1e11, 1e11, 1e9)
     kwargs: dict[str, Any] = dict(seq_len=SEQ, batch_sizes=[4], strategies=["none"],
-                                  device=device, plan=True)
+                                  device=device, plan=True, **ON_ALLOCATED)
     on_copy = simulate("llama-tiny", **kwargs).row("plan", 4)
     # Without the copy the plan is applied and simulated afresh (fake copy and warm-up).
     monkeypatch.setattr(loop, "measure_on_copy", lambda *args: None)

@@ -38,7 +38,9 @@ so fast rows read it from steps of the same shape and keep the largest; a fast r
 margin is within 5% of the card's limit (``_CONFIRM_SHARE`` in run.py), where that
 estimate could decide the fit, is simulated exactly instead, and ``exact=True`` replays
 every row's whole step. Plan rows composed from candidates take
-the ``none`` row's overhead at their batch size.
+the ``none`` row's overhead at their batch size. ``simulate(..., fits_on="allocated")``
+judges a row on its allocated peak instead, for an allocator that reserves what it
+allocates (``backend:cudaMallocAsync``).
 """
 
 from __future__ import annotations
@@ -144,7 +146,9 @@ def card_fit(setup: Setup, rank_peak_bytes: int, reserved_extra_bytes: int,
              expandable_extra_bytes: int | None) -> CardFit:
     """The row's fit on its card (NOTE [ Reserved per rank ]): the rank's allocated peak
     plus what the one-device step reserves above its allocated peak, with the default
-    segments and with expandable ones."""
+    segments and with expandable ones; ``fits_on="allocated"`` counts none."""
+    if setup.fits_on == "allocated":
+        return setup.card.check(rank_peak_bytes, rank_peak_bytes)
     return setup.card.check(
         rank_peak_bytes, rank_peak_bytes + max(reserved_extra_bytes, 0),
         None if expandable_extra_bytes is None
@@ -153,7 +157,10 @@ def card_fit(setup: Setup, rank_peak_bytes: int, reserved_extra_bytes: int,
 
 def reserved_extras(setup: Setup, prof: Any) -> tuple[int, int]:
     """What the profiled step reserves above its allocated peak, with the job's allocator
-    settings and with expandable segments, bytes (NOTE [ Reserved per rank ])."""
+    settings and with expandable segments, bytes (NOTE [ Reserved per rank ]); none
+    replayed with ``fits_on="allocated"``."""
+    if setup.fits_on == "allocated":
+        return 0, 0
     peak = int(prof.peak_bytes)
     default = prof.reserved(setup.allocator).reserved_bytes - peak
     expandable = prof.reserved(dataclasses.replace(

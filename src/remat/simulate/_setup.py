@@ -15,12 +15,14 @@ from torch import nn
 
 from remat.core.allocator_settings import AllocatorSettings
 from remat.core.card_fit import CardBudget, card_budget
-from remat.device_memory import layout_process_groups
+from remat.device_memory import OutsideMemory, Workspaces, layout_process_groups
 from remat.devices import DeviceSpec
 from remat.errors import message
 from remat.simulate.precision import Precision, make_optimizer
 
 API = "remat.simulate"
+#: What a row's fit is judged on (NOTE [ Reserved per rank ] in _point.py).
+FITS_ON = ("reserved", "allocated")
 
 ModelSource = nn.Module | Callable[[], nn.Module] | str
 BatchFn = Callable[[int, int], Any]
@@ -147,6 +149,7 @@ class Setup:
     batch_fn: BatchFn
     card: CardBudget  # what a rank may hold on its card: NOTE [ Fits on the card ]
     allocator: AllocatorSettings  # the job's caching-allocator settings (from the environment)
+    fits_on: str = "reserved"  # or "allocated": NOTE [ Reserved per rank ] in _point.py
 
 
 def _adapt_blocks(blocks: Any, wrapped: bool) -> Any:
@@ -167,10 +170,15 @@ def check_ints(api: str, name: str, values: Iterable[Any]) -> tuple[int, ...]:
 
 def make_setup(inner: nn.Module, *, precision: Precision, optimizer: str, device: DeviceSpec,
                world_size: int, sharding: str, blocks: Any, loss_fn: LossFn | None,
-               batch_fn: BatchFn | None, process_groups: Sequence[int] | None = None) -> Setup:
+               batch_fn: BatchFn | None, process_groups: Sequence[int] | None = None,
+               outside: OutsideMemory | None = None,
+               workspaces: Workspaces | None = None, fits_on: str = "reserved") -> Setup:
     """Convert ``inner`` to the precision's dtype, wrap it for autocast, build its optimizer;
     the card's budget counts one NCCL communicator per process group (default: one over
     the data-parallel ranks when there are several)."""
+    if fits_on not in FITS_ON:
+        raise ValueError(message(API, f"unknown fits_on={fits_on!r}",
+                                 fix=f"pass one of {', '.join(FITS_ON)}"))
     inner.to(precision.param_dtype)
     inner.train()
     wrapped = precision.autocast_dtype is not None
@@ -182,7 +190,8 @@ def make_setup(inner: nn.Module, *, precision: Precision, optimizer: str, device
         precision=precision, device=device, world_size=world_size, sharding=sharding,
         layout=_layout(run_model, run_blocks), blocks=run_blocks, loss_fn=loss_fn,
         batch_fn=batch_fn or (lambda b, s: default_batch(inner, b, s)),
-        card=card_budget(device, process_groups=layout_process_groups(dp=world_size)
+        card=card_budget(device, outside=outside, workspaces=workspaces,
+                         process_groups=layout_process_groups(dp=world_size)
                          if process_groups is None else tuple(process_groups)),
-        allocator=AllocatorSettings.from_env(),
+        allocator=AllocatorSettings.from_env(), fits_on=fits_on,
     )

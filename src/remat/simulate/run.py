@@ -51,6 +51,7 @@ from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from typing import Any
 
+from remat.device_memory import OutsideMemory, Workspaces
 from remat.devices import DeviceSpec, get_device
 from remat.errors import message
 from remat.simulate._fast import FastContext, fast_rows
@@ -99,6 +100,9 @@ def simulate(
     batch_fn: BatchFn | None = None,
     on_row: Callable[[SimulationRow], None] | None = None,
     exact: bool = False,
+    outside: OutsideMemory | None = None,
+    workspaces: Workspaces | None = None,
+    fits_on: str = "reserved",
 ) -> SimulationResult:
     """Simulate training steps of every strategy and batch size on a device you don't have.
 
@@ -144,6 +148,16 @@ def simulate(
             from shallow steps (NOTE [ Fast rows ]), and run the whole planner and its
             closed loop for every plan row instead of composing it from shallow steps
             (NOTE [ Fast plan rows ] in _plan_fast.py). Default: ``False``.
+        outside: what a rank holds outside PyTorch's allocator, measured on your job
+            (CUDA context, NCCL buffers); each field set replaces its estimate (NOTE
+            [ Fits on the card ] in core/card_fit.py). Default: the estimates.
+        workspaces: the library workspaces a rank allocates through the allocator;
+            each field set replaces its estimate. Default: the estimates.
+        fits_on: ``"reserved"``: a row fits when its predicted reserved peak (PyTorch's
+            caching allocator) with the workspaces is within the card's capacity less
+            the outside memory; ``"allocated"``: its allocated peak is (an allocator
+            that reserves what it allocates, such as ``backend:cudaMallocAsync``).
+            Default: ``"reserved"``.
 
     Returns:
         A :class:`SimulationResult`.
@@ -165,7 +179,8 @@ def simulate(
     inner, name = build_model(model, seq_len)
     setup = make_setup(inner, precision=precision, optimizer=optimizer, device=spec,
                        world_size=world_size, sharding=sharding, blocks=blocks,
-                       loss_fn=loss_fn, batch_fn=batch_fn)
+                       loss_fn=loss_fn, batch_fn=batch_fn, outside=outside,
+                       workspaces=workspaces, fits_on=fits_on)
     rows = _run(setup, labels, sizes, seq_len, plan=plan, hf_masks=batch_fn is None,
                 on_row=on_row, exact=exact)
     return SimulationResult(
