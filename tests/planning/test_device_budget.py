@@ -63,3 +63,22 @@ def test_a_device_budget_needs_a_card() -> None:
     model, batch, optimizer = _step()
     with pytest.raises(ValueError, match="budget='device' needs a card to plan for"):
         remat.plan(model, batch, optimizer=optimizer, budget="device", simulate=True)
+
+
+def test_the_throughput_search_plans_every_size_for_the_card(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "CUBLAS_WORKSPACE_CONFIG",
+                 "CUDA_MODULE_LOADING", "NCCL_BUFFSIZE"):
+        monkeypatch.delenv(name, raising=False)
+    model, batch, optimizer = _step()
+    card = _card(44)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        best = remat.plan_throughput(
+            model, lambda n: make_batch(model, n, 128), budget="device", device=card,
+            optimizer=optimizer, simulate=True,
+            search=remat.ThroughputSearch(batch_size=8, max_batch_size=32))
+    limit = card_budget(card).limit_bytes
+    assert best.budget_bytes == limit
+    assert best.reserved_peak_bytes is not None and best.reserved_peak_bytes <= limit
+    assert any(not row.fits for row in best.throughput)  # the card stopped the search

@@ -36,11 +36,10 @@ from torch import Tensor, nn
 
 from remat.blocks import BlocksSpec
 from remat.core.budget import Budget, BudgetLike
-from remat.core.card_fit import CardBudget, card_budget
-from remat.device_memory import layout_process_groups
 from remat.devices import DeviceSpec
 from remat.errors import BudgetTooSmall, message
 from remat.measure.step import LossFn, Step, model_device
+from remat.planning.card import card_of
 from remat.planning.context import PlanContext, check_plannable, prepare_step, resolve_cost
 from remat.planning.fingerprint import fingerprint_of
 from remat.planning.head import cheaper_with_head, plan_with_head
@@ -233,32 +232,6 @@ def plan_step(step: Step, options: PlanOptions, *, context: PlanContext | None =
                               budget=options.budget, error=error, card=card)
     # What the plan is for, so remat.apply refuses another model (NOTE [ Plan fingerprint ]).
     return replace(plan, fingerprint=fingerprint_of(step.model, plan.block_names))
-
-
-def card_of(step: Step, options: PlanOptions) -> CardBudget:
-    """The card a ``budget="device"`` plan is for (NOTE [ Fits on the card ] in
-    core/card_fit.py): the GPU the model is on, else ``device=``; one NCCL communicator
-    over the process group's ranks when one is initialized.
-
-    Raises:
-        ValueError: a model off CUDA and no ``device=`` to plan for.
-    """
-    import torch.distributed as dist
-
-    from remat.devices import current, get_device
-
-    groups = layout_process_groups(dp=dist.get_world_size()) \
-        if dist.is_available() and dist.is_initialized() else ()
-    where = model_device(step.model)
-    if where.type == "cuda":
-        return card_budget(current(where.index), process_groups=groups)
-    if options.device is None:
-        raise ValueError(message(
-            "remat.plan", "budget='device' needs a card to plan for",
-            {"model on": str(where)},
-            fix="pass device='h100-80gb' (or another name in remat.devices.DEVICES, or "
-                "remat.devices.current() on the GPU machine), with simulate=True on a CPU"))
-    return card_budget(get_device(options.device), process_groups=groups)
 
 
 def auto(model: nn.Module, batch: Any, **kwargs: Any) -> Plan:

@@ -27,6 +27,7 @@ from remat.devices import DeviceSpec
 from remat.errors import BudgetTooSmall, message
 from remat.measure.profile import profile_step
 from remat.measure.step import LossFn, Step, batch_tensors
+from remat.planning.card import card_of, reserved_on_card
 from remat.planning.options import PlanOptions
 from remat.planning.planner import plan_step
 from remat.planning.plans import Plan
@@ -314,7 +315,9 @@ def plan_seq_len(
                 optimizer=optimizer, blocks=blocks)
     budget_bytes = search_budget_bytes(
         step, options, lambda: make_batch(search.batch_size, search.min_seq_len))
-    options = options.with_budget(budget_bytes)
+    card = card_of(step, options) if options.budget.is_device else None
+    if card is None:
+        options = options.with_budget(budget_bytes)
     total = (len(names) + plan) * (2 * max(1, (search.last_k // search.first_k)).bit_length() + 1)
     done = 0
     smallest: list[tuple[int, dict[Category, int]]] = []
@@ -332,7 +335,8 @@ def plan_seq_len(
                                     simulate=simulate, timing=False, allocator=False)
             if seq_len == search.first_k * search.multiple_of:
                 smallest.append((prof.peak_bytes, dict(prof.peak_breakdown)))
-            return prof.peak_bytes <= budget_bytes, prof.peak_bytes
+            peak = prof.peak_bytes if card is None else reserved_on_card(card, prof)
+            return peak <= budget_bytes, peak
         return peak_at
 
     plans: dict[int, Plan] = {}
@@ -345,6 +349,8 @@ def plan_seq_len(
                 smallest.append((exc.min_peak_bytes, exc.breakdown))
             return False, exc.min_peak_bytes
         plans[seq_len] = replace(found, batch_size=search.batch_size)
+        if found.reserved_peak_bytes is not None:
+            return True, found.reserved_peak_bytes
         return True, found.measured_peak_bytes or found.peak_bytes
 
     searches = [_Lengths(n, strategy_peak(n), search.multiple_of, progress) for n in names]

@@ -11,6 +11,7 @@ from typing import Any
 
 from remat.errors import BudgetTooSmall, message
 from remat.measure.step import Step
+from remat.planning.card import card_of
 from remat.planning.context import prepare_step
 from remat.planning.options import PlanOptions
 from remat.planning.plans import Plan, ThroughputRow
@@ -87,6 +88,8 @@ def search_budget_bytes(step: Step, options: PlanOptions,
         >>> search_budget_bytes(step, options, lambda: make_batch(8))
     """
     budget = options.budget
+    if budget.is_device:  # the card's limit, on reserved bytes (NOTE [ Fits on the card ])
+        return card_of(step, options).limit_bytes
     if not budget.is_relative:
         return budget.resolve(0)
     reference = prepare_step(step.with_batch(reference_batch()), device=options.device,
@@ -110,7 +113,8 @@ def search_throughput(step: Step, make_batch: Callable[[int], Any], options: Pla
     """
     budget_bytes = search_budget_bytes(step, options,
                                        lambda: make_batch(sizes.batch_size))
-    search = _Search(step, make_batch, options.with_budget(budget_bytes), plan_one)
+    search = _Search(step, make_batch, options if options.budget.is_device
+                     else options.with_budget(budget_bytes), plan_one)
     # NOTE [ Grow then bisect ] in search.py; a few steps: the winner is rarely the largest.
     largest_fitting(search.fits, first=1, last=sizes.max_batch_size,
                     refine_steps=_REFINE_STEPS)
