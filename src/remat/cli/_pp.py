@@ -52,10 +52,13 @@ def pp_rows(source: Any, *, name: str, seqs: Sequence[int], batch_sizes: Sequenc
             device: str, reshard_after_forward: bool = False,
             update: ProgressFn | None = None) -> list[dict[str, Any]]:
     """One row per sequence length, micro-batch size, strategy and pipeline rank."""
-    from remat.devices import get_device
+    from remat.core.card_fit import card_budget
+    from remat.device_memory import layout_process_groups
     from remat.simulate.pipeline import pipeline_rank_bytes
 
-    memory = get_device(device).capacity_bytes
+    # NOTE [ Fits on the card ]: the rank's allocated peak, workspaces and NCCL included
+    # (a pipeline rank's allocations are not replayed through the caching allocator's model)
+    card = card_budget(device, process_groups=layout_process_groups(tp=tp, dp=dp, pp=pp))
     rows: list[dict[str, Any]] = []
     total, done = len(seqs) * len(batch_sizes) * len(strategies), 0
     for seq_len in seqs:
@@ -77,7 +80,8 @@ def pp_rows(source: Any, *, name: str, seqs: Sequence[int], batch_sizes: Sequenc
                                  "microbatches": microbatches,
                                  "virtual_stages": virtual_stages,
                                  "reshard_after_forward": reshard_after_forward, **r.to_dict(),
-                                 "fits": r.peak_bytes <= memory, "device": device})
+                                 "fits": card.check(r.peak_bytes, r.peak_bytes).fits,
+                                 "device": device})
     return rows
 
 

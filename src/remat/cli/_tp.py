@@ -32,10 +32,13 @@ def tp_rows(source: Any, *, name: str, seqs: Sequence[int], batch_sizes: Sequenc
             strategies: Sequence[str], tp: int, sequence_parallel: bool, dtype: str,
             optimizer: str, device: str) -> list[dict[str, Any]]:
     """One row per sequence length, strategy and micro-batch size."""
-    from remat.devices import get_device
+    from remat.core.card_fit import card_budget
+    from remat.device_memory import layout_process_groups
     from remat.simulate.tp_step import simulate_ranks
 
-    memory = get_device(device).capacity_bytes
+    # NOTE [ Fits on the card ]: the rank's allocated peak, workspaces and NCCL included
+    # (a TP rank's allocations are not replayed through the caching allocator's model)
+    card = card_budget(device, process_groups=layout_process_groups(tp=tp))
     rows: list[dict[str, Any]] = []
     for seq_len in seqs:
         points = [(strategy, b) for strategy in strategies for b in batch_sizes]
@@ -48,7 +51,8 @@ def tp_rows(source: Any, *, name: str, seqs: Sequence[int], batch_sizes: Sequenc
                          "param_bytes": r.param_bytes, "grad_bytes": r.grad_bytes,
                          "optimizer_bytes": r.optimizer_bytes,
                          "activation_bytes": r.activation_bytes,
-                         "peak_bytes": r.peak_bytes, "fits": r.peak_bytes <= memory,
+                         "peak_bytes": r.peak_bytes,
+                         "fits": card.check(r.peak_bytes, r.peak_bytes).fits,
                          "device": device})
     return rows
 
