@@ -28,10 +28,12 @@ core/card_fit.py). On one device the reserved peak is the simulated step's alloc
 replayed through the model of PyTorch's caching allocator (``Profile.reserved``: the
 first and a steady step, under the job's ``PYTORCH_CUDA_ALLOC_CONF``), exactly as for a
 real step. Under sharding the rank's allocations are not replayed one by one: its
-reserved peak is its allocated peak plus what the one-device step reserves above its own
-allocated peak (rounding, segment sizes and the free space stranded between segments come
-from the same requests, each no larger on a rank). Fast rows take that overhead from
-their shallow steps (NOTE [ Fast rows ]): the largest of the samples a row is built from.
+reserved peak is its allocated peak plus what the one-device step's forward and backward
+reserve above their own allocated peak (rounding, segment sizes and the free space stranded
+between segments come from the same requests, each no larger on a rank; the rank's
+optimizer step runs on its shards, so the one-device optimizer step is not replayed).
+Fast rows take that overhead from their shallow steps (NOTE [ Fast rows ]): the largest
+of the samples a row is built from.
 It is an estimate: what a step reserves above its allocated peak is not affine in depth
 or batch (on Llama-7B ``full`` it is 0.2-3.4 GiB at 2 and 3 blocks, 1.1-1.9 GiB at 32),
 so fast rows read it from steps of the same shape and keep the largest; a fast row whose
@@ -51,6 +53,7 @@ from typing import Any
 
 import torch
 
+from remat.core.allocator_replay import AllocationLog, predict_step_reserved
 from remat.core.card_fit import CardFit
 from remat.core.cost import Category, StepCost
 from remat.simulate._setup import Setup
@@ -158,14 +161,20 @@ def card_fit(setup: Setup, rank_peak_bytes: int, reserved_extra_bytes: int,
 def reserved_extras(setup: Setup, prof: Any) -> tuple[int, int]:
     """What the profiled step reserves above its allocated peak, with the job's allocator
     settings and with expandable segments, bytes (NOTE [ Reserved per rank ]); none
-    replayed with ``fits_on="allocated"``."""
+    replayed with ``fits_on="allocated"``. Under sharding only the forward and backward
+    are replayed: a rank's optimizer step runs on its shards, not on the one-device
+    tensors whose segments the whole step's replay would count."""
     if setup.fits_on == "allocated":
         return 0, 0
-    peak = int(prof.peak_bytes)
-    default = prof.reserved(setup.allocator).reserved_bytes - peak
-    expandable = prof.reserved(dataclasses.replace(
-        setup.allocator, expandable_segments=True)).reserved_bytes - peak
-    return max(default, 0), max(expandable, 0)
+    log = prof.allocations
+    if setup.sharding != "none" and log is not None and log.optimizer_start is not None:
+        log = AllocationLog(log.preexisting, log.events[:log.optimizer_start])
+    if log is None:
+        return 0, 0
+    peak = log.live_peak_bytes
+    expandable = dataclasses.replace(setup.allocator, expandable_segments=True)
+    return (max(predict_step_reserved(log, setup.allocator).reserved_bytes - peak, 0),
+            max(predict_step_reserved(log, expandable).reserved_bytes - peak, 0))
 
 
 def fit_note(fit: CardFit) -> str:
