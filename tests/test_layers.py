@@ -33,7 +33,8 @@ from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "remat"
 
-CORE = ("core", "errors", "units", "devices", "device_memory", "blocks", "recompute", "models",
+CORE = ("core", "errors", "units", "devices", "device_memory", "card_fit", "blocks", "recompute",
+        "models",
         "native", "progress")
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("remat",),  # the package's own __init__: lazy names only, imports nothing eagerly
@@ -203,6 +204,7 @@ def test_no_module_is_a_big_room() -> None:
 #: Modules users import from by name: every package's ``__init__`` and these leaves. Only
 #: they declare ``__all__``; every other module is the implementation behind them.
 PUBLIC_LEAVES = ("remat.errors", "remat.units", "remat.devices", "remat.device_memory",
+                 "remat.card_fit",
                  "remat.blocks", "remat.recompute", "remat.progress", "remat.strategies.regions",
                  "remat.integrations.hf", "remat.integrations.fsdp2",
                  "remat.integrations.compile", "remat.integrations.lightning",

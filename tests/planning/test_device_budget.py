@@ -1,5 +1,5 @@
 """``budget="device"``: the card's capacity less what lives outside the allocator, on the
-predicted reserved peak with the workspaces (NOTE [ Fits on the card ] in core/card_fit.py)."""
+predicted reserved peak with the workspaces (NOTE [ Fits on the card ] in card_fit.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import remat
-from remat.core.card_fit import card_budget
+from remat.card_fit import card_budget
 from remat.devices import DeviceSpec
 from remat.models import build_model, make_batch
 

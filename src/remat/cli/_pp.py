@@ -52,7 +52,7 @@ def pp_rows(source: Any, *, name: str, seqs: Sequence[int], batch_sizes: Sequenc
             device: str, reshard_after_forward: bool = False,
             update: ProgressFn | None = None) -> list[dict[str, Any]]:
     """One row per sequence length, micro-batch size, strategy and pipeline rank."""
-    from remat.core.card_fit import card_budget
+    from remat.card_fit import card_budget
     from remat.device_memory import layout_process_groups
     from remat.simulate.pipeline import pipeline_rank_bytes
 

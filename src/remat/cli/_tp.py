@@ -32,7 +32,7 @@ def tp_rows(source: Any, *, name: str, seqs: Sequence[int], batch_sizes: Sequenc
             strategies: Sequence[str], tp: int, sequence_parallel: bool, dtype: str,
             optimizer: str, device: str) -> list[dict[str, Any]]:
     """One row per sequence length, strategy and micro-batch size."""
-    from remat.core.card_fit import card_budget
+    from remat.card_fit import card_budget
     from remat.device_memory import layout_process_groups
     from remat.simulate.tp_step import simulate_ranks
 

@@ -13,7 +13,7 @@ NOTE [ Budget forms ]
 
     ``"device"`` is the card itself: its capacity less what lives outside PyTorch's
     allocator, applied to the step's predicted *reserved* peak with the library workspaces
-    (NOTE [ Fits on the card ] in core/card_fit.py), so a plan for it trains without
+    (NOTE [ Fits on the card ] in card_fit.py), so a plan for it trains without
     running out of memory on that card. It resolves to the card's limit in bytes.
 """
 
@@ -102,7 +102,7 @@ class Budget:
             if device_limit_bytes is None:
                 raise ValueError(message(
                     "Budget.resolve", "budget 'device' needs the card's limit",
-                    fix="pass device_limit_bytes= (remat.core.card_fit.card_budget(...)"
+                    fix="pass device_limit_bytes= (remat.card_fit.card_budget(...)"
                         ".limit_bytes)"))
             return device_limit_bytes
         if self.bytes_ is not None:

@@ -176,7 +176,7 @@ class Profile(CostViews):
         """What this step reserves under PyTorch's CUDA caching allocator on a job's first
         step and on a steady one: its allocations replayed through the allocator's model
         (NOTE [ Reserved bytes of a step ] in core/allocator_replay.py; NOTE [ Fits on the
-        card ] in core/card_fit.py).
+        card ] in card_fit.py).
 
         Args:
             settings: the allocator's options or a ``PYTORCH_CUDA_ALLOC_CONF`` string

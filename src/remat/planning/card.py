@@ -1,10 +1,10 @@
 """The card a ``budget="device"`` plan is for (NOTE [ Fits on the card ] in
-core/card_fit.py), and a step's reserved peak on it."""
+card_fit.py), and a step's reserved peak on it."""
 
 from __future__ import annotations
 
+from remat.card_fit import CardBudget, card_budget
 from remat.core.allocator_settings import AllocatorSettings
-from remat.core.card_fit import CardBudget, card_budget
 from remat.core.results import Profile
 from remat.device_memory import layout_process_groups
 from remat.errors import message
@@ -14,7 +14,7 @@ from remat.planning.options import PlanOptions
 
 def card_of(step: Step, options: PlanOptions) -> CardBudget:
     """The card a ``budget="device"`` plan is for (NOTE [ Fits on the card ] in
-    core/card_fit.py): the GPU the model is on, else ``device=``; one NCCL communicator
+    card_fit.py): the GPU the model is on, else ``device=``; one NCCL communicator
     over the process group's ranks when one is initialized.
 
     Raises:

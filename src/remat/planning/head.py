@@ -47,8 +47,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from remat.card_fit import CardBudget
 from remat.core.budget import Budget
-from remat.core.card_fit import CardBudget
 from remat.core.peak import PeakModel
 from remat.core.solver import solve
 from remat.errors import BudgetTooSmall, StrategyError

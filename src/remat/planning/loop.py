@@ -50,9 +50,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
+from remat.card_fit import CardBudget
 from remat.core.allocator_settings import AllocatorSettings
 from remat.core.budget import Budget
-from remat.core.card_fit import CardBudget
 from remat.core.checks import decisions_label
 from remat.core.cost import Category, StepCost
 from remat.core.loop import close_loop as close_loop_core
@@ -358,7 +358,7 @@ def close_loop(step: Step, ctx: PlanContext, budget_bytes: int, *, simulate: boo
     tracked step as the measurement; ``fake_loop=False`` measures every choice with
     :func:`measure_decisions` (NOTE [ Closed loop on the fake copy ]). With ``card`` (a
     ``budget="device"`` plan) a choice's peak is its predicted reserved peak on that card,
-    workspaces included (NOTE [ Fits on the card ] in core/card_fit.py)."""
+    workspaces included (NOTE [ Fits on the card ] in card_fit.py)."""
     measured: dict[tuple[int, ...], Profile] = {}
     allocated: dict[tuple[int, ...], int] = {}
     reserved: dict[tuple[int, ...], int] = {}

@@ -125,7 +125,7 @@ class Plan:
             PyTorch's CUDA caching allocator, library workspaces included, which a
             ``budget="device"`` plan keeps within ``budget_bytes`` (the card's capacity
             less what lives outside the allocator: NOTE [ Fits on the card ] in
-            core/card_fit.py); ``None`` for other budgets. Default: ``None``.
+            card_fit.py); ``None`` for other budgets. Default: ``None``.
     """
 
     decisions: Mapping[str, BlockStrategy]

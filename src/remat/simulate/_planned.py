@@ -13,7 +13,7 @@ whole model as described here.
 NOTE [ Per-rank budgets ]
 The planner plans the one-device step, so the bytes a rank's tensors may take on its
 card, ``M`` (capacity less outside memory less workspaces: ``CardBudget.tensor_bytes``,
-NOTE [ Fits on the card ] in core/card_fit.py), are translated into a one-device
+NOTE [ Fits on the card ] in card_fit.py), are translated into a one-device
 budget that keeps the rank's peak, as :func:`~remat.simulate._point.point` computes it
 (NOTE [ Peaks under sharding ]), within ``M``. ``P``, ``G`` and ``O`` are the one-device
 parameter, gradient and optimizer-state bytes, ``W`` the ranks, ``U`` what FSDP

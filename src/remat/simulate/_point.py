@@ -24,7 +24,7 @@ of the two, sharded.
 NOTE [ Reserved per rank ]
 A row fits when its rank's reserved peak, library workspaces included, is within the
 card's capacity less what lives outside the allocator (NOTE [ Fits on the card ] in
-core/card_fit.py). On one device the reserved peak is the simulated step's allocations
+card_fit.py). On one device the reserved peak is the simulated step's allocations
 replayed through the model of PyTorch's caching allocator (``Profile.reserved``: the
 first and a steady step, under the job's ``PYTORCH_CUDA_ALLOC_CONF``), exactly as for a
 real step. Under sharding the rank's allocations are not replayed one by one: its
@@ -53,8 +53,8 @@ from typing import Any
 
 import torch
 
+from remat.card_fit import CardFit
 from remat.core.allocator_replay import AllocationLog, predict_step_reserved
-from remat.core.card_fit import CardFit
 from remat.core.cost import Category, StepCost
 from remat.simulate._setup import Setup
 from remat.simulate.result import SimulationRow

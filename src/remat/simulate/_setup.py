@@ -13,8 +13,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from remat.card_fit import CardBudget, card_budget
 from remat.core.allocator_settings import AllocatorSettings
-from remat.core.card_fit import CardBudget, card_budget
 from remat.device_memory import OutsideMemory, Workspaces, layout_process_groups
 from remat.devices import DeviceSpec
 from remat.errors import message

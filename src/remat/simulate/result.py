@@ -41,7 +41,7 @@ class SimulationRow(CostViews):
             time of the recomputation, part of ``step_ms``); ``step_ms`` and
             ``recompute_ms`` are always set. The flat names below are read-only views.
         fits: the rank's step fits its card: ``reserved_bytes <= capacity - outside``
-            (NOTE [ Fits on the card ] in core/card_fit.py).
+            (NOTE [ Fits on the card ] in card_fit.py).
         samples_per_s: sequences per second over all ranks.
         tokens_per_s: tokens per second over all ranks.
         single_device_peak_bytes: the simulated one-device peak (before sharding).
@@ -136,7 +136,7 @@ class SimulationResult:
         rows: one row per strategy and batch size, strategies in order, batches ascending.
         elapsed_s: wall time of the simulation, seconds.
         outside_bytes: what a rank holds outside PyTorch's allocator (CUDA context, NCCL
-            buffers; NOTE [ Fits on the card ] in core/card_fit.py). Default: 0.
+            buffers; NOTE [ Fits on the card ] in card_fit.py). Default: 0.
         workspace_bytes: library workspaces a rank allocates through it (cuBLAS,
             cuBLASLt, cuDNN), included in each row's ``reserved_bytes``. Default: 0.
 

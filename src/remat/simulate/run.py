@@ -150,7 +150,7 @@ def simulate(
             (NOTE [ Fast plan rows ] in _plan_fast.py). Default: ``False``.
         outside: what a rank holds outside PyTorch's allocator, measured on your job
             (CUDA context, NCCL buffers); each field set replaces its estimate (NOTE
-            [ Fits on the card ] in core/card_fit.py). Default: the estimates.
+            [ Fits on the card ] in card_fit.py). Default: the estimates.
         workspaces: the library workspaces a rank allocates through the allocator;
             each field set replaces its estimate. Default: the estimates.
         fits_on: ``"reserved"``: a row fits when its predicted reserved peak (PyTorch's

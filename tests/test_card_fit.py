@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from remat.core.card_fit import CardBudget, CardFit, card_budget
+from remat.card_fit import CardBudget, CardFit, card_budget
 from remat.device_memory import OutsideMemory, Term, Workspaces
 from remat.devices import get_device
 

@@ -43,6 +43,8 @@ from remat.devices import DeviceSpec, get_device
 from remat.errors import message
 from remat.units import format_bytes
 
+__all__ = ["CardBudget", "CardFit", "card_budget"]
+
 
 @dataclass(frozen=True)
 class CardFit:
