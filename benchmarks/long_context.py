@@ -6,7 +6,9 @@ micro-batch 1: ``remat simulate`` (fake tensors, nothing allocated) at each sequ
 of ``--seq``, for ``none``, ``full``, ``full_offload`` (the checkpoint's inputs in host
 memory), ``full`` and ``full_offload`` each with the chunked head and loss, and the plan.
 It writes the ``long_context`` section of ``benchmarks/RESULTS.md``: per strategy the
-longest of those lengths that fits 80 GiB per rank, its peak, and the ratio to ``full``.
+longest of those lengths that fits the card (reserved peak with workspaces within the
+capacity PyTorch reports less the memory outside the allocator), its allocated and reserved
+peaks, the margin left, and the ratio to ``full``.
 
 Usage::
 
@@ -48,15 +50,16 @@ def simulate_command(seqs: str, out: Path) -> list[str]:
 def table(longest: dict[str, dict[str, int] | None]) -> str:
     """Markdown: the longest fitting sequence per strategy, and against ``full``."""
     full = longest.get("full")
-    lines = ["| strategy | longest sequence that fits | peak per rank | vs `full` |",
-             "|---|---:|---:|---:|"]
+    lines = ["| strategy | longest sequence that fits | allocated per rank | reserved per rank "
+             "| left on the card | vs `full` |", "|---|---:|---:|---:|---:|---:|"]
     for name, row in longest.items():
         if row is None:
-            lines.append(f"| `{name}` | none of them | - | - |")
+            lines.append(f"| `{name}` | none of them | - | - | - | - |")
             continue
         ratio = f"{row['seq_len'] / full['seq_len']:.0f}x" if full else "-"
         lines.append(f"| `{name}` | {row['seq_len']:,} | {row['peak_bytes'] / 2**30:.2f} GiB "
-                     f"| {ratio} |")
+                     f"| {row.get('reserved_bytes', 0) / 2**30:.2f} GiB "
+                     f"| {row.get('margin_bytes', 0) / 2**30:.2f} GiB | {ratio} |")
     return "\n".join(lines)
 
 

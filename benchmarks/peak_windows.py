@@ -34,6 +34,7 @@ import argparse
 import collections
 from typing import Any
 
+from remat.device_memory import OutsideMemory, Workspaces
 from remat.devices import DeviceSpec
 from remat.models import build_model
 
@@ -94,7 +95,11 @@ def main(argv: list[str] | None = None) -> int:
     close_loop = planner.close_loop
     planner.close_loop = report  # type: ignore[assignment]  # stop after the first choice
     try:
-        simulate(factory, strategies=["none"], device=device, plan=True, exact=True, **kwargs)
+        # the budget is on allocated bytes: the card is this benchmark's budget, not a GPU
+        simulate(factory, strategies=["none"], device=device, plan=True, exact=True,
+                 fits_on="allocated", outside=OutsideMemory(context_bytes=0, nccl_bytes=0),
+                 workspaces=Workspaces(cublas_bytes=0, cublaslt_bytes=0, cudnn_bytes=0),
+                 **kwargs)
     except Done:
         return 0
     finally:

@@ -62,7 +62,7 @@ def test_either_order_keeps_the_strategy_and_the_gradients(example: ModuleType, 
 
 
 def test_plan_on_the_prepared_model_fits(example: ModuleType, baseline: dict[str, Any]) -> None:
-    run = _run(example, "--budget", "activations:60%")
+    run = _run(example, "--budget", "activations:70%")
     plan = run["plan"]
     assert plan is not None and not plan.is_empty and run["applied"].strategy == "plan"
     assert plan.measured_peak_bytes <= plan.budget_bytes < plan.no_checkpoint_peak_bytes

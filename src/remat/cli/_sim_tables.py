@@ -84,15 +84,19 @@ def simulation_tables(result: SimulationResult) -> tuple[Table, Table]:
 
 def longest_seqs(results: Sequence[SimulationResult]) -> dict[str, dict[str, int] | None]:
     """Per strategy: the longest sequence (of the runs) at which some micro-batch fits, with
-    the largest micro-batch that fits there and its peak per rank; None when none fits."""
+    the largest micro-batch that fits there, its allocated and its reserved peak per rank
+    and the margin left on the card; None when none fits."""
     out: dict[str, dict[str, int] | None] = {}
     for strategy in results[0].strategies:
         out[strategy] = None
         for result in sorted(results, key=lambda r: r.seq_len):
             largest = result.largest_batch(strategy) if strategy in result.strategies else None
             if largest is not None:
+                row = result.row(strategy, largest)
                 out[strategy] = {"seq_len": result.seq_len, "batch_size": largest,
-                                 "peak_bytes": result.row(strategy, largest).peak_bytes}
+                                 "peak_bytes": row.peak_bytes,
+                                 "reserved_bytes": row.reserved_bytes,
+                                 "margin_bytes": row.margin_bytes}
     return out
 
 

@@ -55,14 +55,14 @@ if TYPE_CHECKING:
 _EPILOG = """\
 Examples:
 
-  remat plan --budget 60%
-  remat plan --budget activations:50%
+  remat plan --budget 60%        (or activations:50%)
 
   remat plan --model llama-small --budget 120MiB --batch 4 --out out/plan.json
 
   remat plan --model gpt-tiny --budget 70% --plot out/frontier.png --json out/plan-run.json
 
   remat plan --model gpt-small --budget 60% --maximize throughput --simulate
+  remat plan --model llama-small --budget device --cost-device l4 --simulate   # the card
   remat plan --model gpt-small --budget 300MiB --maximize seq-len --seq 4096 --simulate
 
   remat plan --model gpt-tiny --budget 80% --cost measured   # time candidates (auto on CUDA)

@@ -50,7 +50,11 @@ def _summary_cells(plan: Plan) -> list[tuple[str, str]]:
          else format_bytes(plan.measured_peak_bytes)),
     ]
     if plan.allocator_peak_bytes is not None:
-        cells.append(("Allocator peak", format_bytes(plan.allocator_peak_bytes)))
+        cells.append(("Allocator peak (first and steady step)",
+                      format_bytes(plan.allocator_peak_bytes)))
+    if plan.reserved_peak_bytes is not None:
+        cells.append(("Reserved peak with workspaces (predicted)",
+                      format_bytes(plan.reserved_peak_bytes)))
     cells += [
         ("Recompute FLOPs", format_flops(plan.recompute_flops)),
     ]
