@@ -28,10 +28,11 @@ card_fit.py). On one device the reserved peak is the simulated step's allocation
 replayed through the model of PyTorch's caching allocator (``Profile.reserved``: the
 first and a steady step, under the job's ``PYTORCH_CUDA_ALLOC_CONF``), exactly as for a
 real step. Under sharding the rank's allocations are not replayed one by one: its
-reserved peak is its allocated peak plus what the one-device step's forward and backward
-reserve above their own allocated peak (rounding, segment sizes and the free space stranded
-between segments come from the same requests, each no larger on a rank; the rank's
-optimizer step runs on its shards, so the one-device optimizer step is not replayed).
+reserved peak is its allocated peak plus what the one-device step's transient storages
+(those its forward and backward create and free: activations, recomputations,
+temporaries) reserve above their own live peak: the same requests in the same order on a
+rank. Parameters, gradients and optimizer state are left out of that replay: on a rank
+they are shards (FSDP) or buckets, allocated in another pattern.
 Fast rows take that overhead from their shallow steps (NOTE [ Fast rows ]): the largest
 of the samples a row is built from.
 It is an estimate: what a step reserves above its allocated peak is not affine in depth
@@ -161,20 +162,35 @@ def card_fit(setup: Setup, rank_peak_bytes: int, reserved_extra_bytes: int,
 def reserved_extras(setup: Setup, prof: Any) -> tuple[int, int]:
     """What the profiled step reserves above its allocated peak, with the job's allocator
     settings and with expandable segments, bytes (NOTE [ Reserved per rank ]); none
-    replayed with ``fits_on="allocated"``. Under sharding only the forward and backward
-    are replayed: a rank's optimizer step runs on its shards, not on the one-device
-    tensors whose segments the whole step's replay would count."""
+    replayed with ``fits_on="allocated"``. Under sharding only the forward and backward's
+    transient storages are replayed (:func:`_transient_log`): the rank's parameters,
+    gradients and optimizer state are shards, laid out otherwise."""
     if setup.fits_on == "allocated":
         return 0, 0
     log = prof.allocations
-    if setup.sharding != "none" and log is not None and log.optimizer_start is not None:
-        log = AllocationLog(log.preexisting, log.events[:log.optimizer_start])
     if log is None:
         return 0, 0
+    if setup.sharding != "none":
+        log = _transient_log(log)
     peak = log.live_peak_bytes
     expandable = dataclasses.replace(setup.allocator, expandable_segments=True)
     return (max(predict_step_reserved(log, setup.allocator).reserved_bytes - peak, 0),
             max(predict_step_reserved(log, expandable).reserved_bytes - peak, 0))
+
+
+def _transient_log(log: AllocationLog) -> AllocationLog:
+    """The forward and backward's own storages, without those alive when backward ends
+    (the gradients) or when the step starts (NOTE [ Reserved per rank ]): what a rank
+    allocates as the one device does, the sharded state left out."""
+    end = log.optimizer_start if log.optimizer_start is not None else len(log.events)
+    events = log.events[:end]
+    alive: set[object] = set()
+    for key, signed, _, _ in events:
+        if signed > 0:
+            alive.add(key)
+        else:
+            alive.discard(key)
+    return AllocationLog((), tuple(e for e in events if e[0] not in alive))
 
 
 def fit_note(fit: CardFit) -> str:
