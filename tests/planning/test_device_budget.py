@@ -30,11 +30,15 @@ def _card(tensor_mib: int) -> DeviceSpec:
     return DeviceSpec("test-card", overhead + tensor_mib * MIB, 1e14, 1e13, 1e12, 1e10)
 
 
-def test_a_device_plan_keeps_its_reserved_peak_on_the_card(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture(autouse=True)
+def _no_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The card's estimates read no variable of this machine."""
     for name in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "CUBLAS_WORKSPACE_CONFIG",
                  "CUDA_MODULE_LOADING", "NCCL_BUFFSIZE"):
         monkeypatch.delenv(name, raising=False)
+
+
+def test_a_device_plan_keeps_its_reserved_peak_on_the_card() -> None:
     model, batch, optimizer = _step()
     card = _card(44)  # `none` reserves 56 MiB here, `full` 30 MiB (simulated)
     with warnings.catch_warnings():
@@ -65,11 +69,7 @@ def test_a_device_budget_needs_a_card() -> None:
         remat.plan(model, batch, optimizer=optimizer, budget="device", simulate=True)
 
 
-def test_the_throughput_search_plans_every_size_for_the_card(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "CUBLAS_WORKSPACE_CONFIG",
-                 "CUDA_MODULE_LOADING", "NCCL_BUFFSIZE"):
-        monkeypatch.delenv(name, raising=False)
+def test_the_throughput_search_plans_every_size_for_the_card() -> None:
     model, batch, optimizer = _step()
     card = _card(44)
     with warnings.catch_warnings():

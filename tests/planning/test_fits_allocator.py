@@ -53,6 +53,17 @@ def first_and_third_step(pristine: torch.nn.Module, batch: Any, plan: Any) -> tu
     return max(new, peaks[0]), peaks[2]
 
 
+def _none_and_full(model: torch.nn.Module, batch: Any, opt: torch.optim.Optimizer
+                   ) -> tuple[int, int]:
+    """The tracked peaks of ``none`` and ``full`` with ``opt`` (the model is restored)."""
+    none_peak = profile(model, batch, optimizer=opt, timing=False).peak_bytes
+    remat.apply(model, "full")
+    full_peak = profile(model, batch, optimizer=opt, timing=False).peak_bytes
+    remat.remove(model)
+    assert full_peak < none_peak, (full_peak, none_peak)
+    return none_peak, full_peak
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 def test_plans_fit_on_the_first_and_the_third_step(arch: str) -> None:
     pristine, batch = hf_tiny.build_hf(arch, batch_size=2, seq=32)
@@ -60,11 +71,7 @@ def test_plans_fit_on_the_first_and_the_third_step(arch: str) -> None:
     opt = _adamw(model)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        none_peak = profile(model, batch, optimizer=opt, timing=False).peak_bytes
-        remat.apply(model, "full")
-        full_peak = profile(model, batch, optimizer=opt, timing=False).peak_bytes
-        remat.remove(model)
-        assert full_peak < none_peak, (arch, full_peak, none_peak)
+        none_peak, full_peak = _none_and_full(model, batch, opt)
         context = prepare(model, batch, optimizer=opt)
         for fraction in FRACTIONS:
             budget = int(full_peak + fraction * (none_peak - full_peak))
@@ -128,10 +135,7 @@ def test_plans_of_generated_models_fit_on_the_first_and_the_third_step(seed: int
     opt = _adamw(model)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        none_peak = profile(model, batch, optimizer=opt, timing=False).peak_bytes
-        remat.apply(model, "full")
-        full_peak = profile(model, batch, optimizer=opt, timing=False).peak_bytes
-        remat.remove(model)
+        none_peak, full_peak = _none_and_full(model, batch, opt)
         budget = (full_peak + none_peak) // 2
         plan = remat.plan(model, batch, optimizer=opt, budget=budget)
         first, third = first_and_third_step(pristine, batch, plan)
