@@ -179,9 +179,13 @@ def _fsdp_plan_row(setup: Setup, batch_size: int, seq_len: int,
         if row.fits:
             return row
         tried.append(row)
-        if budget == lo:
+        # ``lo`` is safe for allocated bytes; the reserved overhead comes on top of them
+        # (NOTE [ Reserved per rank ] in _point.py)
+        floor = max(1, lo - max(row.reserved_bytes - setup.card.workspace_bytes
+                                - row.peak_bytes, 0))
+        if budget <= floor:
             break
-        budget = max(lo, budget + min(row.margin_bytes, 0))
+        budget = max(floor, budget + min(row.margin_bytes, 0))
     apply(setup.model, "full", blocks=setup.blocks)  # every block checkpointed
     tried.append(point(setup, "plan", batch_size, seq_len))
     return min(tried, key=lambda r: (not r.fits, r.peak_bytes))
