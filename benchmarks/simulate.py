@@ -183,21 +183,23 @@ def _rate(value: float) -> str:
 
 
 def simulation_markdown(result: SimulationResult) -> str:
-    lines = ["| Strategy | Batch | Peak | Fits | Activations | Step (ms) | Tokens/s "
-             "| Recompute time |", "|---|---:|---:|:---:|---:|---:|---:|---:|"]
+    lines = ["| Strategy | Batch | Allocated | Reserved | Left | Fits | Activations | Step (ms) "
+             "| Tokens/s | Recompute time |", "|---|---:|---:|---:|---:|:---:|---:|---:|---:|---:|"]
     for strategy in result.strategies:
         for r in result.rows_for(strategy):
             recompute = f"{100 * r.recompute_ms / r.step_ms:.0f}%" if r.step_ms else "-"
             if r.note:  # e.g. no plan fits: the peak is the smallest reachable, no times
                 lines.append(f"| {strategy} | {r.batch_size} | {format_bytes(r.peak_bytes)} "
-                             f"(smallest reachable) | no | - | - | - | {r.note} |")
+                             f"(smallest reachable) | - | - | no | - | - | - | {r.note} |")
                 continue
+            left = format_bytes(abs(r.margin_bytes))
             lines.append(
                 f"| {strategy} | {r.batch_size} | {format_bytes(r.peak_bytes)} | "
-                f"{'yes' if r.fits else 'no'} | {format_bytes(r.activation_bytes)} | "
+                f"{format_bytes(r.reserved_bytes)} | {left if r.margin_bytes >= 0 else '-' + left}"
+                f" | {'yes' if r.fits else 'no'} | {format_bytes(r.activation_bytes)} | "
                 f"{r.step_ms:.0f} | {_rate(r.tokens_per_s)} | {recompute} |"
             )
-    lines += ["", "| Strategy | Largest batch that fits | Peak | Tokens/s |",
+    lines += ["", "| Strategy | Largest batch that fits | Reserved | Tokens/s |",
               "|---|---:|---:|---:|"]
     best = result.best()
     for strategy in result.strategies:
@@ -207,7 +209,7 @@ def simulation_markdown(result: SimulationResult) -> str:
             continue
         r = result.row(strategy, largest)
         name = f"**{strategy}**" if r == best else strategy
-        lines.append(f"| {name} | {largest} | {format_bytes(r.peak_bytes)} | "
+        lines.append(f"| {name} | {largest} | {format_bytes(r.reserved_bytes)} | "
                      f"{_rate(r.tokens_per_s)} |")
     return "\n".join(lines)
 
@@ -282,10 +284,12 @@ def main(argv: list[str] | None = None) -> int:
         f"**{rss / 1e9:.2f} GB** ({'passes' if ok else 'FAILS'}; the RSS includes torch and "
         f"remat's imports; simulated peaks: {peaks}).",
         "",
-        f"Peaks are tensor bytes per GPU (pure bf16: bf16 params, grads and AdamW moments; the "
-        "step's peak is AdamW's foreach `sqrt(exp_avg_sq)` temporary at small batches); step time "
-        "is the roofline sum over the recorded ops, recompute and optimizer included, so a lower "
-        "bound; leave a few GiB for the CUDA context, allocator fragmentation and workspaces. "
+        "Allocated: tensor bytes per GPU (pure bf16: bf16 params, grads and AdamW moments; the "
+        "step's peak is AdamW's foreach `sqrt(exp_avg_sq)` temporary at small batches). Reserved: "
+        "the predicted reserved peak of PyTorch's caching allocator with the cuBLAS workspaces; "
+        "a row fits when it is within the card's capacity as PyTorch reports it less the CUDA "
+        "context (NOTE [ Fits on the card ]); Left: what remains. Step time is the roofline sum "
+        "over the recorded ops, recompute and optimizer included, so a lower bound. "
         f"The table took {table_s:.0f} s.",
         "",
         simulation_markdown(result),

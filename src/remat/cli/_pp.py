@@ -156,6 +156,8 @@ def print_pp_rows(rows: Sequence[dict[str, Any]], json_out: str | None) -> None:
             console.print("FSDP under the pipeline: parameter and optimizer shards; "
                           "Gathered: unsharded parameters held at most; gradients unsharded "
                           "(accumulated over micro-batches, reduce-scattered at the step's end).")
-        console.print("Point-to-point and collective buffers are not counted; keep a margin.")
+        console.print("Fits: the rank's peak with the CUDA context, NCCL buffers and cuBLAS "
+                      "workspaces within the card's capacity; point-to-point buffers and the "
+                      "caching allocator's segments are not counted: keep a margin.")
     if json_out is not None:
         write_json({"pipeline": list(rows), "stage_plans": plans}, json_out)
