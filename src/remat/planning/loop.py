@@ -20,28 +20,28 @@ NOTE [ Fits on the allocator ]
     the step once more for real with the choice applied and reads the allocator
     (:func:`~remat.measure.profile.allocator_step_peak`); the choice's peak is the
     higher of the two. Over by ``d`` there, the next round asks the solver for ``d``
-    bytes less, like any other miss (NOTE [ Closed loop ]). That costs one real step
-    per fitting choice (typically one or two per plan), and makes "fits" mean what the
-    device's allocator says: ``Plan.allocator_peak_bytes <= Plan.budget_bytes``.
+    bytes less, like any other miss (NOTE [ Closed loop ]). That costs the first steps
+    and one steady step per fitting choice (typically one or two choices per plan), and
+    makes "fits" mean what the device's allocator says, from the first step on:
+    ``Plan.allocator_peak_bytes <= Plan.budget_bytes``.
 
 NOTE [ Closed loop on the real model ]
-    The allocator's check runs the first step after apply and then a steady step (NOTE
-    [ The first step ] in measure/profile.py), so the real model runs one step with the
-    choice applied before the allocator's steady step anyway. On CPU that first step
-    doubles as the warm-up of a tracked real step, which measures the choice as
-    :func:`remat.profile` measures it (the same bytes as the fake copy's, NOTE [ Closed
-    loop on the fake copy ]), when that is cheaper than a tracked step of the fake copy
-    (:func:`measure_on_cpu`). Which one is cheaper is decided from the work of the
-    step, never from the clock (the same plan on an idle and on a loaded machine): the
-    windows step's op count (``FakeSetup.step_ops``) prices a fake tracked step at
-    ``_FAKE_OP_S`` per op, and a real one costs ``_TRACKED_COST`` untracked steps of
-    ``_REAL_OP_S`` per op plus three times the blocks' forward FLOPs (forward, and
-    backward at twice the forward) at ``_CPU_FLOPS_PER_THREAD`` per thread (torch's
-    intra-op threads). The constants are medians measured on 1-thread CPU steps of
-    Hugging Face decoders (d 32 to 1024); they only decide speed, since both measure
-    the same bytes. For a small model (a 32-layer, d=128 decoder) a real step costs a
-    fifth of a fake one and the closed loop's measuring halves; for a large one the fake
-    copy stays the cheaper.
+    On CPU a choice can be measured by a tracked step of the real model after an untracked
+    warm-up, as :func:`remat.profile` measures it (the same bytes as the fake copy's, NOTE [
+    Closed loop on the fake copy ]), when that is cheaper than a tracked step of the fake
+    copy (:func:`measure_on_cpu`). Where its tracked peak fits, the allocator's check then
+    runs on the same real model: the choice applied anew, the first steps (NOTE [ The first
+    step ] in measure/profile.py), then a steady step, whose warm-up the first steps are; a
+    choice over the budget costs no allocator step. Which copy is cheaper is decided from
+    the work of the step, never from the clock (the same plan on an idle and on a loaded
+    machine): the windows step's op count (``FakeSetup.step_ops``) prices a fake tracked
+    step at ``_FAKE_OP_S`` per op, and a real one costs ``_TRACKED_COST`` untracked steps of
+    ``_REAL_OP_S`` per op plus three times the blocks' forward FLOPs (forward, and backward
+    at twice the forward) at ``_CPU_FLOPS_PER_THREAD`` per thread (torch's intra-op
+    threads). The constants are medians measured on 1-thread CPU steps of Hugging Face
+    decoders (d 32 to 1024); they only decide speed, since both measure the same bytes. For
+    a small model (a 32-layer, d=128 decoder) a real step costs a fifth of a fake one and
+    the closed loop's measuring halves; for a large one the fake copy stays the cheaper.
 """
 
 from __future__ import annotations
@@ -187,22 +187,25 @@ def _in_process_group() -> bool:
 
 def measure_on_cpu(step: Step, ctx: PlanContext, decisions: Mapping[str, BlockStrategy],
                    budget_bytes: int) -> tuple[Profile, int | None]:
-    """The profile of a step with ``decisions`` applied, from a tracked real step, and,
-    when its tracked peak fits ``budget_bytes``, the allocator's peak (else None): the
-    first step after apply, measured on the allocator, is the tracked step's warm-up
-    (NOTE [ Closed loop on the real model ]); the model is restored."""
+    """The profile of a step with ``decisions`` applied, from a tracked real step after an
+    untracked warm-up, and, when its tracked peak fits ``budget_bytes``, the allocator's
+    peak (else None): the first steps after a fresh apply, then a steady step (NOTE
+    [ Closed loop on the real model ]); the model is restored."""
     setup = ctx.setup
     assert setup is not None
     model = step.model
     with preserved_strategy(model), quiet(), \
             preserved_state(model, step.optimizer, step.device):
-        first = first_steps_peak(step, decisions)  # the first steps, and the warm-up
         with preserved_state(model, step.optimizer, step.device):
+            apply_decisions(model, decisions, blocks=step.blocks)
+            clear_grads(model)
+            step.run()  # warm-up: optimizer state and lazy caches exist before the window
             prof = _tracked_real(step)
         setup.profiles[_key(decisions)] = prof
         allocated = None
-        if prof.peak_bytes <= budget_bytes:
+        if prof.peak_bytes <= budget_bytes:  # the optimizer state as the user passed it
             report("closed loop, allocator step", 0, 1)
+            first = first_steps_peak(step, decisions)  # fresh regions; the steady step's warm-up
             allocated = allocator_peak_of(step, decisions, prof, first)
     return prof, allocated
 
