@@ -6,10 +6,10 @@ import math
 from typing import Any
 
 import pytest
-from allocated_fit import ON_ALLOCATED
 
 import remat.simulate._plan_fast as plan_fast
 import remat.simulate._planned as planned
+from allocated_fit import ON_ALLOCATED
 from remat.devices import DeviceSpec
 from remat.measure.windows import StepWindows
 from remat.models import build_model

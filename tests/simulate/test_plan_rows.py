@@ -8,6 +8,7 @@ Regression test: ``remat simulate --hf mistral --seq 4096 --batch 4
 from __future__ import annotations
 
 import pytest
+
 from allocated_fit import ON_ALLOCATED
 
 pytest.importorskip("transformers")

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 import torch
-from allocated_fit import ON_ALLOCATED
 
+from allocated_fit import ON_ALLOCATED
 from remat.core.cost import StepCost
 from remat.devices import DeviceSpec
 from remat.errors import StrategyError
