@@ -39,14 +39,18 @@ def card_of(step: Step, options: PlanOptions) -> CardBudget:
 
 
 def reserved_on_card(card: CardBudget, prof: Profile,
-                     settings: AllocatorSettings | None = None) -> int:
+                     settings: AllocatorSettings | None = None,
+                     allocated_bytes: int | None = None) -> int:
     """The step's reserved peak on ``card``, workspaces included: its allocations replayed
-    through the caching allocator's model (first and steady step), bytes.
+    through the caching allocator's model (first and steady step), bytes; never below
+    ``allocated_bytes`` (the allocator's own reading where one ran; default: the
+    tracker's peak).
 
     Example:
         >>> reserved_on_card(card, remat.profile(model, batch, simulate=True)) > 0
         True
     """
+    tensors = prof.peak_bytes if allocated_bytes is None else allocated_bytes
     predicted = prof.reserved(settings or AllocatorSettings.from_env()).reserved_bytes \
-        if prof.allocations is not None else prof.peak_bytes
-    return card.check(prof.peak_bytes, max(predicted, prof.peak_bytes)).reserved_bytes
+        if prof.allocations is not None else tensors
+    return card.check(tensors, max(predicted, tensors)).reserved_bytes

@@ -67,6 +67,7 @@ from remat.measure.timing import time_step
 from remat.measure.tracked_step import tracked_step
 from remat.measure.windows import FakeSetup, quiet
 from remat.planning.candidates import Candidate
+from remat.planning.card import reserved_on_card
 from remat.planning.context import PlanContext
 from remat.planning.cost import recompute_ms, step_ms
 from remat.planning.plans import Plan
@@ -410,9 +411,7 @@ def close_loop(step: Step, ctx: PlanContext, budget_bytes: int, *, simulate: boo
             prof = measure(choice)
             tensors = prof.peak_bytes if prof.peak_bytes + card.workspace_bytes > budget_bytes \
                 else truth(choice)
-            predicted = prof.reserved(settings).reserved_bytes \
-                if prof.allocations is not None else tensors
-            reserved[key] = card.check(tensors, max(predicted, tensors)).reserved_bytes
+            reserved[key] = reserved_on_card(card, prof, settings, tensors)
         return reserved[key]
 
     def build(choice: Sequence[int], prof: Profile) -> Plan:
