@@ -181,13 +181,6 @@ def affine(a: int, b: int, xa: int, xb: int, x: int) -> int:
     return a + num // (xb - xa)
 
 
-def _extra(a: int, b: int, x1: int, x2: int, x: int) -> int:
-    """Reserved-above-allocated bytes at ``x`` from two samples: the larger of theirs
-    (NOTE [ Reserved per rank ] in _point.py; it is not affine in depth or batch)."""
-    del x1, x2, x
-    return max(a, b)
-
-
 def mix(s1: Sample, s2: Sample, x1: int, x2: int, x: int, *,
          device: Any = None) -> Sample:
     """Every figure affine through two samples at ``x1 < x2``, evaluated at ``x``.
@@ -205,10 +198,10 @@ def mix(s1: Sample, s2: Sample, x1: int, x2: int, x: int, *,
     ints["rank_segments"] = tuple(affine(a, b, x1, x2, x) for a, b in
                                   zip(s1.rank_segments, s2.rank_segments, strict=True))
     ends = _mix_ends(s1, s2, x1, x2, x)
-    ints["reserved_extra_bytes"] = _extra(s1.reserved_extra_bytes, s2.reserved_extra_bytes,
-                                          x1, x2, x)
-    ints["expandable_extra_bytes"] = _extra(s1.expandable_extra_bytes,
-                                            s2.expandable_extra_bytes, x1, x2, x)
+    # reserved above allocated is not affine in depth or batch: the larger of the two
+    # (NOTE [ Reserved per rank ] in _point.py)
+    ints["reserved_extra_bytes"] = max(s1.reserved_extra_bytes, s2.reserved_extra_bytes)
+    ints["expandable_extra_bytes"] = max(s1.expandable_extra_bytes, s2.expandable_extra_bytes)
     if device is None:
         times = {k: getattr(s1, k) + (getattr(s2, k) - getattr(s1, k)) * (x - x1) / (x2 - x1)
                  for k in ("compute_ms", "recompute_ms", "optimizer_ms")}
