@@ -37,6 +37,7 @@ _EXPORTS: dict[str, str] = {
     "BlocksNotFound": "remat.errors",
     "BudgetTooSmall": "remat.errors",
     "Category": "remat.core.cost",
+    "DoctorReport": "remat.core.doctor",
     "ParityError": "remat.errors",
     "ParityReport": "remat.core.parity",
     "Plan": "remat.planning.plans",
@@ -54,6 +55,7 @@ _EXPORTS: dict[str, str] = {
     "ThroughputSearch": "remat.planning.throughput",
     "apply": "remat.strategies.apply",
     "auto": "remat.planning.planner",
+    "doctor": "remat.measure.doctor",
     "find_blocks": "remat.blocks",
     "format_bytes": "remat.units",
     "is_recomputing": "remat.recompute",
@@ -74,6 +76,7 @@ if TYPE_CHECKING:
     from remat.blocks import find_blocks
     from remat.compiled.plan import plan_compiled
     from remat.core.cost import Category, StepCost
+    from remat.core.doctor import DoctorReport
     from remat.core.parity import ParityReport
     from remat.core.results import Profile
     from remat.errors import (
@@ -84,6 +87,7 @@ if TYPE_CHECKING:
         RematWarning,
         StrategyError,
     )
+    from remat.measure.doctor import doctor
     from remat.measure.profile import profile
     from remat.measure.step import Step
     from remat.planning.options import PlanOptions

@@ -1,7 +1,7 @@
 """The ``remat`` command line: a typer ``app`` and one module per command group.
 
 Each command module registers its commands on :data:`app` when imported:
-``compare`` and ``profile`` always exist; ``simulate``, ``estimate`` and ``plan`` are
+``compare``, ``profile`` and ``doctor`` always exist; ``simulate``, ``estimate`` and ``plan`` are
 loaded when their modules are installed (see Note [ Optional command modules ]).
 Command modules never import each other: what they share lives in ``options.py``
 (every shared option) and ``_common.py`` (consoles, errors, progress, optimizers).
@@ -33,6 +33,7 @@ app = typer.Typer(
 _COMMAND_MODULES: tuple[tuple[str, bool], ...] = (
     ("compare", True),
     ("profile", True),
+    ("doctor", True),
     ("simulate", False),
     ("estimate", False),
     ("plan", False),
