@@ -127,3 +127,13 @@ def test_bad_input_exits_2(job: str, args: list[str], says: str) -> None:
     code, out = _doctor(*module, *args)
     assert code == 2, out
     assert says in out and "Traceback" not in out
+
+
+def test_readme_example_names_the_leak_and_its_fix_is_healthy() -> None:
+    args = ["--module", "examples/my_model.py:build", "--batch", "1", "--seq", "16",
+            "--steps", "3"]
+    code, out = _doctor(*args, "--train-step", "examples/leaky_train.py:train_step")
+    assert code == 1, out
+    assert "predictions in leaky_train.py (list) grows by 16.00 KiB per step" in out
+    code, out = _doctor(*args, "--train-step", "examples/leaky_train.py:fixed_train_step")
+    assert code == 0, out

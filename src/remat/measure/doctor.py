@@ -476,9 +476,10 @@ _FIXES = {
     Cause.RECOMPUTE_GROWS: "do not change state in a checkpointed forward: skip the update "
                            "while remat.is_recomputing() is True (the forward runs again in "
                            "backward), and keep it bounded",
-    Cause.OUTPUTS_KEPT: "keep numbers, not tensors: append loss.item() (or loss.detach()); "
-                        "a tensor with a grad_fn keeps its autograd graph alive, and a graph "
-                        "never backpropagated keeps every activation it saved",
+    Cause.OUTPUTS_KEPT: "keep numbers, not tensors: append loss.item() (a metric's .item()); "
+                        "a detached tensor still holds its bytes, one with a grad_fn holds its "
+                        "autograd graph too, and a graph never backpropagated holds every "
+                        "activation it saved",
     Cause.GROWS: "look for tensors kept across steps in hooks or C++ extensions; run "
                  "remat.doctor on a step_fn that does less to find which part keeps them",
 }
@@ -520,7 +521,7 @@ def _findings(rows: tuple[DoctorStep, ...], boundaries: list[_Boundary]) -> list
                 continue
             cause = _cause(last.kinds[label], last.created.get(label, set()))
             per_step = grown // (len(boundaries) - 2)
-            step = next(k for k in range(2, len(boundaries))
+            step = next(k for k in range(1, len(boundaries))
                         if boundaries[k].bytes_by_label.get(label, 0)
                         > boundaries[k - 1].bytes_by_label.get(label, 0))
             detail = _DETAILS[cause]

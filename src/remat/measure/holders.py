@@ -29,6 +29,7 @@ NOTE [ Holders ]
 from __future__ import annotations
 
 import gc
+import os
 import sys
 import threading
 import warnings
@@ -212,8 +213,16 @@ def _running_frames() -> Iterator[FrameType]:
 
 
 def _module_dicts() -> dict[int, str]:
-    return {id(vars(m)): name for name, m in list(sys.modules.items())
-            if m is not None and hasattr(m, "__dict__") and name != "__mp_main__"}
+    """Each module's globals by id: the module's name, or its file's for a private name (a
+    file the CLI imported, ``_remat_user_...``)."""
+    out: dict[int, str] = {}
+    for name, module in list(sys.modules.items()):
+        if module is None or not hasattr(module, "__dict__") or name == "__mp_main__":
+            continue
+        file = getattr(module, "__file__", None)
+        out[id(vars(module))] = os.path.basename(file) if name.startswith("_") and \
+            isinstance(file, str) else name
+    return out
 
 
 def _frame_locals(wanted: Mapping[int, Any]) -> dict[int, str]:

@@ -15,7 +15,7 @@ from rich.table import Table
 from rich.text import Text
 
 from remat.core.cost import Category
-from remat.core.doctor import ERROR, Cause, DoctorReport, DoctorStep, Finding
+from remat.core.doctor import ERROR, Cause, DoctorReport, Finding
 from remat.core.snapshot import SnapshotDiagnosis, SnapshotMoment
 from remat.units import format_bytes
 
@@ -45,44 +45,51 @@ def _group(breakdown: Mapping[Category, int], categories: tuple[Category, ...]) 
     return sum(breakdown.get(c, 0) for c in categories)
 
 
-def _what_grows(row: DoctorStep) -> str:
-    grown = [(label, nbytes) for label, nbytes in row.growth.items() if nbytes > 0]
-    if not grown:
-        return "-"
-    label, nbytes = max(grown, key=lambda kv: kv[1])
-    more = f" (+{len(grown) - 1} more)" if len(grown) > 1 else ""
-    return f"{label} {format_bytes(nbytes, signed=True)}{more}"
-
-
 def steps_table(report: DoctorReport, *, title: str | None = None) -> Table:
-    """One row per step: start, peak and what it is by category, bytes held over from
-    earlier steps at the peak, growth and what grows, the reserved peak on CUDA."""
+    """One row per step: the peak and what it is by category, bytes held over from earlier
+    steps at the peak, the growth over the step, the reserved peak on CUDA."""
     table = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False,
-                  caption="At the peak: bytes alive by category. Held: bytes earlier steps "
-                          "left that are alive at this step's peak. Reserved: what PyTorch's "
-                          "CUDA caching allocator would reserve for this step (modelled).",
+                  caption="Peak: bytes alive at the step's peak, by category. Held: bytes "
+                          "earlier steps left, alive at this step's peak. Growth: bytes alive "
+                          "after the step less before it. Reserved: what PyTorch's CUDA "
+                          "caching allocator would reserve in the step (modelled).",
                   caption_justify="left")
     table.add_column("Step", justify="right")
-    table.add_column("Start", justify="right")
     table.add_column("Peak", justify="right")
     table.add_column("Phase")
     for name, _ in GROUPS:
         table.add_column(name, justify="right")
     table.add_column("Held", justify="right")
     table.add_column("Growth", justify="right")
-    table.add_column("What grows")
     table.add_column("Reserved\n(CUDA)", justify="right")
     for row in report.steps:
         groups = [format_bytes(_group(row.peak_breakdown, cats)) for _, cats in GROUPS]
-        growth = row.growth_bytes
         table.add_row(
-            str(row.step), format_bytes(row.start_bytes), format_bytes(row.peak_bytes),
-            row.peak_phase or "-", *groups,
+            str(row.step), format_bytes(row.peak_bytes), row.peak_phase or "-", *groups,
             format_bytes(row.held_total_bytes) if row.held_bytes else "-",
-            Text(format_bytes(growth, signed=True) if growth else "0",
-                 style="red" if growth > 0 and row.step > 1 else ""),
-            Text(_what_grows(row)),
+            _growth_cell(row.growth_bytes, row.step),
             format_bytes(row.reserved_bytes) if row.reserved_bytes is not None else "-")
+    return table
+
+
+def _growth_cell(nbytes: int, step: int) -> Text:
+    return Text(format_bytes(nbytes, signed=True) if nbytes else "0",
+                style="red" if nbytes > 0 and step > 1 else "")
+
+
+def growth_table(report: DoctorReport) -> Table | None:
+    """What grows: each holder's change over each step (None when nothing changed)."""
+    holders = list(dict.fromkeys(h for row in report.steps for h in row.growth))
+    if not holders:
+        return None
+    table = Table(title="What grows: bytes alive after each step less before it, by what "
+                        "holds them", box=box.SIMPLE_HEAD, pad_edge=False, title_justify="left")
+    table.add_column("Held by")
+    for row in report.steps:
+        table.add_column(f"Step {row.step}", justify="right")
+    for holder in holders:
+        table.add_row(Text(holder), *(_growth_cell(row.growth.get(holder, 0), row.step)
+                                      for row in report.steps))
     return table
 
 
@@ -93,10 +100,9 @@ def blocks_table(report: DoctorReport) -> Table | None:
     row = max(report.steps, key=lambda r: (r.peak_bytes, r.step))
     if not row.peak_blocks:
         return None
-    table = Table(title=f"Activations at the peak of step {row.step}, by block",
-                  box=box.SIMPLE_HEAD, pad_edge=False)
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
     table.add_column("Block")
-    table.add_column("Activations", justify="right")
+    table.add_column(f"Activations at step {row.step}'s peak", justify="right")
     for name, nbytes in row.peak_blocks.items():
         table.add_row(name, format_bytes(nbytes))
     return table
@@ -169,16 +175,17 @@ def snapshot_table(diagnosis: SnapshotDiagnosis, *, title: str | None = None) ->
     for name, _ in moments:
         table.add_column(name, justify="right")
     rows: list[tuple[str, list[str]]] = [
-        ("Allocated", [format_bytes(m.allocated_bytes) for _, m in moments]),
-        ("Reserved", [format_bytes(m.reserved_bytes) for _, m in moments]),
-        ("Free in reserved", [format_bytes(m.free_reserved_bytes) for _, m in moments]),
-        ("Largest free block", [format_bytes(m.largest_free_bytes) for _, m in moments]),
-    ]
+        ("Allocated", [format_bytes(m.allocated_bytes) for _, m in moments])]
     categories = list(dict.fromkeys(c for _, m in moments for c in m.by_category))
     for category in categories:
         label = "  other (frames do not say)" if category is Category.OTHER else \
             f"  {category.value.replace('_', ' ')}"
         rows.append((label, [format_bytes(m.by_category.get(category, 0)) for _, m in moments]))
+    rows += [
+        ("Reserved", [format_bytes(m.reserved_bytes) for _, m in moments]),
+        ("Free in reserved", [format_bytes(m.free_reserved_bytes) for _, m in moments]),
+        ("Largest free block", [format_bytes(m.largest_free_bytes) for _, m in moments]),
+    ]
     if oom is not None:
         blank = [""] * (len(moments) - 1)
         rows += [("Failed request", [format_bytes(oom.requested_bytes), *blank]),
@@ -208,9 +215,9 @@ def doctor_renderables(report: DoctorReport, *, title: str | None = None) -> lis
     out: list[RenderableType] = []
     if report.steps:
         out.append(steps_table(report, title=title))
-        blocks = blocks_table(report)
-        if blocks is not None:
-            out.append(blocks)
+        for table in (growth_table(report), blocks_table(report)):
+            if table is not None:
+                out.append(table)
     if report.snapshot is not None:
         diagnosis = report.snapshot
         out.append(snapshot_table(diagnosis, title=None if report.steps else title))
