@@ -433,7 +433,7 @@ def read_snapshot(source: str | os.PathLike[str] | bytes | Mapping[str, Any], *,
     if device is None:
         device = _default_device(segments, traces)
     segments = [s for s in segments if int(s.get("device", device)) == device]
-    trace = [e for e in (traces[device] if 0 <= device < len(traces) else [])
+    trace = [e for e in ((traces[device] or []) if 0 <= device < len(traces) else [])
              if isinstance(e, Mapping)]
     framed = any(_frames_of(b) for s in segments for b in s.get("blocks", []))
     expandable = any(s.get("is_expandable") for s in segments)

@@ -178,7 +178,7 @@ def doctor(
     Args:
         model: the model, in train mode. Default: None (a snapshot alone).
         batch: its batch: a tensor, a tuple/list of arguments or a dict of keyword
-            arguments (the same batch every step).
+            arguments (the same batch every step); with ``step_fn``, anything it takes.
         loss_fn: ``loss_fn(output, batch) -> scalar`` of remat's step. Default: as in
             :func:`remat.profile`. Not used with ``step_fn``.
         optimizer: the optimizer: stepped by remat's step, or passed to ``step_fn`` as its
@@ -225,8 +225,10 @@ def doctor(
     device = None
     if model is not None:
         _check(model, step_fn, loss_fn, zero_grad, steps)
-        step = Step(model, batch, loss_fn=loss_fn, optimizer=optimizer, blocks=blocks)
-        rows, found = _run(step, step_fn, steps, zero_grad, settings)
+        # a step_fn takes its batch as it is (any object); remat's step needs a Step's
+        step = Step(model, batch if step_fn is None else (), loss_fn=loss_fn,
+                    optimizer=optimizer, blocks=blocks)
+        rows, found = _run(step, batch, step_fn, steps, zero_grad, settings)
         findings.extend(found)
         device = str(step.device)
     if diagnosis is not None:
@@ -256,9 +258,10 @@ def _check(model: nn.Module, step_fn: StepFn | None, loss_fn: LossFn | None, zer
             fix="compute the loss (and clear gradients, or not) inside step_fn"))
 
 
-def _step_call(step: Step, step_fn: StepFn | None, zero_grad: bool) -> Callable[[], None]:
+def _step_call(step: Step, batch: Any, step_fn: StepFn | None, zero_grad: bool
+               ) -> Callable[[], None]:
     """One training step as the job runs it (NOTE [ What doctor runs ], 1.)."""
-    model, batch, optimizer = step.model, step.batch, step.optimizer
+    model, optimizer = step.model, step.optimizer
     if step_fn is not None:
         args: tuple[Any, ...] = (model, batch)
         if optimizer is not None:
@@ -287,9 +290,9 @@ def _step_call(step: Step, step_fn: StepFn | None, zero_grad: bool) -> Callable[
     return run_remat
 
 
-def _run(step: Step, step_fn: StepFn | None, steps: int, zero_grad: bool,
+def _run(step: Step, batch: Any, step_fn: StepFn | None, steps: int, zero_grad: bool,
          settings: SettingsLike) -> tuple[tuple[DoctorStep, ...], list[Finding]]:
-    model, batch, device = step.model, step.batch, step.device
+    model, device = step.model, step.device
     named = step.blocks_found(api=_API, required=False)
     optimizers: list[torch.optim.Optimizer] = [step.optimizer] if step.optimizer else []
     with preserved_state(model, step.optimizer, device):
@@ -311,7 +314,7 @@ def _run(step: Step, step_fn: StepFn | None, steps: int, zero_grad: bool,
         def post_hook(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
             tracker.optimizing = max(tracker.optimizing - 1, 0)
 
-        call = _step_call(step, step_fn, zero_grad)
+        call = _step_call(step, batch, step_fn, zero_grad)
         boundaries = [census()]
         watches: list[_Watch] = []
         handles = [register_optimizer_step_pre_hook(pre_hook),
