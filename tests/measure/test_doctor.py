@@ -199,3 +199,22 @@ def test_bad_arguments(job) -> None:
     model.eval()
     with pytest.raises(ValueError, match="eval mode"):
         remat.doctor(model, x)
+
+
+def test_reserved_bytes_growing_while_allocated_bytes_do_not_is_fragmentation() -> None:
+    from remat.core.doctor import DoctorStep
+    from remat.measure.doctor import _fragmentation
+
+    mib = 1 << 20
+
+    def row(step: int, reserved: int, expandable: int) -> DoctorStep:
+        return DoctorStep(step, 0, 10 * mib, 0, "backward", reserved_bytes=reserved * mib,
+                          allocated_bytes=10 * mib, expandable_reserved_bytes=expandable * mib)
+
+    (finding,) = _fragmentation((row(1, 20, 12), row(2, 40, 12), row(3, 60, 12), row(4, 80, 12)))
+    assert finding.cause is Cause.FRAGMENTATION and finding.severity == "error"
+    assert (finding.size_bytes, finding.growth_bytes) == (40 * mib, 20 * mib)
+    assert "expandable_segments:True" in finding.fix
+    (advice,) = _fragmentation((row(1, 1024, 300), row(2, 1024, 300), row(3, 1024, 300)))
+    assert advice.severity == "advice" and advice.size_bytes == 724 * mib
+    assert _fragmentation((row(1, 20, 20), row(2, 20, 20), row(3, 20, 20))) == []

@@ -142,7 +142,6 @@ class _Boundary:
     bytes_by_label: dict[str, int] = field(default_factory=dict)
     kinds: dict[str, str] = field(default_factory=dict)  # label -> holder kind
     created: dict[str, set[str]] = field(default_factory=dict)  # label -> record kinds
-    count: dict[str, int] = field(default_factory=dict)  # label -> storages
     grads_zeroed: bool = False
 
     @property
@@ -356,7 +355,6 @@ def _census(tracker: _StepTracker, model: nn.Module, optimizers: list[torch.opti
         boundary.bytes_by_label[label] = boundary.bytes_by_label.get(label, 0) + rec.nbytes
         boundary.kinds[label] = holder.kind
         boundary.created.setdefault(label, set()).add(rec.kind)
-        boundary.count[label] = boundary.count.get(label, 0) + 1
     grads = [p.grad for p in model.parameters() if p.grad is not None]
     with torch.no_grad():
         boundary.grads_zeroed = bool(grads) and not any(bool(g.any()) for g in grads)
