@@ -22,7 +22,7 @@ demo: $(STAMP)
 # --dist loadscope: a module's tests run on one worker, so its module-scoped fixtures (the
 # gloo spawns, warm fake copies) are built once, not once per worker.
 test: $(STAMP)
-	$(BIN)/python -m pytest -n 2 --dist loadscope -p no:cacheprovider tests
+	$(BIN)/python -m pytest -n 2 --dist loadscope -p no:cacheprovider tests --durations=25
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks examples scripts

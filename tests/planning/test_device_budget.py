@@ -70,15 +70,18 @@ def test_a_device_budget_needs_a_card() -> None:
 
 
 def test_the_throughput_search_plans_every_size_for_the_card() -> None:
-    model, batch, optimizer = _step()
-    card = _card(44)
+    torch.manual_seed(0)
+    model = build_model("gpt-tiny", max_seq_len=64, n_layer=2)
+    optimizer = torch.optim.AdamW(model.parameters())
+    card = _card(8)  # a plan fits up to 11 sequences of 64 tokens, none from 12 on
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         best = remat.plan_throughput(
-            model, lambda n: make_batch(model, n, 128), budget="device", device=card,
+            model, lambda n: make_batch(model, n, 64), budget="device", device=card,
             optimizer=optimizer, simulate=True,
-            search=remat.ThroughputSearch(batch_size=8, max_batch_size=32))
+            search=remat.ThroughputSearch(batch_size=8, max_batch_size=16))
     limit = card_budget(card).limit_bytes
     assert best.budget_bytes == limit
     assert best.reserved_peak_bytes is not None and best.reserved_peak_bytes <= limit
+    assert best.decisions  # the chosen size checkpoints
     assert any(not row.fits for row in best.throughput)  # the card stopped the search
