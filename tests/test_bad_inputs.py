@@ -121,6 +121,10 @@ def _validate(strategy: str) -> Callable[[], Any]:
     return call
 
 
+def _validate_empty_batch() -> Any:
+    return remat.validate(_model(), {}, "full")
+
+
 def _empty_container() -> Any:
     model = _model()
     model.extra = nn.ModuleList()
@@ -137,6 +141,10 @@ CASES = [
          r"must be > 0 bytes.*fix: write budget as bytes", "remat.plan"),
     Case("budget 12 parsecs", _plan("12 parsecs"), ValueError,
          r"cannot read budget.*fix: write budget as bytes", "remat.plan"),
+    Case("budget 1e30", _plan("1e30"), ValueError,
+         r"reason: not a byte count remat can hold.*fix: write budget as bytes", "remat.plan"),
+    Case("budget inf bytes", _plan(float("inf")), ValueError,
+         r"cannot read budget inf.*fix: write budget as bytes", "remat.plan"),
     # strategies
     Case("strategy every:0", _apply("every:0"), remat.StrategyError, r"fix: write every:N",
          "remat.apply"),
@@ -173,6 +181,14 @@ CASES = [
          "remat.profile"),
     Case("batch of the wrong type", _profile(_model, batch="hello"), TypeError,
          r"batch must be a Tensor.*fix: pass the inputs your model's forward takes", "remat"),
+    Case("batch with an unknown key", _profile(_model, batch={"tokens": torch.zeros(2, 8)}),
+         remat.BatchRejected, r"call: model\(\*\*batch\) on GPT\n  batch: tokens: float32\[2, 8\]"
+         r".*fix: pass a batch the model's forward takes", "remat.profile"),
+    Case("batch of the wrong dtype", _profile(_model, batch=torch.zeros(2, 8)),
+         remat.BatchRejected, r"raised RuntimeError.*batch: float32\[2, 8\].*'indices'"
+         r".*fix: pass a batch", "remat.profile"),
+    Case("batch with a missing input", _validate_empty_batch, remat.BatchRejected,
+         r"call: model\(\*\*batch\).*batch: \{\}.*fix: pass a batch", "remat.validate"),
     Case("validate under no_grad", _validate_no_grad, remat.RematError,
          r"fix: call remat.validate outside torch.no_grad\(\)", "remat.validate"),
     Case("validate strategy every:x", _validate("every:x"), remat.StrategyError,
@@ -198,3 +214,18 @@ def test_bad_input_fails_with_a_remat_message_that_says_what_to_do(case: Case) -
     first, *rest = message.splitlines()
     assert len(first) <= 120 and rest and rest[-1].startswith("  fix: "), (
         f"{case.id}: not in remat's message format: {message}")
+
+
+def test_a_rejected_batch_chains_the_models_own_error() -> None:
+    model = _model()
+    with pytest.raises(remat.BatchRejected) as info:
+        remat.profile(model, {"tokens": torch.zeros(2, 8)}, timing=False)
+    assert isinstance(info.value.__cause__, TypeError)
+    assert "tokens" in str(info.value.__cause__)
+    assert isinstance(info.value, TypeError)  # ``except TypeError`` still catches it
+
+
+def test_the_outermost_call_names_the_error() -> None:
+    model = _model()
+    with pytest.raises(remat.BatchRejected, match=r"^remat\.auto: the model raised"):
+        remat.auto(model, {"tokens": torch.zeros(2, 8, dtype=torch.long)}, budget="50%")

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 _EXPORTS: dict[str, str] = {
+    "BatchRejected": "remat.errors",
     "BlockStrategy": "remat.strategies.base",
     "BlocksNotFound": "remat.errors",
     "BudgetTooSmall": "remat.errors",
@@ -80,6 +81,7 @@ if TYPE_CHECKING:
     from remat.core.parity import ParityReport
     from remat.core.results import Profile
     from remat.errors import (
+        BatchRejected,
         BlocksNotFound,
         BudgetTooSmall,
         ParityError,

@@ -12,7 +12,7 @@ NOTE [ Fits on the card ]
       *allocated* bytes remat's tracker counts, each rounded up to 512 B), the library
       workspaces that go through it (cuBLAS / cuBLASLt per handle and stream, cuDNN;
       NOTE [ cuBLAS workspaces ]) and the free space inside segments that a request of
-      another size or stream cannot use (NOTE [ Replaying the caching allocator ] in
+      another size or stream cannot use (NOTE [ CUDA caching allocator model ] in
       core/caching_allocator.py).
 
     So a step fits when its predicted reserved peak, workspaces included, is at most the

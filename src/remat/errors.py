@@ -7,6 +7,7 @@ Every remat error subclasses a built-in, so existing ``except ValueError`` /
     ├── BlocksNotFound (also ValueError)   no repeated blocks / sub-layer found
     ├── StrategyError (also ValueError)    unknown or malformed strategy
     ├── BudgetTooSmall                     no plan reaches the budget
+    ├── BatchRejected (also TypeError)     the user's model raised on the batch remat passed
     └── ParityError                        gradients differ from the reference
 
     RematWarning (UserWarning)             a pitfall remat detected (BatchNorm, hooks, ...)
@@ -46,11 +47,15 @@ NOTE [ Error message format ]
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import functools
+from collections.abc import Callable, Iterable, Mapping
+from contextvars import ContextVar
+from typing import ParamSpec, TypeVar
 
 from remat.core.cost import Category, StepCost
 
 __all__ = [
+    "BatchRejected",
     "BlocksNotFound",
     "BudgetTooSmall",
     "ParityError",
@@ -106,6 +111,36 @@ def with_api(api: str, text: str) -> str:
     return f"{api}: {text}"
 
 
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+_CALL: ContextVar[str | None] = ContextVar("remat_call", default=None)
+
+
+def names_the_call(api: str) -> Callable[[Callable[_P, _R]], Callable[_P, _R]]:
+    """Mark a public entry point, so lower layers name it in their messages.
+
+    The outermost marked call wins (``remat.auto`` reaching ``remat.plan`` reaching
+    ``remat.profile`` is ``remat.auto`` to the user); :func:`current_call` reads it.
+    """
+    def mark(fn: Callable[_P, _R]) -> Callable[_P, _R]:
+        @functools.wraps(fn)
+        def marked(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+            if _CALL.get() is not None:
+                return fn(*args, **kwargs)
+            token = _CALL.set(api)
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                _CALL.reset(token)
+        return marked
+    return mark
+
+
+def current_call(default: str) -> str:
+    """The public call the user made (see :func:`names_the_call`), else ``default``."""
+    return _CALL.get() or default
+
+
 class RematError(RuntimeError):
     """Base class of every error remat raises on purpose."""
 
@@ -143,6 +178,15 @@ class BudgetTooSmall(RematError):
         self.breakdown: dict[Category, int] = {Category(k): v
                                                for k, v in (breakdown or {}).items()}
         self.cost = cost
+
+
+class BatchRejected(RematError, TypeError):
+    """The user's model raised when remat called it on the batch it was given.
+
+    The message says how remat called the model (``model(**batch)``, ``model(*batch)``
+    or ``model(batch)``) with each input's name, dtype and shape; the model's own
+    exception is chained as ``__cause__``.
+    """
 
 
 class ParityError(RematError):

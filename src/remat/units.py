@@ -33,6 +33,8 @@ _UNITS: dict[str, int] = {
     "g": 1000**3, "gb": 1000**3, "t": 1000**4, "tb": 1000**4,
     "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4,
 }
+#: The largest byte count remat takes (what an int64 holds: PyTorch's and numpy's sizes).
+MAX_BYTES = 2**63 - 1
 _PATTERN = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*$")
 
 
@@ -49,7 +51,8 @@ def parse_bytes(value: int | float | str) -> int:
         The number of bytes, rounded down to an int.
 
     Raises:
-        ValueError: the string is not a non-negative number with a known unit.
+        ValueError: the string is not a non-negative number with a known unit, or the
+            count is not finite or above :data:`MAX_BYTES` (8 EiB).
 
     Example:
         >>> parse_bytes("1.5GiB")
@@ -62,13 +65,23 @@ def parse_bytes(value: int | float | str) -> int:
         if value < 0:
             raise ValueError(message("parse_bytes", "bytes must be >= 0", {"found": repr(value)},
                                      fix="pass a byte count >= 0"))
-        return int(value)
+        return _in_range(value, value)
     match = _PATTERN.match(value)
     if match is None or match.group(2).lower() not in _UNITS:
         raise ValueError(message(
             "parse_bytes", f"cannot read {value!r} as a byte count",
             fix="use a number with an optional unit, e.g. 12GiB, 800MB, 1.5e9"))
-    return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+    return _in_range(float(match.group(1)) * _UNITS[match.group(2).lower()], value)
+
+
+def _in_range(count: int | float, given: int | float | str) -> int:
+    """``count`` as an int, or a ValueError where it is not finite or above MAX_BYTES."""
+    if count != count or count > MAX_BYTES:  # NaN, infinities, 1e30
+        raise ValueError(message(
+            "parse_bytes", "not a byte count remat can hold",
+            {"found": repr(given), "largest": f"{MAX_BYTES} bytes (8 EiB)"},
+            fix="pass a finite byte count, e.g. 80GiB"))
+    return int(count)
 
 
 def format_bytes(num_bytes: int | float, *, signed: bool = False) -> str:

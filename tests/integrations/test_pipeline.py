@@ -49,7 +49,8 @@ RTOL = 1e-5
 # micro-batch's work: StageLoss(sends_input_grad=True) makes the planned step do so.
 BOUNDARY_BYTES = MICRO_SIZE * SEQ * 64 * 4
 SCALARS = 64  # the loss scalars and the step's returned value, a few 4-byte tensors
-# Hand formulas of NOTE [ Micro-batches in flight ]: GPipe holds all m, 1F1B min(m, p - s).
+# Hand formulas of NOTE [ Pipeline schedules ] (simulate/pipeline.py): GPipe holds all m,
+# 1F1B min(m, p - s).
 IN_FLIGHT = {"gpipe": [MICROBATCHES] * WORLD,
              "1f1b": [min(MICROBATCHES, WORLD - s) for s in range(WORLD)]}
 

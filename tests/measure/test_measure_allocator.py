@@ -1,6 +1,7 @@
 """The tracker against the CPU allocator's own events, same step.
 
-NOTE [ Allocator ground truth ] in allocator_util.py says how the allocator's peak is read.
+NOTE [ What the allocator peak includes ] in remat/measure/allocator.py says how the
+allocator's peak is read.
 What the tracker still cannot see (NOTE [ What the tracker cannot see ] in tracker.py) is
 kernel scratch, e.g. the CPU flash-attention backward's per-thread buffers (448 B on the tiny
 GPT-NeoX; it grows with sequence length), and Python scalars that

@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from remat.errors import message
+from remat.errors import current_call, message
 from remat.units import parse_bytes
 
 BudgetLike = int | str
@@ -172,7 +172,7 @@ def parse_budget(budget: BudgetLike | Budget) -> Budget:
            "percentage of the un-checkpointed peak (\"60%\") or of its activations " \
            "(\"activations:50%\"), or \"device\" for the card's own memory"
     if isinstance(budget, bool) or not isinstance(budget, (int, str)):
-        raise ValueError(message("remat.plan", f"cannot read budget {budget!r}",
+        raise ValueError(message(current_call("remat.plan"), f"cannot read budget {budget!r}",
                                  {"type": type(budget).__name__}, fix=hint))
     of = "peak"
     if isinstance(budget, str) and budget.strip().lower() == "device":
@@ -180,25 +180,28 @@ def parse_budget(budget: BudgetLike | Budget) -> Budget:
     if isinstance(budget, str) and budget.strip().lower().startswith("activations:"):
         of, budget = "activations", budget.strip()[len("activations:"):]
         if not budget.strip().endswith("%"):
-            raise ValueError(message("remat.plan", f"cannot read budget 'activations:{budget}'",
-                                     fix="write activations:X% (a percentage)"))
+            raise ValueError(message(
+                current_call("remat.plan"), f"cannot read budget 'activations:{budget}'",
+                fix="write activations:X% (a percentage)"))
     if isinstance(budget, str) and budget.strip().endswith("%"):
         text = budget.strip()[:-1].strip()
         try:
             percent = float(text)
         except ValueError:
-            raise ValueError(message("remat.plan", f"cannot read budget {budget!r}",
+            raise ValueError(message(current_call("remat.plan"), f"cannot read budget {budget!r}",
                                      fix=hint)) from None
         if not (math.isfinite(percent) and percent > 0):
-            raise ValueError(message("remat.plan", f"budget {budget!r} must be a percentage > 0",
-                                     fix=hint))
+            raise ValueError(message(
+                current_call("remat.plan"), f"budget {budget!r} must be a percentage > 0",
+                fix=hint))
         return Budget(fraction=percent / 100.0, of=of)
     try:
         value = parse_bytes(budget)
-    except ValueError:
-        raise ValueError(message("remat.plan", f"cannot read budget {budget!r}",
-                                 fix=hint)) from None
+    except ValueError as exc:
+        reason = str(exc).splitlines()[0].removeprefix("parse_bytes: ")
+        raise ValueError(message(current_call("remat.plan"), f"cannot read budget {budget!r}",
+                                 {"reason": reason}, fix=hint)) from None
     if value <= 0:
-        raise ValueError(message("remat.plan", "budget must be > 0 bytes",
+        raise ValueError(message(current_call("remat.plan"), "budget must be > 0 bytes",
                                  {"found": repr(budget)}, fix=hint))
     return Budget(bytes_=value)

@@ -57,7 +57,7 @@ from remat.core.cost import Category
 from remat.core.doctor import ADVICE, ERROR, Cause, DoctorReport, DoctorStep, Finding
 from remat.core.snapshot import FRAGMENTED_SHARE, read_snapshot
 from remat.core.timeline import MemoryTimeline
-from remat.errors import message
+from remat.errors import message, names_the_call
 from remat.measure.holders import STATIC_KINDS, Holder, model_holders, python_holders
 from remat.measure.ledger import CREATED_KINDS, StorageRecord, storage_of
 from remat.measure.state import preserved_state
@@ -149,6 +149,7 @@ class _Boundary:
         return sum(self.bytes_by_label.values())
 
 
+@names_the_call("remat.doctor")
 def doctor(
     model: nn.Module | None = None,
     batch: Any = None,

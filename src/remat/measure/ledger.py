@@ -133,7 +133,7 @@ def first_tensor(value: Any) -> Tensor | None:
 
 class StorageLedger:
     """Live storages, bytes per kind now and at the peak (the step's and each phase's).
-    See NOTE [ Storage identity ]."""
+    See NOTE [ Storage identity and frees ]."""
 
     def __init__(self, *, cuda_streams: bool = False) -> None:
         self.live: dict[int, StorageRecord] = {}

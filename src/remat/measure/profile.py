@@ -70,7 +70,7 @@ from torch._subclasses.fake_tensor import DynamicOutputShapeException, FakeTenso
 from remat.core.cost import StepCost
 from remat.core.ops import PHASES
 from remat.core.results import BlockProfile, Profile
-from remat.errors import message
+from remat.errors import message, names_the_call
 from remat.measure import shadow
 from remat.measure.allocator import allocator_peak
 from remat.measure.fake import (
@@ -200,6 +200,7 @@ def first_step_peak(step: Step) -> int:
 
 # ---- public entry points -----------------------------------------------------------------
 
+@names_the_call("remat.profile")
 def profile(
     model: nn.Module,
     batch: Any,

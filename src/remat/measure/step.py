@@ -10,7 +10,7 @@ import torch
 from torch import Tensor, nn
 
 from remat.blocks import BlocksSpec, named_blocks
-from remat.errors import BlocksNotFound, RematError, message
+from remat.errors import BatchRejected, BlocksNotFound, RematError, current_call, message
 
 Batch = Tensor | tuple[Any, ...] | list[Any] | Mapping[str, Any]
 LossFn = Callable[[Any, Any], Tensor]
@@ -34,26 +34,76 @@ def clear_grads(model: nn.Module) -> None:
         p.grad = None
 
 
-def call_model(model: nn.Module, batch: Any, *, api: str = "remat.run_step") -> Any:
+def call_model(model: nn.Module, batch: Any, *, api: str | None = None) -> Any:
     """Run ``model`` on ``batch``: ``model(**batch)`` for a mapping, ``model(*batch)`` for a
     tuple or list, ``model(batch)`` for a tensor.
 
+    See NOTE [ A batch the model rejects ].
+
     Raises:
         TypeError: any other batch type.
+        BatchRejected: the model raised on the batch (the model's exception chained).
     """
+    api = current_call(api or "remat.run_step")  # the call the user made, where marked
     if isinstance(batch, Mapping):
-        return model(**batch)
+        call, run = "model(**batch)", lambda: model(**batch)
+    elif isinstance(batch, (tuple, list)):
+        call, run = "model(*batch)", lambda: model(*batch)
+    elif isinstance(batch, Tensor):
+        call, run = "model(batch)", lambda: model(batch)
+    else:
+        raise TypeError(message(
+            api, "batch must be a Tensor, a tuple/list of arguments or a dict of keyword "
+            "arguments", {"found": type(batch).__name__},
+            fix="pass the inputs your model's forward takes"))
+    try:
+        return run()
+    except (TypeError, KeyError, ValueError, IndexError, RuntimeError) as exc:
+        if not _rejects_the_batch(exc, batch):
+            raise
+        raise BatchRejected(message(
+            api, f"the model raised {type(exc).__name__} when remat called it on the batch",
+            {"call": f"{call} on {type(model).__name__}",
+             "batch": describe_batch(batch),
+             "model's error": str(exc).strip().splitlines()[0] if str(exc).strip() else "",
+             },
+            fix="pass a batch the model's forward takes as called above (a dict's keys "
+                "become keyword arguments, a tuple's items positional ones, with the dtypes "
+                "the model expects); the model's own error is chained above")) from exc
+
+
+# NOTE [ A batch the model rejects ]
+#     remat calls the user's model itself, so when the model raises on the batch the
+#     user must learn how remat called it (which keys, which shapes) or they cannot
+#     tell a wrong batch from a bug. A TypeError or KeyError (an unknown or missing
+#     argument or key) always becomes BatchRejected; a ValueError, IndexError or
+#     RuntimeError (a wrong dtype, a shape the model refuses) does on real tensors
+#     only: on a fake copy those also mean "fake tensors cannot run this op" (data-
+#     dependent shapes), which the planner handles itself. remat's own errors and an
+#     out-of-memory error pass through unchanged.
+def _rejects_the_batch(exc: BaseException, batch: Any) -> bool:
+    if isinstance(exc, (RematError, torch.OutOfMemoryError)):
+        return False
+    if isinstance(exc, (TypeError, KeyError)):
+        return True
+    from torch._subclasses.fake_tensor import is_fake
+    return not any(is_fake(t) for t in batch_tensors(batch))
+
+
+def describe_batch(batch: Any) -> str:
+    """Each input of ``batch`` as ``name: dtype[shape]`` (``[i]`` for a positional one)."""
+    def one(value: Any) -> str:
+        if isinstance(value, Tensor):
+            return f"{str(value.dtype).removeprefix('torch.')}{list(value.shape)}"
+        return type(value).__name__
+    if isinstance(batch, Mapping):
+        return ", ".join(f"{key}: {one(value)}" for key, value in batch.items()) or "{}"
     if isinstance(batch, (tuple, list)):
-        return model(*batch)
-    if isinstance(batch, Tensor):
-        return model(batch)
-    raise TypeError(message(
-        api, "batch must be a Tensor, a tuple/list of arguments or a dict of keyword "
-        "arguments", {"found": type(batch).__name__},
-        fix="pass the inputs your model's forward takes"))
+        return ", ".join(f"[{i}]: {one(value)}" for i, value in enumerate(batch)) or "()"
+    return one(batch)
 
 
-def default_loss(output: Any, *, api: str = "remat.run_step") -> Tensor:
+def default_loss(output: Any, *, api: str | None = None) -> Tensor:
     """The loss remat trains on when no ``loss_fn`` is given.
 
     ``output.loss`` when the output has one that is not None (Hugging Face and
@@ -76,7 +126,8 @@ def default_loss(output: Any, *, api: str = "remat.run_step") -> Tensor:
     if isinstance(logits, Tensor):
         return logits.float().mean()
     raise TypeError(message(
-        api, f"cannot derive a loss from a model output of type {type(output).__name__}",
+        current_call(api or "remat.run_step"),
+        f"cannot derive a loss from a model output of type {type(output).__name__}",
         {"why": "no .loss, not a tensor or a tuple starting with one"},
         fix="pass loss_fn=lambda output, batch: ..."))
 

@@ -37,7 +37,7 @@ from torch import Tensor, nn
 from remat.blocks import BlocksSpec
 from remat.core.budget import Budget, BudgetLike
 from remat.devices import DeviceSpec
-from remat.errors import BudgetTooSmall, message
+from remat.errors import BudgetTooSmall, message, names_the_call
 from remat.measure.step import LossFn, Step, model_device
 from remat.planning.card import card_of
 from remat.planning.context import PlanContext, check_plannable, prepare_step, resolve_cost
@@ -50,6 +50,7 @@ from remat.planning.throughput import ThroughputSearch, search_throughput
 from remat.strategies import apply
 
 
+@names_the_call("remat.plan")
 def plan(
     model: nn.Module,
     batch: Any,
@@ -145,6 +146,7 @@ def plan(
     return plan_step(step, options, context=context)
 
 
+@names_the_call("remat.plan_throughput")
 def plan_throughput(
     model: nn.Module,
     make_batch: Callable[[int], Any],
@@ -234,6 +236,7 @@ def plan_step(step: Step, options: PlanOptions, *, context: PlanContext | None =
     return replace(plan, fingerprint=fingerprint_of(step.model, plan.block_names))
 
 
+@names_the_call("remat.auto")
 def auto(model: nn.Module, batch: Any, **kwargs: Any) -> Plan:
     """Plan (see :func:`plan`, same arguments), apply the plan to ``model``, and return it.
 

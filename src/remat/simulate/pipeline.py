@@ -1,6 +1,6 @@
 """Pipeline stages: what a schedule keeps in flight, and one pipeline rank's bytes.
 
-NOTE [ Micro-batches in flight ]
+NOTE [ Pipeline schedules ]
     A pipeline of ``p`` ranks runs ``m`` micro-batches; with ``v`` virtual stages per
     rank (interleaved schedules) the model is cut into ``p * v`` chunks of consecutive
     blocks and rank ``r`` holds chunks ``r, r + p, ..., r + (v - 1) p``. Each rank runs
@@ -212,7 +212,7 @@ def held_microbatches(schedule: str, *, stages: int, microbatches: int,
                       virtual_stages: int = 1) -> tuple[int, ...]:
     """Per pipeline rank, the most chunk-micro-batches forwarded and not yet backwarded.
 
-    NOTE [ Micro-batches in flight ]. Under ``"1f1b"`` this is ``min(m, p - r)``; under
+    NOTE [ Pipeline schedules ]. Under ``"1f1b"`` this is ``min(m, p - r)``; under
     ``"gpipe"`` ``m``. A stage planned for one micro-batch holds this many times its
     saved activations at once, so its plan must budget for that count (the trade-off
     of a deeper pipeline: fewer bubbles, more activations held on the first ranks).

@@ -19,7 +19,7 @@ from torch import nn
 
 from remat.blocks import BlockMethod, BlocksSpec, Sublayer
 from remat.core.parity import ParityReport
-from remat.errors import RematWarning, message
+from remat.errors import RematWarning, message, names_the_call
 from remat.measure.attribution import hook_calls
 from remat.measure.step import Step, call_model, check_runnable, default_loss
 from remat.strategies.apply import apply, remove
@@ -120,6 +120,7 @@ def _step(step: Step, seed: int) -> tuple[float, dict[str, torch.Tensor | None]]
     return float(loss.detach().double().item()), grads
 
 
+@names_the_call("remat.validate")
 def validate(model: nn.Module, batch: Any, strategy: str | Any, *, blocks: BlocksSpec = None,
              loss_fn: Callable[[Any, Any], torch.Tensor] | None = None, rtol: float = 1e-6,
              seed: int = 0) -> ParityReport:
