@@ -465,13 +465,13 @@ def close_loop(step: Step, ctx: PlanContext, budget_bytes: int, *, simulate: boo
         best, best_ms = plan, plan.recompute_ms
         options = manual_options(ctx, step.blocks_found(api="remat.plan"))
         for option in sorted(options, key=lambda o: (
-                -1.0 if o.choice is None else ctx.recompute_ms(o.choice))):
+                -1.0 if o.predicted_ms is None else o.predicted_ms)):
             key = _key(option.decisions)
             if key == _key(best.decisions):
                 continue
-            if option.choice is not None and (
-                    ctx.recompute_ms(option.choice) >= best_ms
-                    or ctx.peak_model.predict(option.choice) - max(over, 0) > budget_bytes):
+            if option.predicted_ms is not None and option.predicted_peak_bytes is not None \
+                    and (option.predicted_ms >= best_ms
+                         or option.predicted_peak_bytes - max(over, 0) > budget_bytes):
                 continue
             if option.choice is not None:
                 chosen.setdefault(key, option.choice)

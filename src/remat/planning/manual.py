@@ -13,9 +13,12 @@ NOTE [ Never worse than manual ]
     the applied strategy recomputes, measured, and its fit on the allocator, first step
     included. A strategy is measured only where it could win:
 
-    * its predicted cost (the candidates' sum, where every block's decision is one of
-      its candidates) is below the best executed cost so far; one whose decisions are
-      not all candidates has no prediction and is measured;
+    * its predicted cost is below the best executed cost so far. The prediction reads
+      the peak model with each block's decision measured like a candidate: one of its
+      candidates, or, for a decision no candidate spells, measured beside them on the
+      kind of block (``PlanContext.builtin``: one more block run per kind, outside the
+      solver's tables, which stay as they were). A strategy without a prediction (a
+      block run that failed) is measured;
     * its predicted peak is within the budget plus the most the peak model over-predicted
       a choice this loop measured (the peak model is exact on the tracked step of a block
       choice, NOTE [ Peak model ], so a prediction beyond that is a measured peak beyond
@@ -31,18 +34,21 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from torch import nn
 
 from remat.blocks import find_sublayer
 from remat.errors import BlocksNotFound, StrategyError
-from remat.planning.context import PlanContext
-from remat.strategies import BlockStrategy, parse_strategy
+from remat.strategies import BlockStrategy, Part, parse_strategy
 from remat.strategies.builtin import Full
 from remat.strategies.builtin.sublayer import SublayerStrategy
 from remat.strategies.head import HEAD_KEY
 from remat.strategies.registry import default_strategies
+
+if TYPE_CHECKING:
+    from remat.planning.context import PlanContext
 
 
 @dataclass(frozen=True)
@@ -56,11 +62,16 @@ class ManualOption:
             ``full`` on the sub-layer), the context's head included.
         choice: the same decisions as candidate indices, one per block, where every
             block's decision is one of its candidates; else None.
+        predicted_peak_bytes: the peak model's peak for the decisions, where each block's
+            decision was measured (a candidate or ``PlanContext.builtin``); else None.
+        predicted_ms: the decisions' summed recompute cost, ms, where predicted.
     """
 
     name: str
     decisions: Mapping[str, BlockStrategy]
     choice: tuple[int, ...] | None
+    predicted_peak_bytes: int | None = None
+    predicted_ms: float | None = None
 
 
 def manual_options(ctx: PlanContext, blocks: Sequence[tuple[str, nn.Module]]
@@ -93,7 +104,33 @@ def manual_options(ctx: PlanContext, blocks: Sequence[tuple[str, nn.Module]]
         if ctx.head is not None:
             decisions[HEAD_KEY] = ctx.head
             name = f"{name}+{ctx.head}"
-        out.append(ManualOption(name, decisions, _choice_of(ctx, decisions)))
+        out.append(_predicted(ctx, name, decisions))
+    return out
+
+
+def builtin_parts(name: str, block: nn.Module) -> list[tuple[Part, ...]]:
+    """Each built-in strategy's decision on block ``name``, as a candidate's parts (paths
+    relative to the block): what ``BlockGroup.builtin`` measures.
+
+    Example:
+        >>> builtin_parts("layers.0", block)
+        [(('', Full()),), (('self_attn', Full()),), (('mlp', Full()),), (('', SelectiveOps()),)]
+    """
+    out: list[tuple[Part, ...]] = []
+    for spelled in default_strategies("frontier", num_blocks=1):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                decided = parse_strategy(spelled).decisions([(name, block)])
+            if decided is None:
+                continue
+            decisions = _plan_spelling(decided, {name: block})
+        except (BlocksNotFound, StrategyError):
+            continue
+        parts = tuple((key[len(name) + 1:] if key != name else "", d)
+                      for key, d in decisions.items() if not d.moves_to_host)
+        if parts and parts not in out:
+            out.append(parts)
     return out
 
 
@@ -110,13 +147,22 @@ def _plan_spelling(decided: Mapping[str, BlockStrategy], modules: Mapping[str, n
     return out
 
 
-def _choice_of(ctx: PlanContext, decisions: Mapping[str, BlockStrategy]
-               ) -> tuple[int, ...] | None:
-    choice: list[int] = []
-    for block, table in zip(ctx.block_names, ctx.peak_model.tables, strict=True):
+def _predicted(ctx: PlanContext, name: str, decisions: Mapping[str, BlockStrategy]
+               ) -> ManualOption:
+    """``decisions`` as candidate indices in the solver's tables extended by the built-in
+    decisions measured beside them, and what the peak model predicts for them."""
+    tables = ctx.peak_model.tables
+    builtin = ctx.builtin or tuple(() for _ in tables)
+    extended = tuple(tuple(t) + tuple(b) for t, b in zip(tables, builtin, strict=True))
+    indices: list[int] = []
+    for block, table in zip(ctx.block_names, extended, strict=True):
         mine = {k: d for k, d in decisions.items() if k == block or k.startswith(block + ".")}
         index = next((i for i, c in enumerate(table) if c.decisions_for(block) == mine), None)
         if index is None:
-            return None
-        choice.append(index)
-    return tuple(choice)
+            return ManualOption(name, decisions, None)
+        indices.append(index)
+    model = replace(ctx.peak_model, tables=extended)
+    in_tables = all(i < len(t) for i, t in zip(indices, tables, strict=True))
+    return ManualOption(name, decisions, tuple(indices) if in_tables else None,
+                        model.predict(indices),
+                        sum(t[i].recompute_ms for t, i in zip(extended, indices, strict=True)))
