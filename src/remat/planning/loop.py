@@ -21,7 +21,9 @@ NOTE [ Fits on the allocator ]
     (:func:`~remat.measure.profile.allocator_step_peak`); the choice's peak is the
     higher of the two. Over by ``d`` there, the next round asks the solver for ``d``
     bytes less, like any other miss (NOTE [ Closed loop ]). That costs the first steps
-    and one steady step per fitting choice (typically one or two choices per plan), and
+    and one steady step per fitting choice (typically one or two choices per plan; where
+    the choice is measured on the real model, the new job's first step is the tracked
+    step's warm-up: NOTE [ Closed loop on the real model ]), and
     makes "fits" mean what the device's allocator says, from the first step on:
     ``Plan.allocator_peak_bytes <= Plan.budget_bytes``.
 
