@@ -137,7 +137,9 @@ class Row:
 
     @property
     def reduction(self) -> float:
-        """1 - plan recompute / best manual recompute."""
+        """1 - plan recompute / best manual recompute (0 when the best recomputes nothing)."""
+        if self.best.recompute_ms == 0:
+            return 0.0
         return float(1.0 - self.plan.recompute_ms / self.best.recompute_ms)
 
     @property
