@@ -18,7 +18,10 @@ from tiny configs (Llama, Qwen2, GPT-NeoX, Phi; 6 layers). ``--models held-out``
 families no test under tests/planning/ uses (two mixture-of-experts decoders, one with
 dropout, parallel attention + MLP blocks, sandwich norms; ``HELD_OUT_RUNS``), kept out of
 tuning by tests/benchmarks/test_planner_held_out.py, and writes them to their own section
-(``planner-held-out``), with the bound ratio per case.
+(``planner-held-out``), with the bound ratio per case. ``--models families`` plans issue
+#31's five decoders (``FAMILY_RUNS``, section ``planner-families``); ``--models generated``
+plans seeded random decoders from tests/generated_models.py (``GENERATED_SEEDS``, section
+``planner-generated``): no fixed set to tune on.
 
 NOTE [ Lower bound ]
     To fit budget B the step must free ``none_peak - B`` bytes. The cheapest way to
@@ -38,6 +41,8 @@ Usage::
     .venv/bin/python benchmarks/planner.py --simulate    # FakeTensorMode (same bytes on CPU)
     .venv/bin/python benchmarks/planner.py --models hf --results benchmarks/RESULTS_planner_new.md
     .venv/bin/python benchmarks/planner.py --models held-out --timings '' --no-throughput
+    .venv/bin/python benchmarks/planner.py --models families --timings '' --no-throughput
+    .venv/bin/python benchmarks/planner.py --models generated --timings '' --no-throughput
 """
 
 from __future__ import annotations
@@ -106,6 +111,16 @@ HELD_OUT_SHAPES: dict[str, tuple[int, int, int]] = {
     "ho-gptj": (2, 128, 64), "ho-cohere": (6, 64, 64), "ho-gemma2": (2, 128, 128)}
 HF_SEQ = 128
 FRACTIONS = (0.25, 0.5, 0.75)
+#: Issue #31's table (``--models families``): GPT-NeoX, Mixtral, OPT with dropout 0.1,
+#: Qwen3-MoE and Falcon (parallel attention + MLP, dropout 0.1); 6 layers, d 128, seq 128.
+FAMILY_RUNS: tuple[tuple[str, int], ...] = tuple(
+    (name, 4) for name in ("fam-gpt-neox", "fam-mixtral", "fam-opt", "fam-qwen3-moe",
+                           "fam-falcon"))
+FAMILY_SECTION = "planner-families"
+#: Seeded random decoders (``--models generated``): tests/generated_models.py's draws
+#: (family, depth 2-4, width, heads, dropout, tied head), batch 2 x 32 tokens.
+GENERATED_SEEDS = tuple(range(100, 112))
+GENERATED_SECTION = "planner-generated"
 
 
 @dataclass
@@ -122,7 +137,9 @@ class Row:
 
     @property
     def reduction(self) -> float:
-        """1 - plan recompute / best manual recompute."""
+        """1 - plan recompute / best manual recompute (0 when the best recomputes nothing)."""
+        if self.best.recompute_ms == 0:
+            return 0.0
         return float(1.0 - self.plan.recompute_ms / self.best.recompute_ms)
 
     @property
@@ -220,6 +237,42 @@ def held_out_model(name: str) -> torch.nn.Module:
     return model
 
 
+def family_model(name: str) -> torch.nn.Module:
+    """One of issue #31's decoders (``FAMILY_RUNS``), random weights from a tiny config."""
+    import transformers as tf
+
+    common: dict[str, object] = dict(vocab_size=1024, hidden_size=128, num_hidden_layers=6,
+                                     num_attention_heads=4, max_position_embeddings=HF_SEQ)
+    tokens: dict[str, object] = dict(bos_token_id=0, eos_token_id=0, pad_token_id=0)
+    torch.manual_seed(0)
+    config: object
+    if name == "fam-gpt-neox":
+        config = tf.GPTNeoXConfig(intermediate_size=512, **common)
+    elif name == "fam-mixtral":
+        config = tf.MixtralConfig(intermediate_size=256, num_key_value_heads=2,
+                                  num_local_experts=4, num_experts_per_tok=2, **common)
+    elif name == "fam-opt":
+        config = tf.OPTConfig(vocab_size=1024, hidden_size=128, num_hidden_layers=6,
+                              num_attention_heads=4, ffn_dim=512, word_embed_proj_dim=128,
+                              max_position_embeddings=HF_SEQ, dropout=0.1)
+    elif name == "fam-qwen3-moe":
+        config = tf.Qwen3MoeConfig(intermediate_size=256, num_key_value_heads=2, head_dim=32,
+                                   num_experts=4, num_experts_per_tok=2,
+                                   moe_intermediate_size=128, **common, **tokens)
+    elif name == "fam-falcon":
+        config = tf.FalconConfig(vocab_size=1024, hidden_size=128, num_hidden_layers=6,
+                                 num_attention_heads=4, parallel_attn=True,
+                                 new_decoder_architecture=False, multi_query=True, bias=True,
+                                 hidden_dropout=0.1, attention_dropout=0.1,
+                                 max_position_embeddings=HF_SEQ, **tokens)
+    else:
+        raise ValueError(name)
+    model = tf.AutoModelForCausalLM.from_config(config)
+    model.config.use_cache = False
+    model.train()
+    return model
+
+
 def hf_batch(batch_size: int, seq: int = HF_SEQ) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, 1024, (batch_size, seq), generator=g)
@@ -309,6 +362,15 @@ def run_model(preset: str, batch_size: int, *, simulate: bool,
     elif preset.startswith("ho-"):
         model = held_out_model(preset)
         batch = hf_batch(batch_size, HELD_OUT_SHAPES[preset][2])
+    elif preset.startswith("fam-"):
+        model, batch = family_model(preset), hf_batch(batch_size)
+    elif preset.startswith("gen-"):
+        sys.path.insert(0, str(HERE.parent / "tests"))
+        from generated_models import generated_model
+
+        drawn = generated_model(int(preset.removeprefix("gen-")), batch_size=batch_size)
+        model, batch = drawn.model, drawn.batch
+        preset = f"{preset} ({drawn.label})"
     else:
         model = build_model(preset)
         model.train()
@@ -334,7 +396,8 @@ def run_model(preset: str, batch_size: int, *, simulate: bool,
                         max(report.max_rel_error, report.loss_rel_error), plan_s,
                         lower_bound_ms(costs, none - budget)))
         log.append(f"{preset} {fraction:.0%}: plan {_us(result.recompute_ms)} vs "
-                   f"{best.name} {_us(best.recompute_ms)} ({rows[-1].vs_best:.2f}x), "
+                   f"{best.name} {_us(best.recompute_ms)} ({rows[-1].vs_best:.2f}x; plan "
+                   f"from {getattr(result, 'source', 'planner')}), "
                    f"lower bound {_us(rows[-1].lower_bound_ms)} ({rows[-1].vs_bound:.2f}x)")
         print(log[-1], flush=True)
         if fraction == 0.5:
@@ -461,7 +524,7 @@ def main() -> None:
     parser.add_argument("--simulate", action="store_true",
                         help="measure under FakeTensorMode (same bytes on CPU, faster)")
     parser.add_argument("--models", choices=("builtin", "hf", "hf-more", "held-out", "all",
-                                                  "none"),
+                                                  "families", "generated", "none"),
                         default="all", help="built-in presets, held-out HF decoders, or both "
                         "(hf-more: six more HF decoders, not part of all; held-out: "
                         "families no planning test uses, written to their own section)")
@@ -479,8 +542,10 @@ def main() -> None:
     fronts: list[Frontier] = []
     log: list[str] = []
     runs = {"builtin": RUNS, "hf": HF_RUNS, "hf-more": HF_MORE_RUNS, "all": RUNS + HF_RUNS,
-            "held-out": HELD_OUT_RUNS, "none": ()}[args.models]
-    held_out = args.models == "held-out"
+            "held-out": HELD_OUT_RUNS, "families": FAMILY_RUNS,
+            "generated": tuple((f"gen-{seed}", 2) for seed in GENERATED_SEEDS),
+            "none": ()}[args.models]
+    held_out = args.models in ("held-out", "families", "generated")
     for preset, batch_size in runs:
         model_rows, front = run_model(preset, batch_size, simulate=args.simulate, log=log)
         rows += model_rows
@@ -496,13 +561,20 @@ def main() -> None:
         print(f"throughput search, gpt-small: {throughput[0]:.1f} s wall, "
               f"{throughput[1]:.1f} s CPU, batch {throughput[2]}", flush=True)
     elapsed_s = time.perf_counter() - started
-    title = ("Planner on held-out decoders (families no planning test uses)" if held_out
-             else "Planner: cheapest plan under a budget vs the best manual strategy")
+    title, section = {
+        "held-out": ("Planner on held-out decoders (families no planning test uses)",
+                     HELD_OUT_SECTION),
+        "families": ("Planner on issue #31's decoders (6 layers, d 128, seq 128, batch 4)",
+                     FAMILY_SECTION),
+        "generated": ("Planner on seeded random decoders (tests/generated_models.py, seeds "
+                      f"{GENERATED_SEEDS[0]}-{GENERATED_SEEDS[-1]})", GENERATED_SECTION),
+    }.get(args.models, ("Planner: cheapest plan under a budget vs the best manual strategy",
+                        SECTION))
     body = render(rows, fronts, timings=timings, elapsed_s=elapsed_s, simulate=args.simulate,
                   throughput=throughput, title=title, plot=not held_out)
     results: Path = args.results
     text = results.read_text() if results.exists() else ""
-    results.write_text(replace_section(text, HELD_OUT_SECTION if held_out else SECTION, body))
+    results.write_text(replace_section(text, section, body))
     if results == RESULTS and fronts and not held_out:
         plot_frontier(fronts, PLOT)
     average = sum(r.reduction for r in rows) / max(1, len(rows))

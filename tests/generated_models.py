@@ -1,7 +1,8 @@
 """Seeded random Hugging Face decoders: the held-out models no fixed set can be tuned to.
 
-``generated_model(seed)`` draws a family (dense rotary, GQA, parallel attention + MLP,
-learned positions with dropout, mixture of experts), a depth, a width, heads, dropout on
+``generated_model(seed)`` draws a family (dense rotary, GQA, parallel attention + MLP
+(GPT-NeoX, Falcon), learned positions with dropout, mixture of experts (Mixtral,
+Qwen3-MoE)), a depth, a width, heads, dropout on
 or off and tied or untied heads from ``random.Random(seed)``, and builds the model with
 random weights (no downloads). The same seed always gives the same model and batch.
 """
@@ -29,8 +30,18 @@ class GeneratedModel:
     batch: dict[str, torch.Tensor]
 
 
-def _config(rng: random.Random) -> tuple[str, dict[str, Any]]:
+#: Families drawn from a second stream (``_LATER_SHARE`` of the seeds), so that adding them
+#: left the models every other seed draws as they were: Falcon's parallel attention + MLP
+#: (multi-query, biases) and Qwen3-MoE's top-k router with per-expert loops.
+_LATER = ("falcon", "qwen3_moe")
+_LATER_SHARE = 0.25
+
+
+def _config(rng: random.Random, seed: int) -> tuple[str, dict[str, Any]]:
     family = rng.choice(("llama", "qwen2", "gpt_neox", "opt", "mixtral", "phi"))
+    later = random.Random(f"{seed}-family")
+    if later.random() < _LATER_SHARE:
+        family = later.choice(_LATER)
     heads = rng.choice((2, 4))
     width = heads * rng.choice((8, 12, 16))
     depth = rng.randint(2, 4)
@@ -40,7 +51,16 @@ def _config(rng: random.Random) -> tuple[str, dict[str, Any]]:
                               "num_hidden_layers": depth, "num_attention_heads": heads,
                               "max_position_embeddings": 64, "tie_word_embeddings": tied}
     ffn = width * rng.choice((2, 3, 4))
-    if family in ("llama", "qwen2", "mixtral"):
+    if family == "falcon":
+        common.update(parallel_attn=True, new_decoder_architecture=False,
+                      multi_query=rng.random() < 0.5, bias=rng.random() < 0.5,
+                      hidden_dropout=dropout, attention_dropout=dropout)
+    elif family == "qwen3_moe":
+        common.update(intermediate_size=ffn, num_key_value_heads=rng.choice((1, heads)),
+                      head_dim=width // heads, num_experts=rng.choice((2, 4)),
+                      num_experts_per_tok=2, moe_intermediate_size=width,
+                      attention_dropout=dropout)
+    elif family in ("llama", "qwen2", "mixtral"):
         common.update(intermediate_size=ffn, num_key_value_heads=rng.choice((1, heads)),
                       attention_dropout=dropout)
         if family == "mixtral":
@@ -62,14 +82,16 @@ def generated_model(seed: int, *, batch_size: int = 2, seq: int = 32) -> Generat
     """The decoder drawn by ``seed``, in train mode, and a batch with labels."""
     transformers = __import__("transformers")
     rng = random.Random(seed)
-    family, config = _config(rng)
+    family, config = _config(rng, seed)
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(
         transformers.AutoConfig.for_model(family, **config)).train()
     ids = torch.randint(0, _VOCAB, (batch_size, seq),
                         generator=torch.Generator().manual_seed(seed))
+    parallel = config.get("use_parallel_residual") or config.get("parallel_attn")
     label = (f"{family}-L{config['num_hidden_layers']}-d{config['hidden_size']}"
              f"-h{config['num_attention_heads']}"
              f"{'-tied' if config['tie_word_embeddings'] else ''}"
-             f"{'-drop' if config.get('dropout') or config.get('attention_dropout') else ''}")
+             f"{'-drop' if config.get('dropout') or config.get('attention_dropout') else ''}"
+             f"{'-parallel' if parallel else ''}")
     return GeneratedModel(label, model, {"input_ids": ids, "labels": ids.clone()})

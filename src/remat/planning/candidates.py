@@ -63,6 +63,7 @@ from remat.measure.roofline import op_roofline_ms
 from remat.measure.windows import FakeSetup
 from remat.planning.block_run import BlockRun, record_graphs, run_block
 from remat.planning.capture import BlockInputs, capture_inputs, group_key, in_call_order
+from remat.planning.manual import builtin_parts
 from remat.progress import report
 from remat.strategies import BlockContext, BlockStrategy, Offer, Part, Strategy, registered
 from remat.strategies.builtin import Full, NoCheckpoint
@@ -168,10 +169,14 @@ class BlockGroup:
     Args:
         names: qualified names of the member blocks, in forward order.
         candidates: the measured candidates, ``none`` first.
+        builtin: each built-in strategy's decision on the kind of block, measured like a
+            candidate whether or not it is one (NOTE [ Never worse than manual ] in
+            manual.py); the solver never reads them. Default: ``()``.
     """
 
     names: tuple[str, ...]
     candidates: tuple[Candidate, ...]
+    builtin: tuple[Candidate, ...] = ()
 
 
 #: How a candidate's block run is obtained: :func:`~remat.planning.block_run.run_block`, or
@@ -337,8 +342,10 @@ def _pairs(singles: dict[str, list[tuple[Part, BlockRun]]], none_run: BlockRun,
 
 def _measure_kind(setup: FakeSetup, rep: str, block: nn.Module, inputs: BlockInputs,
                   device: DeviceSpec, max_composites: int,
-                  run_block: RunBlock = run_block, model_blocks: int = 0) -> list[Candidate]:
-    """Every candidate of one kind of block (NOTE [ Candidate decisions ])."""
+                  run_block: RunBlock = run_block, model_blocks: int = 0,
+                  builtin: bool = False) -> tuple[list[Candidate], list[Candidate]]:
+    """Every candidate of one kind of block (NOTE [ Candidate decisions ]), and with
+    ``builtin`` each built-in strategy's decision on it, measured (``BlockGroup.builtin``)."""
     subs = _sublayers(block)
     attribution = [(rep, block), *((f"{rep}.{path}", m) for path, m in subs.values())]
     none_run = run_block(setup, rep, block, inputs, (), attribution)
@@ -383,13 +390,23 @@ def _measure_kind(setup: FakeSetup, rep: str, block: nn.Module, inputs: BlockInp
     for pair in _pairs(singles, none_run, list(measured.values()), device, max_composites):
         run = run_block(setup, rep, block, inputs, pair)
         measured[pair] = _candidate(pair, run, device, base=none_run)
-    return list(measured.values())
+    extra: list[Candidate] = []
+    for parts in builtin_parts(rep, block) if builtin else ():
+        if parts in measured:
+            extra.append(measured[parts])
+            continue
+        try:
+            extra.append(_candidate(parts, run_block(setup, rep, block, inputs, parts), device,
+                                    base=none_run))
+        except (RuntimeError, NotImplementedError):
+            continue  # the closed loop measures that strategy on the whole step instead
+    return list(measured.values()), extra
 
 
 def measure_groups(setup: FakeSetup, device: DeviceSpec, *, prune: bool = True,
                    max_composites: int = 8, share: bool = True,
                    run: RunBlock = run_block,
-                   model_blocks: int | None = None) -> list[BlockGroup]:
+                   model_blocks: int | None = None, builtin: bool = False) -> list[BlockGroup]:
     """Measure every candidate of every kind of block in ``setup``'s model.
 
     Args:
@@ -407,6 +424,8 @@ def measure_groups(setup: FakeSetup, device: DeviceSpec, *, prune: bool = True,
             :func:`~remat.planning.block_run.run_block`). Default: ``run_block``.
         model_blocks: how many blocks the model has (``BlockContext.model_blocks``),
             for a caller measuring on a copy cut shorter. Default: ``setup``'s blocks.
+        builtin: also measure each built-in strategy's decision on each kind of block
+            (``BlockGroup.builtin``). Default: False.
 
     Returns:
         One :class:`BlockGroup` per kind of block (per block without ``share``), in order
@@ -422,10 +441,10 @@ def measure_groups(setup: FakeSetup, device: DeviceSpec, *, prune: bool = True,
     result: list[BlockGroup] = []
     for names in groups.values():
         rep = names[0]
-        candidates = _measure_kind(setup, rep, modules[rep], inputs[rep], device,
-                                   max_composites, run,
-                                   len(setup.blocks) if model_blocks is None else model_blocks)
+        candidates, extra = _measure_kind(
+            setup, rep, modules[rep], inputs[rep], device, max_composites, run,
+            len(setup.blocks) if model_blocks is None else model_blocks, builtin)
         if prune:
             candidates = prune_candidates(candidates)
-        result.append(BlockGroup(tuple(names), tuple(candidates)))
+        result.append(BlockGroup(tuple(names), tuple(candidates), tuple(extra)))
     return result

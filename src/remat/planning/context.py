@@ -75,6 +75,9 @@ class PlanContext:
         microbatches_in_flight: micro-batches a pipeline stage holds at its worst moment;
             the peak model holds ``microbatches_in_flight - 1`` of them besides the one
             it runs (NOTE [ Micro-batches in flight ] in in_flight.py). Default: 1.
+        builtin: per block (forward order), each built-in strategy's decision on it measured
+            like a candidate, outside the solver's tables (``BlockGroup.builtin``; NOTE
+            [ Never worse than manual ] in manual.py). Default: ``()`` (none measured).
     """
 
     peak_model: PeakModel[Candidate]
@@ -87,6 +90,7 @@ class PlanContext:
     setup: FakeSetup | None = field(default=None, compare=False, repr=False)
     head: BlockStrategy | None = None
     microbatches_in_flight: int = 1
+    builtin: tuple[tuple[Candidate, ...], ...] = ()
 
     def __post_init__(self) -> None:
         check_in_flight(self.microbatches_in_flight, api="PlanContext")
@@ -197,7 +201,8 @@ def prepare_step(step: Step, *, device: str | DeviceSpec | None = None,
     spec = cost_device(model_device(model), device)
     report("fake copy", 0, 3)
     setup = fake_setup(model, step.batch, optimizer=step.optimizer, blocks=step.blocks)
-    groups = measure_groups(setup, spec, prune=source == "roofline")
+    groups = measure_groups(setup, spec, prune=source == "roofline",
+                            builtin=source == "roofline")
     timed_on = None
     if source == "measured":
         groups = time_groups(model, step.batch, groups, blocks=step.blocks)
@@ -212,8 +217,10 @@ def prepare_step(step: Step, *, device: str | DeviceSpec | None = None,
         held = forward_held_bytes(setup, loss_fn=step.loss_fn)
         peak_model = in_flight_model(peak_model, in_flight, held)
         no_checkpoint = peak_model.predict([0] * peak_model.num_blocks)
+    builtin = {name: group.builtin for group in groups for name in group.names}
     return PlanContext(peak_model, spec, no_checkpoint, batch_size_of(step.batch), static,
-                       source, timed_on, setup, microbatches_in_flight=in_flight)
+                       source, timed_on, setup, microbatches_in_flight=in_flight,
+                       builtin=tuple(builtin.get(n, ()) for n in peak_model.block_names))
 
 
 def check_plannable(model: nn.Module) -> None:

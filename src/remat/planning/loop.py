@@ -21,7 +21,9 @@ NOTE [ Fits on the allocator ]
     (:func:`~remat.measure.profile.allocator_step_peak`); the choice's peak is the
     higher of the two. Over by ``d`` there, the next round asks the solver for ``d``
     bytes less, like any other miss (NOTE [ Closed loop ]). That costs the first steps
-    and one steady step per fitting choice (typically one or two choices per plan), and
+    and one steady step per fitting choice (typically one or two choices per plan; where
+    the choice is measured on the real model, the new job's first step is the tracked
+    step's warm-up: NOTE [ Closed loop on the real model ]), and
     makes "fits" mean what the device's allocator says, from the first step on:
     ``Plan.allocator_peak_bytes <= Plan.budget_bytes``.
 
@@ -29,10 +31,15 @@ NOTE [ Closed loop on the real model ]
     On CPU a choice can be measured by a tracked step of the real model after an untracked
     warm-up, as :func:`remat.profile` measures it (the same bytes as the fake copy's, NOTE [
     Closed loop on the fake copy ]), when that is cheaper than a tracked step of the fake
-    copy (:func:`measure_on_cpu`). Where its tracked peak fits, the allocator's check then
-    runs on the same real model: the choice applied anew, the first steps (NOTE [ The first
-    step ] in measure/profile.py), then a steady step, whose warm-up the first steps are; a
-    choice over the budget costs no allocator step. Which copy is cheaper is decided from
+    copy (:func:`measure_on_cpu`). The warm-up is the first step of a new job, read by the
+    allocator (NOTE [ The first step ] in measure/profile.py: the choice freshly applied,
+    the optimizer as the user passed it), so it costs the profiler's overhead rather than a
+    step. Where the tracked peak fits, the rest of the allocator's check runs on the same
+    model: with an optimizer, the first step of a resumed job (the state restored to what
+    the first step left, the choice applied anew), then a steady step; a choice over the
+    budget costs no more steps. The steps see the parameters, optimizer state and RNG that
+    separate checks would (each snapshot restored), so the bytes read are the same. Which
+    copy is cheaper is decided from
     the work of the step, never from the clock (the same plan on an idle and on a loaded
     machine): the windows step's op count (``FakeSetup.step_ops``) prices a fake tracked
     step at ``_FAKE_OP_S`` per op, and a real one costs ``_TRACKED_COST`` untracked steps of
@@ -70,6 +77,7 @@ from remat.planning.candidates import Candidate
 from remat.planning.card import reserved_on_card
 from remat.planning.context import PlanContext
 from remat.planning.cost import recompute_ms, step_ms
+from remat.planning.manual import manual_options
 from remat.planning.plans import Plan
 from remat.progress import report
 from remat.strategies import BlockStrategy, apply_decisions, preserved_strategy
@@ -197,21 +205,28 @@ def measure_on_cpu(step: Step, ctx: PlanContext, decisions: Mapping[str, BlockSt
     model = step.model
     with preserved_strategy(model), quiet(), \
             preserved_state(model, step.optimizer, step.device):
-        with preserved_state(model, step.optimizer, step.device):
-            apply_decisions(model, decisions, blocks=step.blocks)
-            clear_grads(model)
-            step.run()  # warm-up: optimizer state and lazy caches exist before the window
+        apply_decisions(model, decisions, blocks=step.blocks)
+        # The first step of a new job (the optimizer as the user passed it) is the tracked
+        # step's warm-up: optimizer state and lazy caches exist before its window.
+        first = first_step_peak(step)
+        with preserved_state(model, step.optimizer, step.device):  # as after one step
             prof = _tracked_real(step)
         setup.profiles[_key(decisions)] = prof
         allocated = None
-        if prof.peak_bytes <= budget_bytes:  # the optimizer state as the user passed it
+        if prof.peak_bytes <= budget_bytes:
             report("closed loop, allocator step", 0, 1)
-            first = first_steps_peak(step, decisions)  # fresh regions; the steady step's warm-up
+            if step.optimizer is not None:  # resumed: the state exists, the regions anew
+                apply_decisions(model, decisions, blocks=step.blocks)
+                first = max(first, first_step_peak(step))
             allocated = allocator_peak_of(step, decisions, prof, first)
     return prof, allocated
 
 
-def _key(decisions: Mapping[str, BlockStrategy]) -> tuple[tuple[str, BlockStrategy], ...]:
+Key = tuple[tuple[str, BlockStrategy], ...]
+"""A set of decisions as a hashable key: ``(module name, decision)`` pairs, sorted."""
+
+
+def _key(decisions: Mapping[str, BlockStrategy]) -> Key:
     return tuple(sorted(decisions.items(), key=lambda item: item[0]))
 
 
@@ -262,20 +277,25 @@ def _offload_ms(ctx: PlanContext, choice: Sequence[int]) -> float:
                                                         strict=True))
 
 
-def _build(ctx: PlanContext, choice: Sequence[int], prof: Profile, budget_bytes: int,
+def _build(ctx: PlanContext, choice: Sequence[int] | None,
+           decisions: Mapping[str, BlockStrategy], prof: Profile, budget_bytes: int,
            blocks: Any, step_ms_measured: float | None = None) -> Plan:
-    decisions = ctx.decisions(choice)
+    """The plan of ``decisions`` measured as ``prof``; ``choice``: the same decisions as
+    candidate indices, None where they are not all candidates (a built-in strategy's: its
+    measured peak stands for the prediction)."""
     if ctx.cost_source == "measured":
+        assert choice is not None  # built-in strategies are weighed on roofline costs only
         cost_ms, step_time = ctx.recompute_ms(choice), step_ms_measured
     else:
-        extra_ms = _offload_ms(ctx, choice)
+        extra_ms = _offload_ms(ctx, choice) if choice is not None else 0.0
         cost_ms = recompute_ms(prof.ops, ctx.device) + extra_ms
         step_time = step_ms(prof.ops, ctx.device) + extra_ms
     return Plan(
         decisions=decisions,
         block_names=ctx.block_names,
         budget_bytes=budget_bytes,
-        cost=StepCost(peak_bytes=ctx.peak_model.predict(choice),
+        cost=StepCost(peak_bytes=ctx.peak_model.predict(choice) if choice is not None
+                      else prof.peak_bytes,
                       recompute_flops=prof.recompute_flops, recompute_ms=cost_ms,
                       step_ms=step_time),
         measured_peak_bytes=prof.peak_bytes,
@@ -362,16 +382,23 @@ def close_loop(step: Step, ctx: PlanContext, budget_bytes: int, *, simulate: boo
     tracked step as the measurement; ``fake_loop=False`` measures every choice with
     :func:`measure_decisions` (NOTE [ Closed loop on the fake copy ]). With ``card`` (a
     ``budget="device"`` plan) a choice's peak is its predicted reserved peak on that card,
-    workspaces included (NOTE [ Fits on the card ] in card_fit.py)."""
-    measured: dict[tuple[int, ...], Profile] = {}
-    allocated: dict[tuple[int, ...], int] = {}
-    reserved: dict[tuple[int, ...], int] = {}
+    workspaces included (NOTE [ Fits on the card ] in card_fit.py). The plan returned is
+    the cheaper of the loop's choice and the built-in strategies that fit (NOTE [ Never
+    worse than manual ] in manual.py)."""
+    measured: dict[Key, Profile] = {}
+    allocated: dict[Key, int] = {}
+    reserved: dict[Key, int] = {}
+    chosen: dict[Key, tuple[int, ...]] = {}  # the solver's choices measured, by decisions
     settings = AllocatorSettings.from_env() if card is not None else None
 
-    def measure(choice: Sequence[int]) -> Profile:
-        key = tuple(choice)
+    def of(choice: Sequence[int]) -> dict[str, BlockStrategy]:
+        decisions = ctx.decisions(choice)
+        chosen.setdefault(_key(decisions), tuple(choice))
+        return decisions
+
+    def measure(decisions: Mapping[str, BlockStrategy]) -> Profile:
+        key = _key(decisions)
         if key not in measured:
-            decisions = ctx.decisions(choice)
             prof: Profile | None = None
             if fake_loop and real_first(step, ctx, decisions, simulate=simulate):
                 prof, allocator_bytes = measure_on_cpu(step, ctx, decisions, budget_bytes)
@@ -383,68 +410,101 @@ def close_loop(step: Step, ctx: PlanContext, budget_bytes: int, *, simulate: boo
                 measure_decisions(step, decisions, simulate=simulate)
         return measured[key]
 
-    def truth(choice: Sequence[int]) -> int:
+    def truth(decisions: Mapping[str, BlockStrategy]) -> int:
         """The higher of the tracker's and the allocator's peak (real steps only)."""
-        prof = measure(choice)
+        prof = measure(decisions)
         if simulate:
             return prof.peak_bytes
-        key = tuple(choice)
+        key = _key(decisions)
         if key not in allocated:
             report("closed loop, allocator step", len(allocated), len(allocated) + 1)
-            allocated[key] = allocator_peak_of(step, ctx.decisions(choice), prof)
+            allocated[key] = allocator_peak_of(step, decisions, prof)
         return max(prof.peak_bytes, allocated[key])
 
-    def peak(choice: Sequence[int]) -> int:
+    def peak(decisions: Mapping[str, BlockStrategy]) -> int:
         """NOTE [ Fits on the allocator ]: the tracker's peak, and the allocator's too
         when the tracker's fits; on a card, the reserved peak."""
-        prof = measure(choice)
+        prof = measure(decisions)
         if card is not None:
-            return reserved_peak(choice)
-        return prof.peak_bytes if prof.peak_bytes > budget_bytes else truth(choice)
+            return reserved_peak(decisions)
+        return prof.peak_bytes if prof.peak_bytes > budget_bytes else truth(decisions)
 
-    def reserved_peak(choice: Sequence[int]) -> int:
+    def reserved_peak(decisions: Mapping[str, BlockStrategy]) -> int:
         """NOTE [ Fits on the card ]: the step's allocations replayed through the caching
         allocator's model, first and steady step, workspaces added."""
         assert card is not None
-        key = tuple(choice)
+        key = _key(decisions)
         if key not in reserved:
-            prof = measure(choice)
+            prof = measure(decisions)
             tensors = prof.peak_bytes if prof.peak_bytes + card.workspace_bytes > budget_bytes \
-                else truth(choice)
+                else truth(decisions)
             reserved[key] = reserved_on_card(card, prof, settings, tensors)
         return reserved[key]
 
-    def build(choice: Sequence[int], prof: Profile) -> Plan:
-        step_time = timed_step_ms(step, ctx.decisions(choice)) \
-            if ctx.cost_source == "measured" else None
-        plan = _build(ctx, choice, prof, budget_bytes, step.blocks, step_time)
-        key = tuple(choice)
+    def build(decisions: Mapping[str, BlockStrategy], source: str = "planner",
+              note: str | None = None) -> Plan:
+        key = _key(decisions)
+        prof = measure(decisions)
+        step_time = timed_step_ms(step, decisions) if ctx.cost_source == "measured" else None
+        plan = _build(ctx, chosen.get(key), decisions, prof, budget_bytes, step.blocks,
+                      step_time)
         return replace(plan, allocator_peak_bytes=allocated.get(key),
-                       reserved_peak_bytes=reserved_peak(choice) if card is not None else None)
+                       reserved_peak_bytes=reserved_peak(decisions) if card is not None
+                       else None, source=source, source_note=note)
 
-    def cost(choice: Sequence[int], prof: Profile) -> float:
+    def cost(decisions: Mapping[str, BlockStrategy]) -> float:
+        key = _key(decisions)
         if ctx.cost_source == "measured":
-            return ctx.recompute_ms(choice)
-        return recompute_ms(prof.ops, ctx.device)
+            return ctx.recompute_ms(chosen[key])
+        return recompute_ms(measure(decisions).ops, ctx.device)
 
-    choice = close_loop_core(
-        ctx.peak_model, budget_bytes, peak, max_rounds=_MAX_ROUNDS,
+    def never_worse(plan: Plan) -> Plan:
+        """NOTE [ Never worse than manual ] (manual.py)."""
+        if ctx.cost_source != "roofline":
+            return plan
+        over = max((ctx.peak_model.predict(c) - measure(ctx.decisions(c)).peak_bytes
+                    for c in chosen.values()), default=0)
+        best, best_ms = plan, plan.recompute_ms
+        options = manual_options(ctx, step.blocks_found(api="remat.plan"))
+        for option in sorted(options, key=lambda o: (
+                -1.0 if o.predicted_ms is None else o.predicted_ms)):
+            key = _key(option.decisions)
+            if key == _key(best.decisions):
+                continue
+            if option.predicted_ms is not None and option.predicted_peak_bytes is not None \
+                    and (option.predicted_ms >= best_ms
+                         or option.predicted_peak_bytes - max(over, 0) > budget_bytes):
+                continue
+            if option.choice is not None:
+                chosen.setdefault(key, option.choice)
+            report(f"closed loop, {option.name}", 0, 1)
+            option_ms = recompute_ms(measure(option.decisions).ops, ctx.device)
+            if option_ms < best_ms and peak(option.decisions) <= budget_bytes:
+                best = build(option.decisions, option.name,
+                             f"{option.name} recomputes {option_ms * 1e3:.2f} us where the "
+                             f"solver's choice recomputes {plan.recompute_ms * 1e3:.2f} us "
+                             "(measured on the applied step); both fit")
+                best_ms = best.recompute_ms
+        return best
+
+    found = close_loop_core(
+        ctx.peak_model, budget_bytes, lambda c: peak(of(c)), max_rounds=_MAX_ROUNDS,
         on_round=lambda done, total: report(f"closed loop, round {done + 1}", done, total))
-    if choice is not None:
-        return build(choice, measure(choice))
+    if found is not None:
+        return never_worse(build(of(found)))
     # Nothing predicted to fit fits: measure the lowest choices themselves, since the
     # peak model may over-predict them (it is calibrated to be safe, not tight).
     for lowest_choice in _lowest_choices(ctx):
-        if peak(lowest_choice) <= budget_bytes:
+        if peak(of(lowest_choice)) <= budget_bytes:
             break
-    fitted = [(k, p) for k, p in measured.items() if peak(k) <= budget_bytes]
+    fitted = [key for key in chosen if peak(dict(key)) <= budget_bytes]
     if fitted:  # a measured choice fits after all: the cheapest of them
-        cheapest = min(fitted, key=lambda kp: cost(kp[0], kp[1]))
-        return build(cheapest[0], cheapest[1])
+        return never_worse(build(dict(min(fitted, key=lambda k: cost(dict(k))))))
     # The smallest peak on the allocator among the lowest choices (each measured above)
     # and the tracker's lowest: what BudgetTooSmall offers as reachable.
-    lowest_keys = {min(measured, key=lambda k: measured[k].peak_bytes),
-                   *(tuple(c) for c in _lowest_choices(ctx))}
+    lowest_keys = {min(chosen, key=lambda k: measured[k].peak_bytes),
+                   *(_key(ctx.decisions(c)) for c in _lowest_choices(ctx))}
     reached = reserved_peak if card is not None else truth
-    lowest = min(sorted(lowest_keys), key=reached)
-    raise _too_small(ctx, budget_bytes, lowest, measured[lowest], budget, reached(lowest))
+    lowest = min(sorted(lowest_keys, key=lambda k: chosen[k]), key=lambda k: reached(dict(k)))
+    raise _too_small(ctx, budget_bytes, chosen[lowest], measured[lowest], budget,
+                     reached(dict(lowest)))

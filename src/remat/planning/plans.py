@@ -21,7 +21,7 @@ NOTE [ Plan JSON format ]
     the block names and reads back a :class:`NamedBlocks` selecting exactly those
     modules. Fields added later with a default that keeps the old meaning
     (``cost_source``, ``timed_on``, ``framework``, ``fingerprint``, ``compiled``,
-    ``allocator_peak_bytes``) do not
+    ``allocator_peak_bytes``, ``source``) do not
     change the version: an older file reads as before (a plan without a fingerprint is
     applied unchecked; one without ``compiled`` is for eager execution). A file whose
     ``framework`` is not ``"torch"`` is refused with the loader to use.
@@ -126,6 +126,12 @@ class Plan:
             ``budget="device"`` plan keeps within ``budget_bytes`` (the card's capacity
             less what lives outside the allocator: NOTE [ Fits on the card ] in
             card_fit.py); ``None`` for other budgets. Default: ``None``.
+        source: what made the decisions: ``"planner"`` (the solver's choice), or the
+            built-in strategy (``"every:2"``) the closed loop measured cheaper than the
+            solver's choice, fitting the same budget (NOTE [ Never worse than manual ] in
+            planning/manual.py). Default: ``"planner"``.
+        source_note: why, when ``source`` is a built-in strategy (its executed recompute
+            against the solver's choice's). Default: ``None``.
     """
 
     decisions: Mapping[str, BlockStrategy]
@@ -145,6 +151,8 @@ class Plan:
     compiled: Mapping[str, float] | None = None
     allocator_peak_bytes: int | None = None
     reserved_peak_bytes: int | None = None
+    source: str = "planner"
+    source_note: str | None = None
 
     def __post_init__(self) -> None:
         names = tuple(self.block_names)
@@ -325,6 +333,8 @@ class Plan:
                 for p in self.fingerprint
             ],
             "compiled": None if self.compiled is None else dict(self.compiled),
+            "source": self.source,
+            "source_note": self.source_note,
         }
 
     def to_json(self, *, indent: int | None = 2) -> str:
@@ -367,6 +377,9 @@ class Plan:
                 fingerprint=None if data.get("fingerprint") is None else tuple(
                     print_from_dict(p) for p in data["fingerprint"]),
                 compiled=data.get("compiled"),
+                source=str(data.get("source", "planner")),
+                source_note=None if data.get("source_note") is None
+                else str(data["source_note"]),
             )
         except (KeyError, TypeError) as exc:
             raise ValueError(message("remat.Plan.from_json", "malformed plan",

@@ -66,6 +66,8 @@ def _summary_cells(plan: Plan) -> list[tuple[str, str]]:
                   (f"Predicted step time ({plan.cost_device})", format_ms(plan.predicted_step_ms))]
     if plan.batch_size is not None:
         cells.append(("Batch size", str(plan.batch_size)))
+    if plan.source != "planner":  # NOTE [ Never worse than manual ]
+        cells.append(("Chosen", f"built-in strategy {plan.source}: {plan.source_note}"))
     if plan.compiled is not None and "" in plan.compiled:  # the compiler's own setting
         cells.append(("Compiled, activation memory budget",
                       f"{plan.compiled['']:g} (whole model)"))
