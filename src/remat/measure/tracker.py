@@ -199,8 +199,10 @@ class MemoryTracker(TorchDispatchMode):
         record_ops: bool = True,
         after_op: Callable[[], None] | None = None,
         record_saved: bool = False,
+        probe_scratch: bool = True,
     ) -> None:
         super().__init__()
+        self._probe = probe_scratch
         dev = torch.device(device) if device is not None else None
         self._device_type = dev.type if dev is not None else None
         self._device_index = dev.index if dev is not None else None
@@ -437,8 +439,8 @@ class MemoryTracker(TorchDispatchMode):
         alloc, aliases_only = self._ledger.see_outputs(
             outputs, input_keys, self._counts, phase, self._attribution.current,
             _op_info(func)[2] if self._record_saved else None)
-        scratch = scratch_bytes(func, args, kwargs, out)
-        if scratch:  # NOTE [ Kernel scratch the tracker models ] in scratch.py
+        scratch = scratch_bytes(func, args, kwargs, out, probe=self._probe and bool(alloc))
+        if scratch:  # NOTEs [ Kernel scratch the tracker models ], [ ... measured by probes ]
             self._scratch_moment(phase, scratch)
         if self._record_ops:
             self._record(func, args, kwargs, out, inputs, outputs, phase, alloc, aliases_only)
