@@ -41,24 +41,25 @@ def _tokens() -> dict[str, Any]:
 def _vit() -> tuple[nn.Module, dict[str, Any]]:
     return transformers.ViTForImageClassification(transformers.ViTConfig(
         num_hidden_layers=2, hidden_size=32, intermediate_size=64, num_attention_heads=4,
-        image_size=IMAGE, patch_size=4, num_labels=CLASSES)), _images()
+        image_size=IMAGE, patch_size=4, num_labels=CLASSES)), _images()  # type: ignore[call-arg]
 
 
 def _mobilevit() -> tuple[nn.Module, dict[str, Any]]:
     return transformers.MobileViTForImageClassification(transformers.MobileViTConfig(
         image_size=IMAGE, hidden_sizes=[16, 24, 32], neck_hidden_sizes=[8, 8, 16, 16, 24, 32, 64],
-        num_labels=CLASSES)), _images()
+        num_labels=CLASSES)), _images()  # type: ignore[call-arg]
 
 
 def _poolformer() -> tuple[nn.Module, dict[str, Any]]:
     return transformers.PoolFormerForImageClassification(transformers.PoolFormerConfig(
-        depths=[1, 1, 1, 1], hidden_sizes=[8, 16, 24, 32], num_labels=CLASSES)), _images()
+        depths=[1, 1, 1, 1], hidden_sizes=[8, 16, 24, 32],
+        num_labels=CLASSES)), _images()  # type: ignore[call-arg]
 
 
 def _resnet() -> tuple[nn.Module, dict[str, Any]]:
     return transformers.ResNetForImageClassification(transformers.ResNetConfig(
         embedding_size=16, hidden_sizes=[16, 32, 64, 128], depths=[2, 2, 2, 2],
-        layer_type="basic", num_labels=CLASSES)), _images()
+        layer_type="basic", num_labels=CLASSES)), _images()  # type: ignore[call-arg]
 
 
 def _wav2vec2() -> tuple[nn.Module, dict[str, Any]]:

@@ -23,7 +23,8 @@ NOTE [ Kernel scratch the tracker models ]
 NOTE [ Kernel scratch measured by probes ]
     Other kernels allocate and free buffers inside one call that no formula here
     models: oneDNN's weight and activation reorders and im2col buffers in CPU
-    convolution forward and backward, pooling's index buffers, on CUDA cuDNN/cuBLAS
+    convolution forward and backward, batch and group norm backward's per-channel
+    buffers, the 8-byte tensors Python scalars become inside a kernel, on CUDA cuDNN/cuBLAS
     workspaces. :func:`probe_scratch` measures them on the allocator itself: it runs
     the op once more, on copies of its real inputs (same shapes, strides, dtypes),
     inside :func:`~remat.measure.allocator.allocator_peak`, and keeps the high-water
@@ -34,20 +35,24 @@ NOTE [ Kernel scratch measured by probes ]
     above. Which ops have scratch is decided by the probe, not by a list; the cost
     is bounded by skipping what cannot be probed or need not be:
 
-    * fake or meta tensors, tensor subclasses (DTensor), and any call while a
-      profiler already runs (one process holds one): a *simulated* profile reads
+    * fake tensors, tensor subclasses (DTensor), tensors off the CPU, and any call
+      while a profiler already runs (one process holds one): a *simulated* profile reads
       the cache only, so it counts the scratch of every call a real measurement in
       the same process probed, and 0 for the rest (an empty cache: the tracker's
       figure without probed scratch, as before probes existed);
-    * ops that draw random numbers (a second call would move the generator) and ops
-      that only reshape or alias (no new storage, nothing to hold);
-    * ops whose inputs and outputs are all under :data:`PROBE_MIN_BYTES` together
-      (their scratch, if any, is a few hundred bytes, well under the allocator's
-      own noise on any step worth planning), and every call past
-      :data:`MAX_PROBES` in one process.
-    The copies of the inputs exist before the window opens and are not counted; a
-    probe is a measurement step's cost (remat's own tracked steps), never a cost of
-    the user's training loop.
+    * ops that draw random numbers (a second call would move the generator), and
+      calls that create no storage (views, in-place ops: the tracker probes only a
+      call that allocated);
+    * every call past :data:`MAX_PROBES` in one process.
+    Probes run on CPU tensors only: on CUDA, reading the caching allocator's peak
+    inside a step resets ``max_memory_allocated``, which callers around the tracked
+    step may read, so cuBLAS/cuDNN workspaces stay uncounted there (NOTE [ What the
+    tracker cannot see ], 1.). The copies of the inputs exist before the window
+    opens and are not counted; each distinct call runs once more, so the first
+    tracked step of a model costs up to about twice its ops' time plus a few ms per
+    distinct call (the profiler's start and stop); later steps in the process read
+    the cache. :class:`~remat.measure.tracker.MemoryTracker` probes unless built with
+    ``probe_scratch=False``; it is remat's measurement, never the user's training loop.
 """
 
 from __future__ import annotations
@@ -87,8 +92,6 @@ def scratch_bytes(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out:
 
 #: Calls probed per process at most (NOTE [ Kernel scratch measured by probes ]).
 MAX_PROBES = 4096
-#: Calls whose inputs and outputs hold fewer bytes than this together are not probed.
-PROBE_MIN_BYTES = 0
 
 _PROBED: dict[Hashable, int] = {}
 _probes = [0]
@@ -122,10 +125,10 @@ def probe_key(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Hasha
 def _probeable(func: Any, tensors: list[Tensor]) -> bool:
     if torch.Tag.nondeterministic_seeded in func.tags or func.is_view:
         return False
-    if any(type(t) not in (Tensor, torch.nn.Parameter) or t.device.type == "meta"
+    if any(type(t) not in (Tensor, torch.nn.Parameter) or t.device.type != "cpu"
            for t in tensors):
         return False
-    return not torch.autograd.profiler._is_profiler_enabled
+    return not torch._C._autograd._profiler_enabled()
 
 
 def _copy(value: Any) -> Any:
@@ -169,9 +172,6 @@ def probe_scratch(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out:
         return known or 0
     tensors = [t for t in _leaves((args, kwargs, out)) if isinstance(t, Tensor)]
     if not _probeable(func, tensors):
-        return 0
-    if sum(t.nbytes for t in tensors) < PROBE_MIN_BYTES:
-        _PROBED[key] = 0
         return 0
     _probes[0] += 1
     call_args, call_kwargs = _copy(args), _copy(kwargs)
