@@ -5,7 +5,7 @@ warm-up step, from cleared gradients, with the bytes alive before it added back)
 gap in percent: the check of NOTE [ Kernel scratch measured by probes ] in
 src/remat/measure/scratch.py.
 
-    PYTHONPATH=src python scripts/scratch_gap.py [--only vit,resnet]
+    PYTHONPATH=src python scripts/scratch_gap.py [--only vit,resnet] [--no-probes]
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import torch
 import transformers
 from torch import nn
 
-from remat.measure import profile
+from remat.measure import profile, scratch
 from remat.measure.profile import allocator_step_peak
 from remat.measure.step import Step, clear_grads, run_step
 
@@ -42,6 +42,14 @@ def _vit() -> tuple[nn.Module, dict[str, Any]]:
     return transformers.ViTForImageClassification(transformers.ViTConfig(
         num_hidden_layers=2, hidden_size=32, intermediate_size=64, num_attention_heads=4,
         image_size=IMAGE, patch_size=4, num_labels=CLASSES)), _images()  # type: ignore[call-arg]
+
+
+def _vit_224() -> tuple[nn.Module, dict[str, Any]]:
+    """ViT's own image and patch sizes (224, 16) on a narrow model: the patch embedding's
+    convolution scratch grows with the image, the rest with the width."""
+    return transformers.ViTForImageClassification(transformers.ViTConfig(
+        num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+        image_size=224, patch_size=16, num_labels=CLASSES)), _images(224)  # type: ignore[call-arg]
 
 
 def _mobilevit() -> tuple[nn.Module, dict[str, Any]]:
@@ -91,7 +99,8 @@ def _bigcode() -> tuple[nn.Module, dict[str, Any]]:
 
 
 MODELS: dict[str, Callable[[], tuple[nn.Module, dict[str, Any]]]] = {
-    "vit": _vit, "mobilevit": _mobilevit, "poolformer": _poolformer, "resnet": _resnet,
+    "vit": _vit, "vit_224": _vit_224, "mobilevit": _mobilevit, "poolformer": _poolformer,
+    "resnet": _resnet,
     "wav2vec2": _wav2vec2, "led": _led, "gpt_bigcode": _bigcode,
 }
 
@@ -109,7 +118,12 @@ def gap(model: nn.Module, batch: dict[str, Any]) -> tuple[int, int]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--only", default="", help="comma-separated model names")
-    names = [n for n in parser.parse_args().only.split(",") if n] or list(MODELS)
+    parser.add_argument("--no-probes", action="store_true",
+                        help="the tracker without probed scratch (the figure before probes)")
+    options = parser.parse_args()
+    names = [n for n in options.only.split(",") if n] or list(MODELS)
+    if options.no_probes:
+        scratch.MAX_PROBES = 0
     warnings.filterwarnings("ignore")
     torch.set_num_threads(2)
     print(f"{'model':<12} {'profile B':>11} {'allocator B':>12} {'gap':>9}")

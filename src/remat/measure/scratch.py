@@ -1,4 +1,5 @@
-"""Temporaries a composite kernel makes and frees inside one op, which the tracker models.
+"""Kernel scratch: temporaries a kernel makes and frees inside one op, which the tracker adds
+by formula or as measured by a probe on the allocator.
 
 NOTE [ Kernel scratch the tracker models ]
     A ``CompositeExplicitAutograd`` kernel calls other aten ops below the dispatch
@@ -30,7 +31,9 @@ NOTE [ Kernel scratch measured by probes ]
     inside :func:`~remat.measure.allocator.allocator_peak`, and keeps the high-water
     mark of the call above the bytes its outputs hold at its end. The result is
     cached per process, keyed by the op and its arguments' shapes, strides, dtypes,
-    devices and other (non-tensor) values, so each distinct call is probed once; the
+    devices and other (non-tensor) values, floats by type only (a float is a value, such
+    as Adam's bias correction, which changes every step, not a size), so each distinct
+    call is probed once; the
     tracker adds a non-zero result for one moment after the op, as for the formula
     above. Which ops have scratch is decided by the probe, not by a list; the cost
     is bounded by skipping what cannot be probed or need not be:
@@ -106,7 +109,9 @@ def _arg_key(value: Any) -> Hashable:
         return tuple(_arg_key(v) for v in value)
     if isinstance(value, dict):
         return tuple(sorted((k, _arg_key(v)) for k, v in value.items()))
-    if value is None or isinstance(value, (bool, int, float, str, torch.dtype, torch.device,
+    if isinstance(value, (float, complex)):  # a value (Adam's bias correction), not a size
+        return type(value).__name__
+    if value is None or isinstance(value, (bool, int, str, torch.dtype, torch.device,
                                            torch.layout, torch.memory_format)):
         return value
     return repr(value)
