@@ -43,9 +43,10 @@ NOTE [ Kernel scratch measured by probes ]
       the cache only, so it counts the scratch of every call a real measurement in
       the same process probed, and 0 for the rest (an empty cache: the tracker's
       figure without probed scratch, as before probes existed);
-    * ops that draw random numbers (a second call would move the generator), and
-      calls that create no storage (views, in-place ops: the tracker probes only a
-      call that allocated);
+    * ops outside ``aten`` (a collective run twice would hang its peers; custom ops
+      may have side effects), ops that draw random numbers (a second call would move
+      the generator), and calls that create no storage (views, in-place ops: the
+      tracker probes only a call that allocated);
     * every call past :data:`MAX_PROBES` in one process.
     Probes run on CPU tensors only: on CUDA, reading the caching allocator's peak
     inside a step resets ``max_memory_allocated``, which callers around the tracked
@@ -128,7 +129,8 @@ def probe_key(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Hasha
 
 
 def _probeable(func: Any, tensors: list[Tensor]) -> bool:
-    if torch.Tag.nondeterministic_seeded in func.tags or func.is_view:
+    if func.namespace != "aten" or torch.Tag.nondeterministic_seeded in func.tags \
+            or func.is_view:
         return False
     if any(type(t) not in (Tensor, torch.nn.Parameter) or t.device.type != "cpu"
            for t in tensors):
