@@ -47,7 +47,8 @@ NOTE [ Kernel scratch measured by probes ]
       may have side effects), ops that draw random numbers (a second call would move
       the generator), and calls that create no storage (views, in-place ops: the
       tracker probes only a call that allocated);
-    * every call past :data:`MAX_PROBES` in one process.
+    * every call past :data:`MAX_PROBES` in one process, and a call that raises when
+      run again on the copies (it counts 0: a probe never fails a measurement).
     Probes run on CPU tensors only: on CUDA, reading the caching allocator's peak
     inside a step resets ``max_memory_allocated``, which callers around the tracked
     step may read, so cuBLAS/cuDNN workspaces stay uncounted there (NOTE [ What the
@@ -67,6 +68,8 @@ from typing import Any
 import torch
 from torch import Tensor
 from torch._prims_common import is_non_overlapping_and_dense_or_false
+
+from remat.measure.allocator import allocator_peak
 
 
 def scratch_bytes(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any,
@@ -171,21 +174,23 @@ def probe_scratch(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out:
         >>> probe_scratch(conv, call, {}, conv(*call)) > 0
         True
     """
-    from remat.measure.allocator import allocator_peak  # measure layer, no cycle
-
     key = probe_key(func, args, kwargs)
     known = _PROBED.get(key)
     if known is not None or not probe or _probes[0] >= MAX_PROBES:
         return known or 0
     tensors = [t for t in _leaves((args, kwargs, out)) if isinstance(t, Tensor)]
-    if not _probeable(func, tensors):
+    if not tensors or not _probeable(func, tensors):
         return 0
     _probes[0] += 1
-    call_args, call_kwargs = _copy(args), _copy(kwargs)
     kept: list[Any] = []
-    with torch.no_grad():
-        peak = allocator_peak(lambda: kept.append(func(*call_args, **call_kwargs)),
-                              device=tensors[0].device)
+    try:
+        with torch.no_grad():
+            call_args, call_kwargs = _copy(args), _copy(kwargs)
+            peak = allocator_peak(lambda: kept.append(func(*call_args, **call_kwargs)),
+                                  device=tensors[0].device)
+    except Exception:  # a call that cannot run twice: count no scratch
+        _PROBED[key] = 0
+        return 0
     _PROBED[key] = scratch = max(peak.peak_bytes - peak.end_bytes, 0)
     return scratch
 
