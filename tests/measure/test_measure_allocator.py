@@ -3,10 +3,11 @@
 NOTE [ What the allocator peak includes ] in remat/measure/allocator.py says how the
 allocator's peak is read.
 What the tracker still cannot see (NOTE [ What the tracker cannot see ] in tracker.py) is
-kernel scratch, e.g. the CPU flash-attention backward's per-thread buffers (448 B on the tiny
-GPT-NeoX; it grows with sequence length), and Python scalars that
-autograd saves as 8-byte tensors (48 B on the tiny GPT-2). Before the RNG states saved by
-checkpoint were counted, the tracker read 5056 B low per live checkpointed region.
+Python scalars that autograd saves as 8-byte tensors (48 B on the tiny GPT-2). Kernel
+scratch (the CPU flash-attention backward's per-thread buffers: 448 B on the tiny GPT-NeoX)
+read low until probes measured it (NOTE [ Kernel scratch measured by probes ] in
+remat/measure/scratch.py). Before the RNG states saved by checkpoint were counted, the
+tracker read 5056 B low per live checkpointed region.
 """
 
 from __future__ import annotations

@@ -165,3 +165,25 @@ def _gqa_widened(args: tuple[Any, ...]) -> tuple[Any, ...] | None:
     )
 
 
+
+
+#: Per op overload seen: (not an op of the step: a metadata query or a profiler range;
+#: makes a fresh tensor from Python data; its overload packet's name). Looked up once per
+#: overload instead of on every call (``OpOverload.namespace`` builds a string).
+_OP_INFO: dict[Any, tuple[bool, bool, str]] = {}
+
+
+def op_info(func: Any) -> tuple[bool, bool, str]:
+    """(a metadata query or profiler range, makes a fresh tensor from Python data, its
+    overload packet's name) of the op overload ``func``, cached.
+
+    Example:
+        >>> op_info(torch.ops.aten.mm.default)
+        (False, False, 'aten.mm')
+    """
+    info = _OP_INFO.get(func)
+    if info is None:
+        info = (func in METADATA_OPS or func.namespace == "profiler",
+                func.overloadpacket in FRESH_OPS, str(func.overloadpacket))
+        _OP_INFO[func] = info
+    return info

@@ -8,9 +8,10 @@ A storage is counted once, however many views or aliases point at it, and is
 subtracted when PyTorch frees it.
 
 NOTE [ What the tracker cannot see ]
-    1. Scratch memory inside a kernel (cuBLAS/cuDNN workspaces, temporaries an
-       op frees before returning): only op outputs are visible, but for the kernels
-       NOTE [ Kernel scratch the tracker models ] in scratch.py models.
+    1. Scratch memory inside a kernel (temporaries an op frees before returning) is
+       no output; scratch.py adds it for one moment after the op, by formula or as
+       probed (NOTEs [ Kernel scratch the tracker models ], [ Kernel scratch measured
+       by probes ]); CUDA workspaces, which probes skip, stay unseen.
     2. Storages created outside the dispatcher and first seen as an op's input
        (a tensor kept as a plain module attribute, ``torch.from_numpy``) are
        assumed to predate the step: they are counted as ``"other"`` from the
@@ -24,9 +25,8 @@ NOTE [ What the tracker cannot see ]
        8-byte wrapped tensors (``x * 0.5``). The RNG states checkpoint saves are
        the exception: NOTE [ RNG states saved by checkpoint ] in outside.py.
     Sizes are exact ``nbytes`` (the CUDA caching allocator rounds blocks up to 512 B).
-    Against the CPU allocator (tests/measure/test_measure_allocator.py) 1. and 4. leave
-    the peak at most 448 B low on the tiny models tested; 1. grows with the problem
-    (CPU flash-attention backward: ~5% of the attention's bytes).
+    Against the CPU allocator (tests/measure/test_measure_allocator.py, test_scratch.py)
+    4. leaves the peak at most 48 B low on the tiny models tested.
     Storage identity: NOTE in ledger.py; block attribution: NOTE in attribution.py.
 
 NOTE [ Phases ]
@@ -101,7 +101,7 @@ from remat.core.timeline import MemoryTimeline
 from remat.errors import message
 from remat.measure import shadow
 from remat.measure.attribution import BlockAttribution
-from remat.measure.flops import FRESH_OPS, METADATA_OPS, op_flops, op_traffic
+from remat.measure.flops import op_flops, op_info, op_traffic
 from remat.measure.ledger import REGISTERED_KINDS, StorageLedger, storage_of, tensors_in
 from remat.measure.outside import watch_rng_states
 from remat.measure.scratch import scratch_bytes
@@ -118,21 +118,6 @@ _ADD = torch.ops.aten.add.Tensor
 _ENGINE_CODE = torch.autograd.graph._engine_run_backward.__code__
 #: Frames between the engine and ``__torch_dispatch__`` (its ``_disable_dynamo`` wrapper).
 _WRAPPER_FILES = ("_compile.py", "eval_frame.py")
-
-
-#: Per op overload seen: (not an op of the step: a metadata query or a profiler range;
-#: makes a fresh tensor from Python data; its overload packet's name). Looked up once per
-#: overload instead of on every call (``OpOverload.namespace`` builds a string).
-_OP_INFO: dict[Any, tuple[bool, bool, str]] = {}
-
-
-def _op_info(func: Any) -> tuple[bool, bool, str]:
-    info = _OP_INFO.get(func)
-    if info is None:
-        info = (func in METADATA_OPS or func.namespace == "profiler",
-                func.overloadpacket in FRESH_OPS, str(func.overloadpacket))
-        _OP_INFO[func] = info
-    return info
 
 
 def _engine_sum(func: Any, args: Any, kwargs: Any) -> bool:
@@ -172,6 +157,9 @@ class MemoryTracker(TorchDispatchMode):
             (to read :attr:`current_bytes` op by op). Default: none.
         record_saved: note which op created each storage, for :attr:`saved_storages`
             (NOTE [ Saved storages ]). Default: ``False``.
+        probe_scratch: measure the scratch of each distinct CPU call not yet measured
+            (NOTE [ Kernel scratch measured by probes ]); ``False`` reads the cache only.
+            Default: ``True``.
 
     Example:
         >>> model = torch.nn.Linear(4, 4)
@@ -199,8 +187,10 @@ class MemoryTracker(TorchDispatchMode):
         record_ops: bool = True,
         after_op: Callable[[], None] | None = None,
         record_saved: bool = False,
+        probe_scratch: bool = True,
     ) -> None:
         super().__init__()
+        self._probe = probe_scratch
         dev = torch.device(device) if device is not None else None
         self._device_type = dev.type if dev is not None else None
         self._device_index = dev.index if dev is not None else None
@@ -413,7 +403,7 @@ class MemoryTracker(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
-        passthrough, fresh, _ = _op_info(func)
+        passthrough, fresh, _ = op_info(func)
         if passthrough:  # a metadata query, or the profiler's record_function
             out = func(*args, **kwargs)
             if self.after_op is not None:
@@ -436,9 +426,9 @@ class MemoryTracker(TorchDispatchMode):
         )
         alloc, aliases_only = self._ledger.see_outputs(
             outputs, input_keys, self._counts, phase, self._attribution.current,
-            _op_info(func)[2] if self._record_saved else None)
-        scratch = scratch_bytes(func, args, kwargs, out)
-        if scratch:  # NOTE [ Kernel scratch the tracker models ] in scratch.py
+            op_info(func)[2] if self._record_saved else None)
+        scratch = scratch_bytes(func, args, kwargs, out, probe=self._probe and bool(alloc))
+        if scratch:  # NOTEs [ Kernel scratch the tracker models ], [ ... measured by probes ]
             self._scratch_moment(phase, scratch)
         if self._record_ops:
             self._record(func, args, kwargs, out, inputs, outputs, phase, alloc, aliases_only)
@@ -510,7 +500,7 @@ class MemoryTracker(TorchDispatchMode):
             inputs, stored = [local_tensor(t) for t in inputs], [local_tensor(t) for t in stored]
         read, write, dtype_bytes = op_traffic(func, inputs, stored, aliases_only=aliases_only)
         flops = op_flops(func.overloadpacket, args, kwargs, out)
-        self._raw_ops.append((_op_info(func)[2], phase, flops, read, write,
+        self._raw_ops.append((op_info(func)[2], phase, flops, read, write,
                               self._attribution.current, dtype_bytes, alloc))
         self._ops_cache = None
 
