@@ -4,10 +4,10 @@ NOTE [ What the allocator peak includes ] in remat/measure/allocator.py says how
 allocator's peak is read.
 What the tracker still cannot see (NOTE [ What the tracker cannot see ] in tracker.py) is
 Python scalars that autograd saves as 8-byte tensors (48 B on the tiny GPT-2). Kernel
-scratch (the CPU flash-attention backward's per-thread buffers: 448 B on the tiny GPT-NeoX)
-read low until probes measured it (NOTE [ Kernel scratch measured by probes ] in
-remat/measure/scratch.py). Before the RNG states saved by checkpoint were counted, the
-tracker read 5056 B low per live checkpointed region.
+scratch is probed from 512 B up (NOTE [ Kernel scratch measured by probes ] in
+remat/measure/scratch.py), so the CPU flash-attention backward's per-thread buffers on
+the tiny GPT-NeoX (448 B) still read low. Before the RNG states saved by checkpoint were
+counted, the tracker read 5056 B low per live checkpointed region.
 """
 
 from __future__ import annotations

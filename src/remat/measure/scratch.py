@@ -25,8 +25,8 @@ NOTE [ Kernel scratch measured by probes ]
     Other kernels allocate and free buffers inside one call that no formula here
     models: oneDNN's weight and activation reorders and im2col buffers in CPU
     convolution forward and backward, batch and group norm backward's per-channel
-    buffers, the 8-byte tensors Python scalars become inside a kernel, on CUDA cuDNN/cuBLAS
-    workspaces. :func:`probe_scratch` measures them on the allocator itself: it runs
+    buffers, on CUDA cuDNN/cuBLAS workspaces. :func:`probe_scratch` measures them on
+    the allocator itself: it runs
     the op once more, on copies of its real inputs (same shapes, strides, dtypes),
     inside :func:`~remat.measure.allocator.allocator_peak`, and keeps the high-water
     mark of the call above the bytes its outputs hold at its end. The result is
@@ -48,6 +48,11 @@ NOTE [ Kernel scratch measured by probes ]
       may have side effects), ops that draw random numbers (a second call would move
       the generator), and calls that create no storage (views, in-place ops: the
       tracker probes only a call that allocated);
+    * scratch under :data:`MIN_PROBED_BYTES` (512 B) counts 0: it is the 8- and
+      4-byte tensors Python scalars become inside a kernel (on CUDA those stay on the
+      host, wrapped numbers are CPU tensors) and buffers smaller than one block of
+      the CUDA caching allocator; counting them would make a real step differ from
+      its simulation by bytes no card holds;
     * every call past :data:`MAX_PROBES` in one process, and a call that raises when
       run again on the copies (it counts 0: a probe never fails a measurement).
     Probes run on CPU tensors only: on CUDA, reading the caching allocator's peak
@@ -98,6 +103,9 @@ def scratch_bytes(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out:
     rows = numel // x.size(dim) if x.size(dim) else 0
     return int(numel + rows + out.element_size())
 
+
+#: Probed scratch below this counts 0 (NOTE [ Kernel scratch measured by probes ]).
+MIN_PROBED_BYTES = 512
 
 #: Calls probed per process at most (NOTE [ Kernel scratch measured by probes ]).
 MAX_PROBES = 4096
@@ -195,7 +203,8 @@ def probe_scratch(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out:
     except Exception:  # a call that cannot run twice: count no scratch
         _PROBED[key] = 0
         return 0
-    _PROBED[key] = scratch = max(peak.peak_bytes - peak.end_bytes, 0)
+    scratch = max(peak.peak_bytes - peak.end_bytes, 0)
+    _PROBED[key] = scratch = scratch if scratch >= MIN_PROBED_BYTES else 0
     return scratch
 
 
