@@ -1,11 +1,68 @@
-"""Suite-wide settings: one intra-op thread per test process.
+"""Suite-wide settings: one intra-op thread per test process, slow modules first.
 
 `make test` runs two pytest workers on two cores; PyTorch's default of one thread
 per core would oversubscribe them and make tiny steps many times slower.
+
+NOTE [ Slow modules first ]
+Under ``--dist loadscope`` each module (or test class) is one unit of work, handed to
+whichever worker asks next in the order of the collection; xdist by default reorders the
+units by their number of tests, which puts a module of a few slow tests last, where one
+worker runs it while the other idles. The suite turns that reorder off and sorts the
+collection so the slowest modules come first (longest processing time first): the short
+ones at the end then even out the two workers. The weights are one idle core's seconds
+per module (``--durations`` of a ``make test`` run); the modules not in the table follow
+them, those of more tests first (xdist's own guess). Only the order matters: a module
+missing from the table, or a stale figure, costs balance and never a result. The order
+within a module is kept.
 """
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 torch.set_num_threads(1)
+
+#: Seconds of the slowest modules on one idle core, relative to this folder (NOTE [ Slow
+#: modules first ]); the modules not listed follow, those of more tests first.
+MODULE_SECONDS: dict[str, float] = {
+    "simulate/test_fast.py": 140, "simulate/test_plan_fast.py": 100,
+    "planning/test_fits_allocator.py": 83, "integrations/test_tp.py": 60,
+    "integrations/test_pipeline.py": 46, "strategies/test_never_above_none.py": 43,
+    "integrations/test_fsdp2_memory.py": 43, "planning/test_device_budget.py": 40,
+    "compiled/test_simulate.py": 35, "jax/test_planner.py": 33,
+    "simulate/test_plan_rows.py": 30, "cli/test_cli_seq_len.py": 28,
+    "simulate/test_run.py": 24, "planning/test_seq_len.py": 16,
+    "planning/test_frontier_cli.py": 12, "planning/test_deterministic_plans.py": 12,
+    "compiled/test_hf_decoder.py": 12, "integrations/test_peft_lora.py": 10,
+    "planning/test_plan_chunked_head.py": 10, "integrations/test_fsdp2.py": 9,
+    "planning/test_speed_paths.py": 9, "cli/test_cli_jax.py": 9,
+    "integrations/test_pipeline_rank.py": 9, "core/test_cost.py": 9,
+}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # xdist's own reorder (units by test count) would undo the sort below.
+    if getattr(config.option, "loadscopereorder", None):
+        config.option.loadscopereorder = False
+
+
+def _module(item: pytest.Item) -> str:
+    return item.nodeid.split("::", 1)[0].removeprefix("tests/")
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Slowest modules first (NOTE [ Slow modules first ]), each module's tests in their
+    order."""
+    first_seen: dict[str, int] = {}
+    tests: dict[str, int] = {}
+    for item in items:
+        first_seen.setdefault(_module(item), len(first_seen))
+        tests[_module(item)] = tests.get(_module(item), 0) + 1
+
+    def weight(item: pytest.Item) -> tuple[float, int, int]:
+        module = _module(item)
+        return -MODULE_SECONDS.get(module, 0.0), -tests[module], first_seen[module]
+
+    items.sort(key=weight)
