@@ -208,4 +208,16 @@ def parallelize(model: nn.Module, mesh: Any, *, sequence_parallel: bool, api: st
     else:
         plan = build_plan(model, sequence_parallel=sequence_parallel, api=api)
         divide_head_counts(model, mesh.size(), api=api)
-    parallelize_module(model, mesh, plan)
+    try:
+        parallelize_module(model, mesh, plan)
+    except (NotImplementedError, ValueError, TypeError) as error:
+        if tp_plan is None:
+            raise
+        modules = dict(model.named_modules())
+        raise RematError(message(
+            api, "parallelize_module refuses tp_plan on this model",
+            {"error": str(error).strip().splitlines()[-1][:200],
+             "planned classes": ", ".join(sorted({type(modules[n]).__name__ for n in plan
+                                                  if n in modules}))},
+            fix="give ColwiseParallel / RowwiseParallel only nn.Linear and nn.Embedding "
+                "modules (a transposed Conv1D needs its own ParallelStyle)")) from error
