@@ -170,12 +170,13 @@ def _weighted(block: nn.Module) -> list[str]:
 
 def _divide_user_head_counts(model: nn.Module, plan: dict[str, Any], tp: int, *,
                              api: str) -> None:
-    """Divide the head counts of each module holding a colwise linear of ``plan``."""
+    """Divide the head counts of each module (not the root) holding a colwise linear of
+    ``plan``."""
     from torch.distributed.tensor.parallel import ColwiseParallel
 
     modules = dict(model.named_modules())
     parents = sorted({n.rpartition(".")[0] for n, s in plan.items()
-                      if isinstance(s, ColwiseParallel) and n.rpartition(".")[0] in modules})
+                      if isinstance(s, ColwiseParallel) and n.rpartition(".")[0]})
     for name in parents:
         attn = modules[name]
         for attr in HEAD_COUNTS:
