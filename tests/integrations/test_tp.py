@@ -44,6 +44,18 @@ PARITY = [  # (case, sequence parallel, strategy, order)
 WIDE: dict[int, dict[str, int]] = {4: {"n_kv_head": 4}, 8: {"n_head": 8, "n_kv_head": 8}}
 
 
+def user_plan() -> dict[str, Any]:
+    """A plan unlike remat's own (attention left whole, the MLP and the head sharded) in
+    torchtitan's form: block-relative entries plus a root one (NOTE [ A user's TP plan ]).
+    Module-level: the CLI loads it as ``tests/integrations/test_tp.py:user_plan``."""
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    return {"mlp.gate_proj": ColwiseParallel(), "mlp.up_proj": ColwiseParallel(),
+            "mlp.down_proj": RowwiseParallel(),
+            "lm_head": ColwiseParallel(output_layouts=Replicate())}
+
+
 def _model(**overrides: Any) -> Any:
     torch.manual_seed(0)
     return build_model("llama-tiny", n_layer=2, **overrides)
@@ -167,6 +179,10 @@ def _worker(rank: int, store_path: str, out_path: str) -> None:
         model = apply_tp(_model(), mesh, sequence_parallel=sp)
         remat.apply(model, "full")
         results[f"t={TP}:sp={sp}"] = _bytes(model)
+    results["user-plan:full"] = _parity(remat.apply(apply_tp(_model(), mesh,
+                                                             tp_plan=user_plan()), "full"))
+    results["user-plan:bytes"] = _bytes(remat.apply(apply_tp(_model(), mesh,
+                                                             tp_plan=user_plan()), "full"))
     if rank == 0:
         Path(out_path).write_text(json.dumps(results))
     dist.barrier()
@@ -229,7 +245,8 @@ def wide(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     return [json.loads((tmp / f"results.json.{r}").read_text()) for r in range(4)]
 
 
-@pytest.mark.parametrize("case", [c[0] for c in PARITY] + ["opt:sp=False", "opt:sp=True"])
+@pytest.mark.parametrize("case", [c[0] for c in PARITY] + ["opt:sp=False", "opt:sp=True",
+                                                            "user-plan:full"])
 def test_tp_gradients_match_one_process(results: dict[str, Any], case: str) -> None:
     result = results[case]
     assert result["loss"] == pytest.approx(result["ref_loss"], rel=RTOL)
@@ -239,6 +256,33 @@ def test_tp_gradients_match_one_process(results: dict[str, Any], case: str) -> N
 @pytest.mark.parametrize("sp", [False, True])
 def test_measured_rank_bytes_match_the_simulation(results: dict[str, Any], sp: bool) -> None:
     _check_rank_bytes(results[f"t={TP}:sp={sp}"], TP, sp, {})
+
+
+def test_a_user_plan_simulates_the_bytes_gloo_ranks_measure(results: dict[str, Any]) -> None:
+    measured = results["user-plan:bytes"]
+    sim = tp_rank_bytes(_model, seq_len=16, batch_size=2, tp=TP, strategy="full",
+                        dtype="fp32", optimizer="sgd", tp_plan=user_plan())
+    model = _model()
+    # Exact: the MLP's and the head's weights split in two, the rest whole.
+    split = sum(p.numel() * 4 for n, p in model.named_parameters()
+                if ".mlp." in n or n.startswith("lm_head"))
+    whole = sum(p.numel() * 4 for p in model.parameters()) - split
+    assert measured["params"] == sim.param_bytes == whole + split // TP
+    assert (measured["optimizer"], measured["activations"], measured["peak"]) == (
+        sim.optimizer_bytes, sim.activation_bytes, sim.peak_bytes)
+    assert sim.peak_bytes < sim.device_peak_bytes
+
+
+def test_a_user_plan_key_no_block_holds_is_refused() -> None:
+    from torch.distributed.tensor.parallel import ColwiseParallel
+
+    with pytest.raises(RematError, match="'mlp.fc_in' names no module") as info:
+        tp_rank_bytes(_model, seq_len=16, batch_size=2, tp=TP, dtype="fp32",
+                      optimizer="sgd", tp_plan={"mlp.fc_in": ColwiseParallel()})
+    assert "blocks.0" in str(info.value) and "mlp.gate_proj" in str(info.value)
+    with pytest.raises(RematError, match="sequence_parallel with tp_plan"):
+        tp_rank_bytes(_model, seq_len=16, batch_size=2, tp=TP, sequence_parallel=True,
+                      tp_plan=user_plan())
 
 
 @pytest.mark.parametrize("sp", [False, True])

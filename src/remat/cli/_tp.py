@@ -28,9 +28,60 @@ def check_tp(tp: int, sequence_parallel: bool, world_size: int, api: str) -> Non
                      fix="pass --dp instead of --world-size (TP groups replicated with FSDP)"))
 
 
+def load_tp_plan(spec: str, api: str) -> dict[str, Any]:
+    """``--tp-plan path/file.py:NAME`` (or ``package.module:NAME``): the dict NAME holds,
+    or a function of no arguments returning it (NOTE [ A user's TP plan ] in
+    remat/integrations/tp.py). Exits 2 on anything else."""
+    from pathlib import Path
+
+    from remat.cli._user_model import _import_file, _import_module, _is_file, _split
+
+    target, name = _split(spec, api)
+    module = _import_file(Path(target), spec, api) if _is_file(target) else \
+        _import_module(target, spec, api)
+    plan = getattr(module, name, None)
+    if callable(plan):
+        plan = plan()
+    if not isinstance(plan, dict):
+        fail(message(api, f"--tp-plan {spec}: {name!r} is not a dict",
+                     {"got": type(plan).__name__},
+                     fix=f"define {name} = {{'mlp.fc_in': ColwiseParallel(), 'mlp.fc_out': "
+                         "RowwiseParallel(), 'lm_head': ColwiseParallel(...)}, or a function "
+                         "returning it"))
+    return plan
+
+
+def check_layout(source: Any, seq_len: int, *, sequence_parallel: bool,
+                 tp_plan: dict[str, Any] | None, api: str) -> None:
+    """Exit 2 when remat's layout (or ``tp_plan``) does not fit the model, on a meta copy,
+    before any rank is simulated."""
+    from torch import nn
+
+    from remat.errors import RematError
+    from remat.simulate._setup import build_model
+    from remat.simulate.tp_layout import resolve_plan
+    from remat.simulate.tp_roles import tp_roles
+    from remat.simulate.tp_step import meta_copy
+
+    model = meta_copy(source) if isinstance(source, nn.Module) else \
+        build_model(source, seq_len)[0]
+    if tp_plan is not None and sequence_parallel:
+        fail(message(api, "--sp with --tp-plan", {"why": "the plan holds its own "
+                     "sequence-parallel styles"}, fix="drop --sp (put SequenceParallel() "
+                     "entries in the plan)"))
+    try:
+        if tp_plan is None:
+            tp_roles(model, sequence_parallel=sequence_parallel, api=api)
+        else:
+            resolve_plan(model, tp_plan, api=api)
+    except RematError as error:
+        fail(str(error), code=2)
+
+
 def tp_rows(source: Any, *, name: str, seqs: Sequence[int], batch_sizes: Sequence[int],
             strategies: Sequence[str], tp: int, sequence_parallel: bool, dtype: str,
-            optimizer: str, device: str) -> list[dict[str, Any]]:
+            optimizer: str, device: str,
+            tp_plan: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """One row per sequence length, strategy and micro-batch size."""
     from remat.card_fit import card_budget
     from remat.device_memory import layout_process_groups
@@ -44,7 +95,7 @@ def tp_rows(source: Any, *, name: str, seqs: Sequence[int], batch_sizes: Sequenc
         points = [(strategy, b) for strategy in strategies for b in batch_sizes]
         ranks = simulate_ranks(source, seq_len=seq_len, points=points, tp=tp,
                                sequence_parallel=sequence_parallel, dtype=dtype,
-                               optimizer=optimizer)
+                               optimizer=optimizer, tp_plan=tp_plan)
         for (strategy, b), r in zip(points, ranks, strict=True):
             rows.append({"model": name, "seq_len": seq_len, "strategy": strategy,
                          "batch_size": b, "tp": tp, "sequence_parallel": sequence_parallel,

@@ -28,7 +28,7 @@ from remat.cli._common import (
 from remat.cli._pp import check_pp, pp_rows, print_pp_rows
 from remat.cli._sim_tables import longest_seq_table, longest_seqs, rate, simulation_tables
 from remat.cli._sources import ModelChoice, batch_shape, given_flags, given_sources, model_choice
-from remat.cli._tp import check_tp, print_tp_rows, tp_rows
+from remat.cli._tp import check_layout, check_tp, load_tp_plan, print_tp_rows, tp_rows
 from remat.cli._user_model import raised
 from remat.cli.options import (
     DtypeOpt,
@@ -192,6 +192,12 @@ def simulate_command(
         help="Tensor-parallel degree: one rank's bytes per strategy, from rank 0's own step "
              "under a fake process group (llama- and OPT-style blocks).",
     )] = 1,
+    tp_plan: Annotated[str | None, typer.Option(
+        "--tp-plan", metavar="FILE.py:NAME",
+        help="With --tp: your parallelize_module-style plan (a dict, or a function "
+             "returning one): keys naming a module of the root stay, the rest are relative "
+             "to every block.",
+    )] = None,
     sp: Annotated[bool, typer.Option(
         "--sp", help="With --tp: sequence parallelism (norms and the residual stream "
                      "sharded on the sequence).",
@@ -273,12 +279,18 @@ def simulate_command(
         print_pp_rows(rows, json_out)
         return
     check_tp(tp, sp, world_size, API)
+    if tp_plan is not None and tp == 1:
+        fail(message(API, "--tp-plan needs --tp > 1", fix="pass --tp 2 (or more) with "
+                                                          "--tp-plan"))
     if tp > 1:
+        user_plan = load_tp_plan(tp_plan, API) if tp_plan is not None else None
+        check_layout(choices[0].source, seqs[0], sequence_parallel=sp, tp_plan=user_plan,
+                     api=API)
         with user_errors(), progress_bar(f"simulate {choices[0].name} (TP x{tp})"):
             rows = tp_rows(choices[0].source, name=choices[0].name, seqs=seqs,
                            batch_sizes=batch_sizes, strategies=names, tp=tp,
                            sequence_parallel=sp, dtype=dtype, optimizer=optimizer,
-                           device=device)
+                           device=device, tp_plan=user_plan)
         print_tp_rows(rows, json_out)
         return
     results = []

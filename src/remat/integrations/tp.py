@@ -40,6 +40,23 @@ NOTE [ TP plan by module names ]
     ``num_key_value_heads`` attributes by ``t`` (Hugging Face's ``view(..., -1,
     head_dim)`` needs no change).
 
+NOTE [ A user's TP plan ]
+    ``apply_tp(model, mesh, tp_plan=...)`` (and ``tp_rank_bytes(..., tp_plan=)``,
+    ``remat simulate --tp T --tp-plan file.py:NAME``) take the layout the user already
+    has instead of remat's guess: a dict from module name to ``ParallelStyle``, as
+    ``parallelize_module`` takes it. torchtitan writes one plan for the root
+    (``tok_embeddings``, ``norm``, ``output``) and one applied to each block
+    (``attention.wq``, ...); remat takes both in one dict and tells them apart by
+    name: a key naming a module of the root (``model.get_submodule(key)`` exists) is
+    a root entry; any other key is relative to a block and repeats under every block
+    :func:`remat.find_blocks` finds, each of which must hold it (else RematError
+    naming the key). Modules holding a ``ColwiseParallel`` linear get their
+    head-count attributes divided by ``t`` as in remat's own layout. Sequence
+    parallelism is the plan's own (``SequenceParallel``, ``PrepareModuleInput``
+    entries), so ``sequence_parallel=True`` with a plan is refused. remat does not
+    check that the plan computes the same function: ``remat.validate`` after
+    ``apply_tp`` does.
+
 NOTE [ Order: tensor parallel, then checkpoint ]
     ``parallelize_module`` replaces parameters with DTensors and installs forward
     pre/post hooks on the linears, norms and attention/MLP modules (redistributing
@@ -101,7 +118,8 @@ def tp_plan(model: nn.Module, *, sequence_parallel: bool = False) -> dict[str, A
                       api="remat.integrations.tp.tp_plan")
 
 
-def apply_tp(model: M, mesh: Any, *, sequence_parallel: bool = False) -> M:
+def apply_tp(model: M, mesh: Any, *, sequence_parallel: bool = False,
+             tp_plan: dict[str, Any] | None = None) -> M:
     """Tensor-parallelize ``model`` over a 1-D ``mesh`` with :func:`tp_plan`, in place.
 
     Trades communication for memory: each rank keeps ``1/t`` of the projection
@@ -115,6 +133,9 @@ def apply_tp(model: M, mesh: Any, *, sequence_parallel: bool = False) -> M:
         model: the model on the mesh's device type, not yet parallelized.
         mesh: a 1-D ``DeviceMesh`` of the tensor-parallel ranks.
         sequence_parallel: see :func:`tp_plan`. Default: ``False``.
+        tp_plan: your own ``parallelize_module``-style plan instead of remat's layout:
+            root entries (``"lm_head"``) and block-relative ones (``"mlp.c_fc"``,
+            repeated under every block), NOTE [ A user's TP plan ]. Default: None.
 
     Returns:
         ``model``, modified in place (parameters become DTensors; attention head
@@ -122,7 +143,7 @@ def apply_tp(model: M, mesh: Any, *, sequence_parallel: bool = False) -> M:
 
     Raises:
         RematError: the mesh is not 1-D, a head count is not divisible by the mesh
-            size, or no block matches the plan.
+            size, no block matches the plan, or a ``tp_plan`` key names no module.
 
     Example:
         >>> mesh = init_device_mesh("cpu", (2,))
@@ -130,5 +151,5 @@ def apply_tp(model: M, mesh: Any, *, sequence_parallel: bool = False) -> M:
         >>> remat.apply(model, "attn")
         >>> model(**batch).loss.backward()
     """
-    parallelize(model, mesh, sequence_parallel=sequence_parallel, api=API)
+    parallelize(model, mesh, sequence_parallel=sequence_parallel, api=API, tp_plan=tp_plan)
     return model

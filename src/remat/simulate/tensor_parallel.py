@@ -124,7 +124,8 @@ class TPRankBytes:
 
 def tp_rank_bytes(model: Any, *, seq_len: int, batch_size: int, tp: int,
                   sequence_parallel: bool = False, strategy: str | Strategy = "none",
-                  dtype: str = "bf16", optimizer: str = "adamw") -> TPRankBytes:
+                  dtype: str = "bf16", optimizer: str = "adamw",
+                  tp_plan: dict[str, Any] | None = None) -> TPRankBytes:
     """One tensor-parallel rank's parameter, gradient, optimizer, activation and peak bytes.
 
     Simulates what rank 0 of ``tp`` runs: a fake process group of ``tp`` ranks, the
@@ -149,6 +150,9 @@ def tp_rank_bytes(model: Any, *, seq_len: int, batch_size: int, tp: int,
             a :class:`~remat.strategies.base.Strategy` config. Default: ``"none"``.
         dtype: precision (see :data:`remat.simulate.PRECISIONS`). Default: ``"bf16"``.
         optimizer: ``"adamw"``, ``"adam"``, ``"sgd"`` or ``"none"``. Default: ``"adamw"``.
+        tp_plan: your own ``parallelize_module``-style plan, as
+            :func:`remat.integrations.tp.apply_tp` takes it (block-relative keys repeat
+            under every block; NOTE [ A user's TP plan ]). Default: None (remat's layout).
 
     Returns:
         A :class:`TPRankBytes`.
@@ -172,7 +176,7 @@ def tp_rank_bytes(model: Any, *, seq_len: int, batch_size: int, tp: int,
     points: list[tuple[str | Strategy, int]] = [(strategy, batch_size)]
     rank = simulate_ranks(model, seq_len=seq_len, points=points, tp=tp,
                           sequence_parallel=sequence_parallel, dtype=dtype,
-                          optimizer=optimizer)[0]
+                          optimizer=optimizer, tp_plan=tp_plan)[0]
     device = rank if tp == 1 else simulate_ranks(
         model, seq_len=seq_len, points=points, tp=1, sequence_parallel=False, dtype=dtype,
         optimizer=optimizer)[0]

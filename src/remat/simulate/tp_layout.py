@@ -117,13 +117,108 @@ def divide_head_counts(model: nn.Module, tp: int, *, api: str) -> None:
                 setattr(attn, attr, count // tp)
 
 
-def parallelize(model: nn.Module, mesh: Any, *, sequence_parallel: bool, api: str) -> None:
-    """:func:`build_plan`, :func:`divide_head_counts` and ``parallelize_module``, in place."""
+def resolve_plan(model: nn.Module, tp_plan: dict[str, Any], *, api: str) -> dict[str, Any]:
+    """The user's ``parallelize_module``-style plan with every key a qualified name
+    (NOTE [ A user's TP plan ] in remat/integrations/tp.py): a key naming a module of the
+    root stays; any other key is block-relative and repeats under every block found by
+    :func:`remat.find_blocks`, which must each hold it."""
+    from remat.blocks import named_blocks
+
+    if not isinstance(tp_plan, dict) or not tp_plan or \
+            not all(isinstance(k, str) for k in tp_plan):
+        raise RematError(message(
+            api, "tp_plan is not a non-empty dict from module names to ParallelStyles",
+            {"got": type(tp_plan).__name__},
+            fix='pass e.g. {"attn.c_fc": ColwiseParallel(), "mlp.c_proj": RowwiseParallel()}'))
+    from torch.distributed.tensor.parallel.style import ParallelStyle
+
+    modules = dict(model.named_modules())
+    blocks: list[tuple[str, nn.Module]] | None = None
+    plan: dict[str, Any] = {}
+    for key, found_style in tp_plan.items():
+        if not isinstance(found_style, ParallelStyle):
+            raise RematError(message(
+                api, f"tp_plan[{key!r}] is not a ParallelStyle",
+                {"got": type(found_style).__name__},
+                fix="use ColwiseParallel(), RowwiseParallel(), SequenceParallel(), ... from "
+                    "torch.distributed.tensor.parallel"))
+        if key in modules:
+            plan[key] = found_style
+            continue
+        if blocks is None:
+            blocks = named_blocks(model, None, api=api)
+        missing = [n for n, b in blocks if key not in dict(b.named_modules())]
+        if missing or not blocks:
+            raise RematError(message(
+                api, f"tp_plan's key {key!r} names no module of the model nor of every block",
+                {"blocks": f"{len(blocks)} ({blocks[0][0]}, ...)" if blocks else "none",
+                 "blocks without it": ", ".join(missing[:3]) or "-",
+                 "a block's modules with weights": ", ".join(_weighted(blocks[0][1]))
+                     if blocks else "-"},
+                fix="name a module of the root (e.g. 'lm_head') or one every block holds, "
+                    "relative to the block (e.g. 'mlp.c_fc')"))
+        for name, _ in blocks:
+            plan[f"{name}.{key}"] = found_style
+    return plan
+
+
+def _weighted(block: nn.Module) -> list[str]:
+    """Names of ``block``'s modules holding parameters themselves (at most 12)."""
+    return [n for n, m in block.named_modules()
+            if n and next(m.parameters(recurse=False), None) is not None][:12]
+
+
+def _divide_user_head_counts(model: nn.Module, plan: dict[str, Any], tp: int, *,
+                             api: str) -> None:
+    """Divide the head counts of each module (not the root) holding a colwise linear of
+    ``plan``."""
+    from torch.distributed.tensor.parallel import ColwiseParallel
+
+    modules = dict(model.named_modules())
+    parents = sorted({n.rpartition(".")[0] for n, s in plan.items()
+                      if isinstance(s, ColwiseParallel) and n.rpartition(".")[0]})
+    for name in parents:
+        attn = modules[name]
+        for attr in HEAD_COUNTS:
+            count = getattr(attn, attr, None)
+            if isinstance(count, int) and not isinstance(count, bool):
+                if count % tp:
+                    raise RematError(message(
+                        api, f"{name}.{attr}={count} is not divisible by the TP degree {tp}",
+                        fix="pick a TP degree dividing the number of (key/value) heads"))
+                setattr(attn, attr, count // tp)
+
+
+def parallelize(model: nn.Module, mesh: Any, *, sequence_parallel: bool, api: str,
+                tp_plan: dict[str, Any] | None = None) -> None:
+    """:func:`build_plan` (or the user's ``tp_plan``, :func:`resolve_plan`),
+    :func:`divide_head_counts` and ``parallelize_module``, in place."""
     from torch.distributed.tensor.parallel import parallelize_module
 
     if mesh.ndim != 1:
         raise RematError(message(api, f"the mesh has {mesh.ndim} dimensions",
                                  fix="pass the tensor-parallel sub-mesh, e.g. mesh['tp']"))
-    plan = build_plan(model, sequence_parallel=sequence_parallel, api=api)
-    divide_head_counts(model, mesh.size(), api=api)
-    parallelize_module(model, mesh, plan)
+    if tp_plan is not None:
+        if sequence_parallel:
+            raise RematError(message(
+                api, "sequence_parallel with tp_plan", {"why": "the plan holds its own "
+                "sequence-parallel styles (SequenceParallel, PrepareModuleInput)"},
+                fix="drop sequence_parallel (put SequenceParallel() entries in tp_plan)"))
+        plan = resolve_plan(model, tp_plan, api=api)
+        _divide_user_head_counts(model, plan, mesh.size(), api=api)
+    else:
+        plan = build_plan(model, sequence_parallel=sequence_parallel, api=api)
+        divide_head_counts(model, mesh.size(), api=api)
+    try:
+        parallelize_module(model, mesh, plan)
+    except (NotImplementedError, ValueError, TypeError) as error:
+        if tp_plan is None:
+            raise
+        modules = dict(model.named_modules())
+        raise RematError(message(
+            api, "parallelize_module refuses tp_plan on this model",
+            {"error": str(error).strip().splitlines()[-1][:200],
+             "planned classes": ", ".join(sorted({type(modules[n]).__name__ for n in plan
+                                                  if n in modules}))},
+            fix="give ColwiseParallel / RowwiseParallel only nn.Linear and nn.Embedding "
+                "modules (a transposed Conv1D needs its own ParallelStyle)")) from error

@@ -121,8 +121,10 @@ def tp_roles(model: nn.Module, *, sequence_parallel: bool = False,
             {"block class": type(blocks[0][1]).__name__ if blocks else "no blocks",
              "looked for": f"{_ATTN} with {COLWISE_ATTN[:3]}, {_MLP} with "
                            f"{_COLWISE_MLP[:2]}"},
-            fix="build a plan yourself (ColwiseParallel / RowwiseParallel per linear) and "
-                "call torch.distributed.tensor.parallel.parallelize_module"))
+            fix="pass your own plan: tp_plan={'mlp.fc_in': ColwiseParallel(), "
+                "'mlp.fc_out': RowwiseParallel(), ...} (keys relative to a block, your "
+                "linears' names) to apply_tp / tp_rank_bytes, or --tp-plan file.py:NAME "
+                "to remat simulate"))
     modules = dict(model.named_modules())
     parent = blocks[0][0].rsplit(".", 2)[0] if blocks[0][0].count(".") >= 2 else ""
     emb = _child(modules[parent], _EMBEDDINGS)

@@ -105,7 +105,7 @@ def fake_mesh(tp: int) -> Iterator[Any]:
 def rank_model(model: Any, *, seq_len: int, tp: int, sequence_parallel: bool,
                dtype: str, api: str = API,
                prepare: Callable[[nn.Module], AbstractContextManager[Any]] | None = None,
-               ) -> Iterator[tuple[nn.Module, bool]]:
+               tp_plan: dict[str, Any] | None = None) -> Iterator[tuple[nn.Module, bool]]:
     """Rank 0's model of ``tp`` (steps 1. and 2. of NOTE [ One tensor-parallel rank,
     simulated ]): a meta copy in the precision's parameter dtype, in train mode,
     parallelized as ``apply_tp`` does on a fake mesh that lives as long as the context
@@ -113,7 +113,8 @@ def rank_model(model: Any, *, seq_len: int, tp: int, sequence_parallel: bool,
     trainable parameter is a DTensor (``foreach`` optimizers refuse mixed lists).
     ``prepare(copy)``, a context entered before the conversion, may change the copy
     for the context (the pipeline rows cut its stack: only what is left is converted
-    and parallelized). The caller checks that no process group exists
+    and parallelized). ``tp_plan``: the user's plan instead of remat's (NOTE [ A user's
+    TP plan ] in remat/integrations/tp.py). The caller checks that no process group exists
     (:func:`run_isolated`)."""
     from remat.measure.sharded import is_dtensor
     from remat.simulate._setup import build_model
@@ -126,7 +127,8 @@ def rank_model(model: Any, *, seq_len: int, tp: int, sequence_parallel: bool,
         inner.to(get_precision(dtype).param_dtype)
         inner.train()
         if mesh is not None:
-            parallelize(inner, mesh, sequence_parallel=sequence_parallel, api=api)
+            parallelize(inner, mesh, sequence_parallel=sequence_parallel, api=api,
+                        tp_plan=tp_plan)
         trainable = [p for p in dict.fromkeys(inner.parameters()) if p.requires_grad]
         yield inner, all(is_dtensor(p) for p in trainable)
 
@@ -146,7 +148,8 @@ def step_failed(error: RuntimeError, model: nn.Module, *, tp: int, sequence_para
 
 def _steps_in_process(model: Any, *, seq_len: int, points: Sequence[tuple[Any, int]],
                       tp: int, sequence_parallel: bool, dtype: str,
-                      optimizer: str) -> list[RankStep]:
+                      optimizer: str, tp_plan: dict[str, Any] | None = None,
+                      ) -> list[RankStep]:
     from remat.measure.profile import WarmFake
     from remat.measure.step import Step, clear_grads
     from remat.measure.tracked_step import tracked_step
@@ -157,7 +160,7 @@ def _steps_in_process(model: Any, *, seq_len: int, points: Sequence[tuple[Any, i
     precision = get_precision(dtype)
     out: list[RankStep] = []
     with rank_model(model, seq_len=seq_len, tp=tp, sequence_parallel=sequence_parallel,
-                    dtype=dtype) as (inner, foreach):
+                    dtype=dtype, tp_plan=tp_plan) as (inner, foreach):
         trainable = [p for p in dict.fromkeys(inner.parameters()) if p.requires_grad]
         opt = make_optimizer(optimizer, trainable, foreach=foreach)
         wrapped = precision.autocast_dtype is not None
@@ -230,7 +233,8 @@ def run_isolated(target: Callable[..., Any], kwargs: dict[str, Any], *, tp: int,
 
 
 def simulate_ranks(model: Any, *, seq_len: int, points: Sequence[tuple[Any, int]], tp: int,
-                   sequence_parallel: bool, dtype: str, optimizer: str) -> list[RankStep]:
+                   sequence_parallel: bool, dtype: str, optimizer: str,
+                   tp_plan: dict[str, Any] | None = None) -> list[RankStep]:
     """Rank 0's bytes for one step under tensor parallelism of degree ``tp``, per point.
 
     See NOTE [ One tensor-parallel rank, simulated ]. One fake process group, one
@@ -246,6 +250,7 @@ def simulate_ranks(model: Any, *, seq_len: int, points: Sequence[tuple[Any, int]
         tp: tensor-parallel degree (1: the one-device step, no process group).
         sequence_parallel, dtype, optimizer: as for
             :func:`remat.simulate.tensor_parallel.tp_rank_bytes`.
+        tp_plan: the user's ``parallelize_module``-style plan (None: remat's layout).
 
     Returns:
         One :class:`RankStep` per point.
@@ -260,7 +265,8 @@ def simulate_ranks(model: Any, *, seq_len: int, points: Sequence[tuple[Any, int]
         raise ValueError(message(API, "no (strategy, batch_size) point to simulate",
                                  fix="pass at least one point"))
     kwargs = {"model": model, "seq_len": seq_len, "points": list(points), "tp": tp,
-              "sequence_parallel": sequence_parallel, "dtype": dtype, "optimizer": optimizer}
+              "sequence_parallel": sequence_parallel, "dtype": dtype, "optimizer": optimizer,
+              "tp_plan": tp_plan}
     out: list[RankStep] = run_isolated(_steps_in_process, kwargs, tp=tp)
     return out
 
