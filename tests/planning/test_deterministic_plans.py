@@ -52,10 +52,19 @@ def _plan(model: torch.nn.Module, batch: torch.Tensor, optimizer: torch.optim.Op
         return remat.plan(model, batch, optimizer=optimizer, budget=4_150_000)
 
 
-def test_a_slowed_clock_gives_the_same_plan(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture(scope="module")
+def planned() -> tuple[torch.nn.Module, torch.Tensor, torch.optim.Optimizer, remat.Plan]:
+    """The model, its batch and optimizer, and their plan on the real clock (planned once
+    for the tests below)."""
     model, batch = _model()
     optimizer = torch.optim.AdamW(model.parameters())
-    idle = _plan(model, batch, optimizer)
+    return model, batch, optimizer, _plan(model, batch, optimizer)
+
+
+def test_a_slowed_clock_gives_the_same_plan(
+        planned: tuple[torch.nn.Module, torch.Tensor, torch.optim.Optimizer, remat.Plan],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    model, batch, optimizer, idle = planned
     ticks = itertools.count()
 
     def slow() -> float:  # every reading 1000 s after the last: a machine 1000x busier
@@ -70,10 +79,10 @@ def test_a_slowed_clock_gives_the_same_plan(monkeypatch: pytest.MonkeyPatch) -> 
     assert loaded.cost.recompute_flops == idle.cost.recompute_flops
 
 
-def test_the_first_step_peaks_the_same_in_fresh_processes() -> None:
-    model, batch = _model()
-    optimizer = torch.optim.AdamW(model.parameters())
-    plan = _plan(model, batch, optimizer)
+def test_the_first_step_peaks_the_same_in_fresh_processes(
+        planned: tuple[torch.nn.Module, torch.Tensor, torch.optim.Optimizer, remat.Plan]
+        ) -> None:
+    _, batch, _, plan = planned
     assert plan.allocator_peak_bytes is not None
     # two fresh processes at once, beside a process that keeps a core busy
     burner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
