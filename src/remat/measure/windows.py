@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -84,9 +84,13 @@ class FakeSetup:
     windows step's; 0 until one ran): the closed loop measures a CPU model's choices on
     the real model where that is cheaper by the work of a step (NOTE [ Closed loop on the
     real model ] in planning/loop.py).
+
+    ``real``: the copy holds real tensors, not fake ones, and ``mode`` enters nothing:
+    what the planner measures on where a fake copy cannot run the step (NOTE [ Planning
+    on a real copy ] in planning/context.py).
     """
 
-    mode: FakeTensorMode
+    mode: AbstractContextManager[Any]
     model: nn.Module
     batch: Any
     optimizer: torch.optim.Optimizer | None
@@ -94,6 +98,15 @@ class FakeSetup:
     device: torch.device
     profiles: dict[tuple[tuple[str, Any], ...], Profile | None] = field(default_factory=dict)
     step_ops: int = 0
+    real: bool = False
+
+    @property
+    def fake_mode(self) -> FakeTensorMode:
+        """The fake mode of a fake copy (a ValueError for a real one)."""
+        if not isinstance(self.mode, FakeTensorMode):
+            raise ValueError(message("FakeSetup", "a real copy has no fake mode",
+                                     fix="make fake tensors for a fake copy only"))
+        return self.mode
 
 
 class WindowRecorder:
