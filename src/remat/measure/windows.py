@@ -187,6 +187,8 @@ class StepWindows:
         static: bytes registered before the step, per kind (params, batch, ...).
         moments: per window, the moment of its peak (NOTE [ Peak moments ]).
         phases: per window, the phase at its peak.
+        activation_bytes: bytes the forward created still alive when backward started.
+        block_saved: per block, its share of ``activation_bytes`` (blocks with none omitted).
     """
 
     peaks: Mapping[str, int]
@@ -197,6 +199,8 @@ class StepWindows:
     static: Mapping[str, int]
     moments: Mapping[str, tuple[int, int]] = field(default_factory=dict)
     phases: Mapping[str, str] = field(default_factory=dict)
+    activation_bytes: int = 0
+    block_saved: Mapping[str, int] = field(default_factory=dict)
 
 
 def run_windows(setup: FakeSetup, *, loss_fn: LossFn | None,
@@ -240,7 +244,8 @@ def run_windows(setup: FakeSetup, *, loss_fn: LossFn | None,
         clear_grads(model)
     order = tuple(windows.starts)
     return StepWindows(windows.finished_peaks(), order, tracker.peak_bytes, tracker.peak_breakdown,
-                       tracker.ops, static, dict(windows.moments), dict(windows.phases))
+                       tracker.ops, static, dict(windows.moments), dict(windows.phases),
+                       tracker.activation_bytes, tracker.block_saved_bytes)
 
 
 def _window_hooks(blocks: Sequence[tuple[str, nn.Module]], windows: WindowRecorder,

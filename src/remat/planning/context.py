@@ -53,6 +53,7 @@ from remat.measure.tracked_step import check_trainable
 from remat.measure.windows import FakeSetup, StepWindows, run_windows
 from remat.planning.candidates import BlockGroup, Candidate, measure_groups
 from remat.planning.cost import cost_device
+from remat.planning.coverage import warn_uncovered
 from remat.planning.in_flight import check_in_flight, forward_held_bytes, in_flight_model
 from remat.planning.options import COSTS
 from remat.planning.plans import COST_SOURCES
@@ -269,6 +270,8 @@ def prepare_step(step: Step, *, device: str | DeviceSpec | None = None,
         groups = time_groups(model, step.batch, groups, blocks=step.blocks)
         timed_on = _device_label(model_device(model))
     peak_model = PeakModel.calibrate(groups, [n for n, _ in setup.blocks], windows)
+    if step.blocks is None:  # NOTE [ Blocks that miss the activations ] in coverage.py
+        warn_uncovered(step, setup, windows)
     static = static_bytes(categorized(windows.peak_breakdown))
     in_flight = step.microbatches_in_flight
     no_checkpoint = windows.peak_bytes
