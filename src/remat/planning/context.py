@@ -34,12 +34,13 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils.checkpoint import CheckpointError
 
 from remat.blocks import BlocksSpec, named_blocks
 from remat.core.cost import static_bytes
 from remat.core.peak import PeakModel
 from remat.devices import DeviceSpec
-from remat.errors import RematError, RematWarning, message
+from remat.errors import RematError, RematWarning, message, one_line
 from remat.measure.fake import (
     fake_batch,
     fake_copy_with_map,
@@ -264,7 +265,19 @@ def prepare_step(step: Step, *, device: str | DeviceSpec | None = None,
             raise
         report("real copy", 0, 3)
         setup = _real_fallback(model, step, why, error)
-        groups, windows = _measure(setup, step, spec, source)
+        try:
+            groups, windows = _measure(setup, step, spec, source)
+        except (RuntimeError, CheckpointError) as real_error:
+            again = fake_failure(real_error)
+            if again is None and not isinstance(real_error, CheckpointError):
+                raise
+            raise RematError(message(
+                "remat.plan", f"neither a fake nor a real copy of {type(model).__name__} "
+                "can run its step", {"fake copy": why,
+                                     "real copy": again or one_line(str(real_error))[:200]},
+                fix="run one training step before planning (a module that changes itself on "
+                    "its first call is then as it stays), or pass blocks= leaving out the "
+                    "module that fails")) from real_error
     timed_on = None
     if source == "measured":
         groups = time_groups(model, step.batch, groups, blocks=step.blocks)
