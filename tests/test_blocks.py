@@ -233,3 +233,56 @@ def test_other_hf_decoders(cls_name):
     # The blocks still run with the model's own forward.
     out = model(torch.zeros(1, 4, dtype=torch.long))
     assert out.logits.shape == (1, 4, 64)
+
+
+class FirstBlock(nn.Module):
+    """A stack's first layer of another class: the same forward, one child more (a norm)."""
+
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.attention = nn.Linear(d, d)
+        self.ffn = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+        self.norm = nn.LayerNorm(d)
+
+    def forward(self, x):
+        return self.norm(x + self.ffn(x + self.attention(x)))
+
+
+class Tower(nn.Module):
+    """A small convolution-like stack (its first layer another class) beside a wide one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.features = nn.ModuleList([FirstBlock(4), Block(4), Block(4)])  # < 1% of params
+        self.layers = nn.ModuleList([Block(64) for _ in range(2)])
+
+
+def test_first_layer_of_another_class_and_small_tower_are_blocks():
+    names = [n for n, _ in named_blocks(Tower())]
+    assert names == ["features.0", "features.1", "features.2", "layers.0", "layers.1"]
+
+
+def test_first_member_of_another_shape_stays_out():
+    class Different(nn.Module):  # other children: not a layer of the stack
+        def __init__(self) -> None:
+            super().__init__()
+            self.proj = nn.Linear(16, 16)
+
+        def forward(self, x):
+            return self.proj(x)
+
+    model = nn.Sequential(Different(), Block(16), Block(16))
+    assert [n for n, _ in named_blocks(model)] == ["1", "2"]
+
+
+def test_speech_feature_encoder_is_found_with_its_first_layer():
+    config = transformers.Wav2Vec2Config(
+        vocab_size=32, hidden_size=128, num_hidden_layers=2, num_attention_heads=4,
+        intermediate_size=256, conv_dim=(16, 16, 16), conv_stride=(5, 2, 2),
+        conv_kernel=(10, 3, 3), num_conv_pos_embeddings=8, num_conv_pos_embedding_groups=4)
+    with torch.device("meta"):
+        model = transformers.Wav2Vec2ForCTC(config)
+    names = [n for n, _ in named_blocks(model)]
+    conv = [n for n in names if "conv_layers" in n]
+    assert conv == [f"wav2vec2.feature_extractor.conv_layers.{i}" for i in range(3)]
+    assert names[-2:] == ["wav2vec2.encoder.layers.0", "wav2vec2.encoder.layers.1"]

@@ -10,13 +10,23 @@ Rule 1: candidates are groups of >= 2 modules of the same class held by one cont
         are all one class gives one candidate; a mixed ``nn.Sequential(emb, blk, blk, head)``
         gives one per repeated class. Members that are themselves ``ModuleList``/``ModuleDict``
         (not callable) never count; their contents are containers of their own.
+        The container's first member joins the group of the class repeated right after it
+        when it is another class of the same shape: its ``forward`` takes the same parameters
+        and it has every kind of child the repeated members have (wav2vec2's convolutional
+        feature encoder: a ``GroupNormConvLayer`` with a norm the others lack, then
+        ``NoLayerNormConvLayer`` x6). A stack's first layer often differs so (it takes the
+        input's channels, or normalizes the raw input), and it holds activations like the rest.
 Rule 2: a candidate's size is the number of distinct parameter elements its members hold.
         Candidates holding no parameters never qualify.
 Rule 3: candidates are taken greedily, largest first (outer container first on ties), and a
-        candidate is kept when it holds >= 10% of the largest one's parameters and none of its
-        members contains, or is contained in, an already kept block. This selects the two stacks
-        of an encoder-decoder (T5: ``encoder.block`` and ``decoder.block``), and never the
-        sub-layers of a block (e.g. ``T5Block.layer``) nor a stray pair of Linears.
+        candidate is kept when none of its members contains, or is contained in, an already
+        kept block, and it holds >= 10% of the largest one's parameters or its members are
+        layers (modules with children of their own, not a bare ``Linear``). This selects the
+        two stacks of an encoder-decoder (T5: ``encoder.block`` and ``decoder.block``) and
+        every tower beside them however few parameters it holds (a speech model's
+        convolutional feature encoder: 5% of wav2vec2-base's parameters, most of its
+        activations), and never the sub-layers of a block (e.g. ``T5Block.layer``: inside a
+        kept block) nor a stray pair of Linears.
 Rule 4: blocks are returned in module registration order (``named_modules``), the proxy for
         forward order used throughout remat.
 """
@@ -211,14 +221,15 @@ def _class_summary(model: nn.Module, limit: int = 12) -> str:
 
 
 class _Candidate:
-    __slots__ = ("container", "cls", "members", "params")
+    __slots__ = ("container", "cls", "layers", "members", "params")
 
     def __init__(self, container: str, cls: type[nn.Module],
-                 members: list[tuple[str, nn.Module]], params: int) -> None:
+                 members: list[tuple[str, nn.Module]], params: int, layers: bool) -> None:
         self.container = container
         self.cls = cls
         self.members = members
         self.params = params
+        self.layers = layers  # >= 2 members, each with children (Rule 3)
 
 
 def _param_count(modules: Sequence[nn.Module]) -> int:
@@ -246,6 +257,7 @@ def _candidates(model: nn.Module) -> tuple[list[_Candidate], list[str]]:
         label = name or "<root>"
         kinds = ", ".join(f"{cls.__name__} x{len(ms)}" for cls, ms in by_class.items())
         searched.append(f"{label} ({type(container).__name__}: {kinds or 'empty'})")
+        _join_first(container, name, by_class)
         for cls, members in by_class.items():
             # A one-layer model still has a layer stack: a ModuleList holding one block.
             single_stack = isinstance(container, nn.ModuleList) and len(by_class) == 1
@@ -255,8 +267,45 @@ def _candidates(model: nn.Module) -> tuple[list[_Candidate], list[str]]:
                 continue
             params = _param_count([m for _, m in members])
             if params > 0:
-                candidates.append(_Candidate(name, cls, members, params))
+                layers = len(members) >= 2 and all(_has_children(m) for _, m in members)
+                candidates.append(_Candidate(name, cls, members, params, layers))
     return candidates, searched
+
+
+def _has_children(module: nn.Module) -> bool:
+    return next(module.children(), None) is not None
+
+
+def _forward_parameters(module: nn.Module) -> tuple[str, ...] | None:
+    try:
+        signature = inspect.signature(type(module).forward)
+    except (TypeError, ValueError):
+        return None
+    return tuple(signature.parameters)
+
+
+def _join_first(container: nn.Module, name: str,
+                by_class: dict[type[nn.Module], list[tuple[str, nn.Module]]]) -> None:
+    """The container's first member joins the repeated class right after it when it has
+    the same shape (Rule 1 of NOTE [ Default block detection ]); ``by_class`` is updated."""
+    children = list(container.named_children())
+    if len(children) < 3:
+        return
+    (first_name, first), (_, second) = children[0], children[1]
+    first_cls, cls = type(first), type(second)
+    if first_cls is cls or len(by_class.get(first_cls, [])) != 1 or len(by_class[cls]) < 2:
+        return
+    if isinstance(first, (nn.ModuleList, nn.ModuleDict)) or not _has_children(second):
+        return
+    signature = _forward_parameters(first)
+    if signature is None or signature != _forward_parameters(second):
+        return
+    kinds = {type(c) for c in first.children()}
+    if not all(type(c) in kinds for c in second.children()):
+        return
+    qualified = f"{name}.{first_name}" if name else first_name
+    del by_class[first_cls]
+    by_class[cls].insert(0, (qualified, first))
 
 
 def _detect_blocks(model: nn.Module, api: str) -> list[tuple[str, nn.Module]]:
@@ -273,8 +322,8 @@ def _detect_blocks(model: nn.Module, api: str) -> list[tuple[str, nn.Module]]:
     ordered = sorted(candidates, key=lambda c: (-c.params, c.container.count(".")))
     kept: list[tuple[str, nn.Module]] = []
     for cand in ordered:
-        if cand.params < _MIN_SHARE * largest:
-            break
+        if cand.params < _MIN_SHARE * largest and not cand.layers:
+            continue
         if any(_overlaps(name, other) for name, _ in cand.members for other, _ in kept):
             continue
         kept.extend(cand.members)

@@ -19,6 +19,19 @@ NOTE [ Fake copies ]
     (measure/closures.py NOTE [ Closures over the original model ]).
     Meta tensors become fake tensors on ``device`` (CPU by default) that keep
     the meta tensor's storage, so aliasing between them is kept too.
+
+NOTE [ What fake tensors cannot run ]
+    A fake step stops where the real one needs a value: an op whose output shape
+    depends on values (``nonzero``, ``torch.where(mask)``, ``masked_select``: raises
+    ``DynamicOutputShapeException``) or a value read into Python (``.item()``,
+    ``.tolist()``: ``DataDependentOutputException``), unless the value is known (NOTE
+    [ Data-dependent branches under fake tensors ] in shadow.py). A module that converts
+    its own parameters in forward (``self.router = self.router.to(torch.float32)``) cannot
+    run either: a fake parameter is a tensor subclass, so ``Module._apply`` swaps it with
+    ``torch.utils.swap_tensors``, which refuses a tensor something holds a weak reference
+    to (the fake mode's converter does). :func:`fake_failure` recognizes these, however
+    deep in an exception's chain (remat re-raises the first two as its own errors), and
+    says why in a line, so callers can fall back to real tensors or refuse clearly.
 """
 
 from __future__ import annotations
@@ -29,7 +42,12 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
-from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch._subclasses.fake_tensor import (
+    DataDependentOutputException,
+    DynamicOutputShapeException,
+    FakeTensor,
+    FakeTensorMode,
+)
 
 from remat.errors import message
 from remat.measure import shadow
@@ -150,6 +168,55 @@ def fake_copy(
         (torch.Size([8, 4096]), 'cpu')
     """
     return fake_copy_with_map(model, fake_mode, device=device)[0]
+
+
+def real_copy_with_map(model: nn.Module) -> tuple[nn.Module, dict[int, Tensor]]:
+    """A real copy of ``model`` (tensors copied, on their devices) and
+    ``{id(original_tensor): copied_tensor}`` for every parameter, buffer and tensor attribute.
+
+    What the planner measures on where a fake copy cannot run the step (NOTE [ What fake
+    tensors cannot run ]): the same structure as :func:`fake_copy_with_map` (tied weights
+    stay tied, closures over the original re-pointed), at the cost of a second copy of
+    the model's tensors.
+    """
+    memo: dict[int, Any] = {}
+    copied = copy.deepcopy(model, memo)
+    rebind_closures(copied, memo)
+    replaced: dict[int, Tensor] = {}
+    for module in model.modules():
+        tensors = [*module.parameters(recurse=False), *module.buffers(recurse=False),
+                   *_plain_tensor_attributes(module)]
+        for t in tensors:
+            if id(t) in memo:
+                replaced[id(t)] = memo[id(t)]
+    return copied, replaced
+
+
+_SWAP_REFUSED = "because it has weakref"
+
+
+def fake_failure(error: BaseException) -> str | None:
+    """Why fake tensors cannot run a step, in a line, when ``error`` (or an exception in
+    its chain) says so; None for any other error (NOTE [ What fake tensors cannot run ]).
+
+    Example:
+        >>> fake_failure(ValueError("bad batch")) is None
+        True
+    """
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, DynamicOutputShapeException):
+            return (f"{current.func} has an output shape that depends on tensor values "
+                    "(torch.where / nonzero / masked_select)")
+        if isinstance(current, DataDependentOutputException):
+            return f"{current.func} reads a tensor's value (.item(), .tolist(), a branch on it)"
+        if isinstance(current, RuntimeError) and _SWAP_REFUSED in str(current):
+            return ("a module converts its own parameters in forward (module.to(dtype)), "
+                    "which fake parameters cannot")
+        current = current.__cause__ or current.__context__
+    return None
 
 
 def fake_batch(

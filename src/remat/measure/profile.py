@@ -70,13 +70,14 @@ from torch._subclasses.fake_tensor import DynamicOutputShapeException, FakeTenso
 from remat.core.cost import StepCost
 from remat.core.ops import PHASES
 from remat.core.results import BlockProfile, Profile
-from remat.errors import message, names_the_call
+from remat.errors import RematError, message, names_the_call, one_line
 from remat.measure import shadow
 from remat.measure.allocator import allocator_peak
 from remat.measure.fake import (
     check_fake_device,
     fake_batch,
     fake_copy_with_map,
+    fake_failure,
     fake_optimizer,
 )
 from remat.measure.ledger import categorized
@@ -394,7 +395,19 @@ def simulated_steps(step: Step, batches: Sequence[Any], *,
     if not batches:
         raise ValueError(message(_API, "simulated_steps needs at least one batch",
                                  fix="pass one batch or more"))
-    return WarmFake(step, batches[0], device=device).profiles(batches)
+    try:
+        return WarmFake(step, batches[0], device=device).profiles(batches)
+    except RematError:
+        raise
+    except Exception as error:  # NOTE [ What fake tensors cannot run ] in measure/fake.py
+        why = fake_failure(error)
+        if why is None:
+            raise
+        raise RematError(message(
+            f"{_API}(simulate=True)", "fake tensors cannot run this step",
+            {"why": why, "error": f"{type(error).__name__}: {one_line(str(error))[:200]}"},
+            fix="profile on real tensors (simulate=False); remat.plan measures such a model "
+                "on a real copy")) from error
 
 
 class WarmFake:

@@ -48,7 +48,12 @@ NOTE [ Data-dependent shapes ]
     of transformers >= 5, and ``"batched_mm"``) have routing-independent shapes
     (NOTE [ Grouped matmul under fake tensors ]), so their simulated bytes hold
     for any routing, balanced or not; or profile on real tensors, which measure
-    the routing of the given batch.
+    the routing of the given batch. A value read out of a float tensor, or out
+    of an integer one without a shadow (``.item()``, ``.tolist()``: JetMoE's
+    expert sizes, LED's "any global attention?"), raises
+    ``DataDependentOutputException`` and gets the same treatment. The planner does
+    not refuse such models: it measures them on a real copy (NOTE [ Planning on a
+    real copy ] in planning/context.py).
 """
 
 from __future__ import annotations
@@ -60,7 +65,7 @@ from typing import Any
 
 import torch
 from torch import Tensor
-from torch._subclasses.fake_tensor import FakeTensor
+from torch._subclasses.fake_tensor import DataDependentOutputException, FakeTensor
 from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils._pytree import tree_map
 from torch.utils.weak import WeakTensorKeyDictionary
@@ -231,9 +236,11 @@ def data_dependent_error(func: Any, error: Exception) -> RuntimeError:
     """
     from remat.errors import RematError, message
 
+    what = ("reads a tensor's value (.item(), .tolist(), a Python branch on a tensor)"
+            if isinstance(error, DataDependentOutputException)
+            else "has an output shape that depends on tensor values")
     return RematError(message(
-        "remat.profile(simulate=True)", f"{func} has an output shape that depends on tensor "
-        "values, which fake tensors do not have",
+        "remat.profile(simulate=True)", f"{func} {what}, which fake tensors do not have",
         {"likely": "a mixture-of-experts layer looping over experts with torch.where / "
                    "nonzero",
          "so": "simulated bytes would depend on a guessed routing",

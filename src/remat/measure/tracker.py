@@ -88,7 +88,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 from torch._prims_common import is_non_overlapping_and_dense_or_false
-from torch._subclasses.fake_tensor import DynamicOutputShapeException
+from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map_only
 from torch.utils.hooks import RemovableHandle
@@ -485,7 +485,8 @@ class MemoryTracker(TorchDispatchMode):
             return value
         try:
             out = func(*args, **kwargs)
-        except DynamicOutputShapeException as error:  # NOTE [ Data-dependent shapes ]
+        except (DynamicOutputShapeException, DataDependentOutputException) as error:
+            # NOTE [ Data-dependent shapes ]
             raise shadow.data_dependent_error(func, error) from error
         shadow.propagate(func, args, kwargs, out)
         return out

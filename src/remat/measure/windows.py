@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -84,9 +84,13 @@ class FakeSetup:
     windows step's; 0 until one ran): the closed loop measures a CPU model's choices on
     the real model where that is cheaper by the work of a step (NOTE [ Closed loop on the
     real model ] in planning/loop.py).
+
+    ``real``: the copy holds real tensors, not fake ones, and ``mode`` enters nothing:
+    what the planner measures on where a fake copy cannot run the step (NOTE [ Planning
+    on a real copy ] in planning/context.py).
     """
 
-    mode: FakeTensorMode
+    mode: AbstractContextManager[Any]
     model: nn.Module
     batch: Any
     optimizer: torch.optim.Optimizer | None
@@ -94,6 +98,15 @@ class FakeSetup:
     device: torch.device
     profiles: dict[tuple[tuple[str, Any], ...], Profile | None] = field(default_factory=dict)
     step_ops: int = 0
+    real: bool = False
+
+    @property
+    def fake_mode(self) -> FakeTensorMode:
+        """The fake mode of a fake copy (a ValueError for a real one)."""
+        if not isinstance(self.mode, FakeTensorMode):
+            raise ValueError(message("FakeSetup", "a real copy has no fake mode",
+                                     fix="make fake tensors for a fake copy only"))
+        return self.mode
 
 
 class WindowRecorder:
@@ -174,6 +187,8 @@ class StepWindows:
         static: bytes registered before the step, per kind (params, batch, ...).
         moments: per window, the moment of its peak (NOTE [ Peak moments ]).
         phases: per window, the phase at its peak.
+        activation_bytes: bytes the forward created still alive when backward started.
+        block_saved: per block, its share of ``activation_bytes`` (blocks with none omitted).
     """
 
     peaks: Mapping[str, int]
@@ -184,6 +199,8 @@ class StepWindows:
     static: Mapping[str, int]
     moments: Mapping[str, tuple[int, int]] = field(default_factory=dict)
     phases: Mapping[str, str] = field(default_factory=dict)
+    activation_bytes: int = 0
+    block_saved: Mapping[str, int] = field(default_factory=dict)
 
 
 def run_windows(setup: FakeSetup, *, loss_fn: LossFn | None,
@@ -227,7 +244,8 @@ def run_windows(setup: FakeSetup, *, loss_fn: LossFn | None,
         clear_grads(model)
     order = tuple(windows.starts)
     return StepWindows(windows.finished_peaks(), order, tracker.peak_bytes, tracker.peak_breakdown,
-                       tracker.ops, static, dict(windows.moments), dict(windows.phases))
+                       tracker.ops, static, dict(windows.moments), dict(windows.phases),
+                       tracker.activation_bytes, tracker.block_saved_bytes)
 
 
 def _window_hooks(blocks: Sequence[tuple[str, nn.Module]], windows: WindowRecorder,

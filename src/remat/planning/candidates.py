@@ -432,7 +432,8 @@ def measure_groups(setup: FakeSetup, device: DeviceSpec, *, prune: bool = True,
         of first appearance.
     """
     report("block inputs", 1, 3)
-    inputs = capture_inputs(setup.model, setup.batch, setup.blocks, mode=setup.mode)
+    inputs = capture_inputs(setup.model, setup.batch, setup.blocks,
+                            mode=None if setup.real else setup.mode)
     setup.blocks[:] = in_call_order(setup.blocks, inputs)  # the peak model counts in this order
     groups: dict[Any, list[str]] = {}
     for name, block in setup.blocks:

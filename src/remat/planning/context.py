@@ -3,30 +3,58 @@
 Steps 1-3 of NOTE [ How a plan is made ] (planner.py): fake copies of the step, every
 candidate of every kind of block measured, one whole step cut into memory windows,
 the peak model calibrated. The result, a :class:`PlanContext`, is reusable across budgets.
+
+NOTE [ Planning on a real copy ]
+    Some steps cannot run on fake tensors (NOTE [ What fake tensors cannot run ] in
+    measure/fake.py): a mixture of experts that dispatches tokens with ``torch.where`` /
+    ``nonzero`` (litgpt's MoE) or sizes its experts with ``.tolist()`` (JetMoE), a CTC
+    loss that ``masked_select``s its targets, LED's ``.item()`` on its global-attention
+    mask, a router that converts its own weights in forward. Where the fake copy fails
+    for such a reason and the model is on a real device, steps 1-3 run again on a
+    *real* copy of the model, batch and optimizer (``FakeSetup.real``; the same
+    measuring code, each block run and the windows step computing for real), with one
+    :class:`~remat.errors.RematWarning` that says why. The user's model is still
+    untouched, at the price of a second copy of its tensors while planning and real
+    compute for every candidate. On CPU the bytes are the same as a fake copy's would
+    be; what a data-dependent step allocates is measured for the batch given (another
+    routing allocates otherwise, which the closed loop, measuring the real step, checks
+    for that batch). A model on the meta device has no real copy: the error says so.
+    Any other error of the fake copy is the model's own and is raised as it is.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
+from types import TracebackType
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils.checkpoint import CheckpointError
 
 from remat.blocks import BlocksSpec, named_blocks
 from remat.core.cost import static_bytes
 from remat.core.peak import PeakModel
 from remat.devices import DeviceSpec
-from remat.errors import message
-from remat.measure.fake import fake_batch, fake_copy_with_map, fake_optimizer
+from remat.errors import RematError, RematWarning, message, one_line
+from remat.measure.fake import (
+    fake_batch,
+    fake_copy_with_map,
+    fake_failure,
+    fake_optimizer,
+    real_copy_with_map,
+)
 from remat.measure.ledger import categorized
 from remat.measure.step import Step, model_device
 from remat.measure.tracked_step import check_trainable
-from remat.measure.windows import FakeSetup, run_windows
-from remat.planning.candidates import Candidate, measure_groups
+from remat.measure.windows import FakeSetup, StepWindows, run_windows
+from remat.planning.candidates import BlockGroup, Candidate, measure_groups
 from remat.planning.cost import cost_device
+from remat.planning.coverage import warn_uncovered
 from remat.planning.in_flight import check_in_flight, forward_held_bytes, in_flight_model
 from remat.planning.options import COSTS
 from remat.planning.plans import COST_SOURCES
@@ -48,6 +76,38 @@ def fake_setup(model: nn.Module, batch: Any, *, optimizer: torch.optim.Optimizer
     fopt = fake_optimizer(optimizer, replaced) if optimizer is not None else None
     named = named_blocks(fmodel, blocks, api="remat.plan")
     return FakeSetup(mode, fmodel, fbatch, fopt, named, model_device(fmodel))
+
+
+def real_setup(model: nn.Module, batch: Any, *, optimizer: torch.optim.Optimizer | None,
+               blocks: BlocksSpec) -> FakeSetup:
+    """Copy ``model`` (without any applied strategy) and ``optimizer`` with real tensors,
+    the batch as it is (NOTE [ Planning on a real copy ])."""
+    rmodel, replaced = real_copy_with_map(model)
+    remove(rmodel)
+    rmodel.train(model.training)
+    ropt = fake_optimizer(optimizer, replaced) if optimizer is not None else None
+    named = named_blocks(rmodel, blocks, api="remat.plan")
+    device = model_device(rmodel)
+    return FakeSetup(KeptRng(device), rmodel, batch, ropt, named, device, real=True)
+
+
+class KeptRng:
+    """A real copy's ``FakeSetup.mode``: each entry forks the random number generators
+    (CPU, and ``device``'s when it is a GPU), so runs on the copy leave the user's RNG as
+    it was (dropout draws, data2vec's masks)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self._devices = [device] if device.type == "cuda" else []
+        self._entered: list[AbstractContextManager[Any]] = []
+
+    def __enter__(self) -> None:
+        forked = torch.random.fork_rng(devices=self._devices)
+        forked.__enter__()
+        self._entered.append(forked)
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 trace: TracebackType | None) -> None:
+        self._entered.pop().__exit__(kind, error, trace)
 
 
 @dataclass(frozen=True)
@@ -200,16 +260,35 @@ def prepare_step(step: Step, *, device: str | DeviceSpec | None = None,
     source = resolve_cost(cost, model)
     spec = cost_device(model_device(model), device)
     report("fake copy", 0, 3)
-    setup = fake_setup(model, step.batch, optimizer=step.optimizer, blocks=step.blocks)
-    groups = measure_groups(setup, spec, prune=source == "roofline",
-                            builtin=source == "roofline")
+    try:
+        setup = fake_setup(model, step.batch, optimizer=step.optimizer, blocks=step.blocks)
+        groups, windows = _measure(setup, step, spec, source)
+    except Exception as error:  # NOTE [ Planning on a real copy ]
+        why = fake_failure(error)
+        if why is None:
+            raise
+        report("real copy", 0, 3)
+        setup = _real_fallback(model, step, why, error)
+        try:
+            groups, windows = _measure(setup, step, spec, source)
+        except (RuntimeError, CheckpointError) as real_error:
+            again = fake_failure(real_error)
+            if again is None and not isinstance(real_error, CheckpointError):
+                raise
+            raise RematError(message(
+                "remat.plan", f"neither a fake nor a real copy of {type(model).__name__} "
+                "can run its step", {"fake copy": why,
+                                     "real copy": again or one_line(str(real_error))[:200]},
+                fix="run one training step before planning (a module that changes itself on "
+                    "its first call is then as it stays), or pass blocks= leaving out the "
+                    "module that fails")) from real_error
     timed_on = None
     if source == "measured":
         groups = time_groups(model, step.batch, groups, blocks=step.blocks)
         timed_on = _device_label(model_device(model))
-    report("memory windows of the whole step", 2, 3)
-    windows = run_windows(setup, loss_fn=step.loss_fn)
     peak_model = PeakModel.calibrate(groups, [n for n, _ in setup.blocks], windows)
+    if step.blocks is None:  # NOTE [ Blocks that miss the activations ] in coverage.py
+        warn_uncovered(step, setup, windows)
     static = static_bytes(categorized(windows.peak_breakdown))
     in_flight = step.microbatches_in_flight
     no_checkpoint = windows.peak_bytes
@@ -221,6 +300,34 @@ def prepare_step(step: Step, *, device: str | DeviceSpec | None = None,
     return PlanContext(peak_model, spec, no_checkpoint, batch_size_of(step.batch), static,
                        source, timed_on, setup, microbatches_in_flight=in_flight,
                        builtin=tuple(builtin.get(n, ()) for n in peak_model.block_names))
+
+
+def _measure(setup: FakeSetup, step: Step, spec: DeviceSpec, source: str
+             ) -> tuple[list[BlockGroup], StepWindows]:
+    """Every candidate of every kind of block, and the whole step's windows, on ``setup``."""
+    groups = measure_groups(setup, spec, prune=source == "roofline",
+                            builtin=source == "roofline")
+    report("memory windows of the whole step", 2, 3)
+    return groups, run_windows(setup, loss_fn=step.loss_fn)
+
+
+def _real_fallback(model: nn.Module, step: Step, why: str, error: Exception) -> FakeSetup:
+    """A real copy to plan on, with the warning that says why (NOTE [ Planning on a real
+    copy ]); a RematError where the model has no real tensors to copy."""
+    name = type(model).__name__
+    if model_device(model).type == "meta":
+        raise RematError(message(
+            "remat.plan", f"fake tensors cannot run a step of {name}, and it is on the meta "
+            "device, so no real step can be measured either", {"why": why},
+            fix="build the model on a real device (CPU, or the GPU it trains on) and plan "
+                "with simulate=False")) from error
+    warnings.warn(message(
+        "remat.plan", f"fake tensors cannot run a step of {name}: measuring on a real copy "
+        "instead", {"why": why, "costs": "a second copy of the model's tensors and real "
+                    "compute per candidate while planning",
+                    "bytes": "those of this batch (a data-dependent step allocates per batch)"},
+        fix=None), RematWarning, stacklevel=4)
+    return real_setup(model, step.batch, optimizer=step.optimizer, blocks=step.blocks)
 
 
 def check_plannable(model: nn.Module) -> None:

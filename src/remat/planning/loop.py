@@ -167,7 +167,7 @@ def real_first(step: Step, ctx: PlanContext, decisions: Mapping[str, BlockStrate
     model ]): a real CPU model with a fake copy, the choice not measured on it yet, and a
     tracked real step cheaper than a tracked fake one."""
     setup = ctx.setup
-    if simulate or setup is None or model_device(step.model).type != "cpu" \
+    if simulate or setup is None or setup.real or model_device(step.model).type != "cpu" \
             or _key(decisions) in setup.profiles:
         return False
     return _real_is_cheaper(ctx)
@@ -233,10 +233,11 @@ def _key(decisions: Mapping[str, BlockStrategy]) -> Key:
 def measure_on_copy(step: Step, ctx: PlanContext, decisions: Mapping[str, BlockStrategy]
                   ) -> Profile | None:
     """One tracked step of the context's fake copy with ``decisions`` applied, or
-    ``None`` where NOTE [ Closed loop on the fake copy ] does not apply. Each set of
+    ``None`` where NOTE [ Closed loop on the fake copy ] does not apply. A real copy
+    (NOTE [ Planning on a real copy ] in context.py) measures on any device. Each set of
     decisions is measured once per copy (``FakeSetup.profiles``)."""
     setup = ctx.setup
-    if setup is None or model_device(step.model).type not in ("cpu", "meta"):
+    if setup is None or not setup.real and model_device(step.model).type not in ("cpu", "meta"):
         return None
     key = _key(decisions)
     if key not in setup.profiles:
@@ -258,7 +259,7 @@ def _measure_on_copy(step: Step, setup: FakeSetup, decisions: Mapping[str, Block
                 clear_grads(setup.model)
     except Exception:  # noqa: BLE001 - the measured step below is the reference
         return None
-    return _build_profile(tracked, named, simulated=True, device=fstep.device)
+    return _build_profile(tracked, named, simulated=not setup.real, device=fstep.device)
 
 
 def timed_step_ms(step: Step, decisions: Mapping[str, BlockStrategy], *,

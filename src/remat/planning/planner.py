@@ -33,11 +33,12 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+from torch.utils.checkpoint import CheckpointError
 
 from remat.blocks import BlocksSpec
 from remat.core.budget import Budget, BudgetLike
 from remat.devices import DeviceSpec
-from remat.errors import BudgetTooSmall, message, names_the_call
+from remat.errors import BudgetTooSmall, RematError, message, names_the_call, one_line
 from remat.measure.step import LossFn, Step, model_device
 from remat.planning.card import card_of
 from remat.planning.context import PlanContext, check_plannable, prepare_step, resolve_cost
@@ -225,13 +226,23 @@ def plan_step(step: Step, options: PlanOptions, *, context: PlanContext | None =
         context.no_checkpoint_peak_bytes, static_bytes=context.static_bytes,
         device_limit_bytes=card.limit_bytes if card is not None else None)
     try:
-        plan = close_loop(step, context, budget_bytes, simulate=options.simulate,
-                          budget=options.budget, card=card)
-        plan = cheaper_with_head(step, context, budget_bytes, plan,
-                                 simulate=options.simulate, budget=options.budget, card=card)
-    except BudgetTooSmall as error:  # a chunked output head may still fit it
-        plan = plan_with_head(step, context, budget_bytes, simulate=options.simulate,
-                              budget=options.budget, error=error, card=card)
+        try:
+            plan = close_loop(step, context, budget_bytes, simulate=options.simulate,
+                              budget=options.budget, card=card)
+            plan = cheaper_with_head(step, context, budget_bytes, plan,
+                                     simulate=options.simulate, budget=options.budget, card=card)
+        except BudgetTooSmall as error:  # a chunked output head may still fit it
+            plan = plan_with_head(step, context, budget_bytes, simulate=options.simulate,
+                                  budget=options.budget, error=error, card=card)
+    except CheckpointError as error:
+        raise RematError(message(
+            "remat.plan", "a checkpointed block recomputed other tensors than its forward "
+            "saved, so the plan's steps cannot run",
+            {"likely": "a module that changes itself on its first call (converts its weights "
+                       "with module.to(dtype), builds a cache), inside a checkpointed block",
+             "error": one_line(str(error))[:300]},
+            fix="run one training step before planning (the module is then as it stays), or "
+                "pass blocks= leaving that module out")) from error
     # What the plan is for, so remat.apply refuses another model (NOTE [ Plan fingerprint ]).
     return replace(plan, fingerprint=fingerprint_of(step.model, plan.block_names))
 

@@ -99,7 +99,7 @@ def _fake_cut(ctx: FastContext, depth: int, *,
 def _rebatch(fake: FakeSetup, cut: Setup, batch_size: int, seq_len: int) -> None:
     from remat.measure.fake import fake_batch
 
-    fake.batch = fake_batch(cut.batch_fn(batch_size, seq_len), fake.mode)
+    fake.batch = fake_batch(cut.batch_fn(batch_size, seq_len), fake.fake_mode)
 
 
 class _Shallow:
