@@ -189,6 +189,7 @@ class StepWindows:
         phases: per window, the phase at its peak.
         activation_bytes: bytes the forward created still alive when backward started.
         block_saved: per block, its share of ``activation_bytes`` (blocks with none omitted).
+        starts: per window, the live bytes when it first opened.
     """
 
     peaks: Mapping[str, int]
@@ -201,6 +202,7 @@ class StepWindows:
     phases: Mapping[str, str] = field(default_factory=dict)
     activation_bytes: int = 0
     block_saved: Mapping[str, int] = field(default_factory=dict)
+    starts: Mapping[str, int] = field(default_factory=dict)
 
 
 def run_windows(setup: FakeSetup, *, loss_fn: LossFn | None,
@@ -245,7 +247,8 @@ def run_windows(setup: FakeSetup, *, loss_fn: LossFn | None,
     order = tuple(windows.starts)
     return StepWindows(windows.finished_peaks(), order, tracker.peak_bytes, tracker.peak_breakdown,
                        tracker.ops, static, dict(windows.moments), dict(windows.phases),
-                       tracker.activation_bytes, tracker.block_saved_bytes)
+                       tracker.activation_bytes, tracker.block_saved_bytes,
+                       dict(windows.starts))
 
 
 def _window_hooks(blocks: Sequence[tuple[str, nn.Module]], windows: WindowRecorder,

@@ -7,7 +7,11 @@ NOTE [ Blocks that miss the activations ]
     container) gets blocks that hold little of them, and a plan or ``"full"`` on them
     lowers the peak by little: a silent no-op unless said. The planner's windows step
     knows each block's share of the activation bytes (the tracker's
-    ``block_saved_bytes``); where the blocks hold less than :data:`MIN_SHARE` of them, one
+    ``block_saved_bytes``), and the bytes the forward had made by the end of the last
+    block (the last gap window's start less the step's start): what comes after is the
+    output head and loss, which the planner chunks (NOTE [ Head choice ] in head.py), so
+    those bytes are not the blocks' to hold. Where the blocks hold less than
+    :data:`MIN_SHARE` of the bytes made up to the last block's end, one
     more tracked step attributes every saved byte to the module that made it (every
     module a "block" of the tracker, the innermost one wins), each module outside the
     blocks is counted under its outermost ancestor that holds no block, and a
@@ -23,7 +27,7 @@ import warnings
 from collections.abc import Mapping, Sequence
 
 from remat.errors import RematWarning, message
-from remat.measure.step import Step
+from remat.measure.step import Step, clear_grads
 from remat.measure.tracked_step import tracked_step
 from remat.measure.windows import FakeSetup, StepWindows, quiet
 from remat.units import format_bytes
@@ -39,6 +43,9 @@ def warn_uncovered(step: Step, setup: FakeSetup, windows: StepWindows, *,
     bytes of ``windows``' step, naming where the rest are (NOTE [ Blocks that miss the
     activations ])."""
     total = windows.activation_bytes
+    last_gap = f"gap:{len(setup.blocks) - 1}"
+    if last_gap in windows.starts and "pre" in windows.starts:
+        total = min(total, windows.starts[last_gap] - windows.starts["pre"])
     in_blocks = sum(windows.block_saved.values())
     if total <= 0 or in_blocks >= MIN_SHARE * total:
         return
@@ -46,10 +53,10 @@ def warn_uncovered(step: Step, setup: FakeSetup, windows: StepWindows, *,
     shown = ", ".join(f"{name} {format_bytes(b)}" for name, b in owners[:3]) or "unknown"
     stacks = sorted({name.rpartition(".")[0] or name for name, _ in setup.blocks})
     warnings.warn(message(
-        api, f"the blocks found hold {100 * in_blocks / total:.0f}% of the step's activation "
-        "bytes, so checkpointing them frees at most that",
+        api, f"the blocks found hold {100 * in_blocks / total:.0f}% of the activation bytes "
+        "made before the output head, so checkpointing them frees at most that",
         {"blocks": f"{len(setup.blocks)} in {', '.join(stacks)}",
-         "activations": f"{format_bytes(total)} kept for backward",
+         "activations": f"{format_bytes(total)} made up to the last block's end",
          "most of the rest is in": shown},
         fix="pass blocks= selecting the modules that hold them too (a predicate "
             "blocks=lambda name, module: ...), or plan a smaller batch or sequence"),
@@ -63,7 +70,11 @@ def activation_owners(step: Step, setup: FakeSetup) -> list[tuple[str, int]]:
     every = [(name, module) for name, module in model.named_modules() if name]
     fstep = step.with_model(model, setup.optimizer, setup.batch)
     with quiet(), setup.mode:
-        tracked = tracked_step(fstep, every)
+        clear_grads(model)
+        try:
+            tracked = tracked_step(fstep, every)
+        finally:
+            clear_grads(model)  # the copy as the closed loop expects it
     saved = tracked.tracker.block_saved_bytes
     outside = tracked.tracker.activation_bytes - sum(saved.values())
     return owners_outside(saved, [name for name, _ in setup.blocks], outside)
