@@ -486,7 +486,7 @@ class MemoryTracker(TorchDispatchMode):
         try:
             out = func(*args, **kwargs)
         except (DynamicOutputShapeException, DataDependentOutputException) as error:
-            # NOTE [ Data-dependent shapes ]
+            # see NOTE [ Data-dependent shapes ] in shadow.py
             raise shadow.data_dependent_error(func, error) from error
         shadow.propagate(func, args, kwargs, out)
         return out
