@@ -6,13 +6,13 @@ per core would oversubscribe them and make tiny steps many times slower.
 NOTE [ Slow modules first ]
 Under ``--dist loadscope`` each module (or test class) is one unit of work, handed to
 whichever worker asks next in the order of the collection; xdist by default reorders the
-units by their number of tests, which puts a module of a few slow tests last, where one
+units by their number of tests, which can put a module of a few slow tests last, where one
 worker runs it while the other idles. The suite turns that reorder off and sorts the
 collection so the slowest modules come first (longest processing time first): the short
 ones at the end then even out the two workers. The weights are one idle core's seconds
 per module (``--durations`` of a ``make test`` run); the modules not in the table follow
 them, those of more tests first (xdist's own guess). Only the order matters: a module
-missing from the table, or a stale figure, costs balance and never a result. The order
+missing from the table, or a stale figure, costs balance only. The order
 within a module is kept.
 """
 
@@ -26,18 +26,21 @@ torch.set_num_threads(1)
 #: Seconds of the slowest modules on one idle core, relative to this folder (NOTE [ Slow
 #: modules first ]); the modules not listed follow, those of more tests first.
 MODULE_SECONDS: dict[str, float] = {
-    "simulate/test_fast.py": 140, "simulate/test_plan_fast.py": 100,
-    "planning/test_fits_allocator.py": 83, "integrations/test_tp.py": 60,
-    "integrations/test_pipeline.py": 46, "strategies/test_never_above_none.py": 43,
-    "integrations/test_fsdp2_memory.py": 43, "planning/test_device_budget.py": 40,
-    "compiled/test_simulate.py": 35, "jax/test_planner.py": 33,
-    "simulate/test_plan_rows.py": 30, "cli/test_cli_seq_len.py": 28,
-    "simulate/test_run.py": 24, "planning/test_seq_len.py": 16,
-    "planning/test_frontier_cli.py": 12, "planning/test_deterministic_plans.py": 12,
-    "compiled/test_hf_decoder.py": 12, "integrations/test_peft_lora.py": 10,
-    "planning/test_plan_chunked_head.py": 10, "integrations/test_fsdp2.py": 9,
-    "planning/test_speed_paths.py": 9, "cli/test_cli_jax.py": 9,
-    "integrations/test_pipeline_rank.py": 9, "core/test_cost.py": 9,
+    "simulate/test_fast.py": 130, "simulate/test_plan_fast.py": 97,
+    "planning/test_fits_allocator.py": 89, "integrations/test_tp.py": 68,
+    "strategies/test_never_above_none.py": 55, "compiled/test_simulate.py": 46,
+    "cli/test_cli_sources.py": 41, "planning/test_device_budget.py": 38,
+    "integrations/test_pipeline.py": 32, "simulate/test_plan_rows.py": 31,
+    "cli/test_cli_jax.py": 31, "planning/test_planner.py": 31, "core/test_cost.py": 28,
+    "benchmarks/test_peak_windows.py": 28, "planning/test_frontier_cli.py": 27,
+    "jax/test_planner.py": 26, "compiled/test_measure.py": 25,
+    "simulate/test_pipeline.py": 23, "cli/test_cli_seq_len.py": 23,
+    "planning/test_hf_plans.py": 23, "jax/test_candidates.py": 22,
+    "integrations/test_fsdp2_memory.py": 21, "simulate/test_run.py": 20,
+    "planning/test_deterministic_plans.py": 19, "planning/test_in_flight.py": 14,
+    "integrations/test_pipeline_fsdp.py": 13, "measure/test_measure_hf_simulate.py": 12,
+    "planning/test_seq_len.py": 12, "planning/test_timed.py": 11,
+    "integrations/test_fsdp2.py": 10, "jax/test_import.py": 10,
 }
 
 

@@ -22,6 +22,7 @@ def test_compare_json_and_plot(tmp_path: Path) -> None:
     result = runner.invoke(app, [
         "compare", "--model", "gpt-tiny", "--batch", "2", "--repeats", "1", "--device", "cpu",
         "--json", str(json_path), "--plot", str(plot_path),
+        "--plan-budget", "off",  # the plan row: test_compare_plan_row_and_infeasible_...
     ])
     assert result.exit_code == 0, result.output
     # The table goes to stdout, with every strategy in it.
@@ -49,6 +50,7 @@ def test_compare_json_to_stdout_only() -> None:
     result = runner.invoke(app, [
         "compare", "--model", "llama-tiny", "--batch", "1", "--seq", "8", "--device", "cpu",
         "--strategies", "none,full", "--repeats", "0", "--no-check-grads", "--json", "-",
+        "--plan-budget", "off",
     ])
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)  # nothing but JSON on stdout

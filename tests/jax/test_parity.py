@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -10,8 +13,13 @@ from remat.jax.models import TAGGED_NAMES
 
 from .conftest import TINY, TINY_BATCH
 
-_MODEL = rj.build_model(TINY)
-_BATCH = rj.make_batch(TINY, TINY_BATCH)
+
+@pytest.fixture(scope="module")
+def tiny() -> tuple[Any, Any]:
+    """The model and its batch, built when a test here runs (not at collection: each
+    xdist worker collects every module)."""
+    return rj.build_model(TINY), rj.make_batch(TINY, TINY_BATCH)
+
 
 _policies = st.one_of(
     st.sampled_from(["none", "nothing_saveable", "dots_saveable",
@@ -23,15 +31,18 @@ _policies = st.one_of(
 
 @settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(per_block=st.lists(_policies, min_size=2, max_size=2))
-def test_any_per_block_policies_keep_gradients(per_block: list[str]) -> None:
-    report = rj.validate(_MODEL, _BATCH, dict(zip(["blocks.0", "blocks.1"], per_block,
-                                                  strict=True)))
+def test_any_per_block_policies_keep_gradients(tiny: tuple[Any, Any],
+                                               per_block: list[str]) -> None:
+    model, batch = tiny
+    report = rj.validate(model, batch, dict(zip(["blocks.0", "blocks.1"], per_block,
+                                                strict=True)))
     assert report.passed, (per_block, report.max_rel_error, report.worst_param)
-    assert rj.decisions_of(_MODEL) == {}  # validate leaves the model as it was
+    assert rj.decisions_of(model) == {}  # validate leaves the model as it was
 
 
-def test_named_strategies_keep_gradients() -> None:
+def test_named_strategies_keep_gradients(tiny: tuple[Any, Any]) -> None:
+    model, batch = tiny
     for strategy in ["full", "every:2", "sqrt", "offload:qkv,mlp_up"]:
-        report = rj.validate(_MODEL, _BATCH, strategy)
+        report = rj.validate(model, batch, strategy)
         assert report.max_rel_error <= 1e-5, (strategy, report.max_rel_error)
         assert len(report.per_param_rel_error) > 10

@@ -147,6 +147,33 @@ def test_loss_kept_in_a_list(job) -> None:
     assert [s.growth_bytes for s in report.steps[1:]] == [4, 4, 4]
 
 
+def test_a_dead_weak_proxy_in_the_process_is_no_holder(job) -> None:
+    # gc.get_objects() lists weakref proxies; isinstance on a dead one raises ReferenceError
+    # (left by whatever ran earlier in the process: the suite's order decides)
+    import weakref
+
+    class Gone:
+        pass
+
+    gone = Gone()
+    dead = weakref.proxy(gone)
+    del gone
+    model, x, opt = job
+    losses = []
+
+    def step(model: nn.Module, batch: torch.Tensor, optimizer: torch.optim.Optimizer) -> None:
+        loss = model(batch)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss)
+
+    report = remat.doctor(model, x, optimizer=opt, step_fn=step)
+    assert [f.holder for f in report.findings] == [
+        "losses in test_a_dead_weak_proxy_in_the_process_is_no_holder() (list)"]
+    assert type(dead) in weakref.ProxyTypes
+
+
 def test_graph_kept_alive_holds_what_the_forward_saved(job) -> None:
     model, x, _ = job
     kept = []

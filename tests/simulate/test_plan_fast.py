@@ -29,12 +29,17 @@ def _factory(preset: str) -> Any:
     return lambda: build_model(preset, n_layer=LAYERS)
 
 
-def _kwargs(preset: str, dtype: str, **extra: Any) -> tuple[dict[str, Any], Any]:
+def _kwargs(preset: str, dtype: str, full: bool = False, **extra: Any
+            ) -> tuple[dict[str, Any], Any]:
     """Simulate's arguments for a device one byte short of ``none``'s peak at batch 4
     (``none`` fits at batch 1 only; the plans at 4, 8 and 16 checkpoint more and more, 8
-    between 4 and 16 is interpolated), and the ``none`` and ``full`` rows."""
+    between 4 and 16 is interpolated), and the probe: ``none``'s row at 4 (with ``full``,
+    ``full``'s at 8 too; their peak and FLOPs do not depend on the sizes simulated with
+    them)."""
     kwargs: dict[str, Any] = dict(seq_len=SEQ, batch_sizes=SIZES, dtype=dtype, **extra)
-    probe = simulate(_factory(preset), strategies=["none", "full"], device="l4", **kwargs)
+    probe = simulate(_factory(preset), device="l4", **{
+        **kwargs, "strategies": ["none", "full"] if full else ["none"],
+        "batch_sizes": [4, 8] if full else [4]})
     memory = probe.row("none", 4).peak_bytes - 1
     return {**kwargs, "strategies": ["none"], "plan": True,
             "device": DeviceSpec("gpu-test", memory, 1e14, 1e12, 1e12, 1e10),
@@ -45,7 +50,7 @@ def _kwargs(preset: str, dtype: str, **extra: Any) -> tuple[dict[str, Any], Any]
 def case(request: pytest.FixtureRequest) -> tuple[str, dict[str, Any], Any, Any]:
     """``(preset, simulate kwargs, none and full rows, exact result)``."""
     preset, dtype = request.param
-    kwargs, probe = _kwargs(preset, dtype)
+    kwargs, probe = _kwargs(preset, dtype, full=True)
     return preset, kwargs, probe, simulate(_factory(preset), exact=True, **kwargs)
 
 

@@ -125,7 +125,7 @@ def test_a_strategy_registered_here_shows_up_in_remat_compare(halves: type) -> N
     from remat.cli import app
 
     result = CliRunner().invoke(app, ["compare", "--model", "gpt-tiny", "--batch", "2",
-                                      "--repeats", "0", "--json", "-"])
+                                      "--repeats", "0", "--plan-budget", "off", "--json", "-"])
     assert result.exit_code == 0, result.output
     rows = {row["strategy"]: row for row in json.loads(result.stdout)["rows"]}
     assert "halves" in rows and rows["halves"]["grad_passed"] is True

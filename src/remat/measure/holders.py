@@ -33,6 +33,7 @@ import os
 import sys
 import threading
 import warnings
+import weakref
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -168,6 +169,8 @@ def _python_holders(unexplained: set[int], created: set[int],
     tensors = finder.mine({})  # id(tensor) -> tensor, held in Python
     by_tensor: dict[int, int] = {}  # id(tensor) -> storage key
     for obj in finder.mine(gc.get_objects()):
+        if type(obj) in weakref.ProxyTypes:  # holds nothing; isinstance on a dead one raises
+            continue
         if isinstance(obj, Tensor) and not isinstance(obj, nn.Parameter):
             key = _key(obj)
             if key is not None and (key in unexplained or key in created
