@@ -59,7 +59,7 @@ def missing():
 
 
 def test_simulate_tp_takes_the_users_plan(tmp_path: Path) -> None:
-    from remat.cli._user_model import _import_file
+    from remat.cli._user_model import load_attribute
 
     (tmp_path / "plans.py").write_text(PLAN_FILE)
     result = runner.invoke(app, ["simulate", "--model", "llama-tiny", "--seq", "32",
@@ -68,7 +68,7 @@ def test_simulate_tp_takes_the_users_plan(tmp_path: Path) -> None:
                                  "--strategies", "full", "--json", "-"])
     assert result.exit_code == 0, result.output
     (row,) = json.loads(result.stdout)["tensor_parallel"]
-    plan = _import_file(tmp_path / "plans.py", "plans.py:MLP_ONLY", "test").MLP_ONLY
+    plan, _, _ = load_attribute(f"{tmp_path}/plans.py:MLP_ONLY", "test", option="--tp-plan")
     want = tp_rank_bytes("llama-tiny", seq_len=32, batch_size=2, tp=2, strategy="full",
                          dtype="fp32", tp_plan=plan)
     assert (row["param_bytes"], row["activation_bytes"], row["peak_bytes"]) == (

@@ -32,14 +32,10 @@ def load_tp_plan(spec: str, api: str) -> dict[str, Any]:
     """``--tp-plan path/file.py:NAME`` (or ``package.module:NAME``): the dict NAME holds,
     or a function of no arguments returning it (NOTE [ A user's TP plan ] in
     remat/integrations/tp.py). Exits 2 on anything else."""
-    from pathlib import Path
+    from remat.cli._user_model import load_attribute
 
-    from remat.cli._user_model import _import_file, _import_module, _is_file, _split
-
-    target, name = _split(spec, api)
-    module = _import_file(Path(target), spec, api) if _is_file(target) else \
-        _import_module(target, spec, api)
-    plan = getattr(module, name, None)
+    plan, _, _ = load_attribute(spec, api, option="--tp-plan")
+    name = spec.rpartition(":")[2]
     if callable(plan):
         plan = plan()
     if not isinstance(plan, dict):

@@ -114,11 +114,12 @@ def _importable(folder: Path | None) -> Iterator[None]:
             sys.path.remove(entry)
 
 
-def _split(spec: str, api: str) -> tuple[str, str]:
+def _split(spec: str, api: str, option: str) -> tuple[str, str]:
     target, sep, name = spec.rpartition(":")
     if not sep or not target or not name.isidentifier():
-        fail(message(api, f"cannot read --module {spec!r}", {"expected": FORMS},
-                     fix="write e.g. --module my_model.py:build or --module mypkg.models:build"))
+        fail(message(api, f"cannot read {option} {spec!r}", {"expected": FORMS},
+                     fix=f"write e.g. {option} my_model.py:build or {option} "
+                         "mypkg.models:build"))
     return target, name
 
 
@@ -126,16 +127,16 @@ def _is_file(target: str) -> bool:
     return target.endswith(".py") or "/" in target or "\\" in target
 
 
-def _import_file(path: Path, spec: str, api: str) -> ModuleType:
+def _import_file(path: Path, spec: str, api: str, option: str) -> ModuleType:
     if not path.is_file():
-        fail(message(api, f"--module {spec}: no file {str(path)!r}",
+        fail(message(api, f"{option} {spec}: no file {str(path)!r}",
                      {"looked in": str(path.resolve().parent)},
                      fix="pass the path of a .py file (relative to the current directory), "
                          "or package.module:FACTORY for an importable module"))
     name = f"_remat_user_{path.stem}_{abs(hash(str(path.resolve())))}"
     loaded = importlib.util.spec_from_file_location(name, path)
     if loaded is None or loaded.loader is None:
-        fail(message(api, f"--module {spec}: {str(path)!r} cannot be imported as Python",
+        fail(message(api, f"{option} {spec}: {str(path)!r} cannot be imported as Python",
                      fix="pass a .py file"))
     module = importlib.util.module_from_spec(loaded)
     sys.modules[name] = module  # dataclasses and pickling look their module up there
@@ -144,25 +145,40 @@ def _import_file(path: Path, spec: str, api: str) -> ModuleType:
             loaded.loader.exec_module(module)
     except Exception as exc:
         sys.modules.pop(name, None)
-        raised(api, f"--module {spec}: importing {str(path)!r} raised an error", exc,
+        raised(api, f"{option} {spec}: importing {str(path)!r} raised an error", exc,
                 fix=f"fix the error in {path.name} (run python {path} to see it in full)")
     return module
 
 
-def _import_module(target: str, spec: str, api: str) -> ModuleType:
+def _import_module(target: str, spec: str, api: str, option: str) -> ModuleType:
     try:
         return importlib.import_module(target)
     except ModuleNotFoundError as exc:
         if exc.name is not None and (target == exc.name or target.startswith(exc.name + ".")):
-            fail(message(api, f"--module {spec}: no module named {exc.name!r}",
+            fail(message(api, f"{option} {spec}: no module named {exc.name!r}",
                          {"sys.path": ", ".join(p or "." for p in sys.path[:4]) + ", ..."},
                          fix="install the package, put its folder on PYTHONPATH, or pass "
                              "the file's path (path/to/file.py:FACTORY)"))
-        raised(api, f"--module {spec}: importing {target!r} raised an error", exc,
+        raised(api, f"{option} {spec}: importing {target!r} raised an error", exc,
                 fix=f"fix the import in {target}")
     except Exception as exc:
-        raised(api, f"--module {spec}: importing {target!r} raised an error", exc,
+        raised(api, f"{option} {spec}: importing {target!r} raised an error", exc,
                 fix=f"fix the error in {target}")
+
+
+def load_attribute(spec: str, api: str, *, option: str = "--module"
+                   ) -> tuple[Any, ModuleType, Path | None]:
+    """What ``FILE.py:NAME`` or ``package.module:NAME`` names (None where the module has no
+    NAME), the module, and the folder to keep importable while it runs (None for a
+    module). Exits 2, naming ``option``, when the spec is malformed or the file or module
+    does not exist or fails to import."""
+    target, name = _split(spec, api, option)
+    if _is_file(target):
+        path = Path(target)
+        module, folder = _import_file(path, spec, api, option), path.parent
+    else:
+        module, folder = _import_module(target, spec, api, option), None
+    return getattr(module, name, None), module, folder
 
 
 def load_factory(spec: str, api: str) -> tuple[Callable[[], Any], Path | None]:
@@ -172,15 +188,8 @@ def load_factory(spec: str, api: str) -> tuple[Callable[[], Any], Path | None]:
     the spec is malformed, the file or module does not exist or fails to import, or it
     has no callable of that name.
     """
-    target, name = _split(spec, api)
-    folder = None
-    if _is_file(target):
-        path = Path(target)
-        module = _import_file(path, spec, api)
-        folder = path.parent
-    else:
-        module = _import_module(target, spec, api)
-    factory = getattr(module, name, None)
+    factory, module, folder = load_attribute(spec, api)
+    target, name = spec.rpartition(":")[::2]
     if factory is None:
         defined = sorted(n for n, v in vars(module).items()
                          if callable(v) and not n.startswith("_")

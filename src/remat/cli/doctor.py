@@ -22,7 +22,7 @@ from remat.cli._common import (
     write_json,
 )
 from remat.cli._sources import batch_shape, given_flags, given_sources, run_source, shape_label
-from remat.cli._user_model import FORMS, _import_file, _import_module, _is_file, _split, raised
+from remat.cli._user_model import FORMS, load_attribute, raised
 from remat.cli.options import (
     BatchOpt,
     DeviceOpt,
@@ -59,10 +59,8 @@ Exit code: 0 healthy, 1 memory grows or the snapshot ran out of memory, 2 bad in
 
 def _load_step(spec: str) -> Callable[..., Any]:
     """The function ``--train-step FILE.py:NAME`` (or ``module:NAME``) names."""
-    target, name = _split(spec, _API)
-    module = _import_file(Path(target), spec, _API) if _is_file(target) else \
-        _import_module(target, spec, _API)
-    step = getattr(module, name, None)
+    step, _, _ = load_attribute(spec, _API, option="--train-step")
+    target, name = spec.rpartition(":")[::2]
     if not callable(step):
         fail(message(_API, f"--train-step {spec}: {target} has no function {name!r}",
                      {"expected": FORMS},
