@@ -182,6 +182,29 @@ def test_no_import_cycle() -> None:
     assert cycles == [], "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)
 
 
+def _package(module: str) -> str:
+    """``remat.x`` for a module ``remat.x`` or ``remat.x.y`` (``remat`` for the root)."""
+    return ".".join(module.split(".")[:2])
+
+
+def test_no_two_packages_import_each_other() -> None:
+    # Modules may be acyclic while their packages are not (remat.errors importing
+    # remat.core.cost while every remat.core module imports remat.errors): a reader then
+    # cannot learn one package without the other. The vertical slices (SLICES) are spread
+    # over several layers on purpose and are left out.
+    graph = _graph()
+    edges: dict[str, set[str]] = {}
+    for src, targets in graph.items():
+        for target in targets:
+            dst = _resolve(target, graph)
+            a, b = _package(src), _package(dst or "remat")
+            if a != b and "remat" not in (a, b) and not {a, b} & {f"remat.{s}" for s in SLICES}:
+                edges.setdefault(a, set()).add(b)
+    both = sorted(f"{a} <-> {b}" for a in edges for b in edges[a]
+                  if a < b and a in edges.get(b, set()))
+    assert both == [], "packages importing each other:\n" + "\n".join(both)
+
+
 #: Lines past which a module is worth a second look (a warning), and past which it fails.
 #: A module is split by role, never by length: staying under a limit is no reason to cut.
 WARN_LINES, MAX_LINES = 600, 800

@@ -50,9 +50,10 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Iterable, Mapping
 from contextvars import ContextVar
-from typing import ParamSpec, TypeVar
+from typing import TYPE_CHECKING, ParamSpec, TypeVar
 
-from remat.core.cost import Category, StepCost
+if TYPE_CHECKING:  # annotations only: remat.core builds its messages with this module
+    from remat.core.cost import Category, StepCost
 
 __all__ = [
     "BatchRejected",
@@ -175,8 +176,7 @@ class BudgetTooSmall(RematError):
         self.min_peak_bytes = min_peak_bytes
         if breakdown is None and cost is not None:
             breakdown = cost.breakdown
-        self.breakdown: dict[Category, int] = {Category(k): v
-                                               for k, v in (breakdown or {}).items()}
+        self.breakdown: dict[Category, int] = dict(breakdown or {})
         self.cost = cost
 
 

@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from remat.errors import message
+
 
 class Category(str, Enum):
     """What a byte at a step's peak is: the one set of names every breakdown uses.
@@ -77,9 +79,7 @@ def static_bytes(breakdown: Mapping[Category, int]) -> int:
 
 
 def _bad(what: str, value: Any, fix: str) -> ValueError:
-    # remat.errors.message's format (remat.errors imports this module, so it is not
-    # imported here: NOTE [ Error message format ])
-    return ValueError(f"StepCost: {what}\n  found: {value!r}\n  fix: {fix}")
+    return ValueError(message("StepCost", what, {"found": repr(value)}, fix=fix))
 
 
 def _is_int(value: Any) -> bool:
