@@ -80,7 +80,7 @@ def test_percent_budget_and_auto() -> None:
 
 def test_budget_too_small() -> None:
     model, batch, manual = setup()
-    with pytest.raises(BudgetTooSmall, match="Raise the budget") as info:
+    with pytest.raises(BudgetTooSmall, match="fix: raise the budget") as info:
         rj.plan(model, batch, budget=1000)
     assert info.value.budget_bytes == 1000
     assert 1000 < info.value.min_peak_bytes <= manual["full"].peak_bytes

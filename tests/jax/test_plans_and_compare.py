@@ -53,7 +53,7 @@ def test_every_and_sqrt_shapes(n: int, every: int) -> None:
 
 
 def test_plan_validation_errors() -> None:
-    with pytest.raises(ValueError, match="not one of block_names"):
+    with pytest.raises(ValueError, match="which is not a block"):
         rj.Plan(decisions={"blocks.9": "nothing_saveable"}, block_names=("blocks.0",),
                 budget_bytes=1, predicted_peak_bytes=1)
     with pytest.raises(ValueError, match="budget_bytes"):

@@ -193,8 +193,9 @@ def plan_command(
         )
     if compile_ and (simulate or maximize is not None):
         raise typer.BadParameter(
-            "compiled plans are measured for real, one batch size at a time\n"
-            "drop --simulate and --maximize, or drop --compile",
+            message("remat plan", "--compile does not go with --simulate or --maximize",
+                    {"why": "compiled plans are measured for real, one batch size at a time"},
+                    fix="drop --simulate and --maximize, or drop --compile"),
             param_hint="'--compile'",
         )
     if maximize is Maximize.seq_len:

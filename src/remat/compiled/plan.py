@@ -58,7 +58,7 @@ from remat.compiled.install import WHOLE_MODEL
 from remat.core.budget import Budget, BudgetLike
 from remat.core.cost import Category, StepCost
 from remat.devices import DeviceSpec
-from remat.errors import BudgetTooSmall, message
+from remat.errors import BudgetTooSmall, message, names_the_call
 from remat.measure.step import LossFn, Step, model_device
 from remat.planning.context import check_plannable
 from remat.planning.cost import cost_device
@@ -94,6 +94,7 @@ def _ranked(ctx: CompiledContext, ms_per_flop: float) -> list[tuple[float, int, 
     return rows
 
 
+@names_the_call(_API)
 def plan_compiled(
     model: nn.Module,
     batch: Any,

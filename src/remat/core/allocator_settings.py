@@ -279,7 +279,10 @@ class AllocatorSettings:
                 try:
                     return cls.parse(environ[var])
                 except ValueError as error:
-                    raise ValueError(f"{var}={environ[var]!r}: {error}") from None
+                    raise ValueError(message(
+                        f"{_API}.from_env", f"cannot read {var}",
+                        {var: repr(environ[var]), "error": str(error)},
+                        fix=f"fix or unset {var}")) from None
         return cls()
 
     @property

@@ -81,7 +81,7 @@ from dataclasses import dataclass
 
 from remat.core.allocator_blocks import Block, BlockPools, PoolKey, SegmentInfo
 from remat.core.allocator_settings import MIN_BLOCK_BYTES, SMALL_SIZE_BYTES, AllocatorSettings
-from remat.errors import RematError, message
+from remat.errors import RematError, message, one_line
 
 _API = "CachingAllocatorModel"
 _NO_CAPACITY_SPACE = 1 << 46  # an expandable segment's virtual range with no capacity given
@@ -258,7 +258,8 @@ class CachingAllocatorModel(BlockPools):
         try:
             block = self._live.pop(key)
         except KeyError:
-            raise KeyError(f"{_API}.free: {key!r} is not allocated") from None
+            raise KeyError(one_line(message(f"{_API}.free", f"{key!r} is not allocated",
+                                            fix="free only keys that malloc returned"))) from None
         if block is None:
             return
         self.allocated_bytes -= block.size

@@ -45,7 +45,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Generic, Literal, Protocol, TypeVar
 
-from remat.errors import message
+from remat.errors import current_call, message
 
 Term = Literal["forward", "backward"]
 
@@ -136,7 +136,7 @@ def _structure(label: str) -> tuple[int, int | None, Term | None]:
         return i, None, None
     if kind in ("pre", "tail", "optimizer"):
         return 0, None, None
-    raise ValueError(message("remat.plan", f"unknown memory window {label!r}",
+    raise ValueError(message(current_call("remat.plan"), f"unknown memory window {label!r}",
                              fix="please report this with the model and budget"))
 
 

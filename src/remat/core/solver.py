@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from remat.core.peak import PeakModel
-from remat.errors import RematError, RematWarning, message
+from remat.errors import RematError, RematWarning, current_call, message
 from remat.native import silenced
 
 if TYPE_CHECKING:
@@ -131,13 +131,14 @@ def _run(c: np.ndarray, constraints: list[LinearConstraint], integrality: np.nda
         return None
     if result.x is not None:  # NOTE [ Work, not time ]: stopped at the node limit
         warnings.warn(message(
-            "remat.plan", "the solver reached its work limit before proving the plan optimal",
+            current_call("remat.plan"),
+            "the solver reached its work limit before proving the plan optimal",
             {"limit": f"{_NODE_LIMIT} branch-and-bound nodes",
              "so": "the plan fits (the closed loop measured it) but a cheaper one may exist"},
             fix="plan fewer distinct blocks at once (blocks=...), or report the model"),
             RematWarning, stacklevel=2)
         return np.asarray(result.x)
-    raise RematError(message("remat.plan", "the solver stopped without an answer",
+    raise RematError(message(current_call("remat.plan"), "the solver stopped without an answer",
                              {"solver": result.message, "limit": f"{_NODE_LIMIT} nodes"},
                              fix="please report this with the model and budget"))
 
@@ -343,7 +344,7 @@ def min_peak_choice(model: PeakModel, *, exact: bool = False) -> list[int]:
     bounds = Bounds(np.zeros(n + 1), np.concatenate([np.ones(n), [np.inf]]))
     x = _run(c, constraints, integrality, bounds)
     if x is None:  # cannot happen: every choice has some peak
-        raise RematError(message("remat.plan", "no candidate choice at all",
+        raise RematError(message(current_call("remat.plan"), "no candidate choice at all",
                                  fix="please report this with the model and budget"))
     choice = _decode(x, offsets)
     cheapest = solve(model, model.predict(choice), exact=exact)

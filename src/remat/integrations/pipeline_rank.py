@@ -75,7 +75,7 @@ import torch
 from torch import nn
 
 from remat.core.budget import Budget, BudgetLike, parse_budget
-from remat.errors import BudgetTooSmall, message
+from remat.errors import BudgetTooSmall, message, names_the_call
 from remat.measure.step import LossFn, StageLoss, batch_tensors, clear_grads, forward_held
 from remat.measure.tracked_step import held_gc
 from remat.measure.tracker import MemoryTracker
@@ -321,6 +321,7 @@ def _pareto(chunk: nn.Module, micro_batch: Any, loss_fn: LossFn, in_flight: int,
     return list(out.values())
 
 
+@names_the_call(API)
 def plan_rank(chunks: Sequence[nn.Module], micro_batches: Sequence[Any], *,
               budget: BudgetLike | Budget, schedule: str, rank: int, stages: int,
               microbatches: int, virtual_stages: int, loss_fn: LossFn | None = None,

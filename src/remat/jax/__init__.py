@@ -20,10 +20,11 @@ try:
     import flax.nnx  # noqa: F401
     import jax  # noqa: F401
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
-    raise ImportError(
-        f"remat.jax needs jax and flax, which are not installed ({exc}). "
-        "Install them with: pip install 'remat[jax]'"
-    ) from exc
+    from remat.errors import message
+
+    raise ImportError(message("remat.jax", "needs jax and flax, which are not installed",
+                              {"error": str(exc)},
+                              fix="pip install 'remat[jax]'")) from exc
 
 from remat.jax.analysis import StepAnalysis, analyze_step, compiler_options
 from remat.jax.blocks import find_blocks

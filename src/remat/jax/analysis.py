@@ -152,7 +152,9 @@ class StepAnalysis:
         for key in ("argument_bytes", "output_bytes", "temp_bytes", "alias_bytes",
                     "host_temp_bytes", "flops"):
             if getattr(self, key) < 0:
-                raise ValueError(f"StepAnalysis: {key} must be >= 0, got {getattr(self, key)}")
+                raise ValueError(message("StepAnalysis", f"{key} must be >= 0",
+                                         {key: getattr(self, key)},
+                                         fix="pass bytes and FLOPs as non-negative ints"))
 
     @property
     def peak_bytes(self) -> int:

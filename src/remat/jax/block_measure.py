@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from remat.errors import current_call, message
 from remat.jax.analysis import LossFn, analyze_fns, shape_key
 from remat.jax.strategies import capture_block_inputs
 
@@ -168,8 +169,9 @@ def block_inputs(model: nnx.Module, batch: Any, paths: Sequence[str], loss_fn: L
     found = capture_block_inputs(model, paths, trace)
     missing = [p for p in paths if p not in found]
     if missing:
-        raise ValueError(f"remat.jax: blocks {missing} were never called by loss_fn(model, "
-                         "batch); pass blocks= naming the modules the forward calls")
+        raise ValueError(message(current_call("remat.jax.plan"),
+                                 f"blocks {missing} were never called by loss_fn(model, batch)",
+                                 fix="pass blocks= naming the modules the forward calls"))
     return found
 
 

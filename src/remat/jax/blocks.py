@@ -18,7 +18,7 @@ from typing import Any, TypeAlias
 import jax
 from flax import nnx
 
-from remat.errors import BlocksNotFound
+from remat.errors import BlocksNotFound, current_call, message
 
 BlocksSpec: TypeAlias = (
     type[nnx.Module] | Sequence[str] | Callable[[str, nnx.Module], bool] | None
@@ -70,12 +70,11 @@ def _auto(model: nnx.Module) -> list[tuple[str, nnx.Module]]:
         if best is None or size > best[0]:
             best = (size, depth, named)
     if best is None:
-        raise BlocksNotFound(
-            f"remat.jax: no repeated blocks found in {type(model).__name__} (searched "
-            f"list containers: {', '.join(searched) or 'none'}). Keep the blocks in an "
-            "nnx.List of one module class, or pass blocks=BlockClass, blocks=['blocks.0', ...] "
-            "or blocks=lambda path, module: ..."
-        )
+        raise BlocksNotFound(message(
+            current_call("remat.jax.apply"), f"no repeated blocks found in {type(model).__name__}",
+            {"searched list containers": ", ".join(searched) or "none"},
+            fix="keep the blocks in an nnx.List of one module class, or pass blocks=BlockClass, "
+                "blocks=['blocks.0', ...] or blocks=lambda path, module: ..."))
     return best[2]
 
 
@@ -90,7 +89,10 @@ def named_blocks(model: nnx.Module, blocks: BlocksSpec = None) -> list[tuple[str
         BlocksNotFound: nothing matched; the message lists what was searched.
     """
     if not isinstance(model, nnx.Module):
-        raise TypeError(f"remat.jax: model must be a flax.nnx.Module, got {type(model).__name__}")
+        raise TypeError(message(current_call("remat.jax.apply"),
+                                "the model must be a flax.nnx.Module",
+                                {"found": type(model).__name__},
+                                fix="pass a Flax NNX module (flax.nnx.Module)"))
     if blocks is None:
         return _auto(model)
     modules = [(p, m) for p, m in _modules(model) if p]
@@ -106,14 +108,18 @@ def named_blocks(model: nnx.Module, blocks: BlocksSpec = None) -> list[tuple[str
         by_path = dict(modules)
         missing = [w for w in wanted if w not in by_path]
         if missing:
-            raise BlocksNotFound(
-                f"remat.jax: blocks {missing} are not modules of {type(model).__name__}; "
-                f"modules include: {', '.join(p for p, _ in modules[:8])}"
-            )
+            raise BlocksNotFound(message(
+                current_call("remat.jax.apply"),
+                f"blocks {missing} are not modules of {type(model).__name__}",
+                {"modules include": ", ".join(p for p, _ in modules[:8])},
+                fix="name modules by their paths"))
         found = [(w, by_path[w]) for w in wanted]
     if not found:
-        raise BlocksNotFound(f"remat.jax: blocks={blocks!r} matched no module of "
-                             f"{type(model).__name__}")
+        raise BlocksNotFound(message(current_call("remat.jax.apply"),
+                                     f"blocks={blocks!r} matched no module of "
+                                     f"{type(model).__name__}",
+                                     fix="pass a class, paths or a predicate that matches "
+                                         "the repeated modules"))
     return found
 
 

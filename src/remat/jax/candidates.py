@@ -62,6 +62,7 @@ from typing import Any, Literal
 import jax
 from flax import nnx
 
+from remat.errors import current_call, message
 from remat.jax.analysis import (
     LossFn,
     analyze_step,
@@ -114,8 +115,10 @@ class JaxCandidate:
         for key in ("saved_bytes", "backward_peak_bytes", "recompute_flops",
                     "forward_peak_bytes"):
             if getattr(self, key) < 0:
-                raise ValueError(f"JaxCandidate({self.label()}): {key} must be >= 0, "
-                                 f"got {getattr(self, key)}")
+                raise ValueError(message(f"JaxCandidate({self.label()})",
+                                         f"{key} must be >= 0",
+                                         {key: getattr(self, key)},
+                                         fix="pass bytes and FLOPs as non-negative ints"))
 
     @property
     def recompute_ms(self) -> float:
@@ -156,8 +159,9 @@ def candidate_tables(model: nnx.Module, batch: Any, *, loss_fn: LossFn | None = 
         ['none', 'nothing_saveable']
     """
     if measure not in MEASURES:
-        raise ValueError(f"remat.jax.plan: measure must be one of {', '.join(MEASURES)}, "
-                         f"got {measure!r}")
+        raise ValueError(message(current_call("remat.jax.plan"), f"unknown measure {measure!r}",
+                                 {"measures": ", ".join(MEASURES)},
+                                 fix="pass one of the measures"))
     fn = default_loss if loss_fn is None else loss_fn
     named = named_blocks(model, blocks)
     paths = [p for p, _ in named]

@@ -20,6 +20,7 @@ from flax import nnx
 
 from remat.core.budget import BudgetLike
 from remat.core.rows import ComparisonResult, StrategyRow
+from remat.errors import message
 from remat.jax.analysis import LossFn, compile_fn, default_loss, step_fn
 from remat.jax.blocks import BlocksSpec
 from remat.jax.measure import profile
@@ -28,6 +29,8 @@ from remat.jax.planner import plan
 from remat.jax.policies import strategy_policies
 from remat.jax.strategies import apply, remove
 from remat.jax.validate import validate
+
+_API = "remat.jax.compare"
 
 #: What ``remat compare --framework jax`` runs by default, baseline first.
 DEFAULT_STRATEGIES: tuple[str, ...] = (
@@ -93,10 +96,12 @@ def compare(preset_or_model: str | nnx.Module = "gpt-small", batch: Any = None,
         True
     """
     if repeats < 0:
-        raise ValueError(f"remat.jax.compare: repeats must be >= 0, got {repeats}")
+        raise ValueError(message(_API, "repeats must be >= 0", {"repeats": repeats},
+                                 fix="pass repeats=0 (no timing) or more"))
     names = [s.strip() for s in strategies]
     if len(set(names)) != len(names):
-        raise ValueError(f"remat.jax.compare: duplicate strategies in {names}")
+        raise ValueError(message(_API, "duplicate strategies", {"strategies": names},
+                                 fix="name each strategy once"))
     if "none" not in names:
         names.insert(0, "none")
     else:
@@ -107,8 +112,10 @@ def compare(preset_or_model: str | nnx.Module = "gpt-small", batch: Any = None,
     model = build_model(preset_or_model) if isinstance(preset_or_model, str) else preset_or_model
     if batch is None:
         if not isinstance(preset_or_model, str):
-            raise ValueError("remat.jax.compare: pass batch= with a model (only a preset name "
-                             "has a default batch)")
+            raise ValueError(message(_API, "a model needs a batch",
+                                     {"model": type(preset_or_model).__name__,
+                                      "why": "only a preset name has a default batch"},
+                                     fix="pass batch="))
         batch = make_batch(preset_or_model, batch_size, seq_len)
     fn = default_loss if loss_fn is None else loss_fn
     total = len(names)

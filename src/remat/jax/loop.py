@@ -58,7 +58,7 @@ from remat.core.cost import StepCost
 from remat.core.loop import close_loop
 from remat.core.peak import PeakModel, Window
 from remat.core.solver import min_peak_choice
-from remat.errors import BudgetTooSmall
+from remat.errors import BudgetTooSmall, current_call, message
 from remat.jax.analysis import LossFn, StepAnalysis, analyze_steps
 from remat.jax.candidates import JaxCandidate
 from remat.jax.measure import state_bytes, tree_bytes
@@ -238,14 +238,16 @@ class Search:
                         param_bytes=param_bytes, buffer_bytes=buffer_bytes,
                         grad_bytes=param_bytes, batch_bytes=batch_bytes, flops=a.flops,
                         recompute_flops=min(a.flops, max(0, a.flops - self.base.flops)))
-        return BudgetTooSmall(
-            f"remat.jax.plan: budget {format_bytes(self.budget_bytes)} is below the lowest "
-            f"peak any compiled plan reaches, {format_bytes(a.peak_bytes)} "
-            f"({label(low.policies)}; arguments {format_bytes(a.argument_bytes)}, "
-            f"outputs {format_bytes(a.output_bytes)}, temporaries "
-            f"{format_bytes(a.temp_bytes)}; no checkpointing: "
-            f"{format_bytes(self.base.peak_bytes)}). Raise the budget to at least "
-            f"{format_bytes(a.peak_bytes)}, or shrink the batch.",
+        return BudgetTooSmall(message(
+            current_call("remat.jax.plan"),
+            f"no compiled plan fits a budget of {format_bytes(self.budget_bytes)}",
+            {"lowest peak": f"{format_bytes(a.peak_bytes)} ({label(low.policies)})",
+             "at that peak": f"arguments {format_bytes(a.argument_bytes)}, outputs "
+                             f"{format_bytes(a.output_bytes)}, temporaries "
+                             f"{format_bytes(a.temp_bytes)}",
+             "no checkpointing": format_bytes(self.base.peak_bytes)},
+            fix=f"raise the budget to at least {format_bytes(a.peak_bytes)}, or shrink the "
+                "batch"),
             budget_bytes=self.budget_bytes, min_peak_bytes=a.peak_bytes, cost=cost,
         )
 

@@ -17,6 +17,7 @@ from flax import nnx
 
 from remat.core.cost import StepCost
 from remat.core.results import BlockProfile, Profile
+from remat.errors import message
 from remat.jax.analysis import (
     LossFn,
     analyze_step,
@@ -83,7 +84,9 @@ def profile(model: nnx.Module, batch: Any, *, loss_fn: LossFn | None = None,
         True
     """
     if not isinstance(model, nnx.Module):
-        raise TypeError(f"{_API}: model must be a flax.nnx.Module, got {type(model).__name__}")
+        raise TypeError(message(_API, "the model must be a flax.nnx.Module",
+                                {"found": type(model).__name__},
+                                fix="pass a Flax NNX module (flax.nnx.Module)"))
     fn = default_loss if loss_fn is None else loss_fn
     graphdef, state = nnx.split(model)
     plain = remove(nnx.merge(graphdef, state))

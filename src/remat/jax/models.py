@@ -18,6 +18,8 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
+from remat.errors import current_call, message
+
 #: Names the preset tags with ``checkpoint_name``, in forward order within a block.
 TAGGED_NAMES: tuple[str, ...] = ("qkv", "attn_probs", "attn_out", "mlp_up", "mlp_act")
 
@@ -48,10 +50,12 @@ class GPTConfig:
         for key in ("vocab_size", "n_layer", "n_head", "d_model", "max_seq_len"):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"GPTConfig: {key} must be an int >= 1, got {value!r}")
+                raise ValueError(message("GPTConfig", f"{key} must be an int >= 1",
+                                         {key: repr(value)}, fix=f"pass {key} as an int >= 1"))
         if self.d_model % self.n_head:
-            raise ValueError(f"GPTConfig: d_model={self.d_model} is not divisible by "
-                             f"n_head={self.n_head}; pick n_head dividing d_model")
+            raise ValueError(message("GPTConfig", "d_model is not divisible by n_head",
+                                     {"d_model": self.d_model, "n_head": self.n_head},
+                                     fix="pick n_head dividing d_model"))
 
 
 #: Built-in configurations; the same shapes as the PyTorch presets of the same name.
@@ -137,8 +141,9 @@ def _config(source: GPT | GPTConfig | str) -> GPTConfig:
     if isinstance(source, GPTConfig):
         return source
     if source not in PRESETS:
-        raise ValueError(f"remat.jax.build_model: unknown preset {source!r}; "
-                         f"presets: {', '.join(PRESETS)}")
+        raise ValueError(message(current_call("remat.jax.build_model"),
+                                 f"unknown preset {source!r}", {"presets": ", ".join(PRESETS)},
+                                 fix="pass one of the presets or a GPTConfig"))
     return PRESETS[source]
 
 
@@ -176,8 +181,11 @@ def make_batch(source: GPT | GPTConfig | str, batch_size: int, seq_len: int | No
     cfg = _config(source)
     seq = cfg.max_seq_len if seq_len is None else seq_len
     if batch_size < 1 or not 2 <= seq <= cfg.max_seq_len:
-        raise ValueError(f"remat.jax.make_batch: need batch_size >= 1 and 2 <= seq_len <= "
-                         f"{cfg.max_seq_len}, got batch_size={batch_size}, seq_len={seq}")
+        raise ValueError(message(current_call("remat.jax.make_batch"),
+                                 "batch_size or seq_len out of range",
+                                 {"batch_size": batch_size, "seq_len": seq,
+                                  "max_seq_len": cfg.max_seq_len},
+                                 fix=f"pass batch_size >= 1 and 2 <= seq_len <= {cfg.max_seq_len}"))
     ids = jax.random.randint(jax.random.key(seed), (batch_size, seq), 0, cfg.vocab_size,
                              dtype=jnp.int32)
     return {"input_ids": ids, "labels": ids}

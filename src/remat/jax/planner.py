@@ -14,6 +14,7 @@ from flax import nnx
 
 from remat.core.budget import BudgetLike, parse_budget
 from remat.core.cost import static_bytes
+from remat.errors import names_the_call
 from remat.jax.analysis import LossFn, analyze_step, default_loss, prefetch_step
 from remat.jax.blocks import BlocksSpec, named_blocks
 from remat.jax.candidates import Measure, candidate_tables
@@ -25,6 +26,7 @@ from remat.jax.policies import Policy
 from remat.jax.strategies import apply, current_policies, remove
 
 
+@names_the_call("remat.jax.plan")
 def plan(model: nnx.Module, batch: Any, *, budget: BudgetLike, loss_fn: LossFn | None = None,
          blocks: BlocksSpec = None, policies: Sequence[str | Policy] = (),
          max_rounds: int = 6, measure: Measure = "block") -> Plan:

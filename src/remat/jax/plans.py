@@ -18,6 +18,7 @@ from typing import Any
 
 from remat.core.checks import check_int, decisions_label, opt_int
 from remat.core.plan_file import envelope, load_json, read_envelope
+from remat.errors import message, one_line
 from remat.jax.policies import Policy, parse_policy
 from remat.units import format_bytes
 
@@ -68,15 +69,20 @@ class Plan:
         names = tuple(self.block_names)
         object.__setattr__(self, "block_names", names)
         if len(set(names)) != len(names):
-            raise ValueError(f"remat.jax.Plan: block_names has duplicates: {sorted(names)}")
+            raise ValueError(message("remat.jax.Plan", "block_names has duplicates",
+                                     {"block_names": sorted(names)},
+                                     fix="name each block once"))
         if self.framework != _FRAMEWORK:
-            raise ValueError(f"remat.jax.Plan: framework must be 'jax', got {self.framework!r}")
+            raise ValueError(message("remat.jax.Plan", "framework must be 'jax'",
+                                     {"framework": repr(self.framework)},
+                                     fix="load a PyTorch plan with remat.Plan.load"))
         decisions: dict[str, Policy] = {}
         for name, policy in dict(self.decisions).items():
             if name not in names:
-                raise ValueError(f"remat.jax.Plan: decision for {name!r}, which is not one of "
-                                 f"block_names ({', '.join(names[:4])}"
-                                 f"{' ...' if len(names) > 4 else ''})")
+                raise ValueError(message(
+                    "remat.jax.Plan", f"a decision for {name!r}, which is not a block",
+                    {"block_names": ", ".join(names[:4]) + (" ..." if len(names) > 4 else "")},
+                    fix="decide only for block_names"))
             p = parse_policy(policy)
             if not p.is_none:
                 decisions[name] = p
@@ -98,8 +104,9 @@ class Plan:
     def decision(self, name: str) -> Policy:
         """The policy of block ``name`` (``none`` when the plan leaves it alone)."""
         if name not in self.block_names:
-            raise KeyError(f"remat.jax.Plan.decision: no block {name!r}; blocks: "
-                           f"{', '.join(self.block_names[:6])}")
+            raise KeyError(one_line(message("remat.jax.Plan.decision", f"no block {name!r}",
+                                            {"blocks": ", ".join(self.block_names[:6])},
+                                            fix="pass one of the plan's block_names")))
         return self.decisions.get(name, Policy("none"))
 
     @property
@@ -177,8 +184,9 @@ class Plan:
                 backend=str(data.get("backend", "cpu")),
             )
         except (KeyError, TypeError) as exc:
-            raise ValueError(f"remat.jax.Plan.from_json: malformed plan "
-                             f"({type(exc).__name__}: {exc})") from None
+            raise ValueError(message("remat.jax.Plan.from_json", "malformed plan",
+                                     {"error": f"{type(exc).__name__}: {exc}"},
+                                     fix="load a file written by Plan.save")) from None
 
     @classmethod
     def from_json(cls, text: str) -> Plan:

@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 import jax
 
-from remat.errors import StrategyError
+from remat.errors import StrategyError, current_call, message
 
 PolicyKind = Literal["none", "nothing_saveable", "dots_saveable",
                      "dots_with_no_batch_dims_saveable", "save_only_these_names", "offload"]
@@ -57,15 +57,20 @@ class Policy:
 
     def __post_init__(self) -> None:
         if self.kind not in POLICIES:
-            raise StrategyError(f"remat.jax: unknown policy {self.kind!r}; policies: "
-                                f"{', '.join(POLICIES)}")
+            raise StrategyError(message(current_call("remat.jax.apply"),
+                                        f"unknown policy {self.kind!r}",
+                                        {"policies": ", ".join(POLICIES)},
+                                        fix="pass one of the policies"))
         object.__setattr__(self, "names", tuple(sorted(set(self.names))))
         if self.kind in _NAMED and not self.names:
-            raise StrategyError(f"remat.jax: policy {self.kind!r} needs names, e.g. "
-                                f"'{self.kind}:qkv,mlp_up'")
+            raise StrategyError(message(current_call("remat.jax.apply"),
+                                        f"policy {self.kind!r} needs names",
+                                        fix=f"name the tensors, e.g. '{self.kind}:qkv,mlp_up'"))
         if self.kind not in _NAMED and self.names:
-            raise StrategyError(f"remat.jax: policy {self.kind!r} takes no names, got "
-                                f"{list(self.names)}")
+            raise StrategyError(message(current_call("remat.jax.apply"),
+                                        f"policy {self.kind!r} takes no names",
+                                        {"names": list(self.names)},
+                                        fix=f"write {self.kind!r} alone"))
 
     @property
     def is_none(self) -> bool:
@@ -105,14 +110,17 @@ def parse_policy(text: str | Policy) -> Policy:
     if isinstance(text, Policy):
         return text
     if not isinstance(text, str):
-        raise StrategyError(f"remat.jax: a policy is a string or Policy, got "
-                            f"{type(text).__name__}")
+        raise StrategyError(message(current_call("remat.jax.apply"),
+                                    "a policy is a string or a Policy",
+                                    {"found": type(text).__name__},
+                                    fix="pass a policy name such as 'dots_saveable'"))
     kind, sep, rest = text.strip().partition(":")
     kind = {"full": "nothing_saveable", "names": "save_only_these_names"}.get(kind, kind)
     names = tuple(n.strip() for n in rest.split(",") if n.strip()) if sep else ()
     if kind not in POLICIES:
-        raise StrategyError(f"remat.jax: unknown policy {text!r}; policies: "
-                            f"{', '.join(POLICIES)} (and 'full')")
+        raise StrategyError(message(current_call("remat.jax.apply"), f"unknown policy {text!r}",
+                                    {"policies": ", ".join(POLICIES) + " (and 'full')"},
+                                    fix="pass one of the policies"))
     return Policy(kind, names)  # type: ignore[arg-type]
 
 
@@ -127,15 +135,19 @@ def strategy_policies(strategy: str, num_blocks: int) -> list[Policy]:
         ['nothing_saveable', 'none', 'nothing_saveable']
     """
     if not isinstance(strategy, str):
-        raise StrategyError(f"remat.jax.apply: strategy must be a string, Plan or mapping, got "
-                            f"{type(strategy).__name__}")
+        raise StrategyError(message(current_call("remat.jax.apply"),
+                                    "a strategy is a string, a Plan or a mapping",
+                                    {"found": type(strategy).__name__},
+                                    fix=f"pass one of {', '.join(STRATEGIES)}, or a Plan"))
     text = strategy.strip()
     full = Policy("nothing_saveable")
     if text == "every" or text.startswith("every:"):
         _, _, count = text.partition(":")
         if not count.strip().isdigit() or int(count) < 1:
-            raise StrategyError(f"remat.jax.apply: cannot read {strategy!r}; write every:N "
-                                "with an integer N >= 1, e.g. every:2 checkpoints blocks 0, 2, ...")
+            raise StrategyError(message(current_call("remat.jax.apply"),
+                                        f"cannot read {strategy!r}",
+                                        fix="write every:N with an integer N >= 1, e.g. every:2 "
+                                            "checkpoints blocks 0, 2, ..."))
         n = int(count)
         return [full if i % n == 0 else NONE for i in range(num_blocks)]
     if text == "sqrt":
@@ -147,7 +159,9 @@ def strategy_policies(strategy: str, num_blocks: int) -> list[Policy]:
     try:
         policy = parse_policy(text)
     except StrategyError:
-        raise StrategyError(f"remat.jax.apply: unknown strategy {strategy!r}; strategies: "
-                            f"{', '.join(STRATEGIES)}") from None
+        raise StrategyError(message(current_call("remat.jax.apply"),
+                                    f"unknown strategy {strategy!r}",
+                                    {"strategies": ", ".join(STRATEGIES)},
+                                    fix="pass one of the strategies")) from None
     return [policy] * num_blocks
 

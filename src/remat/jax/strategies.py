@@ -25,7 +25,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from remat.errors import StrategyError
+from remat.errors import StrategyError, current_call, message
 from remat.jax.blocks import BlocksSpec, named_blocks
 from remat.jax.plans import Plan
 from remat.jax.policies import (
@@ -123,8 +123,10 @@ def block_policies(model: nnx.Module, strategy: StrategyLike, *,
     if isinstance(strategy, Mapping):
         unknown = sorted(set(strategy) - set(paths))
         if unknown:
-            raise StrategyError(f"remat.jax.apply: {unknown} are not blocks; blocks: "
-                                f"{', '.join(paths[:6])}{' ...' if len(paths) > 6 else ''}")
+            raise StrategyError(message(
+                current_call("remat.jax.apply"), f"{unknown} are not blocks",
+                {"blocks": ", ".join(paths[:6]) + (" ..." if len(paths) > 6 else "")},
+                fix="key the mapping by block paths"))
         return {p: parse_policy(strategy.get(p, NONE)) for p in paths}
     return dict(zip(paths, strategy_policies(strategy, len(paths)), strict=True))
 
@@ -134,10 +136,10 @@ def _check_offload(policies: Mapping[str, Policy]) -> None:
         return
     kinds = {m.kind for m in jax.devices()[0].addressable_memories()}
     if "pinned_host" not in kinds:
-        raise StrategyError(
-            f"remat.jax.apply: offload needs a backend with pinned_host memory; "
-            f"{jax.devices()[0].platform} has {sorted(kinds)}. Use save_only_these_names instead."
-        )
+        raise StrategyError(message(
+            current_call("remat.jax.apply"), "offload needs a backend with pinned_host memory",
+            {"backend": jax.devices()[0].platform, "memories": sorted(kinds)},
+            fix="use save_only_these_names instead"))
 
 
 def apply(model: M, strategy: StrategyLike, *, blocks: BlocksSpec = None) -> M:

@@ -24,7 +24,7 @@ from remat.blocks import BlocksSpec
 from remat.core.budget import Budget, BudgetLike
 from remat.core.cost import Category
 from remat.devices import DeviceSpec
-from remat.errors import BudgetTooSmall, message
+from remat.errors import BudgetTooSmall, message, names_the_call
 from remat.measure.profile import profile_step
 from remat.measure.step import LossFn, Step, batch_tensors
 from remat.planning.card import card_of, reserved_on_card
@@ -242,6 +242,7 @@ def _nothing_fits(result: SeqLenResult, smallest: tuple[int, dict[Category, int]
         budget_bytes=result.budget_bytes, min_peak_bytes=smallest[0], breakdown=smallest[1])
 
 
+@names_the_call(_API)
 def plan_seq_len(
     model: nn.Module,
     make_batch: Callable[[int, int], Any],
