@@ -58,3 +58,22 @@ def test_every_reference_names_a_defined_note() -> None:
                 if title not in definitions}
     assert not dangling, f"references to notes nobody defines: {dangling}"
     assert sum(map(len, references.values())) > 100
+
+
+PLACED = re.compile(r"(?i:note) \[ ([^\]]+?) \],? in (?:``)?([\w./]+\.(?:py|md))")
+
+
+def test_a_reference_that_names_a_file_names_the_definitions_file() -> None:
+    # "NOTE [ X ] in planning/loop.py" sends the reader to a file: it must be the one
+    # that defines X (a suffix of its path), not a file the note has moved out of.
+    definitions, _ = _notes()
+    wrong: list[str] = []
+    for path in _files():
+        text = LINE_BREAK.sub(" ", path.read_text())
+        for match in PLACED.finditer(text):
+            title, named = " ".join(match.group(1).split()), match.group(2)
+            places = [p.split(":")[0] for p in definitions.get(title, [])]
+            if places and not any(p.endswith(named) for p in places):
+                wrong.append(f"{path.relative_to(ROOT)}: NOTE [ {title} ] in {named}, "
+                             f"defined in {places[0]}")
+    assert wrong == [], "references naming the wrong file:\n" + "\n".join(sorted(set(wrong)))

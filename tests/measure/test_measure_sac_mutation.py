@@ -1,6 +1,6 @@
 """A saved op output that the forward later mutates in place is recomputed.
 
-See NOTE [ Saved outputs mutated in place ] in remat/strategies/ops.py.
+See NOTE [ Saved outputs mutated in place ] in remat/strategies/sac.py.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ importing a submodule loads only what that submodule needs. By role:
 
 The package is a vertical slice of the layers (docs/architecture.md, tests/test_layers.py):
 ``remat.profile`` measures compiled models, ``remat.apply`` compiles a plan's blocks and
-``remat.plan`` plans compiled steps, so each module sits in the layer of what it builds on
+``remat.plan_compiled`` plans compiled steps, so each module sits in the layer of what it builds on
 (graphs to simulate: measure; install: strategies; candidates and plan: planning) and no
 import goes up a layer.
 """

@@ -14,7 +14,7 @@ NOTE [ Compiled candidates ]
     bytes alive at its start. The step's peak minus those static bytes and minus
     every block's saved bytes is the candidate's transient: what the backward of
     one block adds on top of everything saved (see NOTE [ Predicting a compiled
-    mixture ] in compiled_plan.py).
+    mixture ] in plan.py).
 
     Identical blocks at the same candidate share one backend (NOTE [ One backend
     per kind of block ]), and the context keeps the backends, so planning another
@@ -87,7 +87,7 @@ class CompiledContext:
         backends: compiled backends reused across measurements.
         measured: peaks of assignments measured so far (tuple of candidate indices).
         whole_budgets: compiler budgets at which compiling the whole model is also a
-            plan, tried in this order (NOTE [ Whole-model options ] in compiled_plan.py).
+            plan, tried in this order (NOTE [ Whole-model options ] in plan.py).
         whole: those whole-model steps measured so far, by budget.
     """
 
@@ -142,7 +142,7 @@ def measure_assignment(step: Step, names: Sequence[str],
 def measure_whole(step: Step, names: Sequence[str], budget: float) -> CompiledMeasurement:
     """One compiled step of the whole model compiled at ``budget``, no remat on any block
     (the compiler's own setting, a plan of its own: NOTE [ Whole-model options ] in
-    compiled_plan.py). The model is left as it was."""
+    plan.py). The model is left as it was."""
     decisions = {n: DEFAULT_COMPILED_CANDIDATES[0].decision for n in names}
     # Room for every candidate's and whole-model compile's entry of Module._call_impl.
     return _measure(step, decisions, {WHOLE_MODEL: budget}, {}, 64)

@@ -79,9 +79,9 @@ NOTE [ What the simulation does not see ]
       runs under the tracker like the measured step, so code branching on known values
       (NOTE [ Data-dependent branches under fake tensors ] in shadow.py) gives each
       region the inputs the measured step gives it. Without that, Hugging Face decoder
-      layers compiled per block were captured with a 4-D attention mask (transformers'
-      packed-sequence check on fake position ids) and then run with ``None``: +7.2% on
-      benchmarks/compile.py's hf-llama at budget 1.0, an AOTAutograd failure at 0.75.
+      layers compiled per block would be captured with a 4-D attention mask
+      (transformers' packed-sequence check on fake position ids) and then run with
+      ``None``: a region measured for inputs it never gets, or an AOTAutograd failure.
     Measured against real compiled runs in benchmarks/compile_sim.py
     (benchmarks/RESULTS_compile.md).
 """

@@ -23,8 +23,8 @@ NOTE [ JAX candidates ]
     dropped. ``tests/jax/test_candidates.py`` compares the two paths.
 
 NOTE [ Block chain ]
-    Compiling the whole step per candidate costs a whole-step compile each (57 s
-    for the gpt-small preset's 8 candidates). The blocks of a stack are
+    Compiling the whole step per candidate costs a whole-step compile each. The
+    blocks of a stack are
     identical, so a candidate's effect is measured on the block alone:
     ``x -> B_p(x) -> B(.) -> B(.)``, forward and backward (``jax.vjp``, the
     output cotangent an argument), where ``B_p`` runs under the candidate

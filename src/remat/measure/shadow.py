@@ -8,9 +8,8 @@ NOTE [ Data-dependent branches under fake tensors ]
     takes on real tensors (``find_packed_sequence_indices`` returns the packed
     mask instead of ``None`` after ``(mask[:, -1] == 0).all()``; SDPA gets a
     materialized mask instead of ``is_causal=True``, and GQA models then repeat
-    K/V into contiguous copies). On a rotary decoder that is 4-12 KB per step,
-    2.4-3.5% of a tiny model's peak, counted in the simulation and never
-    allocated for real.
+    K/V into contiguous copies): bytes the simulation would count and the real
+    step never allocates.
 
     The values those branches read are small integer tensors derived from the
     batch (ids, positions, masks), from factory ops (``arange``) and from

@@ -60,8 +60,8 @@ NOTE [ Gradient accumulation in place ]
     after. So the tracked step holds one more buffer for an instant than the real step
     ever does: invisible on most models (the buffers are small next to the peak), but
     a scan that slices one tensor per time step (Mamba's reference path: one
-    full-size ``select_backward`` gradient per step, summed) peaked a whole buffer
-    (5.6% on a tiny Jamba) above the allocator. The tracker therefore recognises the
+    full-size ``select_backward`` gradient per step, summed) would peak a whole buffer
+    above the allocator. The tracker therefore recognises the
     engine's sums (``aten.add.Tensor`` of two same-shaped, same-dtype tensors called
     straight from ``torch.autograd.graph._engine_run_backward``, not from a Python
     ``backward``) and defers the op's peak update to the next event: if an input

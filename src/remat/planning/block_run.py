@@ -90,8 +90,8 @@ def apply_parts(model: nn.Module, name: str, parts: Sequence[Part],
 #   block's backward is to come, the step holds ``8 s`` bytes more than the peak model
 #   (one tensor however many blocks hold it: not additive, so not modelled; the closed
 #   loop's measurement of the plan sees it). Measuring with the output alive and the input
-#   pre-existing instead under-predicted every bf16 window by one
-#   hidden state per checkpointed block before it.
+#   pre-existing instead would under-predict every bf16 window by one hidden state per
+#   checkpointed block before it.
 
 
 def _swap(value: Any, old: Tensor, new: Tensor) -> Any:

@@ -4,9 +4,9 @@ For every distinct kind of block (same class, parameter shapes and input shapes)
 one representative is run on its own, on fake tensors, once per candidate
 decision: its forward and backward are tracked by
 :class:`~remat.measure.tracker.MemoryTracker` and cut into windows (see NOTE
-[ Memory windows ] in ``_sim.py``). Blocks of the same kind reuse the
-representative's numbers; the closed loop in ``planner.py`` checks the result on
-the whole model.
+[ Memory windows ] in measure/windows.py). Blocks of the same kind reuse the
+representative's numbers; the closed loop (``loop.py``) checks the result on the
+whole model.
 
 NOTE [ Candidate decisions ]
     1. ``none`` (keep everything) and ``full`` (checkpoint the block).
@@ -226,12 +226,10 @@ def _offload_exposed_ms(run: BlockRun, kept: BlockRun, device: DeviceSpec, *,
         copies a block's saved tensors out on a side stream while the block's forward
         kernels run, and waits for them at the block's end: what the forward kernels do
         not cover is exposed. It copies them back at the block's first unpack in
-        backward, with the compute stream waiting: all exposed. On an H100
-        (``benchmarks/gpu.py``, llama-1b, every block offloaded; benchmarks/gpu_h100.json)
-        the step took 1194 ms more than ``none`` for 1242 ms of copies at the link it
-        measured, and this model predicted 950 ms at the spec's 55 GB/s (the run measured
-        46 GB/s out and 52 GB/s in): transformer blocks move far more bytes than their
-        forward kernels can hide.
+        backward, with the compute stream waiting: all exposed. Transformer blocks move
+        far more bytes than their forward kernels can hide, so most of the copy time is
+        in the step (measured by ``benchmarks/gpu.py``; figures in
+        benchmarks/gpu_h100.json).
 
         ``full_offload`` (NOTE [ Offloaded checkpoints ] in strategies/offload.py) moves
         what ``full`` keeps and it does not (the block's input: ``full``'s saved bytes

@@ -21,16 +21,13 @@ NOTE [ Priced head ]
     Where a block-only plan fits, the head may still be cheaper than the last bytes the
     blocks free: in a shallow model the log-softmax the loss saves is a large share of
     what must go, and freeing it costs one output projection, while the blocks' last
-    bytes cost whole recompute chains (``gpt-small``, batch 8, at 25% of the way from
-    ``full`` to ``none``: 180.0 us of recompute without the head, 162.5 us with it). Three
-    steps, each run only when the one before says the head can pay:
+    bytes cost whole recompute chains. Three steps, each run only when the one before
+    says the head can pay:
     1. Free: solve the peak model without the windows between the last block's forward
        and its backward (the only ones the head changes). Unless that cuts the
        block-only cost by :data:`HEAD_BINDS` or more, the head is not tried: those
-       windows barely bind, and steps 2 and 3 cost a fake step and a closed loop (on
-       the 32-layer Llama of ``benchmarks/plan_time.py --hf-llama``, a third of the
-       planning time, for a cut of 10% that no head reached; the 6-layer Llama of
-       ``benchmarks/planner.py`` at 50%: a cut of 44%, and the head saved 4%).
+       windows barely bind, and steps 2 and 3 cost a fake step and a closed loop each,
+       a large share of a deep model's planning time.
     2. One fake step with :data:`PRICED_CHUNKS` chunks, its ops recorded: the head's
        window shifts and its recompute (the ops in the ``recompute`` phase; no block is
        checkpointed in that step). Solve the shifted model; the choice's cost plus the

@@ -8,7 +8,7 @@ NOTE [ Closed loop on the fake copy ]
     on the context's fake copy, which the windows step left warm (optimizer state
     created): one tracked fake step, where :func:`remat.profile` would copy the model
     again and run a warm-up step, and a real CPU step would compute every FLOP twice.
-    For a 32-layer model this is a third of the planning time. Anything the fake copy
+    Anything the fake copy
     cannot run (a data-dependent shape, say) falls back to the measured step.
 
 NOTE [ Fits on the allocator ]

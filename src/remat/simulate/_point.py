@@ -36,8 +36,7 @@ they are shards (FSDP) or buckets, allocated in another pattern.
 Fast rows take that overhead from their shallow steps (NOTE [ Fast rows ]): the largest
 of the samples a row is built from.
 It is an estimate: what a step reserves above its allocated peak is not affine in depth
-or batch (on Llama-7B ``full`` it is 0.2-3.4 GiB at 2 and 3 blocks, 1.1-1.9 GiB at 32),
-so fast rows read it from steps of the same shape and keep the largest; a fast row whose
+or batch, so fast rows read it from steps of the same shape and keep the largest; a fast row whose
 margin is within 5% of the card's limit (``_CONFIRM_SHARE`` in run.py), where that
 estimate could decide the fit, is simulated exactly instead, and ``exact=True`` replays
 every row's whole step. Plan rows composed from candidates take

@@ -2,9 +2,8 @@
 
 NOTE [ Asynchronous offload ]
     ``torch.autograd.graph.save_on_cpu`` copies each saved tensor with a blocking
-    ``copy_`` on the compute stream when it is packed: on an H100 (``benchmarks/gpu.py``,
-    llama-1b, every block offloaded) that added 1507 ms to a 375 ms step for 1036 ms of
-    transfers at the measured 55 GB/s: no copy hidden, plus a host sync per tensor. It
+    ``copy_`` on the compute stream when it is packed: no copy is hidden behind compute,
+    and each tensor costs a host sync (``benchmarks/gpu.py`` measures it). It
     also copies weights (saved by every matmul, alive anyway) and copies a tensor once
     per op that saves it (a norm's output saved by q, k and v: three copies, three
     device copies back in backward). :func:`offloading` does this instead, per call of

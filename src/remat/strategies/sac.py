@@ -338,14 +338,14 @@ class _DroppingLeftovers:
         SAC caches each saved op's output in forward and hands it back (popping it) when
         the recompute reaches that op. A recompute that stops early (every tensor
         backward needs is back) never reaches the region's last saved ops, so their
-        outputs stayed in the cache, and the cache stayed alive with the region's
+        outputs would stay in the cache, and the cache alive with the region's
         context function (``context_fn.last_policy``, kept for the next call's verdicts)
         until the next forward: one hidden state per block held through the optimizer
-        step, which put ``ops`` 0.8% above ``none`` at the peak of a simulated Llama-7B
-        step at micro-batch 1. SAC refuses a second backward through a region ("Trying
-        to backward an extra time": an entry marked consumed), so once the recompute has
-        ended no entry can be read again: the unread ones are marked consumed there
-        (popped lists, on older torch, are emptied).
+        step, which can put ``ops`` above ``none`` at the step's peak. SAC refuses a
+        second backward through a region ("Trying to backward an extra time": an entry
+        marked consumed), so once the recompute has ended no entry can be read again:
+        the unread ones are marked consumed there (popped lists, on older torch, are
+        emptied).
     """
 
     def __init__(self, recompute_ctx: Any, policy: SavePolicy) -> None:

@@ -43,11 +43,10 @@ _SHALLOW_BLOCKS = 4
 #     ``_CUT_SETS`` spread along the hull are offered. In a deep model that loses little:
 #     the solver gives neighbouring blocks neighbouring vertices and so reaches the levels
 #     in between. With a few blocks it cannot, and a vertex left out costs the gap to
-#     the next one in every block: on a 2-layer Gemma 2 decoder (benchmarks/planner.py,
-#     held-out set) offering the whole hull cut the plan's cost at 25% / 50% / 75% of the
-#     way from ``full`` to ``none`` by 15% / 9% / 16%. Block runs are per kind of block,
-#     so the extra runs weigh most where a step is longest (deep models), which keep the
-#     sparse hull.
+#     the next one in every block (benchmarks/planner.py measures it on shallow
+#     held-out decoders), so shallow models are offered the whole hull. Block runs are
+#     per kind of block, so the extra runs weigh most where a step is longest (deep
+#     models), which keep the sparse hull.
 
 
 def cut_sets_for(model_blocks: int) -> int:
