@@ -262,3 +262,20 @@ def test_only_public_modules_declare_all() -> None:
     assert private_with_all == [], "private modules declaring __all__:\n" + \
         "\n".join(private_with_all)
     assert public_without == [], "public modules without __all__:\n" + "\n".join(public_without)
+
+
+def test_no_private_name_is_imported_from_another_package() -> None:
+    # Privacy is one convention: a name starting with ``_`` is its package's own. Another
+    # package that needs it needs a public name (and a docstring saying what it promises).
+    crossing: list[str] = []
+    for path in sorted(SRC.rglob("*.py")):
+        importer = _module_name(path)
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.ImportFrom) and node.module
+                    and node.module.startswith("remat")):
+                continue
+            for alias in node.names:
+                if alias.name.startswith("_") and \
+                        _package(node.module) != _package(importer):
+                    crossing.append(f"{importer} imports {node.module}.{alias.name}")
+    assert crossing == [], "private names used across packages:\n" + "\n".join(crossing)

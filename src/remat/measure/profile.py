@@ -90,9 +90,12 @@ from remat.measure.tracker import MemoryTracker
 _API = "remat.profile"
 
 
-def _build(tracked: Tracked, blocks: Sequence[tuple[str, nn.Module]], *, simulated: bool,
-           device: torch.device, times: Any = None, block_ms: Mapping[str, float] | None = None,
-           allocator_peak_bytes: int | None = None) -> Profile:
+def profile_from_tracked(tracked: Tracked, blocks: Sequence[tuple[str, nn.Module]], *,
+                         simulated: bool, device: torch.device, times: Any = None,
+                         block_ms: Mapping[str, float] | None = None,
+                         allocator_peak_bytes: int | None = None) -> Profile:
+    """The :class:`~remat.core.results.Profile` of a step the tracker ran (``tracked``):
+    its peak and breakdown, per-block bytes and FLOPs by phase."""
     tracker = tracked.tracker
     ops = tracker.ops
     phase_flops = dict.fromkeys(PHASES, 0)
@@ -321,7 +324,7 @@ def profile_step(step: Step, *, simulate: bool = False, timing: bool = True,
         allocator_bytes = None
         if allocator if allocator is not None else device.type == "cuda":
             allocator_bytes = allocator_step_peak(step, sum(tracked.static.values()))
-    return _build(tracked, named, simulated=False, device=device, times=times,
+    return profile_from_tracked(tracked, named, simulated=False, device=device, times=times,
                   block_ms=block_ms, allocator_peak_bytes=allocator_bytes)
 
 
@@ -456,6 +459,6 @@ class WarmFake:
         with self.mode:
             for fstep in fsteps:
                 clear_grads(self.model)
-                out.append(_build(tracked_step(fstep, named), named, simulated=True,
+                out.append(profile_from_tracked(tracked_step(fstep, named), named, simulated=True,
                                   device=fstep.device))
         return out

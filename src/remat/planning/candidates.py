@@ -185,10 +185,12 @@ RunBlock = Callable[..., BlockRun]
 
 # ---- all candidates of all groups ---------------------------------------------------------
 
-def _candidate(parts: Sequence[Part], run: BlockRun, device: DeviceSpec,
-               base: BlockRun | None = None, kept: BlockRun | None = None) -> Candidate:
-    """``kept``: the run of :func:`on_device_parts` of ``parts`` (the same decisions with
-    what they copy to the host kept on the device), when measured."""
+def measured_candidate(parts: Sequence[Part], run: BlockRun, device: DeviceSpec,
+                       base: BlockRun | None = None, kept: BlockRun | None = None) -> Candidate:
+    """The candidate of decisions ``parts`` from its block ``run`` (``base``: the block's
+    ``none`` run, for what offloading moves). ``kept``: the run of
+    :func:`on_device_parts` of ``parts`` (the same decisions with what they copy to the
+    host kept on the device), when measured."""
     recompute = [op for op in run.ops if op.phase == "recompute"]
     ms = sum(op_roofline_ms(op, device) for op in recompute)
     transfer_ms = 0.0
@@ -329,8 +331,8 @@ def _pairs(singles: dict[str, list[tuple[Part, BlockRun]]], none_run: BlockRun,
     estimates: list[tuple[int, float, Any]] = []
     for part_a, run_a in first[1:]:
         for part_m, run_m in second[1:]:
-            cost = (_candidate((), run_a, device).recompute_ms
-                    + _candidate((), run_m, device).recompute_ms)
+            cost = (measured_candidate((), run_a, device).recompute_ms
+                    + measured_candidate((), run_m, device).recompute_ms)
             saved = run_a.saved_bytes + run_m.saved_bytes - base_saved
             estimates.append((saved, cost, (part_a, part_m)))
     points = [(c.saved_bytes, c.recompute_ms, None) for c in known]
@@ -347,7 +349,7 @@ def _measure_kind(setup: FakeSetup, rep: str, block: nn.Module, inputs: BlockInp
     subs = _sublayers(block)
     attribution = [(rep, block), *((f"{rep}.{path}", m) for path, m in subs.values())]
     none_run = run_block(setup, rep, block, inputs, (), attribution)
-    measured: dict[tuple[Part, ...], Candidate] = {(): _candidate((), none_run, device)}
+    measured: dict[tuple[Part, ...], Candidate] = {(): measured_candidate((), none_run, device)}
     # Each region fully checkpointed: which of its ops backward recomputes.
     full = Full()
     probes: dict[str, tuple[Part, ...]] = {
@@ -381,21 +383,21 @@ def _measure_kind(setup: FakeSetup, rep: str, block: nn.Module, inputs: BlockInp
                                   fix="nothing to do; the plan uses the other candidates"),
                           RematWarning, stacklevel=3)
             continue
-        measured[offer.parts] = _candidate(offer.parts, run, device, base=none_run,
-                                           kept=runs.get(on_device_parts(offer.parts)))
+        measured[offer.parts] = measured_candidate(offer.parts, run, device, base=none_run,
+                                                   kept=runs.get(on_device_parts(offer.parts)))
         if offer.sublayer in singles:
             singles[offer.sublayer].append((offer.parts[0], run))
     for pair in _pairs(singles, none_run, list(measured.values()), device, max_composites):
         run = run_block(setup, rep, block, inputs, pair)
-        measured[pair] = _candidate(pair, run, device, base=none_run)
+        measured[pair] = measured_candidate(pair, run, device, base=none_run)
     extra: list[Candidate] = []
     for parts in builtin_parts(rep, block) if builtin else ():
         if parts in measured:
             extra.append(measured[parts])
             continue
         try:
-            extra.append(_candidate(parts, run_block(setup, rep, block, inputs, parts), device,
-                                    base=none_run))
+            run = run_block(setup, rep, block, inputs, parts)
+            extra.append(measured_candidate(parts, run, device, base=none_run))
         except (RuntimeError, NotImplementedError):
             continue  # the closed loop measures that strategy on the whole step instead
     return list(measured.values()), extra

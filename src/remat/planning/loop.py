@@ -66,8 +66,12 @@ from remat.core.loop import close_loop as close_loop_core
 from remat.core.results import Profile
 from remat.core.solver import min_peak_choice
 from remat.errors import BudgetTooSmall, message
-from remat.measure.profile import _build as _build_profile
-from remat.measure.profile import allocator_step_peak, first_step_peak, profile_step
+from remat.measure.profile import (
+    allocator_step_peak,
+    first_step_peak,
+    profile_from_tracked,
+    profile_step,
+)
 from remat.measure.state import preserved_state
 from remat.measure.step import Step, clear_grads, model_device
 from remat.measure.timing import time_step
@@ -158,7 +162,7 @@ def _tracked_real(step: Step) -> Profile:
     clear_grads(step.model)
     tracked = tracked_step(step, named)
     clear_grads(step.model)
-    return _build_profile(tracked, named, simulated=False, device=step.device)
+    return profile_from_tracked(tracked, named, simulated=False, device=step.device)
 
 
 def real_first(step: Step, ctx: PlanContext, decisions: Mapping[str, BlockStrategy], *,
@@ -259,7 +263,7 @@ def _measure_on_copy(step: Step, setup: FakeSetup, decisions: Mapping[str, Block
                 clear_grads(setup.model)
     except Exception:  # noqa: BLE001 - the measured step below is the reference
         return None
-    return _build_profile(tracked, named, simulated=not setup.real, device=fstep.device)
+    return profile_from_tracked(tracked, named, simulated=not setup.real, device=fstep.device)
 
 
 def timed_step_ms(step: Step, decisions: Mapping[str, BlockStrategy], *,

@@ -242,14 +242,14 @@ def _confirmed_once(shallow: _Shallow, seq_len: int,
     """Every size confirmed at once (NOTE [ Fast plan rows ] 4): every candidate any size
     chose, at the largest size, where all of them were measured; None where they were not
     (each size is confirmed on its own then)."""
-    from remat.planning.candidates import _candidate
+    from remat.planning.candidates import measured_candidate
 
     if not chosen:
         return set()
     at = max(chosen)
     known = {c.parts: c for c in candidates[at]}
     for key, run in runs.get(at, {}).items():
-        found = _candidate(key, run, shallow.device, base=runs[at].get(()))
+        found = measured_candidate(key, run, shallow.device, base=runs[at].get(()))
         known.setdefault(found.parts, found)
     union = list(dict.fromkeys(c.parts for cs in chosen.values() for c in cs))
     if () not in known or any(parts not in known for parts in union):
