@@ -65,7 +65,7 @@ from remat.measure import roofline_ms
 from remat.measure.timing import time_step
 from remat.models import build_model, make_batch
 from remat.planning.candidates import offload_exposed_ms
-from remat.planning.cost import step_ms
+from remat.planning.recompute_cost import step_ms
 from remat.report.plan import plan_text
 from remat.strategies import preserved_strategy
 from remat.units import format_bytes

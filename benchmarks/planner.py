@@ -63,7 +63,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from remat.compare.frontier import Frontier, FrontierPoint, frontier
-from remat.core.ops import OpRecord
+from remat.core.op_record import OpRecord
 from remat.devices import get_device
 from remat.measure.flops import op_flops, op_traffic
 from remat.measure.roofline import op_roofline_ms

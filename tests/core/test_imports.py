@@ -42,7 +42,7 @@ def test_import_remat_and_its_verbs_load_no_jax() -> None:
 
 
 def test_the_core_loads_no_framework_and_scipy_only_to_solve() -> None:
-    code = ("import remat.core.budget, remat.core.checks, remat.core.ops, remat.core.parity, "
+    code = ("import remat.core.budget, remat.core.checks, remat.core.op_record, remat.core.parity, "
             "remat.core.peak, remat.core.results, remat.core.rows, remat.core.solver, "
             "remat.core.cost")
     assert _loaded_after(code, ("torch", "jax", "flax", "scipy")) == []

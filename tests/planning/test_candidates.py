@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from remat.core.ops import OpRecord
+from remat.core.op_record import OpRecord
 from remat.devices import get_device
 from remat.measure import profile
 from remat.measure.step import Step

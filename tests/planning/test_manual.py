@@ -24,8 +24,8 @@ from remat.measure import profile
 from remat.measure.profile import first_step_peak
 from remat.measure.step import Step
 from remat.planning import PlanContext, prepare
-from remat.planning.cost import recompute_ms
 from remat.planning.manual import manual_options
+from remat.planning.recompute_cost import recompute_ms
 from remat.strategies.builtin import Full
 
 pytest.importorskip("transformers")

@@ -140,7 +140,7 @@ def test_cost_choice_is_resolved_and_checked() -> None:
 
 def test_offload_cost_hides_copies_out_behind_the_forward_only() -> None:
     """NOTE [ Offload copies in the step time ]: out overlaps the forward, back is exposed."""
-    from remat.core.ops import OpRecord
+    from remat.core.op_record import OpRecord
     from remat.planning.block_run import BlockRun as _Run
     from remat.planning.candidates import _offload_exposed_ms
 

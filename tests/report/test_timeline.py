@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 
 import remat
 from remat.cli import app
-from remat.core.ops import PHASES
+from remat.core.op_record import PHASES
 from remat.measure.tracker import MemoryTracker
 from remat.models import build_model, make_batch
 from remat.report.timeline import timeline_series

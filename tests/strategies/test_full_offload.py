@@ -26,8 +26,8 @@ from remat.models import build_model, get_config, make_batch, model_from_config
 from remat.planning import Plan
 from remat.planning.block_run import BlockRun
 from remat.planning.candidates import (
-    _candidate,
     measure_groups,
+    measured_candidate,
     offload_exposed_ms,
     on_device_parts,
 )
@@ -201,7 +201,7 @@ def test_planner_offers_it_on_cuda_and_prices_copies_against_full() -> None:
     assert offer.optional and offer.parts == (("", FullOffload()),)
     assert on_device_parts(offer.parts) == (("", Full()),)
 
-    from remat.core.ops import OpRecord
+    from remat.core.op_record import OpRecord
 
     def mm(phase: str, n: int) -> OpRecord:  # a (n x n) @ (n x n) bf16 matmul
         return OpRecord("aten.mm", phase, 2 * n**3, 2 * 2 * n**2, 2 * n**2, dtype_bytes=2)
@@ -210,7 +210,7 @@ def test_planner_offers_it_on_cuda_and_prices_copies_against_full() -> None:
     none = _run(10 * hidden, mm("forward", 8192))
     full = _run(hidden)
     ours = _run(0, mm("recompute", 8192), mm("backward", 8192), mm("backward", 8192))
-    candidate = _candidate(offer.parts, ours, H100, base=none, kept=full)
+    candidate = measured_candidate(offer.parts, ours, H100, base=none, kept=full)
     transfer_ms = hidden / H100.host_link_bytes_per_s * 1e3
     forward_ms = op_roofline_ms(mm("forward", 8192), H100)
     assert forward_ms < transfer_ms < 3 * forward_ms  # out: partly exposed; back: hidden
@@ -219,7 +219,7 @@ def test_planner_offers_it_on_cuda_and_prices_copies_against_full() -> None:
                                                    rel=1e-9)
     assert offload_exposed_ms(hidden, 0.0, H100, backward_ms=0.0) == 2 * transfer_ms
     # Priced like offload without full's run: every byte none keeps, nothing prefetched.
-    crude = _candidate(offer.parts, ours, H100, base=none)
+    crude = measured_candidate(offer.parts, ours, H100, base=none)
     assert crude.transfer_ms == pytest.approx(
         max(10 * transfer_ms - forward_ms, 0) + 10 * transfer_ms, rel=1e-9)
 

@@ -9,7 +9,7 @@ import torch
 from torch import Tensor, nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from remat.core.ops import OpRecord
+from remat.core.op_record import OpRecord
 from remat.devices import get_device
 from remat.strategies.builtin.ops import save_set_chain
 from remat.strategies.dead_ops import supported

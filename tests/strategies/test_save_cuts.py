@@ -14,7 +14,7 @@ from torch import Tensor, nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from remat.core.ops import OpRecord
+from remat.core.op_record import OpRecord
 from remat.devices import get_device
 from remat.measure.flops import op_flops, op_traffic
 from remat.recompute import is_recomputing

@@ -30,9 +30,9 @@ from remat.measure.roofline import roofline_ms
 from remat.measure.step import LossFn, Step
 from remat.measure.windows import quiet
 from remat.planning.context import resolve_cost
-from remat.planning.cost import cost_device, recompute_ms
 from remat.planning.loop import measure_decisions
 from remat.planning.plans import Plan
+from remat.planning.recompute_cost import cost_device, recompute_ms
 from remat.progress import report
 from remat.strategies import apply, default_strategies, preserved_strategy
 

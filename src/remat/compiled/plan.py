@@ -61,9 +61,9 @@ from remat.devices import DeviceSpec
 from remat.errors import BudgetTooSmall, message, names_the_call
 from remat.measure.step import LossFn, Step, model_device
 from remat.planning.context import check_plannable
-from remat.planning.cost import cost_device
 from remat.planning.options import PlanOptions
 from remat.planning.plans import Plan
+from remat.planning.recompute_cost import cost_device
 from remat.units import format_bytes
 
 _API = "remat.plan_compiled"

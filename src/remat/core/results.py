@@ -17,7 +17,7 @@ from remat.core.allocator_replay import (
     predict_step_reserved,
 )
 from remat.core.cost import Category, CostViews, StepCost
-from remat.core.ops import PHASES, OpRecord
+from remat.core.op_record import PHASES, OpRecord
 from remat.core.timeline import MemoryTimeline
 from remat.errors import message, one_line
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from remat.core.ops import PHASES
+from remat.core.op_record import PHASES
 from remat.errors import message
 
 Event = tuple[int, str, "str | None", int]

@@ -12,7 +12,7 @@ Example::
 
 from __future__ import annotations
 
-from remat.core.ops import OpRecord
+from remat.core.op_record import OpRecord
 from remat.core.results import BlockProfile, Profile, SavedStorage
 from remat.measure.fake import fake_copy
 from remat.measure.profile import profile, profile_simulated

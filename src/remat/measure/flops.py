@@ -1,6 +1,6 @@
 """FLOPs and bytes moved by one aten op, for the tracker and the roofline.
 
-The tracker stores them per op as a :class:`remat.core.ops.OpRecord`.
+The tracker stores them per op as a :class:`remat.core.op_record.OpRecord`.
 
 FLOPs come from ``torch.utils.flop_counter.flop_registry`` (the formulas behind
 ``FlopCounterMode``: matmuls, convolutions, attention), called the way

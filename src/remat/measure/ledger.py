@@ -44,7 +44,7 @@ from torch import Tensor
 
 from remat.core.allocator_replay import AllocationLog
 from remat.core.cost import Category
-from remat.core.ops import PHASES
+from remat.core.op_record import PHASES
 from remat.core.results import PhasePeak
 from remat.core.timeline import MemoryTimeline
 from remat.measure.sharded import local_tensor

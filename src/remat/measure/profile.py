@@ -68,7 +68,7 @@ from torch import nn
 from torch._subclasses.fake_tensor import DynamicOutputShapeException, FakeTensorMode
 
 from remat.core.cost import StepCost
-from remat.core.ops import PHASES
+from remat.core.op_record import PHASES
 from remat.core.results import BlockProfile, Profile
 from remat.errors import RematError, message, names_the_call, one_line
 from remat.measure import shadow

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from remat.core.ops import PHASES, OpRecord
+from remat.core.op_record import PHASES, OpRecord
 from remat.devices import DeviceSpec, get_device
 from remat.errors import message
 

@@ -95,7 +95,7 @@ from torch.utils.hooks import RemovableHandle
 
 from remat.blocks import Sublayer
 from remat.core.allocator_replay import AllocationLog
-from remat.core.ops import OpRecord
+from remat.core.op_record import OpRecord
 from remat.core.results import PhasePeak, SavedStorage
 from remat.core.timeline import MemoryTimeline
 from remat.errors import message

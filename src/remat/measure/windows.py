@@ -54,7 +54,7 @@ from torch import Tensor, nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils.hooks import RemovableHandle
 
-from remat.core.ops import OpRecord
+from remat.core.op_record import OpRecord
 from remat.errors import message
 from remat.measure.ledger import first_tensor
 from remat.measure.step import LossFn, batch_tensors, clear_grads, run_step

@@ -16,7 +16,7 @@ from torch import Tensor, nn
 from torch.utils._pytree import tree_map
 
 from remat.blocks import Sublayer
-from remat.core.ops import OpRecord
+from remat.core.op_record import OpRecord
 from remat.errors import message
 from remat.measure.ledger import first_tensor
 from remat.measure.tracked_step import held_gc

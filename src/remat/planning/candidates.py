@@ -56,7 +56,7 @@ from typing import Any
 from torch import nn
 
 from remat.blocks import Sublayer, find_sublayer
-from remat.core.ops import OpRecord
+from remat.core.op_record import OpRecord
 from remat.devices import DeviceSpec
 from remat.errors import BlocksNotFound, RematWarning, message
 from remat.measure.roofline import op_roofline_ms

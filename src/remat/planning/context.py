@@ -53,11 +53,11 @@ from remat.measure.step import Step, model_device
 from remat.measure.tracked_step import check_trainable
 from remat.measure.windows import FakeSetup, StepWindows, run_windows
 from remat.planning.candidates import BlockGroup, Candidate, measure_groups
-from remat.planning.cost import cost_device
 from remat.planning.coverage import warn_uncovered
 from remat.planning.in_flight import check_in_flight, forward_held_bytes, in_flight_model
 from remat.planning.options import COSTS
 from remat.planning.plans import COST_SOURCES
+from remat.planning.recompute_cost import cost_device
 from remat.planning.timed import time_groups
 from remat.progress import report
 from remat.strategies import BlockStrategy, remove

@@ -52,9 +52,9 @@ from remat.errors import BudgetTooSmall, StrategyError
 from remat.measure.step import Step
 from remat.measure.windows import quiet, run_windows
 from remat.planning.context import PlanContext
-from remat.planning.cost import recompute_ms
 from remat.planning.loop import close_loop
 from remat.planning.plans import Plan
+from remat.planning.recompute_cost import recompute_ms
 from remat.strategies import apply_decisions, preserved_strategy
 from remat.strategies.builtin import ChunkedHead
 from remat.strategies.head import HEAD_KEY, check_head

@@ -80,9 +80,9 @@ from remat.measure.windows import FakeSetup, quiet
 from remat.planning.candidates import Candidate
 from remat.planning.card import reserved_on_card
 from remat.planning.context import PlanContext
-from remat.planning.cost import recompute_ms, step_ms
 from remat.planning.manual import manual_options
 from remat.planning.plans import Plan
+from remat.planning.recompute_cost import recompute_ms, step_ms
 from remat.progress import report
 from remat.strategies import BlockStrategy, apply_decisions, preserved_strategy
 from remat.strategies.builtin import Full

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 from torch import nn
 
 from remat.blocks import BlockMethod
-from remat.core.ops import OpRecord
+from remat.core.op_record import OpRecord
 from remat.devices import DeviceSpec
 from remat.errors import StrategyError, message
 

@@ -47,7 +47,7 @@ import numpy as np
 from scipy import sparse
 from scipy.sparse.csgraph import breadth_first_order, maximum_flow
 
-from remat.core.ops import OpRecord
+from remat.core.op_record import OpRecord
 from remat.devices import DeviceSpec
 from remat.measure.roofline import op_roofline_ms
 from remat.strategies.op_graph import OpGraph

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from remat.blocks import BlockMethod
-from remat.core.ops import OpRecord
+from remat.core.op_record import OpRecord
 from remat.devices import DeviceSpec
 from remat.errors import message, with_api
 from remat.measure.roofline import op_roofline_ms

@@ -23,7 +23,7 @@ from collections.abc import Iterable
 
 import torch
 
-from remat.core.ops import OpRecord
+from remat.core.op_record import OpRecord
 from remat.devices import DEVICES, DeviceSpec, get_device
 from remat.measure.roofline import op_roofline_ms
 
