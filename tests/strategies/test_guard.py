@@ -8,11 +8,10 @@ from typing import Any
 
 import pytest
 import torch
-from measure.hf_tiny import build_hf
-from tiny_nets import net
 from torch import nn
 
 import remat
+from measure.hf_tiny import build_hf
 from remat.core.cost import StepCost
 from remat.errors import RematError, RematWarning, ShapeOutsidePlan, StrategyError
 from remat.measure.shapes import batch_envelope
@@ -20,6 +19,7 @@ from remat.planning import Plan
 from remat.strategies import apply, preserved_strategy, remove
 from remat.strategies.builtin import Full
 from remat.strategies.guard import shape_guard
+from tiny_nets import Block, net
 
 SEQ = 16
 
@@ -58,9 +58,11 @@ def test_a_batch_outside_the_plan_raises_before_any_block_runs(llama: Any) -> No
         lines = str(info.value).splitlines()
         assert lines[0] == ("LlamaForCausalLM.forward with a remat plan: a batch outside the "
                             "shapes the applied plan was made for")
+        assert lines[1] == ("  batch's shapes: attention_mask (2, 32), input_ids (2, 32), "
+                            "labels (2, 32), position_ids (2, 32)")
         assert "  outside: attention_mask (2, 32) > (2, 16); input_ids (2, 32) > (2, 16);" \
-            in lines[1]
-        assert lines[2].startswith("  plan's shapes: attention_mask (2, 16), input_ids (2, 16)")
+            in lines[2]
+        assert lines[3].startswith("  plan's shapes: attention_mask (2, 16), input_ids (2, 16)")
         fix = lines[-1]
         assert fix.startswith("  fix: plan for the largest shape") and \
             "remat.plan_seq_len" in fix and 'on_new_shape="warn"' in fix and '"replan"' in fix
@@ -68,6 +70,12 @@ def test_a_batch_outside_the_plan_raises_before_any_block_runs(llama: Any) -> No
         assert info.value.shapes["input_ids"] == (2, 32)
         with pytest.raises(ShapeOutsidePlan, match="input_ids"):  # positionally, the same
             model(longer(batch, 2 * SEQ)["input_ids"])
+        bare = {k: batch[k] for k in ("input_ids", "labels")}
+        apply(model, plan_for(model, bare))  # an input the plan never saw: named, and why
+        with pytest.raises(ShapeOutsidePlan) as info:
+            model(**batch)
+        assert "attention_mask (2, 16): not an input of the plan's batch" in str(info.value)
+        assert "fix: plan with a batch that has every input the loader yields" in str(info.value)
     finally:
         handle.remove()
         remove(model)
@@ -144,27 +152,62 @@ def test_the_guard_comes_and_goes_with_the_plan(llama: Any) -> None:
     remove(model)
 
 
-def test_under_torch_compile_the_check_is_traced_without_a_graph_break() -> None:
-    import torch._dynamo as dynamo
+class Keywords(nn.Module):
+    """Two MLP blocks called with keywords, one input nested (as a Hugging Face batch)."""
 
-    model = net()
-    x = torch.randn(2, 8, 64)
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.blocks = nn.ModuleList([Block(), Block()])
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None,
+                extra: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
+        if mask is not None:
+            x = x * mask[..., None]
+        if extra is not None:
+            x = x + extra["bias"][..., None]
+        for block in self.blocks:
+            x = block(x)
+        return x.square().mean()
+
+
+def _keywords_batch(seq: int) -> dict[str, Any]:
+    return {"x": torch.randn(2, seq, 64), "mask": torch.ones(2, seq),
+            "extra": {"bias": torch.zeros(2, seq)}}
+
+
+@pytest.mark.parametrize("how", ["torch.compile(model)", "model.compile()"])
+def test_a_compiled_model_keeps_the_guard_without_a_graph_break(how: str) -> None:
+    """NOTE [ Shape guard under torch.compile ]: inside the envelope no graph break (the
+    check traced as comparisons of sizes); outside, the error as in eager mode."""
+    import torch._dynamo as dynamo
+    from torch._dynamo.utils import counters
+
+    model = Keywords()
     names = ("blocks.0", "blocks.1")
     plan = Plan(decisions={names[0]: Full()}, block_names=names, budget_bytes=1,
-                cost=StepCost(peak_bytes=1), shape_envelope=batch_envelope(model, x))
+                cost=StepCost(peak_bytes=1),
+                shape_envelope=batch_envelope(model, _keywords_batch(8)))
     apply(model, plan)
     dynamo.reset()
-    explained = dynamo.explain(model)(x)
-    assert explained.graph_count == 1 and explained.graph_break_count == 0
-    compiled = torch.compile(model, backend="eager")
-    compiled(x).backward()
-    with pytest.raises(ShapeOutsidePlan, match="a batch outside the shapes"):
-        compiled(torch.randn(2, 16, 64))
-    apply(model, plan, on_new_shape="replan")
-    with pytest.raises(ShapeOutsidePlan, match="cannot plan inside torch.compile"):
-        torch.compile(model, backend="eager")(torch.randn(2, 16, 64))
-    remove(model)
-    dynamo.reset()
+    counters.clear()
+    try:
+        if how == "model.compile()":
+            model.compile(backend="eager")
+            compiled: nn.Module = model
+        else:
+            compiled = torch.compile(model, backend="eager")
+        for seq in (8, 5):  # the plan's shape, then a shorter one (a recompile, no break)
+            compiled(**_keywords_batch(seq)).backward()
+        assert dict(counters["graph_break"]) == {}
+        with pytest.raises(ShapeOutsidePlan, match="a batch outside the shapes"):
+            compiled(**_keywords_batch(12))
+        apply(model, plan, on_new_shape="replan")
+        with pytest.raises(ShapeOutsidePlan, match="cannot plan inside torch.compile"):
+            compiled(**_keywords_batch(12))
+    finally:
+        remove(model)
+        dynamo.reset()
 
 
 def test_replan_plans_each_bucket_once_and_keeps_gradients_exact() -> None:

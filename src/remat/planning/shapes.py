@@ -13,11 +13,11 @@ NOTE [ Planning for several shapes ]
     for, with the same budget in bytes, and every other batch (the largest included) is
     proven again; where the batch most over the budget was planned for before, the plan
     is made again with a budget lower by that overshoot, the closed loop's rule (NOTE
-    [ Closed loop ] in remat/core/loop.py). Each batch planned for is measured once (its context kept);
-    ``_ROUNDS`` plans at most. The plan keeps the budget asked for, the measured peaks of
-    the batch it was made at, and a shape envelope of every batch (NOTE [ Shape envelope
-    ] in remat/core/shapes.py), which ``remat.apply``'s guard checks training batches
-    against.
+    [ Closed loop ] in remat/core/loop.py). Each batch planned for is measured once (its
+    context kept); ``_ROUNDS`` plans at most. The plan keeps the budget asked for, the
+    measured peaks of the batch it was made at, and a shape envelope of every batch (NOTE
+    [ Shape envelope ] in remat/core/shapes.py), which ``remat.apply``'s guard checks
+    training batches against.
 """
 
 from __future__ import annotations

@@ -45,13 +45,17 @@ NOTE [ Replanning from the guard ]
     (:func:`set_replanner`) when it is imported, which every ``Plan`` is made by.
 
 NOTE [ Shape guard under torch.compile ]
-    Dynamo traces the hook with the model's forward (no graph break: shape comparisons
-    and dictionary reads are what it traces best); the comparisons become guards of the
-    compiled graph, so inside the envelope a compiled step runs no extra Python.
-    ``"error"`` raises as in eager mode and ``"warn"`` warns (a graph break at the
-    warning, outside the envelope only). ``"replan"`` needs an eager call (it runs the
-    planner), so under ``torch.compile`` a batch outside the envelope raises
-    :class:`~remat.errors.ShapeOutsidePlan` saying so.
+    The guard stays on a compiled model (``torch.compile(model)`` or ``model.compile()``
+    after ``remat.apply``): Dynamo traces the hook as a frame of its own, before the
+    forward's (tests/strategies/test_guard.py counts no graph break): shape comparisons
+    and dictionary reads are what it traces best, and they become the compiled frame's
+    guards, so inside the envelope a compiled step runs no extra Python and recompiles
+    only where the model's forward would. ``"error"`` raises as in eager mode and
+    ``"warn"`` warns (a graph break at the error or the warning, outside the envelope
+    only). ``"replan"`` needs an eager call (it runs the planner), so under
+    ``torch.compile`` a batch outside the envelope raises
+    :class:`~remat.errors.ShapeOutsidePlan` saying so. A plan made by
+    ``remat.plan_compiled`` (it compiles blocks itself) is applied without the guard.
 """
 
 from __future__ import annotations
@@ -64,7 +68,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from remat.core.shapes import InputShapes, ShapeEnvelope
+from remat.core.shapes import InputShapes, ShapeEnvelope, shapes_label
 from remat.errors import BudgetTooSmall, RematError, RematWarning, ShapeOutsidePlan, message
 from remat.measure.shapes import call_shapes, grown_call, positional_names
 from remat.units import format_bytes
@@ -170,8 +174,13 @@ class ShapeGuard:
 
     def _message(self, shapes: Mapping[str, tuple[int, ...]], what: str, *, fix: str,
                  facts: Mapping[str, object] | None = None) -> str:
+        reasons = self._envelope.outside(shapes)
+        if any(r.endswith("not an input of the plan's batch") for r in reasons):
+            fix = ("plan with a batch that has every input the loader yields (an attention "
+                   "mask the plan never saw can run another attention kernel); or " + fix)
         return message(f"{self._model_name}.forward with a remat plan", what, {
-            "outside": "; ".join(self._envelope.outside(shapes)),
+            "batch's shapes": shapes_label(shapes),
+            "outside": "; ".join(reasons),
             "plan's shapes": self._envelope.label(),
             "plan's budget": f"{format_bytes(self.active.budget_bytes)}, measured at those "
                              "shapes: a larger input holds more activations",
