@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import os
 import statistics
 import sys
 import time
@@ -110,6 +111,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     started = time.time()
+    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     rows = [measure(p, b, s, budget=args.budget, repeats=args.repeats) for p, b, s in MODELS]
     lines = ["| model | batch | step, guard off | step, guard on | on / off | guard's call "
              "| guard's call / step |", "|---|---|--:|--:|--:|--:|--:|"]
@@ -125,7 +127,9 @@ def main() -> None:
             f"{args.repeats} steps per variant, interleaved. Guard's call: the forward "
             f"pre-hook alone on the same batch, median of 7 runs of {HOOK_CALLS} calls; its "
             "share of the guarded step is the guard's cost (the step medians differ by "
-            "noise of the same order).\n\n" + "\n".join(lines) + "\n")
+            "noise of the same order). Load average (1, 5, 15 min) when the run started: "
+            f"{load} (a shared machine: step times vary between runs).\n\n"
+            + "\n".join(lines) + "\n")
     print(body)
     if not args.no_write:
         text = RESULTS_SHAPES.read_text() if RESULTS_SHAPES.exists() else ""

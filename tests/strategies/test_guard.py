@@ -134,6 +134,11 @@ def test_the_guard_comes_and_goes_with_the_plan(llama: Any) -> None:
     assert shape_guard(model) is guard
     remat.validate(model, longer(batch, 2 * SEQ), plan)  # validation runs any shape
     assert shape_guard(model) is guard
+    # a measurement, not training: the plan measured at a shape outside its envelope
+    assert remat.profile(model, longer(batch, 2 * SEQ), timing=False).peak_bytes > 0
+    assert shape_guard(model) is guard
+    with pytest.raises(ShapeOutsidePlan):  # and training is checked again after it
+        model(**longer(batch, 2 * SEQ))
     assert shape_guard(copy.deepcopy(model)) is not None
     apply(model, plan, on_new_shape="off")
     assert shape_guard(model) is None

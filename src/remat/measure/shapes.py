@@ -13,7 +13,8 @@ tuples and lists. The shape guard reads a call's inputs the same way from the
 from __future__ import annotations
 
 import inspect
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -21,6 +22,27 @@ from torch import Tensor, nn
 
 from remat.core.shapes import InputShapes, ShapeEnvelope
 from remat.errors import message
+
+#: Open :func:`unguarded` blocks; the shape guard checks nothing while one is open.
+UNGUARDED = [0]
+
+
+@contextmanager
+def unguarded() -> Iterator[None]:
+    """Within: a plan's shape guard lets every batch through (NOTE [ Shape guard ] in
+    remat/strategies/guard.py). ``remat.profile`` measures in one, so a plan can be
+    measured at shapes outside the ones it was made for. Process-wide (a plain counter,
+    which the guard reads for a few nanoseconds and Dynamo traces as a constant).
+
+    Example:
+        >>> with unguarded():
+        ...     model(**longer_batch)   # no ShapeOutsidePlan
+    """
+    UNGUARDED[0] += 1
+    try:
+        yield
+    finally:
+        UNGUARDED[0] -= 1
 
 
 def positional_names(model: nn.Module) -> tuple[str, ...]:

@@ -19,7 +19,9 @@ NOTE [ Shape guard ]
 
     Only training forwards are checked (the module in train mode, gradients enabled): a
     forward without autograd keeps no activations for a backward, so the plan's budget
-    says nothing about it. The hook is removed by ``remat.remove`` and by applying
+    says nothing about it; nor are remat's own measurements (``remat.profile`` runs in
+    ``remat.measure.shapes.unguarded``: a plan measured at another shape is a question,
+    not a training step). The hook is removed by ``remat.remove`` and by applying
     anything else; a trial of other strategies (``preserved_strategy``, the planner's
     closed loop, ``remat.validate``) puts it back with the plan. It is a hook, not a
     parameter or a buffer: ``state_dict()`` does not change.
@@ -70,7 +72,7 @@ from torch import nn
 
 from remat.core.shapes import InputShapes, ShapeEnvelope, shapes_label
 from remat.errors import BudgetTooSmall, RematError, RematWarning, ShapeOutsidePlan, message
-from remat.measure.shapes import call_shapes, grown_call, positional_names
+from remat.measure.shapes import UNGUARDED, call_shapes, grown_call, positional_names
 from remat.units import format_bytes
 
 #: ``(model, batch, plan, replan_with) -> plan``: a plan for ``batch`` with ``plan``'s
@@ -131,7 +133,7 @@ class ShapeGuard:
 
     def __call__(self, module: nn.Module, args: tuple[Any, ...],
                  kwargs: dict[str, Any]) -> None:
-        if not (module.training and torch.is_grad_enabled()):
+        if not (module.training and torch.is_grad_enabled()) or UNGUARDED[0]:
             return None
         shapes = call_shapes(args, kwargs, self._names)
         if self._envelope.covers(shapes):
