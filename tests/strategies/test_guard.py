@@ -207,7 +207,8 @@ def test_a_compiled_model_keeps_the_guard_without_a_graph_break(how: str) -> Non
         assert dict(counters["graph_break"]) == {}
         with pytest.raises(ShapeOutsidePlan, match="a batch outside the shapes"):
             compiled(**_keywords_batch(12))
-        apply(model, plan, on_new_shape="replan")
+        with pytest.warns(RematWarning, match="without replan_with="):  # no optimizer given
+            apply(model, plan, on_new_shape="replan")
         with pytest.raises(ShapeOutsidePlan, match="cannot plan inside torch.compile"):
             compiled(**_keywords_batch(12))
     finally:

@@ -278,8 +278,10 @@ def apply(model: M, strategy: str | Strategy | Any, *, blocks: BlocksSpec = None
             a padded one (an attention mask with zeros) of the plan's shapes passes.
             Default: the plan's own ``on_new_shape`` (``"error"``).
         replan_with: keyword arguments of :func:`remat.plan` a replan uses
-            (``optimizer=``, ``loss_fn=``, ...; the budget is the plan's). Default: none
-            (``remat.auto`` passes its own).
+            (``optimizer=``, ``loss_fn=``, ...; the budget is the plan's): pass what the
+            plan was made with, since a replan without the optimizer counts no optimizer
+            state. Default: ``None`` (none; with ``"replan"`` a
+            :class:`~remat.errors.RematWarning` says so; ``remat.auto`` passes its own).
 
     Returns:
         ``model``, modified in place.
@@ -318,6 +320,15 @@ def apply(model: M, strategy: str | Strategy | Any, *, blocks: BlocksSpec = None
         mode = on_new_shape or str(getattr(strategy, "on_new_shape", "error"))
         if getattr(strategy, "shape_envelope", None) is not None and mode != "off" \
                 and compiled is None:  # NOTE [ Shape guard ]
+            if mode == "replan" and replan_with is None:
+                warnings.warn(message(
+                    "remat.apply", "on_new_shape='replan' without replan_with=",
+                    {"why": "a replan measures a step with the loss and optimizer it is "
+                            "given; without yours it counts no optimizer state, and its "
+                            "plan can run over the budget in your loop"},
+                    fix="pass replan_with={'optimizer': optimizer, 'loss_fn': ...} (what "
+                        "the plan was made with), or {} if it was made with neither"),
+                    RematWarning, stacklevel=2)
             install_guard(model, ShapeGuard(model, strategy, on_new_shape=mode,
                                             switch=_switch_plan, blocks=chosen,
                                             replan_with=replan_with))
