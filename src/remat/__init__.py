@@ -49,6 +49,8 @@ _EXPORTS: dict[str, str] = {
     "STRATEGIES": "remat.strategies.registry",
     "SeqLenResult": "remat.planning.seq_len",
     "SeqLenSearch": "remat.planning.seq_len",
+    "ShapeEnvelope": "remat.core.shapes",
+    "ShapeOutsidePlan": "remat.errors",
     "Step": "remat.measure.step",
     "StepCost": "remat.core.cost",
     "Strategy": "remat.strategies.base",
@@ -80,6 +82,7 @@ if TYPE_CHECKING:
     from remat.core.doctor import DoctorReport
     from remat.core.parity import ParityReport
     from remat.core.results import Profile
+    from remat.core.shapes import ShapeEnvelope
     from remat.errors import (
         BatchRejected,
         BlocksNotFound,
@@ -87,6 +90,7 @@ if TYPE_CHECKING:
         ParityError,
         RematError,
         RematWarning,
+        ShapeOutsidePlan,
         StrategyError,
     )
     from remat.measure.doctor import doctor

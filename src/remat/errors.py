@@ -8,7 +8,8 @@ Every remat error subclasses a built-in, so existing ``except ValueError`` /
     ├── StrategyError (also ValueError)    unknown or malformed strategy
     ├── BudgetTooSmall                     no plan reaches the budget
     ├── BatchRejected (also TypeError)     the user's model raised on the batch remat passed
-    └── ParityError                        gradients differ from the reference
+    ├── ParityError                        gradients differ from the reference
+    └── ShapeOutsidePlan (also ValueError) a batch outside the shapes a plan was made for
 
     RematWarning (UserWarning)             a pitfall remat detected (BatchNorm, hooks, ...)
 
@@ -55,6 +56,9 @@ from typing import TYPE_CHECKING, ParamSpec, TypeVar
 if TYPE_CHECKING:  # annotations only: remat.core builds its messages with this module
     from remat.core.cost import Category, StepCost
 
+if TYPE_CHECKING:
+    from remat.core.shapes import ShapeEnvelope
+
 __all__ = [
     "BatchRejected",
     "BlocksNotFound",
@@ -62,6 +66,7 @@ __all__ = [
     "ParityError",
     "RematError",
     "RematWarning",
+    "ShapeOutsidePlan",
     "StrategyError",
     "message",
     "one_line",
@@ -191,6 +196,22 @@ class BatchRejected(RematError, TypeError):
 
 class ParityError(RematError):
     """A checkpointed model's gradients differ from the un-checkpointed model's."""
+
+
+class ShapeOutsidePlan(RematError, ValueError):
+    """A training batch's shapes are outside the shapes the applied plan was made for
+    (NOTE [ Shape envelope ] in remat/core/shapes.py), so its budget does not hold.
+
+    Attributes:
+        shapes: the batch's tensor inputs, path -> shape.
+        envelope: the plan's :class:`~remat.core.shapes.ShapeEnvelope`.
+    """
+
+    def __init__(self, message: str, *, shapes: Mapping[str, tuple[int, ...]],
+                 envelope: ShapeEnvelope) -> None:
+        super().__init__(message)
+        self.shapes = dict(shapes)
+        self.envelope = envelope
 
 
 class RematWarning(UserWarning):

@@ -231,11 +231,15 @@ class _FakePlan:
     """Stands in for remat.Plan: what remat.apply reads from a plan."""
 
     blocks = None
+    budget_bytes = 1 << 20
+    on_new_shape = "error"
 
     def __init__(self) -> None:
+        from remat.core.shapes import ShapeEnvelope
         from remat.strategies.builtin import Full
 
         self.decisions = {"model.layers.1": Full()}
+        self.shape_envelope = ShapeEnvelope.of({"input_ids": (2, 8), "labels": (2, 8)})
 
 
 def test_budget_plans_on_a_plain_dict_batch_then_applies(monkeypatch: pytest.MonkeyPatch
@@ -261,3 +265,8 @@ def test_budget_plans_on_a_plain_dict_batch_then_applies(monkeypatch: pytest.Mon
     assert seen["optimizer"] is optimizer
     assert callback.applied is not None and callback.applied.strategy == "plan"
     assert dict(callback.applied.decisions)["model.layers.1"] == "full"
+    # planned at the first batch's shapes: a longer one warns and runs (NOTE [ Planning
+    # from a Trainer batch ]), it does not stop the Trainer
+    longer = torch.randint(1, VOCAB, (2, 12))
+    with pytest.warns(RematWarning, match="on_new_shape='warn'"):
+        model(input_ids=longer, labels=longer).loss.backward()

@@ -63,7 +63,8 @@ def apply_or_plan(model: nn.Module, *, strategy: Any, budget: int | str | None, 
         api: the public call, for messages.
 
     Returns:
-        The plan that was applied, or ``None`` when a strategy was.
+        The plan that was applied (with ``on_new_shape="warn"``: a batch outside its
+        shapes warns and runs), or ``None`` when a strategy was.
 
     Raises:
         ValueError: ``budget`` without ``batch``.
@@ -74,7 +75,10 @@ def apply_or_plan(model: nn.Module, *, strategy: Any, budget: int | str | None, 
         return None
     chosen = plan_budget(model, budget=budget, batch=batch, blocks=blocks, optimizer=optimizer,
                          loss_fn=loss_fn, api=api)
-    apply(model, chosen, blocks=blocks)
+    # Measured at one batch's shapes: a later, longer batch warns (once per shape bucket)
+    # rather than stopping a training run the user did not plan shapes for (NOTE
+    # [ Planning from a Trainer batch ] in hf.py, NOTE [ Shape guard ]).
+    apply(model, chosen, blocks=blocks, on_new_shape="warn")
     return chosen
 
 

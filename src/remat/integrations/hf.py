@@ -21,7 +21,11 @@ NOTE [ Planning from a Trainer batch ]
     dataloader (drawing it advances a shuffling sampler's random state once; pass
     ``batch=`` for bit-identical data order). ``BatchEncoding`` and other mappings
     become plain dicts on the model's device, so ``model(**batch)`` gets exactly
-    what the Trainer passes.
+    what the Trainer passes. The plan is measured at that batch's shapes; a later batch
+    outside them (padded to a longer sequence) warns once per shape bucket and runs
+    (``on_new_shape="warn"``, NOTE [ Shape guard ] in strategies/guard.py), since a
+    Trainer's batches vary and the user gave one. For a plan proven on every shape, pass
+    ``strategy=remat.plan(model, batch, budget=..., shapes=[...])``.
 """
 
 from __future__ import annotations

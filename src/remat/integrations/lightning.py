@@ -175,9 +175,12 @@ def _relative(plan: Plan, prefix: str) -> Plan:
         spec = NamedBlocks(tuple(strip(n) for n in spec.names))
     prints = None if plan.fingerprint is None else tuple(
         dataclasses.replace(p, name=strip(p.name)) for p in plan.fingerprint)
+    # The shapes are of the training step's inputs, not of the module the plan goes on:
+    # no shape guard there (NOTE [ Shape guard ]).
     return dataclasses.replace(
         plan, decisions={strip(k): v for k, v in plan.decisions.items()},
-        block_names=tuple(strip(n) for n in plan.block_names), blocks=spec, fingerprint=prints)
+        block_names=tuple(strip(n) for n in plan.block_names), blocks=spec, fingerprint=prints,
+        shape_envelope=None)
 
 
 def _first_batch(trainer: Any) -> Any:

@@ -81,6 +81,7 @@ from remat.measure.fake import (
     fake_optimizer,
 )
 from remat.measure.ledger import categorized
+from remat.measure.shapes import unguarded
 from remat.measure.state import preserved_state
 from remat.measure.step import LossFn, Step, batch_tensors, check_runnable, clear_grads
 from remat.measure.timing import time_blocks, time_step
@@ -276,15 +277,19 @@ def profile(
     from remat.compiled.measure import is_compiled, profile_compiled  # compiled imports us
 
     check_trainable(model)
-    if is_compiled(model):  # NOTE [ Compiled models ]
-        if simulate:
-            from remat.compiled.simulate import simulate_compiled
+    # A measurement, not training: a plan's shape guard lets any batch through (NOTE
+    # [ Shape guard ] in strategies/guard.py), so a plan is measured at other shapes too.
+    with unguarded():
+        if is_compiled(model):  # NOTE [ Compiled models ]
+            if simulate:
+                from remat.compiled.simulate import simulate_compiled
 
-            return simulate_compiled(model, batch, loss_fn=loss_fn, optimizer=optimizer).profile
-        return profile_compiled(model, batch, loss_fn=loss_fn, optimizer=optimizer,
-                                timing=timing, repeats=repeats)
-    step = Step(model, batch, loss_fn=loss_fn, optimizer=optimizer, blocks=blocks)
-    return profile_step(step, simulate=simulate, timing=timing, repeats=repeats)
+                return simulate_compiled(model, batch, loss_fn=loss_fn,
+                                         optimizer=optimizer).profile
+            return profile_compiled(model, batch, loss_fn=loss_fn, optimizer=optimizer,
+                                    timing=timing, repeats=repeats)
+        step = Step(model, batch, loss_fn=loss_fn, optimizer=optimizer, blocks=blocks)
+        return profile_step(step, simulate=simulate, timing=timing, repeats=repeats)
 
 
 def profile_step(step: Step, *, simulate: bool = False, timing: bool = True,

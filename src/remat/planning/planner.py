@@ -27,7 +27,7 @@ NOTE [ Throughput search ]
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -37,8 +37,10 @@ from torch.utils.checkpoint import CheckpointError
 
 from remat.blocks import BlocksSpec
 from remat.core.budget import Budget, BudgetLike
+from remat.core.shapes import check_on_new_shape
 from remat.devices import DeviceSpec
 from remat.errors import BudgetTooSmall, RematError, message, names_the_call, one_line
+from remat.measure.shapes import batch_envelope
 from remat.measure.step import LossFn, Step, model_device
 from remat.planning.card import card_of
 from remat.planning.context import PlanContext, check_plannable, prepare_step, resolve_cost
@@ -47,8 +49,10 @@ from remat.planning.head import cheaper_with_head, plan_with_head
 from remat.planning.loop import close_loop
 from remat.planning.options import PlanOptions
 from remat.planning.plans import Plan
+from remat.planning.shapes import plan_shapes
 from remat.planning.throughput import ThroughputSearch, search_throughput
 from remat.strategies import apply
+from remat.strategies.guard import set_replanner
 
 
 @names_the_call("remat.plan")
@@ -65,6 +69,7 @@ def plan(
     cost: str = "auto",
     context: PlanContext | None = None,
     microbatches_in_flight: int = 1,
+    shapes: Sequence[Any] = (),
 ) -> Plan:
     """The cheapest checkpointing plan whose measured peak fits ``budget``.
 
@@ -116,17 +121,28 @@ def plan(
             [ Micro-batches in flight ] in planning/in_flight.py; pass
             ``loss_fn=remat.measure.step.StageLoss()`` for a stage whose output is a
             hidden state). Default: 1.
+        shapes: more batches the plan must fit, for a loader whose shapes vary (padded
+            to each batch's longest, bucketed by length, a curriculum): the largest of
+            ``batch`` and these (the most elements) is planned, and every other one's
+            first step is run with the plan on the allocator; one over the budget
+            tightens the plan until all fit (NOTE [ Planning for several shapes ] in
+            planning/shapes.py). Only shapes count: one batch per shape is enough, and a
+            packed or padded batch of a given shape is inside it. ``budget="60%"`` is
+            of the largest batch's peak. Default: none (``batch`` only).
 
     Returns:
         A :class:`~remat.Plan` with ``measured_peak_bytes <= budget_bytes`` (the tracked
         step) and, when the step runs for real, ``allocator_peak_bytes <= budget_bytes``
         (the device's allocator: NOTE [ Fits on the allocator ] in planning/loop.py).
+        ``plan.shape_envelope`` records the shapes it was made for (``batch``'s and
+        ``shapes``'); ``remat.apply`` checks each training batch against them (NOTE
+        [ Shape guard ] in strategies/guard.py).
 
     Raises:
         BudgetTooSmall: no plan fits; the message gives the smallest reachable peak and
             what dominates it.
-        ValueError: an unreadable budget, a model in eval mode, a bad ``cost``, or
-            ``cost="measured"`` with ``simulate=True``.
+        ValueError: an unreadable budget, a model in eval mode, a bad ``cost``,
+            ``cost="measured"`` with ``simulate=True``, or ``context`` with ``shapes``.
 
     Example:
         >>> from remat.models import build_model, make_batch
@@ -135,6 +151,8 @@ def plan(
         >>> plan.measured_peak_bytes <= plan.budget_bytes
         True
         >>> remat.apply(model, plan)
+        >>> plan = remat.plan(model, make_batch(model, 8, seq_len=1024), budget="8GiB",
+        ...                   shapes=[make_batch(model, 8, seq_len=n) for n in (256, 512)])
     """
     options = PlanOptions(budget=budget, simulate=simulate,  # type: ignore[arg-type]
                           device=device, cost=cost)
@@ -144,6 +162,13 @@ def plan(
                                     "make_batch, ...) to search batch sizes"))
     step = Step(model, batch, loss_fn=loss_fn, optimizer=optimizer, blocks=blocks,
                 microbatches_in_flight=microbatches_in_flight)
+    if len(shapes) > 0:
+        if context is not None:
+            raise ValueError(message("remat.plan", "context= and shapes= do not go together",
+                                     {"why": "the context is measured at one batch; shapes= "
+                                             "plans at the largest of several"},
+                                     fix="drop context="))
+        return plan_shapes(step, list(shapes), options, plan_step)
     return plan_step(step, options, context=context)
 
 
@@ -243,23 +268,49 @@ def plan_step(step: Step, options: PlanOptions, *, context: PlanContext | None =
              "error": one_line(str(error))[:300]},
             fix="run one training step before planning (the module is then as it stays), or "
                 "pass blocks= leaving that module out")) from error
-    # What the plan is for, so remat.apply refuses another model (NOTE [ Plan fingerprint ]).
-    return replace(plan, fingerprint=fingerprint_of(step.model, plan.block_names))
+    # What the plan is for, so remat.apply refuses another model (NOTE [ Plan fingerprint ])
+    # and a batch of other shapes (NOTE [ Shape guard ]).
+    return replace(plan, fingerprint=fingerprint_of(step.model, plan.block_names),
+                   shape_envelope=batch_envelope(step.model, step.batch))
 
 
 @names_the_call("remat.auto")
-def auto(model: nn.Module, batch: Any, **kwargs: Any) -> Plan:
+def auto(model: nn.Module, batch: Any, *, on_new_shape: str = "error", **kwargs: Any) -> Plan:
     """Plan (see :func:`plan`, same arguments), apply the plan to ``model``, and return it.
 
     The returned plan's ``measured_peak_bytes`` is the peak of a step of ``model`` with
     the plan applied (real, or simulated with ``simulate=True``), and never exceeds the
     budget.
 
+    Args:
+        model, batch, kwargs: as for :func:`plan`.
+        on_new_shape: what a training batch outside the plan's shapes does (``"error"``,
+            ``"warn"``, ``"replan"``, ``"off"``: :func:`remat.apply`); recorded in the
+            returned plan (``plan.on_new_shape``, kept in its file). ``"replan"`` plans
+            with this call's arguments (optimizer, loss, blocks, ...) and the plan's
+            budget in bytes. Default: ``"error"``.
+
     Example:
-        >>> plan = remat.auto(model, batch, budget="8GiB")
+        >>> plan = remat.auto(model, batch, budget="8GiB", on_new_shape="replan")
         >>> plan.measured_peak_bytes <= plan.budget_bytes
         True
     """
-    result = plan(model, batch, **kwargs)
-    apply(model, result)  # result.blocks finds the decided modules
+    check_on_new_shape(on_new_shape, api="remat.auto")
+    result = replace(plan(model, batch, **kwargs), on_new_shape=on_new_shape)
+    replan_with = {k: v for k, v in kwargs.items() if k not in ("budget", "context", "shapes")}
+    apply(model, result, replan_with=replan_with)  # result.blocks finds the decided modules
     return result
+
+
+def replan(model: nn.Module, batch: Any, applied: Plan, options: Mapping[str, Any]) -> Plan:
+    """The shape guard's replan (NOTE [ Replanning from the guard ] in strategies/guard.py):
+    :func:`plan` for ``batch`` with ``applied``'s budget in bytes and cost device, the
+    keyword arguments ``options`` (``blocks``, and ``remat.auto``'s or ``remat.apply``'s
+    ``replan_with``); the plan keeps ``applied``'s ``on_new_shape``."""
+    kwargs = {"device": applied.cost_device,
+              **{k: v for k, v in options.items() if k not in ("budget", "context", "shapes")}}
+    result = plan(model, batch, budget=applied.budget_bytes, **kwargs)
+    return replace(result, on_new_shape=applied.on_new_shape)
+
+
+set_replanner(replan)  # NOTE [ Replanning from the guard ]

@@ -42,6 +42,7 @@ from remat.compiled.install import check_compiled
 from remat.core.checks import check_float, check_int, decisions_label, opt_float, opt_int
 from remat.core.cost import StepCost
 from remat.core.plan_file import envelope, load_json, read_envelope
+from remat.core.shapes import ShapeEnvelope, check_on_new_shape
 from remat.errors import message, one_line
 from remat.planning.fingerprint import BlockPrint, check_fingerprint
 from remat.strategies import BlockStrategy, strategy_from_dict, strategy_to_dict
@@ -153,6 +154,8 @@ class Plan:
     reserved_peak_bytes: int | None = None
     source: str = "planner"
     source_note: str | None = None
+    shape_envelope: ShapeEnvelope | None = None
+    on_new_shape: str = "error"
 
     def __post_init__(self) -> None:
         names = tuple(self.block_names)
@@ -218,6 +221,12 @@ class Plan:
                     fix="let remat.plan fill it, or pass None"))
         if self.compiled is not None:
             object.__setattr__(self, "compiled", check_compiled(self.compiled, names, api="Plan"))
+        if self.shape_envelope is not None and \
+                not isinstance(self.shape_envelope, ShapeEnvelope):
+            raise ValueError(message("Plan", "shape_envelope must be a remat.ShapeEnvelope",
+                                     {"found": repr(self.shape_envelope)[:80]},
+                                     fix="let remat.plan fill it, or pass None"))
+        check_on_new_shape(self.on_new_shape, api="Plan")
 
     def check_model(self, model: nn.Module, *, api: str = "remat.apply") -> None:
         """Refuse a model the plan was not made for (NOTE [ Plan fingerprint ]).
@@ -335,6 +344,9 @@ class Plan:
             "compiled": None if self.compiled is None else dict(self.compiled),
             "source": self.source,
             "source_note": self.source_note,
+            "shape_envelope": None if self.shape_envelope is None
+            else self.shape_envelope.to_dict(),
+            "on_new_shape": self.on_new_shape,
         }
 
     def to_json(self, *, indent: int | None = 2) -> str:
@@ -380,6 +392,9 @@ class Plan:
                 source=str(data.get("source", "planner")),
                 source_note=None if data.get("source_note") is None
                 else str(data["source_note"]),
+                shape_envelope=None if data.get("shape_envelope") is None else
+                ShapeEnvelope.from_dict(data["shape_envelope"]),
+                on_new_shape=str(data.get("on_new_shape", "error")),
             )
         except (KeyError, TypeError) as exc:
             raise ValueError(message("remat.Plan.from_json", "malformed plan",

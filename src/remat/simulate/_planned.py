@@ -111,7 +111,7 @@ def _no_plan_row(setup: Setup, batch_size: int, seq_len: int, fixed: tuple[int, 
 def _simulate_plan(setup: Setup, chosen: Any, batch_size: int, seq_len: int) -> SimulationRow:
     from remat.strategies import apply
 
-    apply(setup.model, chosen, blocks=setup.blocks)
+    apply(setup.model, chosen, blocks=setup.blocks, on_new_shape="off")  # a measured copy
     return point(setup, "plan", batch_size, seq_len)
 
 

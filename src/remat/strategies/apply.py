@@ -11,8 +11,10 @@ from typing import Any, TypeVar
 from torch import nn
 
 from remat.blocks import BlockMethod, BlocksSpec, Sublayer, named_blocks, sublayer_at
+from remat.core.shapes import check_on_new_shape
 from remat.errors import RematWarning, StrategyError, message, with_api
 from remat.strategies.base import BlockStrategy, Strategy
+from remat.strategies.guard import ShapeGuard, install_guard, remove_guard, shape_guard
 from remat.strategies.head import HEAD_KEY, head_attributes, head_of, uninstall_head
 from remat.strategies.offload import host_simulated
 from remat.strategies.pitfalls import check_model, check_regions, warn_pitfalls
@@ -50,13 +52,15 @@ def remove(model: M) -> M:
     """Undo :func:`apply`: every module gets its own forward back.
 
     Blocks that ``apply`` compiled for a plan made by ``remat.plan_compiled`` run eagerly
-    again (a model the user compiled is left compiled).
+    again (a model the user compiled is left compiled), and the plan's shape guard goes
+    (NOTE [ Shape guard ] in guard.py).
 
     Example:
         >>> remat.remove(remat.apply(model, "full")) is model
         True
     """
     uninstall_head(model)
+    remove_guard(model)
     for module in model.modules():
         uninstall(module)
         if module.__dict__.pop(_COMPILED_BY_PLAN, False):
@@ -235,7 +239,8 @@ def _apply_strategy(model: M, strategy: Strategy, blocks: BlocksSpec) -> M:
     return model
 
 
-def apply(model: M, strategy: str | Strategy | Any, *, blocks: BlocksSpec = None) -> M:
+def apply(model: M, strategy: str | Strategy | Any, *, blocks: BlocksSpec = None,
+          on_new_shape: str | None = None, replan_with: Mapping[str, Any] | None = None) -> M:
     """Checkpoint (or offload) a model's blocks in place and return the model.
 
     Trades compute for memory: checkpointed regions drop their activations after
@@ -263,19 +268,37 @@ def apply(model: M, strategy: str | Strategy | Any, *, blocks: BlocksSpec = None
             block in place with the compiler budget it records).
         blocks: which modules are blocks: a class, a list of classes, or a predicate
             ``(qualified_name, module) -> bool``. Default: found automatically.
+        on_new_shape: for a plan that records the shapes it was made for
+            (``plan.shape_envelope``), what a training batch outside them does, checked
+            before each forward (NOTE [ Shape guard ] in guard.py): ``"error"`` raises
+            :class:`~remat.errors.ShapeOutsidePlan`, ``"warn"`` warns once per shape
+            bucket and runs, ``"replan"`` plans for the batch's shape bucket once (same
+            budget, cached, applied before the forward runs), ``"off"`` checks nothing.
+            Only shapes count: a packed batch (position ids restarting inside a row) or
+            a padded one (an attention mask with zeros) of the plan's shapes passes.
+            Default: the plan's own ``on_new_shape`` (``"error"``).
+        replan_with: keyword arguments of :func:`remat.plan` a replan uses
+            (``optimizer=``, ``loss_fn=``, ...; the budget is the plan's): pass what the
+            plan was made with, since a replan without the optimizer counts no optimizer
+            state. Default: ``None`` (none; with ``"replan"`` a
+            :class:`~remat.errors.RematWarning` says so; ``remat.auto`` passes its own).
 
     Returns:
         ``model``, modified in place.
 
     Raises:
-        StrategyError: unknown strategy (the message lists the valid ones), or a plan
-            made for another model (the message says what differs).
+        StrategyError: unknown strategy (the message lists the valid ones), a plan
+            made for another model (the message says what differs), or ``on_new_shape``
+            with a strategy (only a plan has shapes).
         BlocksNotFound: no repeated blocks found (the message says how to pass ``blocks=``).
 
     Example:
         >>> model = remat.models.build_model("gpt-tiny")
         >>> remat.apply(model, "every:2")  # checkpoint blocks 0, 2, 4, ...
+        >>> remat.apply(model, plan, on_new_shape="replan")  # a plan per new shape bucket
     """
+    if on_new_shape is not None:
+        check_on_new_shape(on_new_shape, api="remat.apply")
     plan_decisions = getattr(strategy, "decisions", None)
     if plan_decisions is not None and not isinstance(strategy, (str, Strategy)):
         # A Plan (planning is a layer above): it refuses a model it was not made for.
@@ -294,8 +317,38 @@ def apply(model: M, strategy: str | Strategy | Any, *, blocks: BlocksSpec = None
             for module in model.modules():  # remove() uncompiles what the plan compiled
                 if getattr(module, "_compiled_call_impl", None) is not None:
                     module.__dict__[_COMPILED_BY_PLAN] = True
+        mode = on_new_shape or str(getattr(strategy, "on_new_shape", "error"))
+        if getattr(strategy, "shape_envelope", None) is not None and mode != "off" \
+                and compiled is None:  # NOTE [ Shape guard ]
+            if mode == "replan" and replan_with is None:
+                warnings.warn(message(
+                    "remat.apply", "on_new_shape='replan' without replan_with=",
+                    {"why": "a replan measures a step with the loss and optimizer it is "
+                            "given; without yours it counts no optimizer state, and its "
+                            "plan can run over the budget in your loop"},
+                    fix="pass replan_with={'optimizer': optimizer, 'loss_fn': ...} (what "
+                        "the plan was made with), or {} if it was made with neither"),
+                    RematWarning, stacklevel=2)
+            install_guard(model, ShapeGuard(model, strategy, on_new_shape=mode,
+                                            switch=_switch_plan, blocks=chosen,
+                                            replan_with=replan_with))
         return model
+    if on_new_shape not in (None, "off"):
+        raise StrategyError(message(
+            "remat.apply", f"on_new_shape={on_new_shape!r} needs a plan",
+            {"strategy": repr(strategy), "why": "a plan records the shapes it was made for; "
+                                                 "a strategy has none"},
+            fix="apply a plan from remat.plan, or drop on_new_shape"))
     return _apply_strategy(model, parse_strategy(strategy, api="remat.apply"), blocks)
+
+
+def _switch_plan(model: nn.Module, plan: Any, blocks: BlocksSpec) -> None:
+    """The shape guard's switch: ``plan``'s decisions on ``model`` (``None``: remove
+    everything, the guard included; NOTE [ Replanning from the guard ])."""
+    if plan is None:
+        remove(model)
+    else:
+        apply_decisions(model, plan.decisions, blocks=blocks, label="plan")
 
 
 @contextmanager
@@ -313,9 +366,12 @@ def preserved_strategy(model: nn.Module) -> Iterator[None]:
     installed = [(m, {**installed_attributes(m), **head_attributes(m),
                       **({_APPLIED: m.__dict__[_APPLIED]} if _APPLIED in m.__dict__ else {})})
                  for m in model.modules()]
+    guard = shape_guard(model)
     try:
         yield
     finally:
         remove(model)
         for module, saved in installed:
             module.__dict__.update(saved)
+        if guard is not None:
+            install_guard(model, guard)

@@ -24,6 +24,7 @@ from remat.measure.attribution import hook_calls
 from remat.measure.step import Step, call_model, check_runnable, default_loss
 from remat.strategies.apply import apply, remove
 from remat.strategies.base import Strategy
+from remat.strategies.guard import install_guard, shape_guard
 from remat.strategies.regions import installed_attributes, method_regions, region_of
 from remat.strategies.registry import parse_strategy
 
@@ -58,12 +59,15 @@ def _preserved(model: nn.Module) -> Iterator[None]:
     grads = {name: p.grad for name, p in model.named_parameters()}
     cpu_rng = torch.get_rng_state()
     cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+    guard = shape_guard(model)
     try:
         yield
     finally:
         remove(model)
         for module, saved in installed.values():
             module.__dict__.update(saved)
+        if guard is not None:
+            install_guard(model, guard)
         for config, use_cache in configs.values():
             config.use_cache = use_cache
         with torch.no_grad():
@@ -164,7 +168,7 @@ def validate(model: nn.Module, batch: Any, strategy: str | Any, *, blocks: Block
     with _preserved(model):
         remove(model)
         loss_ref, grads_ref = _step(step, seed)
-        apply(model, strategy, blocks=blocks)
+        apply(model, strategy, blocks=blocks, on_new_shape="off")  # any batch: no guard
         with _region_calls(model) as calls:
             loss, grads = _step(step, seed)
     if calls.regions and not calls.ran:
