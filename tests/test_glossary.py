@@ -36,6 +36,7 @@ ALLOWED = {
     "plan_text": "a plan as text",
     "plan_preset": "remat.jax's planner of a built-in preset",
     "tp_plan": "the glossary's TP plan (its own row)",
+    "ShapeOutsidePlan": "the error: a batch outside the shapes a plan was made for",
     "BudgetTooSmall": "the error: no plan fits the budget",
     "CardBudget": "a budget of the card kind (glossary: card)",
     "card_budget": "a budget of the card kind (glossary: card)",
