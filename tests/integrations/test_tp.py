@@ -355,7 +355,7 @@ def test_a_collective_wrapper_counts_the_tensor_it_wraps() -> None:
     assert storage_of(wrapped)._cdata == storage_of(inner)._cdata  # type: ignore[union-attr]
 
 
-def test_plan_follows_torchtitan_for_llama_and_leaves_gpt_attention_whole() -> None:
+def test_plan_follows_torchtitan_for_llama_and_shards_gpt_fused_qkv_by_heads() -> None:
     plan = tp_plan(build_model("llama-tiny"), sequence_parallel=True)
     kinds = {name: type(style).__name__ for name, style in plan.items()}
     assert kinds["blocks.0.attn.q_proj"] == kinds["blocks.1.mlp.up_proj"] == "ColwiseParallel"
@@ -366,8 +366,9 @@ def test_plan_follows_torchtitan_for_llama_and_leaves_gpt_attention_whole() -> N
     assert "blocks.0.attn_norm" not in tp_plan(build_model("llama-tiny"))
     gpt = tp_plan(build_model("gpt-tiny", tie_weights=False), sequence_parallel=True)
     assert type(gpt["blocks.0.mlp.fc"]).__name__ == "ColwiseParallel"
-    assert type(gpt["blocks.0.attn"]).__name__ == "PrepareModuleInputOutput"
-    assert not any(n.startswith("blocks.0.attn.") for n in gpt)
+    # the fused qkv: q, k and v (64 wide each) split by heads, not one column shard
+    assert gpt["blocks.0.attn.qkv"].sections == (64, 64, 64)
+    assert type(gpt["blocks.0.attn.proj"]).__name__ == "RowwiseParallel"
     with pytest.raises(RematError, match="tied to the head: True"):
         tp_plan(build_model("gpt-tiny"), sequence_parallel=True)
 
