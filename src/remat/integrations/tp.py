@@ -32,13 +32,20 @@ NOTE [ TP plan by module names ]
     its MLP). A model that adds learned position embeddings after the token embedding
     (OPT's ``embed_positions``) keeps the embedding's output whole under SP and
     shards the first block's input instead (Megatron-LM does the same).
-    remat's GPT fuses q, k and v in one ``qkv`` linear whose output is split by
-    position, which a column shard would cut across q, k and v: its attention stays
-    replicated and only its MLP (``fc`` / ``proj``) is parallelized.
+    Where the names are unknown, a sub-layer's linears are told apart by their widths:
+    the last one mapping back to the block's width is rowwise, the others colwise. A
+    single colwise linear wider than the rowwise one's input is a fused projection
+    (GPT-2's ``c_attn``, GPT-NeoX's and Falcon's ``query_key_value``, litgpt's ``qkv``,
+    remat's GPT's ``qkv``): each rank keeps whole heads of q, k and v (NOTE [ Fused
+    projections ] in remat/simulate/tp_fused.py), and a fused weight's DTensor is in
+    rank-major order (:func:`natural_order` puts a ``full_tensor()`` back). GPT-2's
+    transposed ``Conv1D`` takes :class:`ColwiseProjection` / :class:`RowwiseProjection`.
     Attention modules keep a head count their ``forward`` uses in ``view``:
-    :func:`apply_tp` divides ``n_head`` / ``n_kv_head`` / ``num_heads`` /
-    ``num_key_value_heads`` attributes by ``t`` (Hugging Face's ``view(..., -1,
-    head_dim)`` needs no change).
+    :func:`apply_tp` divides their head-count attributes (``n_head``, ``num_heads``,
+    ``num_key_value_heads``, ``num_kv_heads``, ...) by ``t`` (Hugging Face's
+    ``view(..., -1, head_dim)`` needs no change); a module holding a fused projection
+    also gets its ``split_size`` divided and its own copy of its ``config`` with per-rank
+    head counts (litgpt reads them there).
 
 NOTE [ A user's TP plan ]
     ``apply_tp(model, mesh, tp_plan=...)`` (and ``tp_rank_bytes(..., tp_plan=)``,
@@ -79,9 +86,10 @@ from typing import Any, TypeVar
 
 from torch import nn
 
+from remat.simulate.tp_fused import ColwiseProjection, RowwiseProjection, natural_order
 from remat.simulate.tp_layout import build_plan, parallelize
 
-__all__ = ["apply_tp", "tp_plan"]
+__all__ = ["ColwiseProjection", "RowwiseProjection", "apply_tp", "natural_order", "tp_plan"]
 
 M = TypeVar("M", bound=nn.Module)
 API = "remat.integrations.tp.apply_tp"

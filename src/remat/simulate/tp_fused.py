@@ -228,7 +228,8 @@ def _first_consumers(model: nn.Module, names: Sequence[str], api: str
     return watcher.seen
 
 
-def _head_width(module: nn.Module) -> int | None:
+def head_width(module: nn.Module) -> int | None:
+    """A head's width, from ``module``'s attributes or its ``config``'s (None: not found)."""
     for owner in (module, getattr(module, "config", None)):
         for attr in HEAD_WIDTHS:
             value = getattr(owner, attr, None)
@@ -303,7 +304,7 @@ def fused_layouts(model: nn.Module, fused: dict[str, int], *,
     for name in names:
         parent = modules[name.rpartition(".")[0]] if "." in name else model
         op = consumers.get(name)
-        found = _sections(op, fused[name], _head_width(parent))
+        found = _sections(op, fused[name], head_width(parent))
         if found is None:
             raise RematError(message(
                 api, f"remat cannot tell how {name}'s fused output is split into heads",

@@ -114,6 +114,29 @@ def fused_of(model: nn.Module, roles: dict[str, Role], *,
     return fused_layouts(model, fused, api=api)
 
 
+def check_degree(model: nn.Module, roles: dict[str, Role],
+                 fused: dict[str, tuple[tuple[int, ...], int]], tp: int, *, api: str) -> None:
+    """Refuse a degree ``tp`` that cannot give each rank whole heads: of every part of a
+    fused projection, and of each colwise linear in a module with a head width (one
+    key/value head of 12 cannot be split 2 ways)."""
+    from remat.simulate.tp_fused import check_fused, head_width, linear_shape
+
+    check_fused(fused, tp, api=api)
+    modules = dict(model.named_modules())
+    for name, role in roles.items():
+        parent = name.rpartition(".")[0]
+        shape = linear_shape(modules[name])
+        if role != "colwise" or not parent or shape is None:
+            continue
+        head = head_width(modules[parent])
+        if head is not None and shape[1] % head == 0 and shape[1] % (tp * head):
+            raise RematError(message(
+                api, f"{name}'s {shape[1] // head} heads cannot be split {tp} ways",
+                {"output width": shape[1], "head width": head},
+                fix="pick a TP degree dividing the number of (key/value) heads, or pass "
+                    "tp_plan= (--tp-plan) leaving this attention whole"))
+
+
 def build_plan(model: nn.Module, *, sequence_parallel: bool, api: str,
                roles: dict[str, Role] | None = None,
                fused: dict[str, tuple[tuple[int, ...], int]] | None = None) -> dict[str, Any]:
@@ -146,7 +169,8 @@ def _divide(owner: Any, where: str, attrs: tuple[str, ...], tp: int, api: str) -
             if count % tp:
                 raise RematError(message(
                     api, f"{where}.{attr}={count} is not divisible by the TP degree {tp}",
-                    fix="pick a TP degree dividing the number of (key/value) heads"))
+                    fix="pick a TP degree dividing the number of (key/value) heads, or pass "
+                        "tp_plan= (--tp-plan) leaving this attention whole"))
             setattr(owner, attr, count // tp)
 
 
@@ -231,6 +255,8 @@ def parallelize(model: nn.Module, mesh: Any, *, sequence_parallel: bool, api: st
     :func:`divide_head_counts` and ``parallelize_module``, in place."""
     from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
 
+    from remat.simulate.tp_fused import check_fused
+
     if mesh.ndim != 1:
         raise RematError(message(api, f"the mesh has {mesh.ndim} dimensions",
                                  fix="pass the tensor-parallel sub-mesh, e.g. mesh['tp']"))
@@ -246,16 +272,15 @@ def parallelize(model: nn.Module, mesh: Any, *, sequence_parallel: bool, api: st
                           if isinstance(s, ColwiseParallel) and n.rpartition(".")[0]})
         divide_head_counts(model, parents, mesh.size(), api=api)
     else:
-        from remat.simulate.tp_fused import check_fused
-
         roles = tp_roles(model, sequence_parallel=sequence_parallel, api=api)
         fused = fused_of(model, roles, api=api)
-        check_fused(fused, mesh.size(), api=api)
+        check_fused(fused, mesh.size(), api=api)  # before the counts: its error says more
         plan = build_plan(model, sequence_parallel=sequence_parallel, api=api, roles=roles,
                           fused=fused)
         holders = tuple(sorted({n.rpartition(".")[0] for n in fused}))
         divide_head_counts(model, [*attention_modules(roles), *holders], mesh.size(),
                            api=api, fused=holders)
+        check_degree(model, roles, fused, mesh.size(), api=api)
     try:
         parallelize_module(model, mesh, plan)
     except (NotImplementedError, ValueError, TypeError) as error:

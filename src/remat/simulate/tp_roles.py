@@ -169,10 +169,13 @@ def tp_roles(model: nn.Module, *, sequence_parallel: bool = False,
     modules = dict(model.named_modules())
     parent = blocks[0][0].rsplit(".", 2)[0] if blocks[0][0].count(".") >= 2 else ""
     emb = _child(modules[parent], _EMBEDDINGS)
-    head = _child(modules[parent], _HEADS)
-    head_prefix = parent
-    if head is None and parent:
-        head, head_prefix = _child(model, _HEADS), ""
+    head, head_prefix = None, parent
+    while head is None:  # the stack's parent, or the nearest module above it
+        head = _child(modules[head_prefix], _HEADS)
+        if head is None and not head_prefix:
+            break
+        if head is None:
+            head_prefix = head_prefix.rpartition(".")[0]
     if emb is None:  # by structure: the stack's parent's one embedding
         embeddings = [(n, m) for n, m in modules[parent].named_children()
                       if isinstance(m, nn.Embedding)]
