@@ -102,7 +102,44 @@ def _parity(model: nn.Module, factory: Any = None) -> dict[str, Any]:
     return {"loss": loss.item(), "ref_loss": ref_loss, "grad_rel_error": worst}
 
 
-def _bytes(model: nn.Module) -> dict[str, int]:
+def _fused_parity(factory: Any, mesh: Any) -> tuple[dict[str, Any], nn.Module, Any]:
+    """``factory``'s model (a fused QKV) under remat's layout with ``full`` on top against
+    one process; the fused weights' gradients put back in the model's order
+    (``natural_order``). Returns the result, the parallelized model and its batch."""
+    import remat
+    from remat.integrations.tp import natural_order
+    from remat.simulate._setup import default_batch
+    from remat.simulate.tp_fused import linear_shape
+    from remat.simulate.tp_layout import fused_of
+
+    torch.manual_seed(0)
+    ref = factory()
+    batch = default_batch(ref, 2, 16)
+    ref_loss = ref(**batch).loss
+    ref_loss.backward()
+    torch.manual_seed(0)
+    model = factory()
+    fused = fused_of(model, tp_roles(model), api="test")
+    out_dims = {n: s[2] for n, m in model.named_modules() if (s := linear_shape(m))}
+    remat.apply(apply_tp(model, mesh), "full")
+    loss = model(**batch).loss
+    loss.backward()
+    refs = dict(ref.named_parameters())
+    worst = 0.0
+    for name, p in model.named_parameters():
+        grad = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
+        owner = name.rpartition(".")[0]
+        if owner in fused:
+            dim = out_dims[owner] if grad.dim() == 2 else 0
+            grad = natural_order(grad, dim, fused[owner][0], TP)
+        want = refs[name].grad
+        assert want is not None
+        worst = max(worst, float((grad - want).abs().max() / max(want.abs().max(), 1e-5)))
+    return ({"loss": loss.item(), "ref_loss": ref_loss.item(), "grad_rel_error": worst},
+            model, batch)
+
+
+def _bytes(model: nn.Module, batch: Any = None) -> dict[str, int]:
     """The rank's tracked step (fp32, SGD with momentum) and the CPU allocator's peak."""
     from tests.measure.allocator_util import allocator_step_peak
 
@@ -116,7 +153,7 @@ def _bytes(model: nn.Module) -> dict[str, int]:
     params = [p for p in model.parameters() if p.requires_grad]
     opt = make_optimizer("sgd", params, foreach=all(is_dtensor(p) for p in params))
     assert opt is not None
-    batch = _batch()
+    batch = _batch() if batch is None else batch
     run_step(model, batch, optimizer=opt)  # optimizer state, as WarmFake's warm-up
     clear_grads(model)
     from remat.measure.step import Step
@@ -183,6 +220,11 @@ def _worker(rank: int, store_path: str, out_path: str) -> None:
                                                              tp_plan=user_plan()), "full"))
     results["user-plan:bytes"] = _bytes(remat.apply(apply_tp(_model(), mesh,
                                                              tp_plan=user_plan()), "full"))
+    from tests.simulate.test_tp_fused import LitLlama, gpt2
+
+    results["fused:gpt2"], model, batch = _fused_parity(gpt2, mesh)
+    results["fused:gpt2:bytes"] = _bytes(model, batch)
+    results["fused:litgpt"] = _fused_parity(LitLlama, mesh)[0]
     if rank == 0:
         Path(out_path).write_text(json.dumps(results))
     dist.barrier()
@@ -246,7 +288,8 @@ def wide(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
 
 
 @pytest.mark.parametrize("case", [c[0] for c in PARITY] + ["opt:sp=False", "opt:sp=True",
-                                                            "user-plan:full"])
+                                                            "user-plan:full", "fused:gpt2",
+                                                            "fused:litgpt"])
 def test_tp_gradients_match_one_process(results: dict[str, Any], case: str) -> None:
     result = results[case]
     assert result["loss"] == pytest.approx(result["ref_loss"], rel=RTOL)
@@ -271,6 +314,24 @@ def test_a_user_plan_simulates_the_bytes_gloo_ranks_measure(results: dict[str, A
     assert (measured["optimizer"], measured["activations"], measured["peak"]) == (
         sim.optimizer_bytes, sim.activation_bytes, sim.peak_bytes)
     assert sim.peak_bytes < sim.device_peak_bytes
+
+
+def test_gpt2_fused_qkv_simulates_the_bytes_gloo_ranks_measure(results: dict[str, Any]) -> None:
+    from tests.simulate.test_tp_fused import gpt2
+
+    measured = results["fused:gpt2:bytes"]
+    sim = tp_rank_bytes(gpt2, seq_len=16, batch_size=2, tp=TP, strategy="full",
+                        dtype="fp32", optimizer="sgd")
+    model = gpt2()
+    # Exact: every weight split in two (c_attn by heads of q, k and v) but the norms',
+    # the position embedding and the rowwise Conv1Ds' biases.
+    whole = sum(p.numel() * 4 for n, p in model.named_parameters()
+                if ".ln_" in n or "ln_f" in n or "wpe" in n or n.endswith("c_proj.bias"))
+    split = sum(p.numel() * 4 for p in model.parameters()) - whole
+    assert measured["params"] == sim.param_bytes == whole + split // TP
+    assert (measured["optimizer"], measured["activations"], measured["peak"]) == (
+        sim.optimizer_bytes, sim.activation_bytes, sim.peak_bytes)
+    assert measured["peak"] == pytest.approx(measured["allocator_peak"], rel=0.15)
 
 
 def test_a_user_plan_key_no_block_holds_is_refused() -> None:

@@ -21,10 +21,11 @@ transformers = pytest.importorskip("transformers")
 
 
 def gpt2() -> nn.Module:
-    """Hugging Face GPT-2: Conv1D (weights (in, out)), [q|k|v] in ``c_attn``."""
+    """Hugging Face GPT-2: Conv1D (weights (in, out)), [q|k|v] in ``c_attn``; no dropout
+    (gloo ranks would draw their own masks)."""
     return transformers.GPT2LMHeadModel(transformers.GPT2Config(  # type: ignore[no-any-return]
         vocab_size=128, n_embd=64, n_layer=2, n_head=4, n_positions=32,
-        tie_word_embeddings=False))
+        tie_word_embeddings=False, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0))
 
 
 def neox() -> nn.Module:

@@ -310,8 +310,9 @@ def fused_layouts(model: nn.Module, fused: dict[str, int], *,
                 api, f"remat cannot tell how {name}'s fused output is split into heads",
                 {"first op on its output": getattr(op[0], "__name__", "none seen")
                     if op else "none seen", "rowwise input width": fused[name]},
-                fix="pass tp_plan= with your own layout (e.g. only the MLP's linears: "
-                    "{'mlp.c_fc': ColwiseParallel(), 'mlp.c_proj': RowwiseParallel()})"))
+                fix="pass tp_plan= (--tp-plan) with your own layout, e.g. only the MLP's "
+                    "linears: {'mlp.c_fc': ColwiseParallel(), 'mlp.c_proj': "
+                    "RowwiseParallel()}"))
         out[name] = found
     return out
 
@@ -327,4 +328,5 @@ def check_fused(layouts: dict[str, tuple[tuple[int, ...], int]], tp: int, *,
                 {"parts (widths)": sections, "a head's (or group's) width": unit,
                  "parts tp does not divide": bad},
                 fix="pick a TP degree dividing every part's heads (one key/value head "
-                    "cannot be split), or pass tp_plan= leaving this attention whole"))
+                    "cannot be split), or pass tp_plan= (--tp-plan) leaving this attention "
+                    "whole, e.g. only the MLP's linears"))

@@ -163,7 +163,10 @@ def build_plan(model: nn.Module, *, sequence_parallel: bool, api: str,
 def _divide(owner: Any, where: str, attrs: tuple[str, ...], tp: int, api: str) -> None:
     """Divide ``owner``'s int attributes named in ``attrs`` by ``tp``, refusing a count
     ``tp`` does not divide."""
+    aliases = getattr(owner, "attribute_map", None) or {}  # a Hugging Face config's
     for attr in attrs:
+        if attr in aliases:  # another name of an attribute divided once already
+            continue
         count = getattr(owner, attr, None)
         if isinstance(count, int) and not isinstance(count, bool):
             if count % tp:
