@@ -190,7 +190,8 @@ def simulate_command(
     tp: Annotated[int, typer.Option(
         "--tp", min=1, metavar="T",
         help="Tensor-parallel degree: one rank's bytes per strategy, from rank 0's own step "
-             "under a fake process group (llama- and OPT-style blocks).",
+             "under a fake process group (llama-, OPT-style and fused-QKV blocks: GPT-2, "
+             "GPT-NeoX, Falcon, litgpt).",
     )] = 1,
     tp_plan: Annotated[str | None, typer.Option(
         "--tp-plan", metavar="FILE.py:NAME",
