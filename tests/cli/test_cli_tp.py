@@ -9,6 +9,7 @@ from typer.testing import CliRunner
 
 from remat.cli import app
 from remat.simulate.tensor_parallel import tp_rank_bytes
+from remat.simulate.tp_step import simulate_ranks
 
 runner = CliRunner()
 
@@ -99,7 +100,8 @@ def test_simulate_tp_shards_gpt2s_fused_qkv(tmp_path: Path) -> None:
     assert spec is not None and spec.loader is not None
     plans = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(plans)
-    want = tp_rank_bytes(plans.gpt2, seq_len=16, batch_size=1, tp=2, dtype="fp32")
+    (want,) = simulate_ranks(plans.gpt2, seq_len=16, points=[("none", 1)], tp=2,
+                             sequence_parallel=False, dtype="fp32", optimizer="adamw")
     assert (row["param_bytes"], row["peak_bytes"]) == (want.param_bytes, want.peak_bytes)
 
 

@@ -133,7 +133,7 @@ def test_one_key_value_head_is_refused_and_an_mlp_only_plan_runs() -> None:
         "word_embeddings", "lm_head", "self_attention", "dense_4h_to_h.bias"))
 
 
-@pytest.mark.parametrize("seed", [2, 7, 8, 13])
+@pytest.mark.parametrize("seed", [7, 8])  # GPT-NeoX (fused); Qwen2 with one k/v head
 def test_generated_decoders_are_sharded_or_refused_with_a_remat_error(seed: int) -> None:
     from tests.generated_models import generated_model
 
