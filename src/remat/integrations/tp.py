@@ -1,4 +1,4 @@
-"""Tensor and sequence parallelism (DTensor) for llama-style blocks, with remat on top.
+"""Tensor and sequence parallelism (DTensor) for transformer blocks, with remat on top.
 
 Example::
 
@@ -103,6 +103,10 @@ def tp_plan(model: nn.Module, *, sequence_parallel: bool = False) -> dict[str, A
     norm and head styles (roles from :func:`remat.simulate.tensor_parallel.tp_roles`,
     which the per-rank simulation reads too). Inspect or edit the dict, then pass it
     to ``torch.distributed.tensor.parallel.parallelize_module`` (or use :func:`apply_tp`).
+    A model with a fused projection (GPT-2's ``c_attn``, ``query_key_value``, litgpt's
+    ``qkv``) is run once on a fake copy to read how its forward splits the output
+    (NOTE [ Fused projections ] in remat/simulate/tp_fused.py); its style is a
+    :class:`ColwiseProjection` with the output's sections.
 
     Args:
         model: the model, not yet parallelized.
@@ -114,8 +118,9 @@ def tp_plan(model: nn.Module, *, sequence_parallel: bool = False) -> dict[str, A
         A dict from qualified module name to a ``ParallelStyle``.
 
     Raises:
-        RematError: no block has projections the plan recognises, or sequence
-            parallelism with an embedding tied to the head.
+        RematError: no block has projections the plan recognises, sequence
+            parallelism with an embedding tied to the head, or a fused projection whose
+            layout the fake forward does not show.
 
     Example:
         >>> plan = tp_plan(build_model("llama-tiny"))
@@ -151,7 +156,8 @@ def apply_tp(model: M, mesh: Any, *, sequence_parallel: bool = False,
 
     Raises:
         RematError: the mesh is not 1-D, a head count is not divisible by the mesh
-            size, no block matches the plan, or a ``tp_plan`` key names no module.
+            size (one key/value head included), no block matches the plan, a fused
+            projection's layout is unknown, or a ``tp_plan`` key names no module.
 
     Example:
         >>> mesh = init_device_mesh("cpu", (2,))
