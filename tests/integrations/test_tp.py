@@ -425,13 +425,15 @@ def test_plan_follows_torchtitan_for_llama_and_shards_gpt_fused_qkv_by_heads() -
     assert kinds["blocks.0.attn"] == "PrepareModuleInput"
     assert kinds["tok_emb"] == "RowwiseParallel" and kinds["lm_head"] == "ColwiseParallel"
     assert "blocks.0.attn_norm" not in tp_plan(build_model("llama-tiny"))
-    gpt = tp_plan(build_model("gpt-tiny", tie_weights=False), sequence_parallel=True)
+    gpt = tp_plan(build_model("gpt-tiny", tie_weights=False))
     assert type(gpt["blocks.0.mlp.fc"]).__name__ == "ColwiseParallel"
     # the fused qkv: q, k and v (64 wide each) split by heads, not one column shard
     assert gpt["blocks.0.attn.qkv"].sections == (64, 64, 64)
     assert type(gpt["blocks.0.attn.proj"]).__name__ == "RowwiseParallel"
     with pytest.raises(RematError, match="tied to the head: True"):
         tp_plan(build_model("gpt-tiny"), sequence_parallel=True)
+    with pytest.raises(RematError, match="sequence parallelism with a fused QKV"):
+        tp_plan(build_model("gpt-tiny", tie_weights=False), sequence_parallel=True)
 
 
 def test_plan_finds_hugging_face_llama_names() -> None:

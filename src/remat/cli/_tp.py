@@ -68,7 +68,8 @@ def check_layout(source: Any, seq_len: int, *, tp: int, sequence_parallel: bool,
     try:
         if tp_plan is None:  # the fused projections' layouts too (one probe forward)
             roles = tp_roles(model, sequence_parallel=sequence_parallel, api=api)
-            check_degree(model, roles, fused_of(model, roles, api=api), tp, api=api)
+            fused = fused_of(model, roles, api=api, sequence_parallel=sequence_parallel)
+            check_degree(model, roles, fused, tp, api=api)
         else:
             resolve_plan(model, tp_plan, api=api)
     except RematError as error:

@@ -97,15 +97,23 @@ def style(role: Role, module: nn.Module, sequence_parallel: bool, *,
         output_layouts=(Replicate(),), desired_output_layouts=(shard,))
 
 
-def fused_of(model: nn.Module, roles: dict[str, Role], *,
-             api: str) -> dict[str, tuple[tuple[int, ...], int]]:
+def fused_of(model: nn.Module, roles: dict[str, Role], *, api: str,
+             sequence_parallel: bool = False) -> dict[str, tuple[tuple[int, ...], int]]:
     """The fused projections among ``roles`` and their layouts (NOTE [ Fused projections ]
-    in tp_fused.py): name -> (sections, unit)."""
+    in tp_fused.py): name -> (sections, unit). Refuses sequence parallelism with them:
+    their attention modules (GPT-2's, GPT-NeoX's, Falcon's) take the hidden states
+    positionally or by keyword in ways remat's gather does not know."""
     from remat.simulate.tp_fused import fused_layouts, linear_shape
 
     modules = dict(model.named_modules())
     fused: dict[str, int] = {}
     for name, role in roles.items():
+        if role == "fused" and sequence_parallel:
+            raise RematError(message(
+                api, "sequence parallelism with a fused QKV projection is not modelled",
+                {"fused": name},
+                fix="drop sequence_parallel (--sp), or pass tp_plan= (--tp-plan) with your "
+                    "own SequenceParallel / PrepareModuleInput entries"))
         if role == "fused":
             parent = name.rpartition(".")[0]
             row = next(n for n, r in roles.items()
@@ -146,7 +154,7 @@ def build_plan(model: nn.Module, *, sequence_parallel: bool, api: str,
     if roles is None:
         roles = tp_roles(model, sequence_parallel=sequence_parallel, api=api)
     if fused is None:
-        fused = fused_of(model, roles, api=api)
+        fused = fused_of(model, roles, api=api, sequence_parallel=sequence_parallel)
     scattered = "scatter" in roles.values()
     plan: dict[str, Any] = {}
     for name, role in roles.items():
@@ -276,7 +284,7 @@ def parallelize(model: nn.Module, mesh: Any, *, sequence_parallel: bool, api: st
         divide_head_counts(model, parents, mesh.size(), api=api)
     else:
         roles = tp_roles(model, sequence_parallel=sequence_parallel, api=api)
-        fused = fused_of(model, roles, api=api)
+        fused = fused_of(model, roles, api=api, sequence_parallel=sequence_parallel)
         check_fused(fused, mesh.size(), api=api)  # before the counts: its error says more
         plan = build_plan(model, sequence_parallel=sequence_parallel, api=api, roles=roles,
                           fused=fused)
