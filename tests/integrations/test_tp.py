@@ -220,10 +220,12 @@ def _worker(rank: int, store_path: str, out_path: str) -> None:
                                                              tp_plan=user_plan()), "full"))
     results["user-plan:bytes"] = _bytes(remat.apply(apply_tp(_model(), mesh,
                                                              tp_plan=user_plan()), "full"))
-    from tests.simulate.test_tp_fused import gpt2
+    from tests.simulate.test_tp_fused import falcon_grouped, gpt2
 
     results["fused:gpt2"], model, batch = _fused_parity(gpt2, mesh)
     results["fused:gpt2:bytes"] = _bytes(model, batch)
+    # groups of heads, and a parallel block adding in place to a rowwise output
+    results["fused:falcon"] = _fused_parity(falcon_grouped, mesh)[0]
     if rank == 0:
         Path(out_path).write_text(json.dumps(results))
     dist.barrier()
@@ -287,7 +289,8 @@ def wide(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
 
 
 @pytest.mark.parametrize("case", [c[0] for c in PARITY] + ["opt:sp=False", "opt:sp=True",
-                                                            "user-plan:full", "fused:gpt2"])
+                                                            "user-plan:full", "fused:gpt2",
+                                                            "fused:falcon"])
 def test_tp_gradients_match_one_process(results: dict[str, Any], case: str) -> None:
     result = results[case]
     assert result["loss"] == pytest.approx(result["ref_loss"], rel=RTOL)
@@ -429,7 +432,7 @@ def test_plan_follows_torchtitan_for_llama_and_shards_gpt_fused_qkv_by_heads() -
     assert type(gpt["blocks.0.mlp.fc"]).__name__ == "ColwiseParallel"
     # the fused qkv: q, k and v (64 wide each) split by heads, not one column shard
     assert gpt["blocks.0.attn.qkv"].sections == (64, 64, 64)
-    assert type(gpt["blocks.0.attn.proj"]).__name__ == "RowwiseParallel"
+    assert type(gpt["blocks.0.attn.proj"]).__name__ == "RowwiseProjection"
     with pytest.raises(RematError, match="tied to the head: True"):
         tp_plan(build_model("gpt-tiny"), sequence_parallel=True)
     with pytest.raises(RematError, match="sequence parallelism with a fused QKV"):

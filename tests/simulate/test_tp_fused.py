@@ -44,6 +44,12 @@ def falcon(**config: Any) -> nn.Module:
         tie_word_embeddings=False, **config))
 
 
+def falcon_grouped() -> nn.Module:
+    """Falcon's new decoder architecture: 2 groups of (2 q, 1 k, 1 v) heads in
+    ``query_key_value``, a parallel block adding in place to the MLP's output."""
+    return falcon(new_decoder_architecture=True, num_kv_heads=2, parallel_attn=True)
+
+
 def falcon_mqa() -> nn.Module:
     return falcon(multi_query=True)
 
@@ -79,8 +85,7 @@ def test_rank_major_gives_each_rank_its_heads_and_natural_order_undoes_it() -> N
     (gpt2, "transformer.h.0.attn.c_attn", (64, 64, 64)),                   # split(E)
     (neox, "gpt_neox.layers.0.attention.query_key_value", (192,)),         # per head
     (falcon, "transformer.h.0.self_attention.query_key_value", (64, 16, 16)),  # MQA heads
-    (lambda: falcon(new_decoder_architecture=True, num_kv_heads=2, parallel_attn=True),
-     "transformer.h.0.self_attention.query_key_value", (128,)),            # per group
+    (falcon_grouped, "transformer.h.0.self_attention.query_key_value", (128,)),  # groups
     (LitLlama, "gpt.transformer.h.0.attn.qkv", (64, 32, 32)),              # split(q, k, v)
     (lambda: build_model("gpt-tiny", n_layer=2), "blocks.0.attn.qkv", (64, 64, 64)),
 ])
@@ -103,8 +108,7 @@ def _hand_rank_params(model: nn.Module, t: int, whole: tuple[str, ...]) -> int:
 
 
 @pytest.mark.parametrize(("factory", "whole"), [
-    (gpt2, ("wpe", "attn.c_proj.bias", "mlp.c_proj.bias")),
-    (neox, ("dense.bias", "dense_4h_to_h.bias")),
+    (falcon_grouped, ()),
     (LitLlama, ()),
 ])
 def test_one_rank_holds_half_of_every_sharded_weight(factory: Any,

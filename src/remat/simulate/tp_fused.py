@@ -133,9 +133,44 @@ class ColwiseProjection(ColwiseParallel):
             partial(self._prepare_output_fn, self.output_layouts, self.use_local_output))
 
 
+class _Fresh(torch.autograd.Function):
+    """The same storage as a tensor that is not a view (NOTE [ Rowwise outputs changed in
+    place ])."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        from torch.distributed._functional_collectives import AsyncCollectiveTensor
+
+        if isinstance(x, AsyncCollectiveTensor):
+            x = x.wait()
+        return x.detach()  # an alias that autograd does not take for a view
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        return grad
+
+
+# NOTE [ Rowwise outputs changed in place ]
+#     DTensor's ``to_local()`` returns a view made inside a custom autograd Function, which
+#     autograd forbids changing in place; Falcon's parallel block does exactly that to its
+#     MLP's output (``mlp_output += attention_output``). :class:`RowwiseProjection` hands
+#     back the all-reduced output as a tensor over the same storage that is not a view
+#     (no copy, no extra bytes): nothing else holds that storage, so the in-place add is
+#     safe. remat's layouts use it for the rowwise linears of models with a fused
+#     projection (the Falcon family); llama-style models keep ``RowwiseParallel``.
+
+
 class RowwiseProjection(RowwiseParallel):
-    """``RowwiseParallel`` for a linear or a transposed linear (NOTE [ Transposed linears ]);
+    """``RowwiseParallel`` for a linear or a transposed linear (NOTE [ Transposed linears ]),
+    whose local output may be changed in place (NOTE [ Rowwise outputs changed in place ]);
     arguments as for ``RowwiseParallel``."""
+
+    @staticmethod
+    def _prepare_output_fn(output_layouts: Any, use_local_output: bool, mod: nn.Module,
+                           outputs: Any, device_mesh: Any) -> Any:
+        out = RowwiseParallel._prepare_output_fn(output_layouts, use_local_output, mod,
+                                                 outputs, device_mesh)
+        return _Fresh.apply(out) if use_local_output else out
 
     def _partition_linear_fn(self, name: str, module: nn.Module, device_mesh: Any) -> None:
         shape = linear_shape(module)

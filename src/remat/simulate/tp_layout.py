@@ -44,13 +44,15 @@ SEQ_DIM = -2
 
 def style(role: Role, module: nn.Module, sequence_parallel: bool, *,
           gathers_input: bool = False, scattered_later: bool = False,
-          sections: tuple[int, ...] | None = None) -> Any:
+          sections: tuple[int, ...] | None = None, in_place_safe: bool = False) -> Any:
     """The DTensor style of one role (None: nothing to do without sequence parallelism).
 
     ``gathers_input``: a colwise linear with no ``"gather"`` module above it, which
     all-gathers its own sequence-sharded input under SP. ``scattered_later``: the
     embedding's output stays whole because a ``"scatter"`` block shards the stream.
     ``sections``: a fused projection's parts (NOTE [ Fused projections ] in tp_fused.py).
+    ``in_place_safe``: a rowwise linear's output may be changed in place (NOTE [ Rowwise
+    outputs changed in place ] in tp_fused.py).
     """
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (
@@ -71,7 +73,8 @@ def style(role: Role, module: nn.Module, sequence_parallel: bool, *,
             return ColwiseParallel(input_layouts=layouts)
         return ColwiseProjection(sections=sections, input_layouts=layouts)
     if role == "rowwise":
-        return RowwiseParallel(output_layouts=seq) if isinstance(module, nn.Linear) else \
+        plain = isinstance(module, nn.Linear) and not in_place_safe
+        return RowwiseParallel(output_layouts=seq) if plain else \
             RowwiseProjection(output_layouts=seq)
     if role == "embedding":
         return RowwiseParallel(input_layouts=Replicate(),
@@ -162,7 +165,8 @@ def build_plan(model: nn.Module, *, sequence_parallel: bool, api: str,
             roles.get(name.rpartition(".")[0]) != "gather"
         found = style(role, modules[name], sequence_parallel, gathers_input=gathers,
                       scattered_later=scattered,
-                      sections=fused[name][0] if name in fused else None)
+                      sections=fused[name][0] if name in fused else None,
+                      in_place_safe=bool(fused))
         if found is not None:
             plan[name] = found
     return plan

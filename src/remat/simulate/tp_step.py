@@ -141,10 +141,8 @@ def step_failed(error: RuntimeError, model: nn.Module, *, tp: int, sequence_para
         {"tp": tp, "sequence parallel": sequence_parallel,
          "error": str(error).strip().splitlines()[-1][:200],
          "why": "the model's forward does not run under apply_tp's layout, and gloo "
-                "ranks fail alike (Hugging Face Llama with sequence parallelism builds "
-                "its rotary tables from the sequence-sharded residual stream; Falcon's "
-                "parallel block adds in place to a rowwise linear's output, which "
-                "DTensor hands back as a view)"},
+                "ranks fail alike (e.g. Hugging Face Llama with sequence parallelism "
+                "builds its rotary tables from the sequence-sharded residual stream)"},
         fix="drop sequence_parallel, or pass tp_plan= (--tp-plan) with your own layout"))
 
 
