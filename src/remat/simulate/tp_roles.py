@@ -64,9 +64,10 @@ def _hidden(block: nn.Module) -> int | None:
 
 
 def _by_shape(module: nn.Module, hidden: int | None) -> tuple[list[str], str] | None:
-    """A sub-layer's colwise and rowwise linears found by their widths (NOTE [ TP roles by
-    structure ]): the rowwise one is the last registered linear mapping back to the
-    block's width; every other linear must read the block's width."""
+    """A sub-layer's colwise and rowwise linears found by their widths (NOTE [ TP plan by
+    module names ] in remat/integrations/tp.py): the rowwise one is the last registered
+    linear mapping back to the block's width; every other linear must read the block's
+    width."""
     from remat.simulate.tp_fused import linear_shape
 
     shapes = {n: s for n, m in module.named_children() if (s := linear_shape(m)) is not None}
