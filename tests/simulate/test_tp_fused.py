@@ -50,6 +50,14 @@ def falcon_grouped() -> nn.Module:
     return falcon(new_decoder_architecture=True, num_kv_heads=2, parallel_attn=True)
 
 
+def phi3() -> nn.Module:
+    """Phi-3: ``qkv_proj`` sliced into q, k, v (2 key/value heads), ``gate_up_proj`` chunked."""
+    return transformers.Phi3ForCausalLM(transformers.Phi3Config(  # type: ignore[no-any-return]
+        vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
+        pad_token_id=0, tie_word_embeddings=False))
+
+
 def falcon_mqa() -> nn.Module:
     return falcon(multi_query=True)
 
@@ -88,6 +96,8 @@ def test_rank_major_gives_each_rank_its_heads_and_natural_order_undoes_it() -> N
     (falcon_grouped, "transformer.h.0.self_attention.query_key_value", (128,)),  # groups
     (LitLlama, "gpt.transformer.h.0.attn.qkv", (64, 32, 32)),              # split(q, k, v)
     (lambda: build_model("gpt-tiny", n_layer=2), "blocks.0.attn.qkv", (64, 64, 64)),
+    (phi3, "model.layers.0.self_attn.qkv_proj", (64, 32, 32)),             # qkv[..., :q]
+    (phi3, "model.layers.0.mlp.gate_up_proj", (128, 128)),                 # chunk(2)
 ])
 def test_fused_layout_is_read_from_the_model(factory: Any, fused: str,
                                              sections: tuple[int, ...]) -> None:

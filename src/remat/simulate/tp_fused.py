@@ -12,8 +12,9 @@ NOTE [ Fused projections ]
     model: one forward of a fake copy on a one-sequence batch, watching the first op
     on each fused projection's output (stopped once every one is seen):
 
-    - a split of the last dimension into sizes ``(a, b, c)``: *sections*, each split
-      ``t`` ways, rank ``r`` keeping the ``r``-th part of every section;
+    - a split of the last dimension into sizes ``(a, b, c)``, or a slice of its first
+      ``q`` columns (the rowwise input's width; Phi-3): *sections*, each split ``t``
+      ways, rank ``r`` keeping the ``r``-th part of every section;
     - a view of the last dimension into ``(A, *rest)`` with ``rest`` one head: ``A``
       lists heads, ``[q heads | k heads | v heads]``: sections by head counts (Falcon's
       multi-query layout);
@@ -211,7 +212,9 @@ class _FirstConsumer(TorchDispatchMode):
                            kwargs: Any = None) -> Any:
         first = args[0] if args else None
         name = self.watched.get(id(first)) if isinstance(first, torch.Tensor) else None
-        if name is not None and name not in self.seen:
+        metadata = getattr(func, "namespace", "") == "prim" or \
+            str(getattr(func, "__name__", "")).startswith(("sym_", "is_", "dim"))
+        if name is not None and name not in self.seen and not metadata:
             rest = (*args[1:], *(kwargs or {}).values())
             self.seen[name] = (func, rest, first.shape)  # type: ignore[union-attr]
             if len(self.seen) >= self.want:
@@ -291,6 +294,11 @@ def _sections(consumer: tuple[Any, tuple[Any, ...], torch.Size] | None, q_width:
         if isinstance(args[0], int):
             return tuple(min(args[0], width - i) for i in range(0, width, args[0])), head or 1
         return tuple(int(s) for s in args[0]), head or 1
+    if op == "slice" and len(args) >= 3 and args[0] % ndim == ndim - 1 and \
+            not args[1] and args[2] == q_width and width > q_width:  # qkv[..., :q]
+        kv = (width - q_width) // 2
+        return ((q_width, kv, kv) if 2 * kv + q_width == width else
+                (q_width, width - q_width)), head or 1
     if op in ("view", "_unsafe_view", "reshape") and args:
         new = [int(s) for s in args[0]]
         lead = list(shape[:-1])
