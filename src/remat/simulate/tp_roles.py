@@ -124,12 +124,14 @@ def tp_roles(model: nn.Module, *, sequence_parallel: bool = False,
              api: str = API) -> dict[str, Role]:
     """Each module tensor parallelism touches, by qualified name, and how.
 
-    ``"colwise"`` / ``"rowwise"``: a linear split by output / input features;
-    ``"embedding"``: the vocabulary-sharded token embedding; ``"head"``: the LM head
+    ``"colwise"`` / ``"rowwise"``: a linear (or a transposed one, Hugging Face's
+    ``Conv1D``) split by output / input features; ``"fused"``: a colwise linear whose
+    output holds several parts the forward splits (q, k and v), split by heads of each
+    (NOTE [ Fused projections ] in tp_fused.py); ``"embedding"``: the vocabulary-sharded token embedding; ``"head"``: the LM head
     (colwise, logits gathered); ``"norm"``: a norm (sequence-sharded with SP, else
     untouched); ``"gather"``: an attention or MLP module between its colwise and
     rowwise linears, whose input SP all-gathers; ``"replicated"``: a sub-layer left
-    whole (GPT's fused-qkv attention), whose input SP gathers and whose output it
+    whole (its linears' widths fit no layout), whose input SP gathers and whose output it
     re-shards; ``"scatter"``: with SP, the first block of a model that adds learned
     position embeddings to the token embedding's output (OPT), whose input SP
     shards on the sequence (the embedding's output stays whole). A colwise linear
