@@ -127,8 +127,9 @@ def tp_roles(model: nn.Module, *, sequence_parallel: bool = False,
     ``"colwise"`` / ``"rowwise"``: a linear (or a transposed one, Hugging Face's
     ``Conv1D``) split by output / input features; ``"fused"``: a colwise linear whose
     output holds several parts the forward splits (q, k and v), split by heads of each
-    (NOTE [ Fused projections ] in tp_fused.py); ``"embedding"``: the vocabulary-sharded token embedding; ``"head"``: the LM head
-    (colwise, logits gathered); ``"norm"``: a norm (sequence-sharded with SP, else
+    (NOTE [ Fused projections ] in tp_fused.py); ``"embedding"``: the
+    vocabulary-sharded token embedding; ``"head"``: the LM head (colwise, logits
+    gathered); ``"norm"``: a norm (sequence-sharded with SP, else
     untouched); ``"gather"``: an attention or MLP module between its colwise and
     rowwise linears, whose input SP all-gathers; ``"replicated"``: a sub-layer left
     whole (its linears' widths fit no layout), whose input SP gathers and whose output it
