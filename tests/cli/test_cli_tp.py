@@ -9,6 +9,7 @@ from typer.testing import CliRunner
 
 from remat.cli import app
 from remat.simulate.tensor_parallel import tp_rank_bytes
+from remat.simulate.tp_step import simulate_ranks
 
 runner = CliRunner()
 
@@ -53,6 +54,17 @@ def gpt2():
                                       n_positions=32))
 
 
+def falcon_mqa():
+    from transformers import FalconConfig, FalconForCausalLM
+
+    return FalconForCausalLM(FalconConfig(vocab_size=128, hidden_size=32, num_hidden_layers=2,
+                                          num_attention_heads=2, multi_query=True,
+                                          parallel_attn=False))
+
+
+FALCON_MLP = {"mlp.dense_h_to_4h": ColwiseParallel(), "mlp.dense_4h_to_h": RowwiseParallel()}
+
+
 def missing():
     return {"mlp.fc_in": ColwiseParallel()}
 '''
@@ -75,13 +87,36 @@ def test_simulate_tp_takes_the_users_plan(tmp_path: Path) -> None:
         want.param_bytes, want.activation_bytes, want.peak_bytes)
 
 
+def test_simulate_tp_shards_gpt2s_fused_qkv(tmp_path: Path) -> None:
+    import importlib.util
+
+    (tmp_path / "plans.py").write_text(PLAN_FILE)
+    result = runner.invoke(app, ["simulate", "--module", f"{tmp_path}/plans.py:gpt2",
+                                 "--seq", "16", "--batch", "1", "--dtype", "fp32", "--tp", "2",
+                                 "--strategies", "none", "--json", "-"])
+    assert result.exit_code == 0, result.output
+    (row,) = json.loads(result.stdout)["tensor_parallel"]
+    spec = importlib.util.spec_from_file_location("plans", tmp_path / "plans.py")
+    assert spec is not None and spec.loader is not None
+    plans = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(plans)
+    (want,) = simulate_ranks(plans.gpt2, seq_len=16, points=[("none", 1)], tp=2,
+                             sequence_parallel=False, dtype="fp32", optimizer="adamw")
+    assert (row["param_bytes"], row["peak_bytes"]) == (want.param_bytes, want.peak_bytes)
+
+
 def test_simulate_tp_refusals_exit_2_with_the_fix(tmp_path: Path) -> None:
     (tmp_path / "plans.py").write_text(PLAN_FILE)
     base = ["simulate", "--seq", "16", "--batch", "1", "--tp", "2", "--strategies", "none"]
-    # Hugging Face GPT-2 (Conv1D, fused c_attn): remat's layout does not know it
-    gpt2 = runner.invoke(app, [*base, "--module", f"{tmp_path}/plans.py:gpt2"])
-    assert gpt2.exit_code == 2, gpt2.output
-    assert "no block has projections" in gpt2.output and "--tp-plan" in gpt2.output
+    # Falcon's one key/value head cannot be split: refused, and the fix (a plan leaving
+    # the attention whole) runs
+    mqa = runner.invoke(app, [*base, "--module", f"{tmp_path}/plans.py:falcon_mqa"])
+    assert mqa.exit_code == 2, mqa.output
+    assert "cannot give each of 2 ranks whole heads" in mqa.output
+    assert "--tp-plan" in mqa.output
+    fixed = runner.invoke(app, [*base, "--module", f"{tmp_path}/plans.py:falcon_mqa",
+                                "--tp-plan", f"{tmp_path}/plans.py:FALCON_MLP"])
+    assert fixed.exit_code == 0, fixed.output
     missing = runner.invoke(app, [*base, "--model", "llama-tiny",
                                   "--tp-plan", f"{tmp_path}/plans.py:missing"])
     assert missing.exit_code == 2 and "'mlp.fc_in' names no module" in missing.output

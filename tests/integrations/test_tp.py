@@ -102,7 +102,44 @@ def _parity(model: nn.Module, factory: Any = None) -> dict[str, Any]:
     return {"loss": loss.item(), "ref_loss": ref_loss, "grad_rel_error": worst}
 
 
-def _bytes(model: nn.Module) -> dict[str, int]:
+def _fused_parity(factory: Any, mesh: Any) -> tuple[dict[str, Any], nn.Module, Any]:
+    """``factory``'s model (a fused QKV) under remat's layout with ``full`` on top against
+    one process; the fused weights' gradients put back in the model's order
+    (``natural_order``). Returns the result, the parallelized model and its batch."""
+    import remat
+    from remat.integrations.tp import natural_order
+    from remat.simulate._setup import default_batch
+    from remat.simulate.tp_fused import linear_shape
+    from remat.simulate.tp_layout import fused_of
+
+    torch.manual_seed(0)
+    ref = factory()
+    batch = default_batch(ref, 2, 16)
+    ref_loss = ref(**batch).loss
+    ref_loss.backward()
+    torch.manual_seed(0)
+    model = factory()
+    fused = fused_of(model, tp_roles(model), api="test")
+    out_dims = {n: s[2] for n, m in model.named_modules() if (s := linear_shape(m))}
+    remat.apply(apply_tp(model, mesh), "full")
+    loss = model(**batch).loss
+    loss.backward()
+    refs = dict(ref.named_parameters())
+    worst = 0.0
+    for name, p in model.named_parameters():
+        grad = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
+        owner = name.rpartition(".")[0]
+        if owner in fused:
+            dim = out_dims[owner] if grad.dim() == 2 else 0
+            grad = natural_order(grad, dim, fused[owner][0], TP)
+        want = refs[name].grad
+        assert want is not None
+        worst = max(worst, float((grad - want).abs().max() / max(want.abs().max(), 1e-5)))
+    return ({"loss": loss.item(), "ref_loss": ref_loss.item(), "grad_rel_error": worst},
+            model, batch)
+
+
+def _bytes(model: nn.Module, batch: Any = None) -> dict[str, int]:
     """The rank's tracked step (fp32, SGD with momentum) and the CPU allocator's peak."""
     from tests.measure.allocator_util import allocator_step_peak
 
@@ -116,7 +153,7 @@ def _bytes(model: nn.Module) -> dict[str, int]:
     params = [p for p in model.parameters() if p.requires_grad]
     opt = make_optimizer("sgd", params, foreach=all(is_dtensor(p) for p in params))
     assert opt is not None
-    batch = _batch()
+    batch = _batch() if batch is None else batch
     run_step(model, batch, optimizer=opt)  # optimizer state, as WarmFake's warm-up
     clear_grads(model)
     from remat.measure.step import Step
@@ -183,6 +220,12 @@ def _worker(rank: int, store_path: str, out_path: str) -> None:
                                                              tp_plan=user_plan()), "full"))
     results["user-plan:bytes"] = _bytes(remat.apply(apply_tp(_model(), mesh,
                                                              tp_plan=user_plan()), "full"))
+    from tests.simulate.test_tp_fused import falcon_grouped, gpt2
+
+    results["fused:gpt2"], model, batch = _fused_parity(gpt2, mesh)
+    results["fused:gpt2:bytes"] = _bytes(model, batch)
+    # groups of heads, and a parallel block adding in place to a rowwise output
+    results["fused:falcon"] = _fused_parity(falcon_grouped, mesh)[0]
     if rank == 0:
         Path(out_path).write_text(json.dumps(results))
     dist.barrier()
@@ -246,7 +289,8 @@ def wide(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
 
 
 @pytest.mark.parametrize("case", [c[0] for c in PARITY] + ["opt:sp=False", "opt:sp=True",
-                                                            "user-plan:full"])
+                                                            "user-plan:full", "fused:gpt2",
+                                                            "fused:falcon"])
 def test_tp_gradients_match_one_process(results: dict[str, Any], case: str) -> None:
     result = results[case]
     assert result["loss"] == pytest.approx(result["ref_loss"], rel=RTOL)
@@ -271,6 +315,26 @@ def test_a_user_plan_simulates_the_bytes_gloo_ranks_measure(results: dict[str, A
     assert (measured["optimizer"], measured["activations"], measured["peak"]) == (
         sim.optimizer_bytes, sim.activation_bytes, sim.peak_bytes)
     assert sim.peak_bytes < sim.device_peak_bytes
+
+
+def test_gpt2_fused_qkv_simulates_the_bytes_gloo_ranks_measure(results: dict[str, Any]) -> None:
+    from tests.simulate.test_tp_fused import gpt2
+
+    from remat.simulate.tp_step import simulate_ranks
+
+    measured = results["fused:gpt2:bytes"]
+    (sim,) = simulate_ranks(gpt2, seq_len=16, points=[("full", 2)], tp=TP,
+                            sequence_parallel=False, dtype="fp32", optimizer="sgd")
+    model = gpt2()
+    # Exact: every weight split in two (c_attn by heads of q, k and v) but the norms',
+    # the position embedding and the rowwise Conv1Ds' biases.
+    whole = sum(p.numel() * 4 for n, p in model.named_parameters()
+                if ".ln_" in n or "ln_f" in n or "wpe" in n or n.endswith("c_proj.bias"))
+    split = sum(p.numel() * 4 for p in model.parameters()) - whole
+    assert measured["params"] == sim.param_bytes == whole + split // TP
+    assert (measured["optimizer"], measured["activations"], measured["peak"]) == (
+        sim.optimizer_bytes, sim.activation_bytes, sim.peak_bytes)
+    assert measured["peak"] == pytest.approx(measured["allocator_peak"], rel=0.15)
 
 
 def test_a_user_plan_key_no_block_holds_is_refused() -> None:
@@ -355,7 +419,7 @@ def test_a_collective_wrapper_counts_the_tensor_it_wraps() -> None:
     assert storage_of(wrapped)._cdata == storage_of(inner)._cdata  # type: ignore[union-attr]
 
 
-def test_plan_follows_torchtitan_for_llama_and_leaves_gpt_attention_whole() -> None:
+def test_plan_follows_torchtitan_for_llama_and_shards_gpt_fused_qkv_by_heads() -> None:
     plan = tp_plan(build_model("llama-tiny"), sequence_parallel=True)
     kinds = {name: type(style).__name__ for name, style in plan.items()}
     assert kinds["blocks.0.attn.q_proj"] == kinds["blocks.1.mlp.up_proj"] == "ColwiseParallel"
@@ -364,12 +428,15 @@ def test_plan_follows_torchtitan_for_llama_and_leaves_gpt_attention_whole() -> N
     assert kinds["blocks.0.attn"] == "PrepareModuleInput"
     assert kinds["tok_emb"] == "RowwiseParallel" and kinds["lm_head"] == "ColwiseParallel"
     assert "blocks.0.attn_norm" not in tp_plan(build_model("llama-tiny"))
-    gpt = tp_plan(build_model("gpt-tiny", tie_weights=False), sequence_parallel=True)
+    gpt = tp_plan(build_model("gpt-tiny", tie_weights=False))
     assert type(gpt["blocks.0.mlp.fc"]).__name__ == "ColwiseParallel"
-    assert type(gpt["blocks.0.attn"]).__name__ == "PrepareModuleInputOutput"
-    assert not any(n.startswith("blocks.0.attn.") for n in gpt)
+    # the fused qkv: q, k and v (64 wide each) split by heads, not one column shard
+    assert gpt["blocks.0.attn.qkv"].sections == (64, 64, 64)
+    assert type(gpt["blocks.0.attn.proj"]).__name__ == "RowwiseProjection"
     with pytest.raises(RematError, match="tied to the head: True"):
         tp_plan(build_model("gpt-tiny"), sequence_parallel=True)
+    with pytest.raises(RematError, match="sequence parallelism with a fused QKV"):
+        tp_plan(build_model("gpt-tiny", tie_weights=False), sequence_parallel=True)
 
 
 def test_plan_finds_hugging_face_llama_names() -> None:

@@ -270,3 +270,19 @@ def test_stage_is_the_tp_rank_step_of_the_stage_alone(sp: bool) -> None:
     config = _tiny().config
     own = 2 * 16 * config.head_dim * 4 + 4
     assert ranks[0].activation_bytes + own == alone.activation_bytes
+
+
+def test_a_user_tp_plan_reaches_the_pipeline_ranks() -> None:
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    from remat.simulate.tp_step import simulate_ranks
+
+    plan = {"mlp.gate_proj": ColwiseParallel(), "mlp.up_proj": ColwiseParallel(),
+            "mlp.down_proj": RowwiseParallel()}
+    (one,) = simulate_ranks(_tiny, seq_len=16, points=[("full", 2)], tp=2,
+                            sequence_parallel=False, dtype="fp32", optimizer="adamw",
+                            tp_plan=plan)
+    (rank,) = pipeline_rank_bytes(_tiny, seq_len=16, batch_size=2, stages=1, microbatches=1,
+                                  tp=2, strategy="full", dtype="fp32", tp_plan=plan)
+    assert (rank.param_bytes, rank.activation_bytes, rank.peak_bytes) == (
+        one.param_bytes, one.activation_bytes, one.peak_bytes)

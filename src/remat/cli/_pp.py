@@ -50,7 +50,8 @@ def pp_rows(source: Any, *, name: str, seqs: Sequence[int], batch_sizes: Sequenc
             strategies: Sequence[str], pp: int, dp: int, tp: int, sequence_parallel: bool,
             schedule: str, microbatches: int, virtual_stages: int, dtype: str, optimizer: str,
             device: str, reshard_after_forward: bool = False,
-            update: ProgressFn | None = None) -> list[dict[str, Any]]:
+            update: ProgressFn | None = None,
+            tp_plan: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """One row per sequence length, micro-batch size, strategy and pipeline rank."""
     from remat.card_fit import card_budget
     from remat.device_memory import layout_process_groups
@@ -71,7 +72,8 @@ def pp_rows(source: Any, *, name: str, seqs: Sequence[int], batch_sizes: Sequenc
                     microbatches=microbatches, schedule=schedule,
                     virtual_stages=virtual_stages, tp=tp, sequence_parallel=sequence_parallel,
                     dp=dp, strategy=strategy, dtype=dtype, optimizer=optimizer,
-                    device=device, reshard_after_forward=reshard_after_forward)
+                    device=device, reshard_after_forward=reshard_after_forward,
+                    tp_plan=tp_plan)
                 done += 1
                 for r in ranks:
                     rows.append({"model": name, "seq_len": seq_len, "batch_size": b,

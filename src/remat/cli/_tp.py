@@ -47,7 +47,7 @@ def load_tp_plan(spec: str, api: str) -> dict[str, Any]:
     return plan
 
 
-def check_layout(source: Any, seq_len: int, *, sequence_parallel: bool,
+def check_layout(source: Any, seq_len: int, *, tp: int, sequence_parallel: bool,
                  tp_plan: dict[str, Any] | None, api: str) -> None:
     """Exit 2 when remat's layout (or ``tp_plan``) does not fit the model, on a meta copy,
     before any rank is simulated."""
@@ -55,7 +55,7 @@ def check_layout(source: Any, seq_len: int, *, sequence_parallel: bool,
 
     from remat.errors import RematError
     from remat.simulate._setup import build_model
-    from remat.simulate.tp_layout import resolve_plan
+    from remat.simulate.tp_layout import check_degree, fused_of, resolve_plan
     from remat.simulate.tp_roles import tp_roles
     from remat.simulate.tp_step import meta_copy
 
@@ -66,8 +66,10 @@ def check_layout(source: Any, seq_len: int, *, sequence_parallel: bool,
                      "sequence-parallel styles"}, fix="drop --sp (put SequenceParallel() "
                      "entries in the plan)"))
     try:
-        if tp_plan is None:
-            tp_roles(model, sequence_parallel=sequence_parallel, api=api)
+        if tp_plan is None:  # the fused projections' layouts too (one probe forward)
+            roles = tp_roles(model, sequence_parallel=sequence_parallel, api=api)
+            fused = fused_of(model, roles, api=api, sequence_parallel=sequence_parallel)
+            check_degree(model, roles, fused, tp, api=api)
         else:
             resolve_plan(model, tp_plan, api=api)
     except RematError as error:

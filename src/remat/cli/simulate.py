@@ -190,7 +190,8 @@ def simulate_command(
     tp: Annotated[int, typer.Option(
         "--tp", min=1, metavar="T",
         help="Tensor-parallel degree: one rank's bytes per strategy, from rank 0's own step "
-             "under a fake process group (llama- and OPT-style blocks).",
+             "under a fake process group (llama-, OPT-style and fused-QKV blocks: GPT-2, "
+             "GPT-NeoX, Falcon, litgpt).",
     )] = 1,
     tp_plan: Annotated[str | None, typer.Option(
         "--tp-plan", metavar="FILE.py:NAME",
@@ -264,10 +265,17 @@ def simulate_command(
                      fix="return an object with make_batch(batch_size, seq_len) from the "
                          "factory, or pass one --seq"))
     names = strategies.split(",") if strategies else default_strategies("simulate")
+    if tp_plan is not None and tp == 1:
+        fail(message(API, "--tp-plan needs --tp > 1", fix="pass --tp 2 (or more) with "
+                                                          "--tp-plan"))
+    user_plan = load_tp_plan(tp_plan, API) if tp_plan is not None else None
     if pp > 1 or dp > 1:
         m = check_pp(pp, dp, world_size, microbatches, schedule, virtual_stages, API)
         if sp and tp == 1:
             check_tp(tp, sp, 1, API)
+        if tp > 1:
+            check_layout(choices[0].source, seqs[0], tp=tp, sequence_parallel=sp,
+                         tp_plan=user_plan, api=API)
         with user_errors(), progress_bar(f"simulate {choices[0].name} (PP x{pp}, TP x{tp}, "
                                          f"DP x{dp})") as update:
             rows = pp_rows(choices[0].source, name=choices[0].name, seqs=seqs,
@@ -275,17 +283,13 @@ def simulate_command(
                            sequence_parallel=sp, schedule=schedule, microbatches=m,
                            virtual_stages=virtual_stages, dtype=dtype, optimizer=optimizer,
                            device=device, reshard_after_forward=reshard_after_forward,
-                           update=update)
+                           update=update, tp_plan=user_plan)
         print_pp_rows(rows, json_out)
         return
     check_tp(tp, sp, world_size, API)
-    if tp_plan is not None and tp == 1:
-        fail(message(API, "--tp-plan needs --tp > 1", fix="pass --tp 2 (or more) with "
-                                                          "--tp-plan"))
     if tp > 1:
-        user_plan = load_tp_plan(tp_plan, API) if tp_plan is not None else None
-        check_layout(choices[0].source, seqs[0], sequence_parallel=sp, tp_plan=user_plan,
-                     api=API)
+        check_layout(choices[0].source, seqs[0], tp=tp, sequence_parallel=sp,
+                     tp_plan=user_plan, api=API)
         with user_errors(), progress_bar(f"simulate {choices[0].name} (TP x{tp})"):
             rows = tp_rows(choices[0].source, name=choices[0].name, seqs=seqs,
                            batch_sizes=batch_sizes, strategies=names, tp=tp,

@@ -1,4 +1,4 @@
-"""Tensor and sequence parallelism (DTensor) for llama-style blocks, with remat on top.
+"""Tensor and sequence parallelism (DTensor) for transformer blocks, with remat on top.
 
 Example::
 
@@ -32,13 +32,20 @@ NOTE [ TP plan by module names ]
     its MLP). A model that adds learned position embeddings after the token embedding
     (OPT's ``embed_positions``) keeps the embedding's output whole under SP and
     shards the first block's input instead (Megatron-LM does the same).
-    remat's GPT fuses q, k and v in one ``qkv`` linear whose output is split by
-    position, which a column shard would cut across q, k and v: its attention stays
-    replicated and only its MLP (``fc`` / ``proj``) is parallelized.
+    Where the names are unknown, a sub-layer's linears are told apart by their widths:
+    the last one mapping back to the block's width is rowwise, the others colwise. A
+    single colwise linear wider than the rowwise one's input is a fused projection
+    (GPT-2's ``c_attn``, GPT-NeoX's and Falcon's ``query_key_value``, litgpt's ``qkv``,
+    remat's GPT's ``qkv``): each rank keeps whole heads of q, k and v (NOTE [ Fused
+    projections ] in remat/simulate/tp_fused.py), and a fused weight's DTensor is in
+    rank-major order (:func:`natural_order` puts a ``full_tensor()`` back). GPT-2's
+    transposed ``Conv1D`` takes :class:`ColwiseProjection` / :class:`RowwiseProjection`.
     Attention modules keep a head count their ``forward`` uses in ``view``:
-    :func:`apply_tp` divides ``n_head`` / ``n_kv_head`` / ``num_heads`` /
-    ``num_key_value_heads`` attributes by ``t`` (Hugging Face's ``view(..., -1,
-    head_dim)`` needs no change).
+    :func:`apply_tp` divides their head-count attributes (``n_head``, ``num_heads``,
+    ``num_key_value_heads``, ``num_kv_heads``, ...) by ``t`` (Hugging Face's
+    ``view(..., -1, head_dim)`` needs no change); a module holding a fused projection
+    also gets its ``split_size`` divided and its own copy of its ``config`` with per-rank
+    head counts (litgpt reads them there).
 
 NOTE [ A user's TP plan ]
     ``apply_tp(model, mesh, tp_plan=...)`` (and ``tp_rank_bytes(..., tp_plan=)``,
@@ -79,9 +86,10 @@ from typing import Any, TypeVar
 
 from torch import nn
 
+from remat.simulate.tp_fused import ColwiseProjection, RowwiseProjection, natural_order
 from remat.simulate.tp_layout import build_plan, parallelize
 
-__all__ = ["apply_tp", "tp_plan"]
+__all__ = ["ColwiseProjection", "RowwiseProjection", "apply_tp", "natural_order", "tp_plan"]
 
 M = TypeVar("M", bound=nn.Module)
 API = "remat.integrations.tp.apply_tp"
@@ -95,6 +103,10 @@ def tp_plan(model: nn.Module, *, sequence_parallel: bool = False) -> dict[str, A
     norm and head styles (roles from :func:`remat.simulate.tensor_parallel.tp_roles`,
     which the per-rank simulation reads too). Inspect or edit the dict, then pass it
     to ``torch.distributed.tensor.parallel.parallelize_module`` (or use :func:`apply_tp`).
+    A model with a fused projection (GPT-2's ``c_attn``, ``query_key_value``, litgpt's
+    ``qkv``) is run once on a fake copy to read how its forward splits the output
+    (NOTE [ Fused projections ] in remat/simulate/tp_fused.py); its style is a
+    :class:`ColwiseProjection` with the output's sections.
 
     Args:
         model: the model, not yet parallelized.
@@ -106,8 +118,9 @@ def tp_plan(model: nn.Module, *, sequence_parallel: bool = False) -> dict[str, A
         A dict from qualified module name to a ``ParallelStyle``.
 
     Raises:
-        RematError: no block has projections the plan recognises, or sequence
-            parallelism with an embedding tied to the head.
+        RematError: no block has projections the plan recognises, sequence
+            parallelism with an embedding tied to the head, or a fused projection whose
+            layout the fake forward does not show.
 
     Example:
         >>> plan = tp_plan(build_model("llama-tiny"))
@@ -143,7 +156,8 @@ def apply_tp(model: M, mesh: Any, *, sequence_parallel: bool = False,
 
     Raises:
         RematError: the mesh is not 1-D, a head count is not divisible by the mesh
-            size, no block matches the plan, or a ``tp_plan`` key names no module.
+            size (one key/value head included), no block matches the plan, a fused
+            projection's layout is unknown, or a ``tp_plan`` key names no module.
 
     Example:
         >>> mesh = init_device_mesh("cpu", (2,))

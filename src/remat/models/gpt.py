@@ -70,14 +70,15 @@ class CausalSelfAttention(nn.Module):
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
         self.n_head = config.n_head
+        self.head_dim = config.head_dim  # widths from heads: a TP rank's are its own
         self.dropout = config.dropout
         self.qkv = nn.Linear(config.d_model, 3 * config.d_model, bias=config.bias)
         self.proj = nn.Linear(config.d_model, config.d_model, bias=config.bias)
         self.resid_dropout = nn.Dropout(config.dropout)
 
     def forward(self, x: Tensor) -> Tensor:
-        B, T, C = x.shape  # (B, T, C)
-        hs = C // self.n_head
+        B, T, _ = x.shape  # (B, T, C)
+        hs, C = self.head_dim, self.n_head * self.head_dim
         q, k, v = self.qkv(x).split(C, dim=2)  # 3 x (B, T, C)
         q = q.view(B, T, self.n_head, hs).transpose(1, 2)  # (B, nh, T, hs)
         k = k.view(B, T, self.n_head, hs).transpose(1, 2)  # (B, nh, T, hs)

@@ -346,8 +346,8 @@ def pipeline_rank_bytes(model: Any, *, seq_len: int, batch_size: int, stages: in
                         tp: int = 1, sequence_parallel: bool = False, dp: int = 1,
                         strategy: str = "none", dtype: str = "bf16",
                         optimizer: str = "adamw", device: str = "h100-80gb",
-                        exact: bool = False,
-                        reshard_after_forward: bool = False) -> tuple[StageBytes, ...]:
+                        exact: bool = False, reshard_after_forward: bool = False,
+                        tp_plan: dict[str, Any] | None = None) -> tuple[StageBytes, ...]:
     """Each pipeline rank's static, activation and peak bytes under a schedule.
 
     One simulated step of the whole model as one tensor-parallel rank runs it (fake
@@ -407,7 +407,7 @@ def pipeline_rank_bytes(model: Any, *, seq_len: int, batch_size: int, stages: in
               "virtual_stages": virtual_stages, "tp": tp,
               "sequence_parallel": sequence_parallel, "dp": dp, "strategy": strategy,
               "dtype": dtype, "optimizer": optimizer, "device": device, "exact": exact,
-              "reshard_after_forward": reshard_after_forward}
+              "reshard_after_forward": reshard_after_forward, "tp_plan": tp_plan}
     out: tuple[StageBytes, ...] = run_isolated(_rank_bytes, kwargs, tp=tp, api=API)
     return out
 
@@ -415,8 +415,8 @@ def pipeline_rank_bytes(model: Any, *, seq_len: int, batch_size: int, stages: in
 def _rank_bytes(model: Any, *, seq_len: int, batch_size: int, stages: int,
                 microbatches: int, schedule: str, virtual_stages: int, tp: int,
                 sequence_parallel: bool, dp: int, strategy: str, dtype: str,
-                optimizer: str, device: str, exact: bool,
-                reshard_after_forward: bool) -> tuple[StageBytes, ...]:
+                optimizer: str, device: str, exact: bool, reshard_after_forward: bool,
+                tp_plan: dict[str, Any] | None = None) -> tuple[StageBytes, ...]:
     """:func:`pipeline_rank_bytes` in a process without a ``torch.distributed`` group."""
     import dataclasses
 
@@ -437,7 +437,7 @@ def _rank_bytes(model: Any, *, seq_len: int, batch_size: int, stages: int,
         return cut_stack(inner, CUT_DEPTH) if cut else nullcontext()
 
     with rank_model(model, seq_len=seq_len, tp=tp, sequence_parallel=sequence_parallel,
-                    dtype=dtype, api=API, prepare=prepare) as (inner, all_dtensor):
+                    dtype=dtype, api=API, prepare=prepare, tp_plan=tp_plan) as (inner, all_dtensor):
         setup = make_setup(inner, precision=get_precision(dtype), optimizer=optimizer,
                            device=get_device("h100-80gb"), world_size=1, sharding="none",
                            blocks=None, loss_fn=None, batch_fn=None)

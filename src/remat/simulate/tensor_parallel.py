@@ -45,17 +45,19 @@ def _shard(n: int, t: int) -> int:
 
 
 def _param_rank_bytes(p: torch.Tensor, role: Role | None, name: str, t: int,
-                      gradient: bool = False) -> int:
+                      gradient: bool = False, out_dim: int = 0) -> int:
     """Rank 0's bytes of parameter ``name`` (``weight`` / ``bias``) of a module of ``role``
-    (of its gradient with ``gradient``: the embedding's is whole)."""
+    (of its gradient with ``gradient``: the embedding's is whole); ``out_dim``: the
+    weight's output dimension (1 for a transposed linear)."""
     size = p.element_size()
     shape = list(p.shape)
+    dim = out_dim if len(shape) == 2 else 0
     if role == "embedding" and gradient:
         pass
-    elif role in ("colwise", "head", "embedding") and shape:
-        shape[0] = _shard(shape[0], t)  # Linear (out, in) rows; Embedding (V, h) rows
+    elif role in ("colwise", "fused", "head", "embedding") and shape:
+        shape[dim] = _shard(shape[dim], t)  # Linear (out, in) rows; Embedding (V, h) rows
     elif role == "rowwise" and name == "weight" and len(shape) == 2:
-        shape[1] = _shard(shape[1], t)
+        shape[1 - dim] = _shard(shape[1 - dim], t)
     return size * int(torch.Size(shape).numel())
 
 
@@ -71,16 +73,20 @@ def rank_param_bytes(model: nn.Module, roles: dict[str, Role], t: int, *,
             vocabulary-sharded embedding's gradient whole (DTensor's embedding backward
             returns it replicated). Default: ``False``.
     """
+    from remat.simulate.tp_fused import linear_shape
+
     trainable = gradients
     seen: set[int] = set()
     total = 0
     for mod_name, module in model.named_modules():
         role = roles.get(mod_name)
+        shape = linear_shape(module)
         for p_name, p in module.named_parameters(recurse=False):
             if id(p) in seen or (trainable and not p.requires_grad):
                 continue
             seen.add(id(p))
-            total += _param_rank_bytes(p, role, p_name, t, gradients)
+            total += _param_rank_bytes(p, role, p_name, t, gradients,
+                                       shape[2] if shape is not None else 0)
     return total
 
 

@@ -15,8 +15,8 @@ from remat.errors import RematError, message
 
 API = "remat.simulate.tp_rank_bytes"
 
-Role = Literal["colwise", "rowwise", "embedding", "head", "norm", "gather", "replicated",
-               "scatter"]
+Role = Literal["colwise", "fused", "rowwise", "embedding", "head", "norm", "gather",
+               "replicated", "scatter"]
 
 _ATTN = ("attn", "self_attn", "attention")
 _MLP = ("mlp", "feed_forward")
@@ -27,7 +27,7 @@ _ROWWISE_MLP = ("down_proj", "w2", "proj", "c_proj", "fc2")
 _NORMS = ("attn_norm", "mlp_norm", "input_layernorm", "post_attention_layernorm",
           "attention_norm", "ffn_norm", "ln_1", "ln_2", "self_attn_layer_norm",
           "final_layer_norm")
-_EMBEDDINGS = ("tok_emb", "embed_tokens", "tok_embeddings", "wte")
+_EMBEDDINGS = ("tok_emb", "embed_tokens", "tok_embeddings", "wte", "embed_in")
 _FINAL_NORMS = ("norm", "ln_f", "final_layer_norm")
 #: Learned position embeddings added to the token embedding's output (OPT).
 _POSITIONS = ("embed_positions",)
@@ -43,20 +43,57 @@ def _child(module: nn.Module, names: tuple[str, ...]) -> tuple[str, nn.Module] |
 
 
 def _linears(module: nn.Module, names: tuple[str, ...]) -> list[str]:
-    return [n for n in names if isinstance(getattr(module, n, None), nn.Linear)]
+    from remat.simulate.tp_fused import linear_shape
+
+    return [n for n in names if isinstance(getattr(module, n, None), nn.Module)
+            and linear_shape(getattr(module, n)) is not None]
 
 
 def _join(prefix: str, name: str) -> str:
     return f"{prefix}.{name}" if prefix else name
 
 
+def _hidden(block: nn.Module) -> int | None:
+    """The block's width: the input width most of its linears share."""
+    from collections import Counter
+
+    from remat.simulate.tp_fused import linear_shape
+
+    widths = Counter(s[0] for m in block.modules() if (s := linear_shape(m)) is not None)
+    return widths.most_common(1)[0][0] if widths else None
+
+
+def _by_shape(module: nn.Module, hidden: int | None) -> tuple[list[str], str] | None:
+    """A sub-layer's colwise and rowwise linears found by their widths (NOTE [ TP plan by
+    module names ] in remat/integrations/tp.py): the rowwise one is the last registered
+    linear mapping back to the block's width; every other linear must read the block's
+    width."""
+    from remat.simulate.tp_fused import linear_shape
+
+    shapes = {n: s for n, m in module.named_children() if (s := linear_shape(m)) is not None}
+    rows = [n for n, s in shapes.items() if s[1] == hidden]
+    if hidden is None or not rows:
+        return None
+    cols = [n for n in shapes if n != rows[-1]]
+    if not cols or any(shapes[c][0] != hidden for c in cols):
+        return None
+    return cols, rows[-1]
+
+
 def _block_roles(prefix: str, block: nn.Module) -> dict[str, Role]:
+    from remat.simulate.tp_fused import linear_shape
+
     roles: dict[str, Role] = {}
+    hidden = _hidden(block)
     mlp = _child(block, _MLP)
     if mlp is None and _linears(block, _COLWISE_MLP) and len(_linears(block, _ROWWISE_MLP)) == 1:
         mlp = ("", block)  # the MLP's linears on the block itself (OPT's fc1 / fc2)
-    for found, colwise, rowwise in ((_child(block, _ATTN), COLWISE_ATTN, _ROWWISE_ATTN),
-                                    (mlp, _COLWISE_MLP, _ROWWISE_MLP)):
+    named = [(_child(block, _ATTN), COLWISE_ATTN, _ROWWISE_ATTN),
+             (mlp, _COLWISE_MLP, _ROWWISE_MLP)]
+    taken = {found[0] for found, _, _ in named if found is not None}
+    named += [((n, m), (), ()) for n, m in block.named_children()  # other sub-layers
+              if n not in taken and _by_shape(m, hidden) is not None]
+    for found, colwise, rowwise in named:
         if found is None:
             continue
         name, module = found
@@ -65,11 +102,16 @@ def _block_roles(prefix: str, block: nn.Module) -> dict[str, Role]:
             roles.update({_join(prefix, c): "colwise" for c in cols})
             roles[_join(prefix, rows[0])] = "rowwise"
             continue
-        if not cols or len(rows) != 1:  # fused qkv (GPT) or an unknown layout
-            roles[_join(prefix, name)] = "replicated"
-            continue
+        if not cols or len(rows) != 1:
+            shaped = _by_shape(module, hidden)
+            if shaped is None:  # an unknown layout: left whole
+                roles[_join(prefix, name)] = "replicated"
+                continue
+            cols, rows = shaped[0], [shaped[1]]
+        row_in = linear_shape(getattr(module, rows[0]))[0]  # type: ignore[index]
+        fused = len(cols) == 1 and linear_shape(getattr(module, cols[0]))[1] > row_in  # type: ignore[index]
         for col in cols:
-            roles[_join(prefix, f"{name}.{col}")] = "colwise"
+            roles[_join(prefix, f"{name}.{col}")] = "fused" if fused else "colwise"
         roles[_join(prefix, f"{name}.{rows[0]}")] = "rowwise"
         roles[_join(prefix, name)] = "gather"
     for norm in _NORMS:
@@ -82,12 +124,15 @@ def tp_roles(model: nn.Module, *, sequence_parallel: bool = False,
              api: str = API) -> dict[str, Role]:
     """Each module tensor parallelism touches, by qualified name, and how.
 
-    ``"colwise"`` / ``"rowwise"``: a linear split by output / input features;
-    ``"embedding"``: the vocabulary-sharded token embedding; ``"head"``: the LM head
-    (colwise, logits gathered); ``"norm"``: a norm (sequence-sharded with SP, else
+    ``"colwise"`` / ``"rowwise"``: a linear (or a transposed one, Hugging Face's
+    ``Conv1D``) split by output / input features; ``"fused"``: a colwise linear whose
+    output holds several parts the forward splits (q, k and v), split by heads of each
+    (NOTE [ Fused projections ] in tp_fused.py); ``"embedding"``: the
+    vocabulary-sharded token embedding; ``"head"``: the LM head (colwise, logits
+    gathered); ``"norm"``: a norm (sequence-sharded with SP, else
     untouched); ``"gather"``: an attention or MLP module between its colwise and
     rowwise linears, whose input SP all-gathers; ``"replicated"``: a sub-layer left
-    whole (GPT's fused-qkv attention), whose input SP gathers and whose output it
+    whole (its linears' widths fit no layout), whose input SP gathers and whose output it
     re-shards; ``"scatter"``: with SP, the first block of a model that adds learned
     position embeddings to the token embedding's output (OPT), whose input SP
     shards on the sequence (the embedding's output stays whole). A colwise linear
@@ -115,7 +160,7 @@ def tp_roles(model: nn.Module, *, sequence_parallel: bool = False,
     roles: dict[str, Role] = {}
     for name, block in blocks:
         roles.update(_block_roles(name, block))
-    if "colwise" not in roles.values():
+    if not {"colwise", "fused"} & set(roles.values()):
         raise RematError(message(
             api, "no block has projections the tensor-parallel plan knows",
             {"block class": type(blocks[0][1]).__name__ if blocks else "no blocks",
@@ -128,12 +173,22 @@ def tp_roles(model: nn.Module, *, sequence_parallel: bool = False,
     modules = dict(model.named_modules())
     parent = blocks[0][0].rsplit(".", 2)[0] if blocks[0][0].count(".") >= 2 else ""
     emb = _child(modules[parent], _EMBEDDINGS)
-    head = _child(modules[parent], _HEADS)
-    head_prefix = parent
-    if head is None and parent:
-        head, head_prefix = _child(model, _HEADS), ""
-    tied = emb is not None and head is not None and \
-        getattr(emb[1], "weight", None) is getattr(head[1], "weight", object())
+    head, head_prefix = None, parent
+    while head is None:  # the stack's parent, or the nearest module above it
+        head = _child(modules[head_prefix], _HEADS)
+        if head is None and not head_prefix:
+            break
+        if head is None:
+            head_prefix = head_prefix.rpartition(".")[0]
+    if emb is None:  # by structure: the stack's parent's one embedding
+        embeddings = [(n, m) for n, m in modules[parent].named_children()
+                      if isinstance(m, nn.Embedding)]
+        emb = embeddings[0] if len(embeddings) == 1 else None
+    # tied: the head's weight is another module's too (an embedding of any name)
+    head_weight = getattr(head[1], "weight", None) if head is not None else None
+    tied = head_weight is not None and any(
+        p is head_weight for m in model.modules() if m is not head[1]  # type: ignore[index]
+        for p in m.parameters(recurse=False))
     if emb is not None and isinstance(emb[1], nn.Embedding) and not tied:
         roles[_join(parent, emb[0])] = "embedding"
     elif sequence_parallel:

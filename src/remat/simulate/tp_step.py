@@ -140,10 +140,10 @@ def step_failed(error: RuntimeError, model: nn.Module, *, tp: int, sequence_para
         api, f"the tensor-parallel step of {type(model).__name__} fails on a rank",
         {"tp": tp, "sequence parallel": sequence_parallel,
          "error": str(error).strip().splitlines()[-1][:200],
-         "why": "the model's forward does not run under apply_tp's layout (Hugging "
-                "Face Llama with sequence parallelism builds its rotary tables from "
-                "the sequence-sharded residual stream; gloo ranks fail alike)"},
-        fix="drop sequence_parallel, or parallelize the model with your own plan"))
+         "why": "the model's forward does not run under apply_tp's layout, and gloo "
+                "ranks fail alike (e.g. Hugging Face Llama with sequence parallelism "
+                "builds its rotary tables from the sequence-sharded residual stream)"},
+        fix="drop sequence_parallel, or pass tp_plan= (--tp-plan) with your own layout"))
 
 
 def _steps_in_process(model: Any, *, seq_len: int, points: Sequence[tuple[Any, int]],
