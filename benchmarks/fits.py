@@ -4,7 +4,7 @@ allocator, workspaces, and each simulated row's reserved peak against them.
 For each named card: its capacity and the default outside terms and workspaces (one rank,
 and one rank of an FSDP x 8 group). Then two simulations, each row shown with its
 allocated peak, its predicted reserved peak (NOTE [ Reserved per rank ] in
-remat/simulate/_point.py), the margin left and whether it fits, next to the old reading
+remat/simulate/point.py), the margin left and whether it fits, next to the old reading
 (allocated peak against the nominal card size): Llama-7B at seq 2048 on one H100-80GB,
 and Llama-3-8B at seq 8192 under FSDP over 8 H100-80GB. Writes the "Fits on the card"
 section of RESULTS.md with ``--write``.

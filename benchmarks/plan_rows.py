@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import remat.simulate._plan_fast as plan_fast
+import remat.simulate.plan_fast as plan_fast
 from remat.simulate.run import simulate
 
 PARTS = ("_candidates", "_windows", "_confirmed")

@@ -297,8 +297,8 @@ def main(argv: list[str] | None = None) -> int:
         "### Simulation speed (issue 11, goal 1)",
         "",
         "Fast rows (the default: shallow fake steps extrapolated in depth and batch, NOTE "
-        "[ Fast rows ] in src/remat/simulate/_fast.py; plan rows: NOTE [ Fast plan rows ] in "
-        "src/remat/simulate/_plan_fast.py) against one exact fake step. CPU time is this "
+        "[ Fast rows ] in src/remat/simulate/fast_rows.py; plan rows: NOTE [ Fast plan rows ] in "
+        "src/remat/simulate/plan_fast.py) against one exact fake step. CPU time is this "
         "process's; wall time "
         "depends on the machine's load.",
         "",

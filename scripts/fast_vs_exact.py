@@ -1,6 +1,6 @@
 """``remat simulate``'s fast rows against its exact rows, row by row, on any model.
 
-The fast path (NOTE [ Fast rows ] in src/remat/simulate/_fast.py) extrapolates shallow fake
+The fast path (NOTE [ Fast rows ] in src/remat/simulate/fast_rows.py) extrapolates shallow fake
 steps in depth and batch; ``exact=True`` runs a full fake step per row. This script runs
 both for one model, sharding and list of batch sizes, and prints every figure that differs
 (peak, one-device peak, activations, FLOPs, recompute FLOPs, the peak's phase) and the

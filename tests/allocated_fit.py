@@ -1,7 +1,7 @@
 """Simulation arguments for tests of fit logic on tiny synthetic cards: fits judged on
 allocated bytes, nothing outside the allocator, no workspaces (a tiny model's reserved
 peak is one 2 MiB segment whatever it does, so these tests set the card between two
-allocated peaks; NOTE [ Reserved per rank ] in remat/simulate/_point.py)."""
+allocated peaks; NOTE [ Reserved per rank ] in remat/simulate/point.py)."""
 
 from __future__ import annotations
 

@@ -279,3 +279,12 @@ def test_no_private_name_is_imported_from_another_package() -> None:
                         _package(node.module) != _package(importer):
                     crossing.append(f"{importer} imports {node.module}.{alias.name}")
     assert crossing == [], "private names used across packages:\n" + "\n".join(crossing)
+
+
+def test_no_module_name_starts_with_an_underscore() -> None:
+    # A module is private by not being public (PUBLIC_LEAVES, package __init__ files); a
+    # second convention (underscore modules in some packages) would make readers ask which
+    # one holds where.
+    marked = sorted(str(p.relative_to(SRC)) for p in SRC.rglob("_*.py")
+                    if p.name not in ("__init__.py", "__main__.py"))
+    assert marked == []

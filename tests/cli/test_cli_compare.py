@@ -103,7 +103,7 @@ def test_compare_help_has_examples() -> None:
 
 
 def test_compare_refuses_what_cannot_fit(monkeypatch: pytest.MonkeyPatch) -> None:
-    import remat.cli._common as common
+    import remat.cli.common as common
 
     monkeypatch.setattr(common, "_available_bytes", lambda device: 1024)
     result = runner.invoke(app, ["compare", "--model", "gpt-tiny", "--device", "cpu"])

@@ -61,7 +61,7 @@ def test_transformers_output_capturing_hooks_do_not_warn() -> None:
 
 _NOTICES = """
 import warnings
-from remat.cli._common import notices
+from remat.cli.common import notices
 from remat.errors import RematWarning
 with warnings.catch_warnings(record=True) as outer:
     warnings.simplefilter("always")

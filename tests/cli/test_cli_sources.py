@@ -72,8 +72,8 @@ def _invoke(args: list[str]) -> Any:
 def _in_process(source: str, batch_size: int, seq_len: int) -> tuple[Any, Any, Any]:
     """The model (seed 0), batch and loss_fn the CLI builds for ``source``, built here."""
     from remat.models import build_model, make_batch
-    from remat.simulate._setup import default_batch
     from remat.simulate.hf import hf_config_from_name, hf_model_from_config
+    from remat.simulate.sim_setup import default_batch
 
     torch.manual_seed(0)
     if source == "preset":

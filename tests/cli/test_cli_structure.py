@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 import remat.cli
 from remat.cli import app
-from remat.cli._common import make_optimizer
+from remat.cli.common import make_optimizer
 from remat.strategies import register_strategy, unregister_strategy
 from remat.strategies.builtin.full import Full
 from remat.strategies.registry import default_strategies

@@ -71,7 +71,7 @@ def missing():
 
 
 def test_simulate_tp_takes_the_users_plan(tmp_path: Path) -> None:
-    from remat.cli._user_model import load_attribute
+    from remat.cli.user_model import load_attribute
 
     (tmp_path / "plans.py").write_text(PLAN_FILE)
     result = runner.invoke(app, ["simulate", "--model", "llama-tiny", "--seq", "32",

@@ -1,6 +1,6 @@
 """FSDP under pipeline parallelism on 4 gloo CPU ranks (pp=2 x dp=2): each rank's peak
 against ``pipeline_rank_bytes(dp=2)`` (NOTE [ FSDP under pipeline parallelism ] in
-remat/simulate/_pipeline_fsdp.py), and the gradients against one process.
+remat/simulate/pipeline_fsdp.py), and the gradients against one process.
 
 A 2 x 2 DeviceMesh ("pp", "dp"); each rank builds its stage of llama-tiny (4 blocks, 2 per
 stage), ``fully_shard``s its blocks and the stage over "dp", and runs ``Schedule1F1B``

@@ -108,7 +108,7 @@ def _fused_parity(factory: Any, mesh: Any) -> tuple[dict[str, Any], nn.Module, A
     (``natural_order``). Returns the result, the parallelized model and its batch."""
     import remat
     from remat.integrations.tp import natural_order
-    from remat.simulate._setup import default_batch
+    from remat.simulate.sim_setup import default_batch
     from remat.simulate.tp_fused import linear_shape
     from remat.simulate.tp_layout import fused_of
 

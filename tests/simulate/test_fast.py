@@ -9,11 +9,11 @@ from typing import Any
 import pytest
 
 from remat.models import build_model
-from remat.simulate._fast import FastContext, fast_rows
-from remat.simulate._setup import build_model as resolve_model
-from remat.simulate._setup import make_setup
+from remat.simulate.fast_rows import FastContext, fast_rows
 from remat.simulate.precision import get_precision
 from remat.simulate.run import simulate
+from remat.simulate.sim_setup import build_model as resolve_model
+from remat.simulate.sim_setup import make_setup
 
 # Every kind whose fast path runs at 8 blocks. every:N for N > 2 and sqrt take the exact
 # path there (every:3's cut depths would be 5 and 8; 8 blocks are 3 sqrt segments:
@@ -161,7 +161,7 @@ def test_sizes_on_the_chord_and_deeper_depth_pairs_equal_exact(
     """NOTE [ Fast rows ] 2, 4 and 5: batch 1 sampled alone, 3 and 4 interpolated on the
     chord of 2 and 8 where those peak at the same moments, and rows whose first two depths
     peak at different moments sampled deeper; every row equal to the exact one."""
-    import remat.simulate._fast as fast_module
+    import remat.simulate.fast_rows as fast_module
 
     measured: list[tuple[str, int, tuple[int, ...]]] = []
     real_measure = fast_module._measure
@@ -191,7 +191,7 @@ def test_sizes_on_the_chord_and_deeper_depth_pairs_equal_exact(
 def test_end_segments_are_the_peaks_of_each_phases_first_and_last_blocks() -> None:
     from remat.core.cost import Category as C
     from remat.core.timeline import MemoryTimeline
-    from remat.simulate._samples import End, end_segments
+    from remat.simulate.samples import End, end_segments
 
     timeline = MemoryTimeline(
         (5, 6, 7, 9, 8, 4, 3, 2),
@@ -223,9 +223,9 @@ def test_a_depth_pair_whose_other_end_overtakes_deeper_takes_that_ends_moment() 
     # blocks reads low. The end segments see the end of backward overtake, and the row
     # takes that segment's moment, extrapolated; one only bounded is refused.
     from remat.devices import get_device
-    from remat.simulate._fast import _level, _measure
-    from remat.simulate._point import point
-    from remat.simulate._samples import NotAffine, deepen
+    from remat.simulate.fast_rows import _level, _measure
+    from remat.simulate.point import point
+    from remat.simulate.samples import NotAffine, deepen
     from remat.strategies import apply, remove
 
     inner, _ = resolve_model(_factory(), SEQ)

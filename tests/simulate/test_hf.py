@@ -59,10 +59,10 @@ def test_errors(tmp_path: Path) -> None:
 
 def test_simulating_an_hf_model_equals_a_real_cpu_run() -> None:
     from remat.measure import profile
-    from remat.simulate._setup import default_batch
     from remat.simulate.hf import hf_model_from_config
     from remat.simulate.precision import make_optimizer
     from remat.simulate.run import simulate
+    from remat.simulate.sim_setup import default_batch
 
     config = hf_config_from_name("llama", **TINY_LLAMA)
     result = simulate(lambda: hf_model_from_config(config), seq_len=16, batch_sizes=[2],

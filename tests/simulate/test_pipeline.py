@@ -16,7 +16,6 @@ from typer.testing import CliRunner
 from remat.cli import app
 from remat.models import build_model
 from remat.models.llama import rotary_cos_sin
-from remat.simulate._pipeline_fsdp import FsdpChunk, fsdp_rank_bytes, plain_rank_bytes
 from remat.simulate.pipeline import (
     Action,
     chunk_blocks,
@@ -24,6 +23,7 @@ from remat.simulate.pipeline import (
     pipeline_rank_bytes,
     schedule_actions,
 )
+from remat.simulate.pipeline_fsdp import FsdpChunk, fsdp_rank_bytes, plain_rank_bytes
 from remat.simulate.tensor_parallel import tp_rank_bytes
 
 schedules = pytest.importorskip("torch.distributed.pipelining.schedules")

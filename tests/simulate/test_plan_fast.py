@@ -7,15 +7,15 @@ from typing import Any
 
 import pytest
 
-import remat.simulate._plan_fast as plan_fast
-import remat.simulate._planned as planned
+import remat.simulate.plan_fast as plan_fast
+import remat.simulate.planned_rows as planned
 from allocated_fit import ON_ALLOCATED
 from remat.devices import DeviceSpec
 from remat.measure.windows import StepWindows
 from remat.models import build_model
-from remat.simulate._plan_windows import deepen_windows, interpolate_windows
-from remat.simulate._samples import NotAffine
+from remat.simulate.plan_windows import deepen_windows, interpolate_windows
 from remat.simulate.run import simulate
+from remat.simulate.samples import NotAffine
 
 SEQ, SIZES, LAYERS = 32, [1, 4, 8, 16], 5
 #: (preset, dtype); gpt-tiny has dropout and tied weights, llama-tiny fp32 norms in bf16.

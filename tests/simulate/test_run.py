@@ -32,7 +32,7 @@ def _real_profile(strategy: str, batch_size: int, dtype: torch.dtype,
     batch = make_batch(model, batch_size, SEQ)
     run = model
     if autocast:
-        from remat.simulate._setup import Autocast
+        from remat.simulate.sim_setup import Autocast
 
         run = Autocast(model, torch.bfloat16)
     return profile(run, batch, optimizer=optimizer, timing=False)
@@ -195,7 +195,7 @@ def test_planner_rows_fit_a_device_no_strategy_fits() -> None:
 
 
 def test_plan_row_is_nones_row_where_none_fits(monkeypatch: pytest.MonkeyPatch) -> None:
-    import remat.simulate._planned as planned_module
+    import remat.simulate.planned_rows as planned_module
 
     planned_sizes: list[int] = []
     real_row = planned_module._plan_row

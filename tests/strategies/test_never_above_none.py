@@ -72,7 +72,7 @@ def test_no_builtin_strategy_peaks_above_none_on_cpu(name: str, batch_size: int)
 @pytest.mark.parametrize("name", ["gpt-tiny", "llama-tiny", "hf-llama"])
 def test_no_builtin_strategy_peaks_above_none_in_simulated_rows(name: str) -> None:
     # Five blocks where the preset allows, so that the fast path (NOTE [ Fast rows ] in
-    # simulate/_fast.py) gives the rows.
+    # simulate/fast_rows.py) gives the rows.
     factory: Any = {"gpt-tiny": lambda: build_model("gpt-tiny"),
                     "llama-tiny": lambda: build_model("llama-tiny", n_layer=5),
                     "hf-llama": lambda: _hf_llama(5)}[name]

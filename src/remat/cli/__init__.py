@@ -4,7 +4,7 @@ Each command module registers its commands on :data:`app` when imported:
 ``compare``, ``profile`` and ``doctor`` always exist; ``simulate``, ``estimate`` and ``plan`` are
 loaded when their modules are installed (see Note [ Optional command modules ]).
 Command modules never import each other: what they share lives in ``options.py``
-(every shared option) and ``_common.py`` (consoles, errors, progress, optimizers).
+(every shared option) and ``common.py`` (consoles, errors, progress, optimizers).
 
 # NOTE [ Optional command modules ]
 # A command module that does not exist is skipped; one that exists but fails to

@@ -10,7 +10,7 @@ from typing import Annotated, Any
 import typer
 
 from remat.cli import app
-from remat.cli._common import (
+from remat.cli.common import (
     check_fits,
     err_console,
     notices,
@@ -20,14 +20,6 @@ from remat.cli._common import (
     stdout_console,
     user_errors,
     write_json,
-)
-from remat.cli._sources import (
-    Sources,
-    batch_shape,
-    given_flags,
-    given_sources,
-    run_source,
-    shape_label,
 )
 from remat.cli.options import (
     DEFAULT_MODEL,
@@ -46,6 +38,14 @@ from remat.cli.options import (
     SetOpt,
     StrategiesOpt,
     plot_option,
+)
+from remat.cli.sources import (
+    Sources,
+    batch_shape,
+    given_flags,
+    given_sources,
+    run_source,
+    shape_label,
 )
 
 _EPILOG = """\
@@ -189,8 +189,8 @@ def _with_plan_row(result: Any, plan_budget: str, update: Callable[..., None],
 def _compare_jax(ctx: typer.Context, model: str, batch: int, seq: int | None,
                  strategies: str | None, repeats: int, seed: int, check_grads: bool,
                  plan_budget: str) -> Any:
-    """``remat.jax.compare`` on the NNX preset, plan row included (see _jax.py)."""
-    from remat.cli._jax import SOURCES_REFUSED, load_jax, refuse, strategies_for_jax
+    """``remat.jax.compare`` on the NNX preset, plan row included (see jax_backend.py)."""
+    from remat.cli.jax_backend import SOURCES_REFUSED, load_jax, refuse, strategies_for_jax
 
     refuse(ctx, {
         "device": "JAX runs on its default backend (set JAX_PLATFORMS=cpu to force the CPU)",

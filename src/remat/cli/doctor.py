@@ -10,7 +10,7 @@ from typing import Annotated, Any
 import typer
 
 from remat.cli import app
-from remat.cli._common import (
+from remat.cli.common import (
     check_fits,
     fail,
     make_optimizer,
@@ -21,8 +21,6 @@ from remat.cli._common import (
     user_errors,
     write_json,
 )
-from remat.cli._sources import batch_shape, given_flags, given_sources, run_source, shape_label
-from remat.cli._user_model import FORMS, load_attribute, raised
 from remat.cli.options import (
     BatchOpt,
     DeviceOpt,
@@ -39,6 +37,8 @@ from remat.cli.options import (
     SetOpt,
     StrategyOpt,
 )
+from remat.cli.sources import batch_shape, given_flags, given_sources, run_source, shape_label
+from remat.cli.user_model import FORMS, load_attribute, raised
 from remat.errors import RematError, message
 
 _API = "remat doctor"

@@ -8,9 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from remat.cli import app
-from remat.cli._common import fail, progress_bar, stdout_console, user_errors, write_json
-from remat.cli._sim_tables import estimate_table
-from remat.cli._sources import ModelChoice, given_sources, model_choice
+from remat.cli.common import fail, progress_bar, stdout_console, user_errors, write_json
 from remat.cli.options import (
     DtypeOpt,
     HfConfigOpt,
@@ -21,6 +19,8 @@ from remat.cli.options import (
     SimModelOpt,
     int_list,
 )
+from remat.cli.sim_tables import estimate_table
+from remat.cli.sources import ModelChoice, given_sources, model_choice
 from remat.errors import message
 
 if TYPE_CHECKING:

@@ -2,7 +2,7 @@
 
 Commands declare an option in one line and behave the same: ``--model`` takes any
 :data:`remat.models.PRESETS` key (``--hf``, ``--hf-config`` and ``--module`` are the other
-model sources, resolved in :mod:`remat.cli._sources`), ``--strategies`` a
+model sources, resolved in :mod:`remat.cli.sources`), ``--strategies`` a
 comma-separated list checked against :func:`remat.strategies.parse_strategy`,
 ``--device`` ``auto`` (CUDA when available), ``cpu``, ``cuda`` or ``cuda:N``. Bad
 values exit with code 2 and a message that lists the valid ones, never a traceback.
@@ -29,7 +29,7 @@ from typing import Annotated, Any
 import typer
 import typer.core
 
-from remat.cli._common import parse_strategies
+from remat.cli.common import parse_strategies
 from remat.errors import message
 
 DEFAULT_MODEL = "gpt-small"
@@ -93,7 +93,7 @@ def _jax(ctx: typer.Context | None) -> bool:
 
 
 def _check_model(ctx: typer.Context, value: str | None) -> str | None:
-    # the NNX presets are checked when remat.jax is loaded (cli/_jax.py)
+    # the NNX presets are checked when remat.jax is loaded (cli/jax_backend.py)
     if value is None or _jax(ctx):
         return value
     from remat.models import PRESETS
@@ -106,7 +106,7 @@ def _check_model(ctx: typer.Context, value: str | None) -> str | None:
 
 
 def _check_strategies(ctx: typer.Context, value: str | None) -> str | None:
-    if value is None or _jax(ctx):  # JAX strategies: cli/_jax.py strategies_for_jax
+    if value is None or _jax(ctx):  # JAX strategies: cli/jax_backend.py strategies_for_jax
         return value
     return ",".join(parse_strategies(value))
 

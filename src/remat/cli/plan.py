@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from remat.cli import app
-from remat.cli._common import (
+from remat.cli.common import (
     err_console,
     fail,
     make_optimizer,
@@ -22,8 +22,7 @@ from remat.cli._common import (
     user_errors,
     write_json,
 )
-from remat.cli._jax import SOURCES_REFUSED
-from remat.cli._sources import batch_shape, given_flags, given_sources, run_source, shape_label
+from remat.cli.jax_backend import SOURCES_REFUSED
 from remat.cli.options import (
     DEFAULT_MODEL,
     DeviceOpt,
@@ -46,11 +45,12 @@ from remat.cli.options import (
     check_output,
     plot_option,
 )
+from remat.cli.sources import batch_shape, given_flags, given_sources, run_source, shape_label
 from remat.errors import message
 from remat.progress import reporting
 
 if TYPE_CHECKING:
-    from remat.cli._sources import RunSource
+    from remat.cli.sources import RunSource
 
 _EPILOG = """\
 Examples:
@@ -199,7 +199,7 @@ def plan_command(
             param_hint="'--compile'",
         )
     if maximize is Maximize.seq_len:
-        from remat.cli._seq_len import seq_len_command
+        from remat.cli.seq_len import seq_len_command
 
         return seq_len_command(ctx, sources, budget=budget, seq=seq, min_seq=min_seq,
                                multiple_of=seq_multiple, strategies=strategies,
@@ -371,8 +371,8 @@ _JAX_REFUSED = {
 
 def _plan_jax(ctx: typer.Context, *, model: str, budget: str, batch: int, seq: int | None,
               seed: int, out: Path | None, json_out: str | None) -> None:
-    """``remat.jax.plan_preset`` (NOTE [ CLI and the JAX backend ] in cli/_jax.py)."""
-    from remat.cli._jax import load_jax, refuse
+    """``remat.jax.plan_preset`` (NOTE [ CLI and the JAX backend ] in cli/jax_backend.py)."""
+    from remat.cli.jax_backend import load_jax, refuse
 
     refuse(ctx, _JAX_REFUSED)
     rj = load_jax(model)

@@ -9,7 +9,7 @@ from typing import Annotated, Any
 import typer
 
 from remat.cli import app
-from remat.cli._common import (
+from remat.cli.common import (
     check_fits,
     err_console,
     make_optimizer,
@@ -19,13 +19,6 @@ from remat.cli._common import (
     stdout_console,
     user_errors,
     write_json,
-)
-from remat.cli._sources import (
-    batch_shape,
-    given_flags,
-    given_sources,
-    run_source,
-    shape_label,
 )
 from remat.cli.options import (
     BatchOpt,
@@ -44,6 +37,13 @@ from remat.cli.options import (
     StrategyOpt,
     _check_strategies,
     check_output,
+)
+from remat.cli.sources import (
+    batch_shape,
+    given_flags,
+    given_sources,
+    run_source,
+    shape_label,
 )
 from remat.errors import message
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from remat.cli import app
-from remat.cli._common import (
+from remat.cli.common import (
     ProgressFn,
     err_console,
     fail,
@@ -25,11 +25,6 @@ from remat.cli._common import (
     user_errors,
     write_json,
 )
-from remat.cli._pp import check_pp, pp_rows, print_pp_rows
-from remat.cli._sim_tables import longest_seq_table, longest_seqs, rate, simulation_tables
-from remat.cli._sources import ModelChoice, batch_shape, given_flags, given_sources, model_choice
-from remat.cli._tp import check_layout, check_tp, load_tp_plan, print_tp_rows, tp_rows
-from remat.cli._user_model import raised
 from remat.cli.options import (
     DtypeOpt,
     GpuOpt,
@@ -45,6 +40,11 @@ from remat.cli.options import (
     int_list,
     plot_option,
 )
+from remat.cli.pipeline_ranks import check_pp, pp_rows, print_pp_rows
+from remat.cli.sim_tables import longest_seq_table, longest_seqs, rate, simulation_tables
+from remat.cli.sources import ModelChoice, batch_shape, given_flags, given_sources, model_choice
+from remat.cli.tp_ranks import check_layout, check_tp, load_tp_plan, print_tp_rows, tp_rows
+from remat.cli.user_model import raised
 from remat.errors import RematError, message
 
 if TYPE_CHECKING:

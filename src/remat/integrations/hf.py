@@ -39,7 +39,7 @@ from torch import nn
 
 from remat.blocks import BlocksSpec
 from remat.errors import RematWarning, message
-from remat.integrations._prepare import apply_or_plan, check_one_of, on_model_device
+from remat.integrations.prepare import apply_or_plan, check_one_of, on_model_device
 from remat.strategies.apply import AppliedStrategy, applied
 from remat.strategies.registry import parse_strategy
 

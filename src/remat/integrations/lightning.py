@@ -47,7 +47,7 @@ from torch import nn
 
 from remat.blocks import BlocksSpec, named_blocks
 from remat.errors import message
-from remat.integrations._prepare import check_one_of, plan_budget
+from remat.integrations.prepare import check_one_of, plan_budget
 from remat.strategies.apply import AppliedStrategy, applied, apply
 from remat.strategies.registry import parse_strategy
 

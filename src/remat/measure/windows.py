@@ -33,12 +33,12 @@ NOTE [ Peak moments ]
     seen and of windows opened by then. Two runs of the same program (the same model
     and strategy at two batch sizes ``b1 < b2``, both above 1) pass through the same
     moments, and each moment's live bytes are affine in ``b`` (every tensor's size
-    is, NOTE [ Fast rows ] in simulate/_fast.py), so a window's peak, the largest of
+    is, NOTE [ Fast rows ] in simulate/fast_rows.py), so a window's peak, the largest of
     its moments, is convex in ``b``. When it is reached at the same moment at ``b1``
     and ``b2`` it is that moment's affine function on the whole of ``[b1, b2]``: at
     least that moment's bytes (it is the largest), at most the chord (convexity), and
     the two coincide. Values between are then interpolated exactly, without a third
-    run (simulate/_plan_windows.py).
+    run (simulate/plan_windows.py).
 """
 
 from __future__ import annotations

@@ -180,7 +180,7 @@ class BlockGroup:
 
 
 #: How a candidate's block run is obtained: :func:`~remat.planning.block_run.run_block`, or
-#: (simulate/_plan_fast.py) interpolated from runs at two other batch sizes.
+#: (simulate/plan_fast.py) interpolated from runs at two other batch sizes.
 RunBlock = Callable[..., BlockRun]
 
 # ---- all candidates of all groups ---------------------------------------------------------

@@ -209,7 +209,7 @@ def estimate(
     """
     from remat.measure import profile
     from remat.measure.outside import cpu_rng_state_bytes
-    from remat.simulate._setup import check_ints, default_batch
+    from remat.simulate.sim_setup import check_ints, default_batch
     from remat.strategies import apply, remove
 
     seqs = check_ints(_API, "seq_lens", seq_lens)
@@ -233,7 +233,7 @@ def estimate(
     bpe = precision.activation_bytes_per_element
     run: nn.Module = net
     if precision.autocast_dtype is not None:
-        from remat.simulate._setup import Autocast
+        from remat.simulate.sim_setup import Autocast
 
         run = Autocast(net, precision.autocast_dtype)
     rows: list[EstimateRow] = []

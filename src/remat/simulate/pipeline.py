@@ -50,14 +50,14 @@ NOTE [ Pipeline rank bytes ]
     micro-batch without FSDP is the simulated step itself, whose peak it takes (so
     ``stages=1`` with one micro-batch gives :func:`tp_rank_bytes`'s figures: tested).
     With ``dp > 1`` (FSDP over pipeline replicas) the replay is NOTE [ FSDP under pipeline
-    parallelism ] in _pipeline_fsdp.py: shards, plus the chunks' parameters unsharded
+    parallelism ] in pipeline_fsdp.py: shards, plus the chunks' parameters unsharded
     from their first forward and gradients unsharded from their first backward, as
     ``torch.distributed.pipelining`` runs FSDP. Without a pipeline (``stages=1``) FSDP
     reshards after every forward and backward: the static bytes are sharded
     ``ceil(x / dp)`` and the largest block is counted gathered (parameters and
     gradients).
     A uniform stack of more than three blocks (one list of blocks of one shape, as the
-    fast simulation rows require: NOTE [ Fast rows ] in _fast.py) is simulated cut to
+    fast simulation rows require: NOTE [ Fast rows ] in fast_rows.py) is simulated cut to
     three blocks, before it is parallelized (TP's layout of a block does not depend on
     the blocks around it), and every block between the first and the last takes the
     middle one's figures (strategies that treat blocks alike only; ``every:N`` and
@@ -77,8 +77,8 @@ from typing import TYPE_CHECKING, Any, Literal
 from torch import nn
 
 from remat.errors import message
-from remat.simulate._pipeline_fsdp import FsdpChunk, fsdp_rank_bytes, plain_rank_bytes
-from remat.simulate._pipeline_record import CUT_DEPTH, cut_stack, expand_record, record_step
+from remat.simulate.pipeline_fsdp import FsdpChunk, fsdp_rank_bytes, plain_rank_bytes
+from remat.simulate.pipeline_record import CUT_DEPTH, cut_stack, expand_record, record_step
 
 if TYPE_CHECKING:
     pass
@@ -397,7 +397,7 @@ def pipeline_rank_bytes(model: Any, *, seq_len: int, batch_size: int, stages: in
         >>> [r.held_microbatches for r in ranks]  # doctest: +SKIP
         [4, 3, 2, 1]
     """
-    from remat.simulate._setup import check_ints
+    from remat.simulate.sim_setup import check_ints
     from remat.simulate.tp_step import run_isolated
 
     _check(API, schedule, stages, microbatches, virtual_stages)
@@ -422,8 +422,8 @@ def _rank_bytes(model: Any, *, seq_len: int, batch_size: int, stages: int,
 
     from remat.blocks import named_blocks
     from remat.devices import get_device
-    from remat.simulate._setup import make_setup
     from remat.simulate.precision import get_precision, make_optimizer
+    from remat.simulate.sim_setup import make_setup
     from remat.simulate.tp_step import rank_model, step_failed
 
     # one chunk, one micro-batch, no FSDP: the rank runs the simulated step itself

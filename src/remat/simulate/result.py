@@ -51,7 +51,7 @@ class SimulationRow(CostViews):
             ``expandable_segments:True`` is what makes it fit, else ``""``.
         reserved_bytes: the rank's predicted reserved peak under PyTorch's caching
             allocator, library workspaces included (NOTE [ Reserved per rank ] in
-            simulate/_point.py). Default: 0 (a row written before it was predicted).
+            simulate/point.py). Default: 0 (a row written before it was predicted).
         margin_bytes: capacity less outside memory less ``reserved_bytes``: what is left
             on the card (negative: over). Default: 0.
     """

@@ -38,9 +38,9 @@ So a plan that simulates at 79 GiB of an 80 GiB card is not safe; keep a margin 
 a few GiB. ``remat.profile`` on CUDA reports ``allocator_peak_bytes`` next to the
 tracker's ``peak_bytes`` to measure items 1-3 on a real device.
 
-The parts: :mod:`~remat.simulate._setup` (model, batch, precision),
-:mod:`~remat.simulate._point` (one simulated step as a row; NOTE [ Step time ] and
-NOTE [ Peaks under sharding ]), :mod:`~remat.simulate._planned` (the ``"plan"`` rows;
+The parts: :mod:`~remat.simulate.sim_setup` (model, batch, precision),
+:mod:`~remat.simulate.point` (one simulated step as a row; NOTE [ Step time ] and
+NOTE [ Peaks under sharding ]), :mod:`~remat.simulate.planned_rows` (the ``"plan"`` rows;
 NOTE [ Planner hook ]) and :mod:`~remat.simulate.result` (the result objects).
 """
 
@@ -54,10 +54,14 @@ from typing import Any
 from remat.device_memory import OutsideMemory, Workspaces
 from remat.devices import DeviceSpec, get_device
 from remat.errors import message
-from remat.simulate._fast import FastContext, fast_rows
-from remat.simulate._planned import plan_rows
-from remat.simulate._point import fixed_bytes, point
-from remat.simulate._setup import (
+from remat.simulate.fast_rows import FastContext, fast_rows
+from remat.simulate.hf import is_hf_model, unpacked_sequences
+from remat.simulate.planned_rows import plan_rows
+from remat.simulate.point import fixed_bytes, point
+from remat.simulate.precision import Precision, get_precision
+from remat.simulate.result import SimulationResult, SimulationRow
+from remat.simulate.sharding import SHARDINGS
+from remat.simulate.sim_setup import (
     API,
     BatchFn,
     LossFn,
@@ -67,10 +71,6 @@ from remat.simulate._setup import (
     check_ints,
     make_setup,
 )
-from remat.simulate.hf import is_hf_model, unpacked_sequences
-from remat.simulate.precision import Precision, get_precision
-from remat.simulate.result import SimulationResult, SimulationRow
-from remat.simulate.sharding import SHARDINGS
 
 
 def __getattr__(name: str) -> Any:
@@ -110,7 +110,7 @@ def simulate(
     exact bytes (the same as a real run on the same device type), no memory
     allocated, seconds per step even at 7B. By default a uniform stack of blocks is
     cut to two and three blocks and each figure extrapolated to the model's depth
-    and across batch sizes (NOTE [ Fast rows ] in _fast.py): a few shallow steps per
+    and across batch sizes (NOTE [ Fast rows ] in fast_rows.py): a few shallow steps per
     strategy instead of a full step per row; ``exact=True`` runs the full step for
     every row. The step time is a roofline estimate, not a
     measurement (see NOTE [ Step time ]). Sharded runs are arithmetic on the
@@ -147,7 +147,7 @@ def simulate(
         exact: simulate the whole model's step for every row instead of extrapolating
             from shallow steps (NOTE [ Fast rows ]), and run the whole planner and its
             closed loop for every plan row instead of composing it from shallow steps
-            (NOTE [ Fast plan rows ] in _plan_fast.py). Default: ``False``.
+            (NOTE [ Fast plan rows ] in plan_fast.py). Default: ``False``.
         outside: what a rank holds outside PyTorch's allocator, measured on your job
             (CUDA context, NCCL buffers); each field set replaces its estimate (NOTE
             [ Fits on the card ] in card_fit.py). Default: the estimates.
@@ -234,7 +234,7 @@ def _check_arguments(seq_len: int, batch_sizes: Sequence[int], world_size: int, 
 
 
 #: A fast row whose margin on the card is within this share of the card's limit is
-#: simulated exactly (NOTE [ Reserved per rank ] in _point.py).
+#: simulated exactly (NOTE [ Reserved per rank ] in point.py).
 _CONFIRM_SHARE = 0.05
 
 

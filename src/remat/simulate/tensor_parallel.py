@@ -175,7 +175,7 @@ def tp_rank_bytes(model: Any, *, seq_len: int, batch_size: int, tp: int,
         >>> r.activation_bytes < r.device_activation_bytes  # doctest: +SKIP
         True
     """
-    from remat.simulate._setup import check_ints
+    from remat.simulate.sim_setup import check_ints
     from remat.simulate.tp_step import simulate_ranks
 
     check_ints(API, "seq_len, batch_size and tp", (seq_len, batch_size, tp))

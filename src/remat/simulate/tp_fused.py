@@ -228,7 +228,7 @@ def _first_consumers(model: nn.Module, names: Sequence[str], api: str
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from remat.measure.fake import fake_batch, fake_copy
-    from remat.simulate._setup import default_batch
+    from remat.simulate.sim_setup import default_batch
 
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     fake = fake_copy(model, mode)

@@ -117,8 +117,8 @@ def rank_model(model: Any, *, seq_len: int, tp: int, sequence_parallel: bool,
     TP plan ] in remat/integrations/tp.py). The caller checks that no process group exists
     (:func:`run_isolated`)."""
     from remat.measure.sharded import is_dtensor
-    from remat.simulate._setup import build_model
     from remat.simulate.precision import get_precision
+    from remat.simulate.sim_setup import build_model
     from remat.simulate.tp_layout import parallelize
 
     inner = meta_copy(model) if isinstance(model, nn.Module) else build_model(model, seq_len)[0]
@@ -153,8 +153,8 @@ def _steps_in_process(model: Any, *, seq_len: int, points: Sequence[tuple[Any, i
     from remat.measure.profile import WarmFake
     from remat.measure.step import Step, clear_grads
     from remat.measure.tracked_step import tracked_step
-    from remat.simulate._setup import Autocast, default_batch
     from remat.simulate.precision import get_precision, make_optimizer
+    from remat.simulate.sim_setup import Autocast, default_batch
     from remat.strategies import apply, remove
 
     precision = get_precision(dtype)

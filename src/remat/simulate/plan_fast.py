@@ -1,11 +1,11 @@
 """The fast path of the ``"plan"`` rows: the planner's parts from shallow steps, the row composed.
 
 NOTE [ Fast plan rows ]
-The exact plan row (NOTE [ Planner hook ] in _planned.py) runs the planner once per
+The exact plan row (NOTE [ Planner hook ] in planned_rows.py) runs the planner once per
 batch size: a fake copy, every candidate measured (about 30 block runs for Llama),
 one whole step cut into memory windows, then a whole tracked step of the chosen plan
 (the closed loop), whose profile is the row. For a uniform stack (the condition of
-NOTE [ Fast rows ] in _fast.py) and sharding ``"none"`` or ``"ddp"`` the same peak
+NOTE [ Fast rows ] in fast_rows.py) and sharding ``"none"`` or ``"ddp"`` the same peak
 model is built from cheaper parts, and the row is composed instead of measured:
 
 1. *Candidates* depend on a block and its inputs, not on the depth: they are measured
@@ -17,7 +17,7 @@ model is built from cheaper parts, and the row is composed instead of measured:
    (``measure_groups(run=...)``); a run that does not line up (gpt-tiny in fp32: a
    candidate whose backward peaks in recompute at batch 4 and after it at 16), or that
    the selection at that size asks for and the ends lack, is measured at that size.
-2. *Windows*: NOTE [ Windows from shallow steps ] in _plan_windows.py; the fast
+2. *Windows*: NOTE [ Windows from shallow steps ] in plan_windows.py; the fast
    rows' warm fake copy (NOTE [ Fast rows ] 4) is cut in place to each shallow depth
    (``_Shallow``), at every size.
 3. *The row*: the peak model is the exact path's (same candidates, same windows), so
@@ -60,12 +60,12 @@ from remat.core.peak import PeakModel
 from remat.measure.windows import FakeSetup, StepWindows
 from remat.planning.block_run import BlockRun, run_block
 from remat.planning.candidates import BlockGroup, Candidate
-from remat.simulate._fast import FastContext, _cut
-from remat.simulate._plan_windows import SHALLOW, deepen_windows, interpolate_windows, mix_run
-from remat.simulate._point import card_fit, fit_note
-from remat.simulate._samples import NotAffine
-from remat.simulate._setup import Setup
+from remat.simulate.fast_rows import FastContext, _cut
+from remat.simulate.plan_windows import SHALLOW, deepen_windows, interpolate_windows, mix_run
+from remat.simulate.point import card_fit, fit_note
 from remat.simulate.result import SimulationRow
+from remat.simulate.samples import NotAffine
+from remat.simulate.sim_setup import Setup
 
 _CANDIDATE_DEPTH = 2  # blocks the stack is cut to for measuring candidates
 
@@ -318,7 +318,7 @@ def fast_plan_rows(ctx: FastContext, sizes: Sequence[int], seq_len: int,
     Args:
         fixed: one-device parameter, gradient and optimizer bytes.
         none_rows: the ``"none"`` rows, per batch size.
-        budget: the one-device budget (NOTE [ Per-rank budgets ] in _planned.py) and the
+        budget: the one-device budget (NOTE [ Per-rank budgets ] in planned_rows.py) and the
             row of a size no choice fits, from its smallest peak.
     """
     from remat.blocks import named_blocks

@@ -2,7 +2,7 @@
 
 Every command takes exactly one source: ``--model`` (a preset, the default), ``--hf``
 (a Hugging Face family built from its config class), ``--hf-config`` (a config.json)
-or ``--module`` (your factory, see :mod:`remat.cli._user_model`), with ``--set
+or ``--module`` (your factory, see :mod:`remat.cli.user_model`), with ``--set
 KEY=VALUE`` overriding config fields of the first three. Commands that run steps for
 real (``profile``, ``compare``, ``plan``) get a :class:`RunSource` from
 :func:`run_source`; ``simulate`` and ``estimate`` a :class:`ModelChoice` (meta-device
@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from remat.cli._common import err_console, fail
-from remat.cli._user_model import UserModel, call_factory, load_factory, raised
+from remat.cli.common import err_console, fail
 from remat.cli.options import overrides
+from remat.cli.user_model import UserModel, call_factory, load_factory, raised
 from remat.errors import message
 
 if TYPE_CHECKING:
@@ -312,7 +312,7 @@ def _hf_source(sources: Sources, *, seq: int | None, seed: int, target: Any) -> 
     import torch
 
     from remat.simulate import hf as hf_models
-    from remat.simulate._setup import default_batch
+    from remat.simulate.sim_setup import default_batch
 
     config, name = hf_config(sources, seq or 0)
     limit = getattr(config, "max_position_embeddings", None)
@@ -333,7 +333,7 @@ def _module_source(spec: str, *, api: str, seq: int | None, seed: int, target: A
                    given: list[str]) -> RunSource:
     import torch
 
-    from remat.simulate._setup import default_batch
+    from remat.simulate.sim_setup import default_batch
 
     factory, folder = load_factory(spec, api)
 

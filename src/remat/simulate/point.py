@@ -56,7 +56,6 @@ import torch
 from remat.card_fit import CardFit
 from remat.core.allocator_replay import AllocationLog, predict_step_reserved
 from remat.core.cost import Category, StepCost
-from remat.simulate._setup import Setup
 from remat.simulate.result import SimulationRow
 from remat.simulate.sharding import (
     FsdpLayout,
@@ -66,6 +65,7 @@ from remat.simulate.sharding import (
     scalar_state_bytes,
     shard_peak,
 )
+from remat.simulate.sim_setup import Setup
 
 
 def shard(breakdown: Mapping[Category, int], grad_total_bytes: int, setup: Setup) -> ShardedPeak:

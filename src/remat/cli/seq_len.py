@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from remat.cli._common import (
+from remat.cli.common import (
     err_console,
     fail,
     make_optimizer,
@@ -24,7 +24,7 @@ from remat.progress import reporting
 if TYPE_CHECKING:
     from rich.table import Table
 
-    from remat.cli._sources import RunSource, Sources
+    from remat.cli.sources import RunSource, Sources
     from remat.planning.seq_len import SeqLenResult
 
 
@@ -67,8 +67,8 @@ def seq_len_command(ctx: typer.Context, sources: Sources, *, budget: str, seq: i
                     optimizer: str, simulate: bool, cost: str, cost_device: str | None,
                     device: str, seed: int, json_out: str | None) -> None:
     """``remat plan --maximize seq-len``: resolve the source up to ``--seq``, then search."""
-    from remat.cli._common import resolve_device
-    from remat.cli._sources import given_flags, run_source
+    from remat.cli.common import resolve_device
+    from remat.cli.sources import given_flags, run_source
 
     target = resolve_device(device)
     source = run_source(sources_up_to(sources, seq), api="remat plan", seq=seq, seed=seed,

@@ -53,7 +53,7 @@ from typing import Any, NoReturn
 
 from rich.markup import escape
 
-from remat.cli._common import fail
+from remat.cli.common import fail
 from remat.errors import message
 
 #: How the option's value is spelled, for messages.

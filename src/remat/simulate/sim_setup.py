@@ -1,6 +1,6 @@
 """The model, batch and precision of a simulation, resolved once: :class:`Setup`.
 
-Private to :mod:`remat.simulate`; :func:`default_batch` is public (re-exported by
+Implementation of :mod:`remat.simulate`; :func:`default_batch` is public (re-exported by
 :mod:`remat.simulate.run`).
 """
 
@@ -21,7 +21,7 @@ from remat.errors import message
 from remat.simulate.precision import Precision, make_optimizer
 
 API = "remat.simulate"
-#: What a row's fit is judged on (NOTE [ Reserved per rank ] in _point.py).
+#: What a row's fit is judged on (NOTE [ Reserved per rank ] in point.py).
 FITS_ON = ("reserved", "allocated")
 
 ModelSource = nn.Module | Callable[[], nn.Module] | str
@@ -149,7 +149,7 @@ class Setup:
     batch_fn: BatchFn
     card: CardBudget  # what a rank may hold on its card: NOTE [ Fits on the card ]
     allocator: AllocatorSettings  # the job's caching-allocator settings (from the environment)
-    fits_on: str = "reserved"  # or "allocated": NOTE [ Reserved per rank ] in _point.py
+    fits_on: str = "reserved"  # or "allocated": NOTE [ Reserved per rank ] in point.py
 
 
 def _adapt_blocks(blocks: Any, wrapped: bool) -> Any:

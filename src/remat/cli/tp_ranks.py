@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from remat.cli._common import fail, stdout_console, write_json
+from remat.cli.common import fail, stdout_console, write_json
 from remat.errors import message
 
 
@@ -32,7 +32,7 @@ def load_tp_plan(spec: str, api: str) -> dict[str, Any]:
     """``--tp-plan path/file.py:NAME`` (or ``package.module:NAME``): the dict NAME holds,
     or a function of no arguments returning it (NOTE [ A user's TP plan ] in
     remat/integrations/tp.py). Exits 2 on anything else."""
-    from remat.cli._user_model import load_attribute
+    from remat.cli.user_model import load_attribute
 
     plan, _, _ = load_attribute(spec, api, option="--tp-plan")
     name = spec.rpartition(":")[2]
@@ -54,7 +54,7 @@ def check_layout(source: Any, seq_len: int, *, tp: int, sequence_parallel: bool,
     from torch import nn
 
     from remat.errors import RematError
-    from remat.simulate._setup import build_model
+    from remat.simulate.sim_setup import build_model
     from remat.simulate.tp_layout import check_degree, fused_of, resolve_plan
     from remat.simulate.tp_roles import tp_roles
     from remat.simulate.tp_step import meta_copy

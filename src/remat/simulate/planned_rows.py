@@ -7,14 +7,14 @@ and simulated like a strategy. A batch size no plan fits gets a row with the sma
 reachable peak (per rank) and no times; one whose ``"none"`` row fits gets that row
 (no recompute: nothing is cheaper), without planning. By default the planner's parts
 are measured on the stack cut short and the row is composed (NOTE [ Fast plan rows ]
-in _plan_fast.py); ``exact=True``, and whatever that path cannot give, plans on the
+in plan_fast.py); ``exact=True``, and whatever that path cannot give, plans on the
 whole model as described here.
 
 NOTE [ Per-rank budgets ]
 The planner plans the one-device step, so the bytes a rank's tensors may take on its
 card, ``M`` (capacity less outside memory less workspaces: ``CardBudget.tensor_bytes``,
 NOTE [ Fits on the card ] in card_fit.py), are translated into a one-device
-budget that keeps the rank's peak, as :func:`~remat.simulate._point.point` computes it
+budget that keeps the rank's peak, as :func:`~remat.simulate.point.point` computes it
 (NOTE [ Peaks under sharding ]), within ``M``. ``P``, ``G`` and ``O`` are the one-device
 parameter, gradient and optimizer-state bytes, ``W`` the ranks, ``U`` what FSDP
 unshards at once (NOTE [ Sharding arithmetic ] in sharding.py):
@@ -47,11 +47,11 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from remat.core.cost import StepCost
-from remat.simulate._fast import FastContext
-from remat.simulate._plan_fast import fast_plan_rows
-from remat.simulate._point import per_rank, point, row_of
-from remat.simulate._setup import Setup
+from remat.simulate.fast_rows import FastContext
+from remat.simulate.plan_fast import fast_plan_rows
+from remat.simulate.point import per_rank, point, row_of
 from remat.simulate.result import SimulationRow
+from remat.simulate.sim_setup import Setup
 
 _FSDP_ROUNDS = 4
 _RESERVED_ROUNDS = 3
@@ -180,7 +180,7 @@ def _fsdp_plan_row(setup: Setup, batch_size: int, seq_len: int,
             return row
         tried.append(row)
         # ``lo`` is safe for allocated bytes; the reserved overhead comes on top of them
-        # (NOTE [ Reserved per rank ] in _point.py)
+        # (NOTE [ Reserved per rank ] in point.py)
         floor = max(1, lo - max(row.reserved_bytes - setup.card.workspace_bytes
                                 - row.peak_bytes, 0))
         if budget <= floor:
@@ -204,7 +204,7 @@ def plan_rows(setup: Setup, batch_sizes: Sequence[int], seq_len: int,
             plan row is that row: nothing recomputed is the cheapest plan there is, and
             its step was simulated already. Default: none given.
         fast: the fast rows' context: plan rows from shallow steps where NOTE [ Fast plan
-            rows ] (in _plan_fast.py) applies, needing the ``"none"`` rows among
+            rows ] (in plan_fast.py) applies, needing the ``"none"`` rows among
             ``simulated``. Default: None (every row planned on the whole model).
     """
     make_row = _fsdp_plan_row if setup.sharding == "fsdp" else _plan_row

@@ -16,7 +16,7 @@ So each kind of window gets one affine function ``A + B i + C L``:
   ``d1`` and ``d2 = d1 + 1`` blocks (``i = 0`` at both, ``i = 1`` at ``d2``), and
   *every* peak of steps cut to ``d1``, ``d2`` and ``d3 = d2 + 1`` blocks must lie on
   it exactly, in the window order of a ``d``-block stack (``_order``); else the
-  whole-depth windows step runs (:class:`~remat.simulate._samples.NotAffine`).
+  whole-depth windows step runs (:class:`~remat.simulate.samples.NotAffine`).
 
 Llama-7B in bf16 at batch 4: ``fwd:i`` falls by 64 MiB per block, ``bwd:i`` rises by
 one block's gradients (450 MiB) per block after it, the head by 1.07 GiB per block
@@ -32,7 +32,7 @@ from collections.abc import Mapping, Sequence
 
 from remat.measure.windows import StepWindows
 from remat.planning.block_run import BlockRun
-from remat.simulate._samples import NotAffine, affine
+from remat.simulate.samples import NotAffine, affine
 
 #: Stack lengths the windows are measured at: two to fit, the third to check.
 SHALLOW = (2, 3, 4)

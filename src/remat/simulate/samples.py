@@ -1,6 +1,6 @@
-"""The arithmetic of :mod:`remat.simulate._fast`'s samples: the figures of one shallow fake
+"""The arithmetic of :mod:`remat.simulate.fast_rows`'s samples: the figures of one shallow fake
 step, extrapolated along a line through two of them, checked on a chord (NOTE [ Fast rows ]
-in _fast.py).
+in fast_rows.py).
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ class Sample:
     rank_segments: tuple[int, ...] = ()  # FSDP: per-rank peak per segment (NOTE [ Fast rows ], 6)
     ends: tuple[tuple[EndKey, End], ...] = ()
     #: reserved above the allocated peak, default and expandable segments (NOTE
-    #: [ Reserved per rank ] in _point.py): bounds, not on the affine line
+    #: [ Reserved per rank ] in point.py): bounds, not on the affine line
     reserved_extra_bytes: int = 0
     expandable_extra_bytes: int = 0
 
@@ -199,7 +199,7 @@ def mix(s1: Sample, s2: Sample, x1: int, x2: int, x: int, *,
                                   zip(s1.rank_segments, s2.rank_segments, strict=True))
     ends = _mix_ends(s1, s2, x1, x2, x)
     # reserved above allocated is not affine in depth or batch: the larger of the two
-    # (NOTE [ Reserved per rank ] in _point.py)
+    # (NOTE [ Reserved per rank ] in point.py)
     ints["reserved_extra_bytes"] = max(s1.reserved_extra_bytes, s2.reserved_extra_bytes)
     ints["expandable_extra_bytes"] = max(s1.expandable_extra_bytes, s2.expandable_extra_bytes)
     if device is None:

@@ -32,7 +32,7 @@ a constant or proportional to the micro-batch ``b`` (no ``b**2`` term: attention
    temporaries, and whatever backward left alive, which differs by strategy). Both
    are affine in ``L`` and ``b`` and extrapolated side by side; the one-device peak
    is the larger, and under sharding both are sharded as
-   :func:`~remat.simulate._point.point` does (NOTE [ Peaks under sharding ]).
+   :func:`~remat.simulate.point.point` does (NOTE [ Peaks under sharding ]).
 4. *Batch size 1 is not on the line*: a dimension of size 1 makes tensors
    contiguous whatever their strides, so a ``reshape`` or ``contiguous`` that copies
    at ``b >= 2`` is a free view at ``b = 1`` (the causal-LM loss flattens the shifted
@@ -112,8 +112,9 @@ from torch import nn
 
 from remat.core.cost import StepCost
 from remat.measure.profile import WarmFake
-from remat.simulate._point import card_fit, fit_note, reserved_extras, shard
-from remat.simulate._samples import (
+from remat.simulate.point import card_fit, fit_note, reserved_extras, shard
+from remat.simulate.result import SimulationRow
+from remat.simulate.samples import (
     NotAffine,
     Sample,
     deepen,
@@ -123,8 +124,7 @@ from remat.simulate._samples import (
     sample_at,
     sample_of,
 )
-from remat.simulate._setup import Setup
-from remat.simulate.result import SimulationRow
+from remat.simulate.sim_setup import Setup
 
 _DEEPER = 3  # depth pairs tried before a row takes the exact path (NOTE [ Fast rows ], 5)
 
@@ -334,7 +334,7 @@ def _measure(ctx: FastContext, label: str, depth: int, sizes: Sequence[int],
 def _rank_segments(setup: Setup, prof: Any, period: int) -> tuple[int, ...]:
     """Under FSDP, the rank's peak per segment of a shallow step whose pattern repeats
     every ``period`` blocks (NOTE [ Fast rows ], 6)."""
-    from remat.simulate._point import fsdp_layout_of
+    from remat.simulate.point import fsdp_layout_of
     from remat.simulate.sharding import fsdp_segment_peaks
 
     timeline = prof.timeline
@@ -429,7 +429,7 @@ def fast_rows(ctx: FastContext, label: str, sizes: Sequence[int],
 
 def _moments(setup: Setup, sample: Sample) -> tuple[int, int, str | None]:
     """``(one-device peak, rank peak, phase)`` from the two moments (NOTE [ Fast rows ], 3),
-    sharded as :func:`remat.simulate._point._rank_peak` shards an exact step."""
+    sharded as :func:`remat.simulate.point._rank_peak` shards an exact step."""
     fwd_peak, opt_peak = sample.peak_bytes, sample.opt_peak_bytes
     in_optimizer = setup.optimizer is not None and opt_peak > fwd_peak
     peak, phase = (opt_peak, "optimizer") if in_optimizer else (fwd_peak, sample.phase)
@@ -445,7 +445,7 @@ def _moments(setup: Setup, sample: Sample) -> tuple[int, int, str | None]:
 
 def _row(setup: Setup, label: str, batch_size: int, seq_len: int,
          sample: Sample) -> SimulationRow:
-    from remat.simulate._point import per_rank
+    from remat.simulate.point import per_rank
 
     peak, rank_peak, phase = _moments(setup, sample)
     optimizer_ms = sample.optimizer_ms

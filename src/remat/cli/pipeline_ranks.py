@@ -1,7 +1,7 @@
 """``remat simulate --pp P [--dp D] [--tp T [--sp]] --schedule S``: bytes per pipeline rank.
 
 With ``--dp`` the table adds each rank's gathered parameters (NOTE [ FSDP under pipeline
-parallelism ] in remat/simulate/_pipeline_fsdp.py; ``--reshard-after-forward`` picks
+parallelism ] in remat/simulate/pipeline_fsdp.py; ``--reshard-after-forward`` picks
 FSDP's ``reshard_after_forward``).
 
 Each strategy's rows are :func:`remat.simulate.pipeline.pipeline_rank_bytes`: one simulated
@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from remat.cli._common import fail, stdout_console, write_json
+from remat.cli.common import fail, stdout_console, write_json
 from remat.errors import message
 
 ProgressFn = Callable[[str, int, int], None]

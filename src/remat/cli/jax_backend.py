@@ -16,7 +16,7 @@ from typing import Any
 import typer
 from rich.markup import escape
 
-from remat.cli._common import fail
+from remat.cli.common import fail
 from remat.errors import message
 
 

@@ -80,7 +80,7 @@ def record_step(setup: Any, strategy: str, batch_size: int, seq_len: int,
     from remat.measure.roofline import op_roofline_ms
     from remat.measure.step import Step, clear_grads
     from remat.measure.tracked_step import tracked_step
-    from remat.simulate._setup import Autocast
+    from remat.simulate.sim_setup import Autocast
     from remat.strategies import apply, remove
 
     batch = setup.batch_fn(batch_size, seq_len)
@@ -169,7 +169,7 @@ CUT_DEPTH = 3  # first, a middle and the last block (NOTE [ Pipeline rank bytes 
 def cut_stack(model: nn.Module, depth: int) -> Iterator[None]:
     """``model``'s uniform stack of blocks cut to its first ``depth`` (NOTE [ Pipeline
     rank bytes ]) for the context, when it has one longer than ``depth``."""
-    from remat.simulate._fast import _stack
+    from remat.simulate.fast_rows import _stack
 
     # _stack reads a Setup's model and blocks only
     stack = _stack(cast(Any, SimpleNamespace(model=model, blocks=None)))
