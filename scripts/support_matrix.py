@@ -30,7 +30,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import platform
 import sys
 import time
@@ -58,19 +57,10 @@ PROFILE_TOLERANCE = 0.001  # of the allocator's peak
 RTOL = 1e-6
 
 
-def _load(path: Path, name: str) -> Any:
-    if str(path.parent) not in sys.path:
-        sys.path.insert(0, str(path.parent))
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-_compat = _load(ROOT / "scripts" / "compat_matrix.py", "compat_matrix")
-_families = _load(ROOT / "benchmarks" / "families.py", "families")
+# The builders of scripts/compat_matrix.py and benchmarks/families.py, imported by name.
+sys.path[:0] = [str(ROOT / "scripts"), str(ROOT / "benchmarks")]
+import compat_matrix as _compat  # noqa: E402
+import families as _families  # noqa: E402
 
 
 @dataclass(frozen=True)
