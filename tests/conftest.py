@@ -26,10 +26,10 @@ torch.set_num_threads(1)
 #: Seconds of the slowest modules on one idle core, relative to this folder (NOTE [ Slow
 #: modules first ]); the modules not listed follow, those of more tests first.
 MODULE_SECONDS: dict[str, float] = {
-    "simulate/test_fast.py": 130, "simulate/test_plan_fast.py": 97,
+    "simulate/test_fast.py": 100, "simulate/test_plan_fast.py": 97,
     "planning/test_fits_allocator.py": 89, "integrations/test_tp.py": 68,
-    "strategies/test_never_above_none.py": 55, "compiled/test_simulate.py": 46,
-    "cli/test_cli_sources.py": 41, "planning/test_device_budget.py": 38,
+    "strategies/test_never_above_none.py": 30, "compiled/test_simulate.py": 46,
+    "cli/test_cli_sources.py": 41, "planning/test_device_budget.py": 30,
     "integrations/test_pipeline.py": 32, "simulate/test_plan_rows.py": 31,
     "cli/test_cli_jax.py": 31, "planning/test_planner.py": 31, "core/test_cost.py": 28,
     "benchmarks/test_peak_windows.py": 28, "planning/test_frontier_cli.py": 27,

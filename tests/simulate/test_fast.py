@@ -25,14 +25,18 @@ SEQ = 128
 #: sharding, and each sharding checks a subset, at three batch sizes: the first two give
 #: the fast path's chord, the middle one is interpolated and checked (NOTE [ Fast rows ]).
 #: Every exact row is a full fake step, so the lists are kept short; batch 1 peaks at the
-#: optimizer's moment and batch 32 in backward (asserted below).
-CASES = [("none", 1, ["none", "full", "every:2", "attn", "ops"], [1, 5, 32]),
+#: optimizer's moment and batch 32 in backward (asserted below). every:2 and ops without
+#: sharding are compared at five sizes by test_sizes_on_the_chord_and_deeper_depth_pairs_...
+CASES = [("none", 1, ["none", "full", "attn"], [1, 5, 32]),
          ("fsdp", 8, ["none", "attn", "ops"], [1, 6, 32]),
          ("ddp", 4, ["full", "every:2", "mlp"], [1, 7, 32])]
 
 
 def test_the_cases_check_every_kind() -> None:
     assert {kind for _, _, kinds, _ in CASES for kind in kinds} == set(KINDS)
+    # without sharding, with the two kinds the chord test compares
+    assert {kind for sharding, _, kinds, _ in CASES if sharding == "none"
+            for kind in kinds} | {"every:2", "ops"} == set(KINDS) - {"mlp"}
 
 
 def _factory(n_layer: int = 8) -> Any:

@@ -236,6 +236,8 @@ def plan_step(step: Step, options: PlanOptions, *, context: PlanContext | None =
             "remat.plan", "the model is on the meta device",
             {"why": "its steps cannot run for real"},
             fix="pass simulate=True to plan it on fake tensors"))
+    # the card before the measurements: budget="device" without one fails at once
+    card = card_of(step, options) if options.budget.is_device else None
     if context is None:
         context = prepare_step(step, device=options.device, cost=source)
     else:
@@ -246,7 +248,6 @@ def plan_step(step: Step, options: PlanOptions, *, context: PlanContext | None =
                 "in flight", {"context": context.microbatches_in_flight,
                               "asked": step.microbatches_in_flight},
                 fix="prepare the context with the same microbatches_in_flight"))
-    card = card_of(step, options) if options.budget.is_device else None
     budget_bytes = options.budget.resolve(
         context.no_checkpoint_peak_bytes, static_bytes=context.static_bytes,
         device_limit_bytes=card.limit_bytes if card is not None else None)
