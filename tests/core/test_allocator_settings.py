@@ -136,5 +136,6 @@ def test_from_env_reads_the_first_variable_set_as_torch_does() -> None:
                                        "PYTORCH_ALLOC_CONF": "expandable_segments:True"}) \
         == AllocatorSettings()
     assert AllocatorSettings.from_env({}) == AllocatorSettings()
-    with pytest.raises(ValueError, match=r"^PYTORCH_ALLOC_CONF='bogus:1': "):
+    with pytest.raises(ValueError, match=r"^AllocatorSettings.from_env: cannot read "
+                                         r"PYTORCH_ALLOC_CONF\n  PYTORCH_ALLOC_CONF: 'bogus:1'"):
         AllocatorSettings.from_env({"PYTORCH_ALLOC_CONF": "bogus:1"})

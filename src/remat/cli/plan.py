@@ -192,12 +192,10 @@ def plan_command(
             param_hint="'--cost'",
         )
     if compile_ and (simulate or maximize is not None):
-        raise typer.BadParameter(
-            message("remat plan", "--compile does not go with --simulate or --maximize",
-                    {"why": "compiled plans are measured for real, one batch size at a time"},
-                    fix="drop --simulate and --maximize, or drop --compile"),
-            param_hint="'--compile'",
-        )
+        raise typer.BadParameter(message(
+            "", "--compile does not go with --simulate or --maximize",
+            {"why": "compiled plans are measured for real, one batch size at a time"},
+            fix="drop --simulate and --maximize, or drop --compile"), param_hint="'--compile'")
     if maximize is Maximize.seq_len:
         from remat.cli.seq_len import seq_len_command
 
