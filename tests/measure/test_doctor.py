@@ -6,6 +6,8 @@ the step's forward saved, a growing list holds one (4, 64) float32 tensor per fo
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import torch
 from torch import nn
@@ -128,18 +130,22 @@ def test_zero_grad_before_the_forward_is_healthy(job) -> None:
     assert report.healthy and report.findings == ()
 
 
-def test_loss_kept_in_a_list(job) -> None:
-    model, x, opt = job
-    losses = []
-
+def _keeping_losses(losses: list[torch.Tensor]) -> Callable[..., None]:
+    """A training step that appends each step's loss tensor (not ``loss.item()``) to
+    ``losses``: a user's list keeping one graph output per step alive."""
     def step(model: nn.Module, batch: torch.Tensor, optimizer: torch.optim.Optimizer) -> None:
         loss = model(batch)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()
-        losses.append(loss)  # the tensor, not loss.item()
+        losses.append(loss)
+    return step
 
-    report = remat.doctor(model, x, optimizer=opt, step_fn=step)
+
+def test_loss_kept_in_a_list(job) -> None:
+    model, x, opt = job
+    losses: list[torch.Tensor] = []
+    report = remat.doctor(model, x, optimizer=opt, step_fn=_keeping_losses(losses))
     (finding,) = report.findings
     assert finding.cause is Cause.OUTPUTS_KEPT
     assert finding.holder == "losses in test_loss_kept_in_a_list() (list)"
@@ -159,16 +165,8 @@ def test_a_dead_weak_proxy_in_the_process_is_no_holder(job) -> None:
     dead = weakref.proxy(gone)
     del gone
     model, x, opt = job
-    losses = []
-
-    def step(model: nn.Module, batch: torch.Tensor, optimizer: torch.optim.Optimizer) -> None:
-        loss = model(batch)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        losses.append(loss)
-
-    report = remat.doctor(model, x, optimizer=opt, step_fn=step)
+    losses: list[torch.Tensor] = []
+    report = remat.doctor(model, x, optimizer=opt, step_fn=_keeping_losses(losses))
     assert [f.holder for f in report.findings] == [
         "losses in test_a_dead_weak_proxy_in_the_process_is_no_holder() (list)"]
     assert type(dead) in weakref.ProxyTypes
