@@ -135,10 +135,18 @@ def allocator_peak_of(step: Step, decisions: Mapping[str, BlockStrategy], prof: 
     start = prof.param_bytes + prof.buffer_bytes + prof.optimizer_bytes + prof.batch_bytes
     if first_bytes is not None:
         return max(first_bytes, allocator_step_peak(step, start))
+    return fresh_allocator_peak(step, decisions, start)
+
+
+def fresh_allocator_peak(step: Step, decisions: Mapping[str, BlockStrategy],
+                         start_bytes: int) -> int:
+    """The allocator's peak with ``decisions`` freshly applied, ``start_bytes`` alive
+    before the step: the higher of the first steps after apply (:func:`first_steps_peak`)
+    and a steady step. The model, its optimizer and its strategy are restored."""
     model = step.model
     with preserved_strategy(model), quiet(), preserved_state(model, step.optimizer, step.device):
         first = first_steps_peak(step, decisions)
-        return max(first, allocator_step_peak(step, start))
+        return max(first, allocator_step_peak(step, start_bytes))
 
 
 def first_steps_peak(step: Step, decisions: Mapping[str, BlockStrategy]) -> int:

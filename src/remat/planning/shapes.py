@@ -28,18 +28,16 @@ from dataclasses import replace
 from typing import Any
 
 from remat.core.shapes import shapes_label
-from remat.errors import BudgetTooSmall, message
-from remat.measure.profile import allocator_step_peak, start_bytes
+from remat.errors import BudgetTooSmall, current_call, message
+from remat.measure.profile import start_bytes
 from remat.measure.shapes import batch_envelope, batch_shapes
-from remat.measure.state import preserved_state
 from remat.measure.step import Step
-from remat.measure.windows import quiet
 from remat.planning.context import PlanContext, prepare_step, resolve_cost
-from remat.planning.loop import first_steps_peak, measure_decisions
+from remat.planning.loop import fresh_allocator_peak, measure_decisions
 from remat.planning.options import PlanOptions
 from remat.planning.plans import Plan
 from remat.progress import report
-from remat.strategies import BlockStrategy, preserved_strategy
+from remat.strategies import BlockStrategy
 from remat.units import format_bytes
 
 #: Plans made at most (the largest batch's, then one per batch over the budget or tightening).
@@ -61,11 +59,7 @@ def shape_peak(step: Step, decisions: Mapping[str, BlockStrategy], *, simulate: 
     step. The model is restored."""
     if simulate or step.device.type not in ("cpu", "cuda"):
         return measure_decisions(step, decisions, simulate=simulate).peak_bytes
-    model = step.model
-    with preserved_strategy(model), quiet(), \
-            preserved_state(model, step.optimizer, step.device):
-        first = first_steps_peak(step, decisions)
-        return max(first, allocator_step_peak(step, start_bytes(step)))
+    return fresh_allocator_peak(step, decisions, start_bytes(step))
 
 
 def plan_shapes(step: Step, batches: Sequence[Any], options: PlanOptions,
@@ -125,7 +119,7 @@ def _no_plan(largest: Mapping[str, tuple[int, ...]], worst: Mapping[str, tuple[i
         facts["smallest reachable peak at the planned shape, tightened"] = \
             format_bytes(error.min_peak_bytes)
     return BudgetTooSmall(
-        message("remat.plan", "no plan fits every shape given", facts,
+        message(current_call("remat.plan"), "no plan fits every shape given", facts,
                 fix="raise the budget, or plan the shapes that do not fit separately"),
         budget_bytes=budget_bytes,
         min_peak_bytes=error.min_peak_bytes if error is not None else budget_bytes,
