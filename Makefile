@@ -20,9 +20,11 @@ demo: $(STAMP)
 	$(BIN)/remat compare --plot out/compare.png
 
 # --dist loadscope: a module's tests run on one worker, so its module-scoped fixtures (the
-# gloo spawns, warm fake copies) are built once, not once per worker.
+# gloo spawns, warm fake copies) are built once, not once per worker. Bytecode is written
+# even where PYTHONDONTWRITEBYTECODE is set: every worker and every spawned rank would
+# otherwise compile src/ (and pytest rewrite tests/) again, a few seconds a process.
 test: $(STAMP)
-	$(BIN)/python -m pytest -n 2 --dist loadscope -p no:cacheprovider tests --durations=25
+	env -u PYTHONDONTWRITEBYTECODE $(BIN)/python -m pytest -n 2 --dist loadscope -p no:cacheprovider tests --durations=25
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks examples scripts

@@ -79,7 +79,8 @@ def test_the_throughput_search_plans_every_size_for_the_card() -> None:
         best = remat.plan_throughput(
             model, lambda n: make_batch(model, n, 64), budget="device", device=card,
             optimizer=optimizer, simulate=True,
-            search=remat.ThroughputSearch(batch_size=8, max_batch_size=16))
+            # from 4 (fits, checkpointing) to 5 (over): the card stops the search
+            search=remat.ThroughputSearch(batch_size=4, max_batch_size=5))
     limit = card_budget(card).limit_bytes
     assert best.budget_bytes == limit
     assert best.reserved_peak_bytes is not None and best.reserved_peak_bytes <= limit
