@@ -223,7 +223,7 @@ def test_rank_peak_matches_the_model(spawned: tuple[Path, list[dict[str, Any]]])
         assert -(gathered[s] - block) <= over <= 2 * (block + root), (r, resharded, over)
     assert resharded == kept  # the bound: the peak of a 1F1B rank is at a backward
 
-if __name__ == "__main__":  # the docs table: python -m tests.integrations.test_pipeline_fsdp
+if __name__ == "__main__":  # the docs table: python -m tests.distributed.test_pipeline_fsdp
     import tempfile
 
     rows = _spawn(Path(tempfile.mkdtemp()))

@@ -261,7 +261,7 @@ def test_interleaved_rank_peak_within_budget(spawned: Path) -> None:
         assert -SMALL <= r["predicted"] - r["peak"] <= BOUNDARY_BYTES + SMALL, (rank, r)
 
 
-if __name__ == "__main__":  # the docs table: python -m tests.integrations.test_pipeline
+if __name__ == "__main__":  # the docs table: python -m tests.distributed.test_stage
     import tempfile
 
     out = Path(tempfile.mkdtemp())

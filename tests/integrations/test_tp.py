@@ -220,7 +220,7 @@ def _worker(rank: int, store_path: str, out_path: str) -> None:
                                                              tp_plan=user_plan()), "full"))
     results["user-plan:bytes"] = _bytes(remat.apply(apply_tp(_model(), mesh,
                                                              tp_plan=user_plan()), "full"))
-    from tests.simulate.test_tp_fused import falcon_grouped, gpt2
+    from tests.distributed.test_tp_fused import falcon_grouped, gpt2
 
     results["fused:gpt2"], model, batch = _fused_parity(gpt2, mesh)
     results["fused:gpt2:bytes"] = _bytes(model, batch)
@@ -318,7 +318,7 @@ def test_a_user_plan_simulates_the_bytes_gloo_ranks_measure(results: dict[str, A
 
 
 def test_gpt2_fused_qkv_simulates_the_bytes_gloo_ranks_measure(results: dict[str, Any]) -> None:
-    from tests.simulate.test_tp_fused import gpt2
+    from tests.distributed.test_tp_fused import gpt2
 
     from remat.distributed.tp_step import simulate_ranks
 
