@@ -1,5 +1,5 @@
 """Korthikanti et al. 2022, Table 2, per tensor-parallel rank: the paper's rows next to
-``remat.simulate.tensor_parallel.tp_rank_bytes`` for a GPT-3-style layer, and every
+``remat.distributed.tensor_parallel.tp_rank_bytes`` for a GPT-3-style layer, and every
 difference as a term of known shape (used by korthikanti.py).
 
 The layer: Hugging Face OPT, the GPT-3 replica (separate ``q_proj`` / ``k_proj`` /
@@ -90,7 +90,7 @@ def rank_layer_bytes(strategy: Any, *, tp: int, sequence_parallel: bool, seq_len
                      batch_size: int, hidden_size: int, n_heads: int) -> int:
     """One layer's activation bytes on rank 0 of ``tp``, simulated: ``tp_rank_bytes`` of a
     2-layer OPT minus a 1-layer one's."""
-    from remat.simulate.tensor_parallel import tp_rank_bytes
+    from remat.distributed.tensor_parallel import tp_rank_bytes
 
     two, one = (tp_rank_bytes(functools.partial(opt_model, n, seq_len=seq_len,
                                                 hidden_size=hidden_size, n_heads=n_heads),

@@ -257,7 +257,7 @@ def main() -> None:
         f"Every Table 2 setting per tensor-parallel rank, one layer, s={s} b={b} h={h} a={a}, "
         "bf16: Hugging Face OPT (GPT-3's layout: q/k/v, out_proj, fc1/fc2, pre-LayerNorm, "
         "GELU, dropout 0.1, eager attention) split by apply_tp's layout, simulated on rank 0 "
-        "under a fake process group (remat.simulate.tensor_parallel.tp_rank_bytes, a "
+        "under a fake process group (remat.distributed.tensor_parallel.tp_rank_bytes, a "
         "2-layer model minus a 1-layer one); selective = ops on each attention sub-layer "
         "keeping q/k/v's outputs and the output projection's input; `remat estimate` has "
         "t = 1 only. Each side as bytes kept whole on every rank + bytes divided by t "

@@ -5,7 +5,7 @@ For tiny Hugging Face decoders whose attention has one fused projection (GPT-2's
 ``attn.qkv`` and remat's own GPT, each rank builds the same model, applies remat's built-in
 layout (:func:`remat.integrations.tp.apply_tp`) and ``full`` checkpointing, and runs one
 step; the gradients, gathered and put back in natural order
-(:func:`remat.simulate.tp_fused.natural_order`), are compared with one process's on the
+(:func:`remat.distributed.tp_fused.natural_order`), are compared with one process's on the
 un-parallelized model. Prints the loss of each and the worst relative gradient error
 (``max |g_tp - g| / max |g|`` per parameter).
 
@@ -87,10 +87,10 @@ def _worker(rank: int, store: str) -> None:
     from torch.distributed.device_mesh import init_device_mesh
 
     import remat
+    from remat.distributed.tp_fused import natural_order
+    from remat.distributed.tp_layout import fused_of
+    from remat.distributed.tp_roles import tp_roles
     from remat.integrations.tp import apply_tp
-    from remat.simulate.tp_fused import natural_order
-    from remat.simulate.tp_layout import fused_of
-    from remat.simulate.tp_roles import tp_roles
 
     mesh = init_device_mesh("cpu", (2,))
     ids = torch.randint(0, VOCAB, (2, 16), generator=torch.Generator().manual_seed(1))

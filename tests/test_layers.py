@@ -15,7 +15,10 @@ jax (the JAX backend) sits below the CLI, which runs it for ``--framework jax``
 compiled (torch.compile: measured, simulated, installed, planned) is one package that is a
 vertical slice: ``remat.profile`` (measure) measures compiled models, ``remat.apply``
 (strategies) compiles a plan's blocks and ``remat.plan`` (planning) plans compiled steps,
-so each of its modules sits in the layer of what it builds on (``SLICES``).
+so each of its modules sits in the layer of what it builds on (``SLICES``). distributed
+(parallel training per rank: schedules, FSDP arithmetic, tensor-parallel and pipeline rank
+steps, stage plans) is the other slice. Inside a slice the modules import each other one
+way, type-only imports included (a slice spread over layers is read module by module).
 
 A module may import its own layer's modules and any lower layer's; the test parses
 every ``import`` under src/remat, function bodies included, so a lazy import cannot
@@ -62,6 +65,24 @@ SLICES: dict[str, str] = {
     "compiled.install": "strategies",
     "compiled.candidates": "planning",
     "compiled.plan": "planning",
+    # parallel training per rank: schedules and FSDP arithmetic need only core; DTensor
+    # measurement and StageLoss serve measure's step; the simulated rank steps build on
+    # simulate; stage and rank plans call the planner.
+    "distributed": "core",
+    "distributed.schedule": "core",
+    "distributed.pipeline_fsdp": "core",
+    "distributed.sharding": "core",
+    "distributed.sharded": "measure",
+    "distributed.stage_loss": "measure",
+    "distributed.tp_fused": "simulate",
+    "distributed.tp_roles": "simulate",
+    "distributed.tp_layout": "simulate",
+    "distributed.tp_step": "simulate",
+    "distributed.tensor_parallel": "simulate",
+    "distributed.pipeline_record": "simulate",
+    "distributed.pipeline": "simulate",
+    "distributed.stage": "planning",
+    "distributed.pipeline_rank": "planning",
 }
 
 
@@ -97,10 +118,12 @@ def _in_type_checking_only(path: Path) -> set[str]:
     return out
 
 
-def _graph() -> dict[str, set[str]]:
+def _graph(*, type_only: bool = False) -> dict[str, set[str]]:
+    """Each module's imports; ``type_only=True`` keeps those under ``TYPE_CHECKING`` too."""
     graph: dict[str, set[str]] = {}
     for path in sorted(SRC.rglob("*.py")):
-        graph[_module_name(path)] = _imports(path) - _in_type_checking_only(path)
+        graph[_module_name(path)] = _imports(path) if type_only \
+            else _imports(path) - _in_type_checking_only(path)
     return graph
 
 
@@ -156,11 +179,7 @@ def _resolve(name: str, graph: dict[str, set[str]]) -> str | None:
     return name or None
 
 
-def test_no_import_cycle() -> None:
-    graph = _graph()
-    edges = {m: {r for t in ts if (r := _resolve(t, graph)) and r != m} for m, ts in graph.items()}
-    # a package's __init__ importing its own submodules is how packages work: a submodule
-    # importing its own package's __init__ back is the cycle to catch.
+def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
     state: dict[str, int] = {}
     stack: list[str] = []
     cycles: list[list[str]] = []
@@ -179,7 +198,31 @@ def test_no_import_cycle() -> None:
     for node in sorted(edges):
         if node not in state:
             visit(node)
+    return cycles
+
+
+def test_no_import_cycle() -> None:
+    graph = _graph()
+    edges = {m: {r for t in ts if (r := _resolve(t, graph)) and r != m} for m, ts in graph.items()}
+    # a package's __init__ importing its own submodules is how packages work: a submodule
+    # importing its own package's __init__ back is the cycle to catch.
+    cycles = _cycles(edges)
     assert cycles == [], "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)
+
+
+def test_a_slice_imports_its_own_modules_one_way() -> None:
+    # A slice's modules sit in several layers, so the layer test cannot order them; a
+    # circle inside one, even through a type-only import, means neither module can be
+    # read first (a pipeline schedule's Action imported back by the FSDP replay of it).
+    graph = _graph(type_only=True)
+    cycles: list[list[str]] = []
+    for top in sorted({s.split(".")[0] for s in SLICES}):
+        inside = {m for m in graph if m.startswith(f"remat.{top}.")}
+        edges = {m: {r for t in graph[m] if (r := _resolve(t, graph)) in inside and r != m}
+                 for m in inside}
+        cycles += _cycles(edges)
+    assert cycles == [], "import cycles in a slice:\n" + \
+        "\n".join(" -> ".join(c) for c in cycles)
 
 
 def _package(module: str) -> str:
@@ -231,8 +274,8 @@ PUBLIC_LEAVES = ("remat.errors", "remat.units", "remat.devices", "remat.device_m
                  "remat.blocks", "remat.recompute", "remat.progress", "remat.strategies.regions",
                  "remat.integrations.hf", "remat.integrations.fsdp2",
                  "remat.integrations.compile", "remat.integrations.lightning",
-                 "remat.integrations.tp", "remat.integrations.pipeline",
-                 "remat.integrations.pipeline_rank")
+                 "remat.integrations.tp", "remat.distributed.stage",
+                 "remat.distributed.pipeline_rank")
 
 
 def _declares_all(path: Path) -> bool:

@@ -8,8 +8,8 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from remat.cli import app
-from remat.simulate.tensor_parallel import tp_rank_bytes
-from remat.simulate.tp_step import simulate_ranks
+from remat.distributed.tensor_parallel import tp_rank_bytes
+from remat.distributed.tp_step import simulate_ranks
 
 runner = CliRunner()
 

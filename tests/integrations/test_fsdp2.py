@@ -22,6 +22,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.multiprocessing.spawn import spawn
 
+from remat.distributed.sharding import shard_peak
 from remat.errors import RematError, StrategyError
 from remat.integrations.fsdp2 import (
     apply_fsdp,
@@ -31,7 +32,6 @@ from remat.integrations.fsdp2 import (
     single_device_budget_bytes,
 )
 from remat.models import LlamaMLP, build_model, make_batch
-from remat.simulate.sharding import shard_peak
 from remat.strategies import applied, apply, sqrt_segments
 
 WORLD = 2

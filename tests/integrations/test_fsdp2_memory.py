@@ -1,12 +1,12 @@
 """Per-rank peaks under FSDP2 on 2 and 4 gloo CPU ranks: the tracker against the CPU allocator.
 
-NOTE [ Sharded models in the tracker ] in remat/measure/sharded.py says what the tracker
+NOTE [ Sharded models in the tracker ] in remat/distributed/sharded.py says what the tracker
 counts on a sharded model. The allocator also sees gloo's reduce-scatter scratch (a copy
 of one group's reduce-scatter input, made on gloo's worker thread): whether it is alive at
 the step's peak depends on thread timing, so the allocator reads 0 or up to one group's
 gathered bytes above the tracker (more was seen on gpt-tiny), rank by rank and run by run.
 The per-rank peak that ``per_rank_peak`` simulates from a single-device profile (NOTE
-[ FSDP2 per phase ] in remat/simulate/sharding.py) equals the tracker's on most ranks, and
+[ FSDP2 per phase ] in remat/distributed/sharding.py) equals the tracker's on most ranks, and
 is below it by at most one block's bytes on the others (gloo's thread timing).
 """
 
@@ -48,7 +48,7 @@ def _single_device(case: str) -> tuple[Any, Any]:
 
 def _simulated_rank_peak(case: str, world: int) -> int:
     """``per_rank_peak`` of a single-device profile of ``case`` (NOTE [ FSDP2 per phase ]
-    in remat/simulate/sharding.py)."""
+    in remat/distributed/sharding.py)."""
     from remat.integrations.fsdp2 import per_rank_peak
 
     prof, model = _single_device(case)

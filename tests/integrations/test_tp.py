@@ -1,5 +1,5 @@
 """Tensor (and sequence) parallelism on 2, 4 and 8 gloo CPU ranks with remat: gradients match
-one process, and each rank's measured bytes equal remat.simulate.tensor_parallel's.
+one process, and each rank's measured bytes equal remat.distributed.tensor_parallel's.
 
 One spawn runs every distributed case (process start-up dominates the cost); rank 0 writes
 the numbers to a JSON file that the tests below read.
@@ -21,11 +21,11 @@ import torch.distributed as dist
 from torch import nn
 from torch.multiprocessing.spawn import spawn
 
+from remat.distributed.pipeline import pipeline_rank_bytes
+from remat.distributed.tensor_parallel import rank_param_bytes, tp_rank_bytes, tp_roles
 from remat.errors import RematError
 from remat.integrations.tp import apply_tp, tp_plan
 from remat.models import build_model, make_batch
-from remat.simulate.pipeline import pipeline_rank_bytes
-from remat.simulate.tensor_parallel import rank_param_bytes, tp_rank_bytes, tp_roles
 
 TP = 2
 # Two ranks sum partial products of the row-parallel linears in another order than one
@@ -107,10 +107,10 @@ def _fused_parity(factory: Any, mesh: Any) -> tuple[dict[str, Any], nn.Module, A
     one process; the fused weights' gradients put back in the model's order
     (``natural_order``). Returns the result, the parallelized model and its batch."""
     import remat
+    from remat.distributed.tp_fused import linear_shape
+    from remat.distributed.tp_layout import fused_of
     from remat.integrations.tp import natural_order
     from remat.simulate.sim_setup import default_batch
-    from remat.simulate.tp_fused import linear_shape
-    from remat.simulate.tp_layout import fused_of
 
     torch.manual_seed(0)
     ref = factory()
@@ -143,7 +143,7 @@ def _bytes(model: nn.Module, batch: Any = None) -> dict[str, int]:
     """The rank's tracked step (fp32, SGD with momentum) and the CPU allocator's peak."""
     from tests.measure.allocator_util import allocator_step_peak
 
-    from remat.measure.sharded import is_dtensor
+    from remat.distributed.sharded import is_dtensor
     from remat.measure.step import clear_grads, run_step
     from remat.measure.tracked_step import tracked_step
     from remat.simulate.precision import make_optimizer
@@ -220,7 +220,7 @@ def _worker(rank: int, store_path: str, out_path: str) -> None:
                                                              tp_plan=user_plan()), "full"))
     results["user-plan:bytes"] = _bytes(remat.apply(apply_tp(_model(), mesh,
                                                              tp_plan=user_plan()), "full"))
-    from tests.simulate.test_tp_fused import falcon_grouped, gpt2
+    from tests.distributed.test_tp_fused import falcon_grouped, gpt2
 
     results["fused:gpt2"], model, batch = _fused_parity(gpt2, mesh)
     results["fused:gpt2:bytes"] = _bytes(model, batch)
@@ -318,9 +318,9 @@ def test_a_user_plan_simulates_the_bytes_gloo_ranks_measure(results: dict[str, A
 
 
 def test_gpt2_fused_qkv_simulates_the_bytes_gloo_ranks_measure(results: dict[str, Any]) -> None:
-    from tests.simulate.test_tp_fused import gpt2
+    from tests.distributed.test_tp_fused import gpt2
 
-    from remat.simulate.tp_step import simulate_ranks
+    from remat.distributed.tp_step import simulate_ranks
 
     measured = results["fused:gpt2:bytes"]
     (sim,) = simulate_ranks(gpt2, seq_len=16, points=[("full", 2)], tp=TP,

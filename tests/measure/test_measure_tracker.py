@@ -169,7 +169,7 @@ def test_an_op_on_dtensors_is_priced_by_its_shards() -> None:
     # output 4 x 3 fp32, though the tracker meets the op with the global (8, 6) weight
     from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
 
-    from remat.simulate.tp_step import fake_mesh
+    from remat.distributed.tp_step import fake_mesh
 
     with fake_mesh(2) as mesh:
         linear = parallelize_module(nn.Linear(8, 6, bias=False), mesh, ColwiseParallel())

@@ -7,8 +7,9 @@ import pytest
 import torch
 
 import remat
-from remat.integrations.pipeline import LlamaStage
-from remat.measure.step import StageLoss, Step
+from remat.distributed.stage import LlamaStage
+from remat.distributed.stage_loss import StageLoss
+from remat.measure.step import Step
 from remat.models import build_model, make_batch
 from remat.planning.context import prepare
 from remat.planning.loop import measure_decisions
@@ -66,7 +67,7 @@ def test_microbatches_in_flight_is_validated() -> None:
 
 
 def test_plan_stage_counts_the_schedule() -> None:
-    from remat.integrations.pipeline import plan_stage, stage_in_flight
+    from remat.distributed.stage import plan_stage, stage_in_flight
 
     counts = {s: [stage_in_flight(s, stage_index=i, stages=2, microbatches=4) for i in (0, 1)]
               for s in ("gpipe", "1f1b")}

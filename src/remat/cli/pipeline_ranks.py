@@ -1,10 +1,10 @@
 """``remat simulate --pp P [--dp D] [--tp T [--sp]] --schedule S``: bytes per pipeline rank.
 
 With ``--dp`` the table adds each rank's gathered parameters (NOTE [ FSDP under pipeline
-parallelism ] in remat/simulate/pipeline_fsdp.py; ``--reshard-after-forward`` picks
+parallelism ] in remat/distributed/pipeline_fsdp.py; ``--reshard-after-forward`` picks
 FSDP's ``reshard_after_forward``).
 
-Each strategy's rows are :func:`remat.simulate.pipeline.pipeline_rank_bytes`: one simulated
+Each strategy's rows are :func:`remat.distributed.pipeline.pipeline_rank_bytes`: one simulated
 step (with ``--tp``, tensor-parallel rank 0's, under a fake process group) split into
 pipeline chunks and replayed over the schedule (NOTE [ Pipeline rank bytes ]).
 The plan per stage is, for each pipeline rank, the strategy with the least recompute among
@@ -25,7 +25,7 @@ ProgressFn = Callable[[str, int, int], None]
 def check_pp(pp: int, dp: int, world_size: int, microbatches: int | None,
              schedule: str, virtual_stages: int, api: str) -> int:
     """Exit 2 on a combination the pipeline rows do not model; the micro-batch count."""
-    from remat.simulate.pipeline import SCHEDULES
+    from remat.distributed.schedule import SCHEDULES
 
     if dp > 1 and world_size > 1:
         fail(message(api, "--dp and --world-size both given",
@@ -55,7 +55,7 @@ def pp_rows(source: Any, *, name: str, seqs: Sequence[int], batch_sizes: Sequenc
     """One row per sequence length, micro-batch size, strategy and pipeline rank."""
     from remat.card_fit import card_budget
     from remat.device_memory import layout_process_groups
-    from remat.simulate.pipeline import pipeline_rank_bytes
+    from remat.distributed.pipeline import pipeline_rank_bytes
 
     # NOTE [ Fits on the card ]: the rank's allocated peak, workspaces and NCCL included
     # (a pipeline rank's allocations are not replayed through the caching allocator's model)

@@ -82,7 +82,7 @@ def _check_optimizer(value: str) -> str:
 
 def _sharding(sharding: str | None, world_size: int) -> str:
     """``--sharding``, defaulting to fsdp with several ranks; exits 2 on a bad combination."""
-    from remat.simulate.sharding import SHARDINGS
+    from remat.distributed.sharding import SHARDINGS
 
     mode = sharding or ("fsdp" if world_size > 1 else "none")
     check_choice(mode, list(SHARDINGS), "--sharding")

@@ -1,8 +1,8 @@
 """``remat simulate --tp T [--sp]``: one tensor-parallel rank's bytes per strategy and size.
 
-Each row is what :func:`remat.simulate.tensor_parallel.tp_rank_bytes` gives: rank 0's step
+Each row is what :func:`remat.distributed.tensor_parallel.tp_rank_bytes` gives: rank 0's step
 simulated under a fake process group (NOTE [ One tensor-parallel rank, simulated ] in
-simulate/tp_step.py), one parallelized fake copy and one warm-up per sequence length for all
+distributed/tp_step.py), one parallelized fake copy and one warm-up per sequence length for all
 strategies and sizes. Collective backends' buffers are not in it.
 """
 
@@ -53,11 +53,11 @@ def check_layout(source: Any, seq_len: int, *, tp: int, sequence_parallel: bool,
     before any rank is simulated."""
     from torch import nn
 
+    from remat.distributed.tp_layout import check_degree, fused_of, resolve_plan
+    from remat.distributed.tp_roles import tp_roles
+    from remat.distributed.tp_step import meta_copy
     from remat.errors import RematError
     from remat.simulate.sim_setup import build_model
-    from remat.simulate.tp_layout import check_degree, fused_of, resolve_plan
-    from remat.simulate.tp_roles import tp_roles
-    from remat.simulate.tp_step import meta_copy
 
     model = meta_copy(source) if isinstance(source, nn.Module) else \
         build_model(source, seq_len)[0]
@@ -83,7 +83,7 @@ def tp_rows(source: Any, *, name: str, seqs: Sequence[int], batch_sizes: Sequenc
     """One row per sequence length, strategy and micro-batch size."""
     from remat.card_fit import card_budget
     from remat.device_memory import layout_process_groups
-    from remat.simulate.tp_step import simulate_ranks
+    from remat.distributed.tp_step import simulate_ranks
 
     # NOTE [ Fits on the card ]: the rank's allocated peak, workspaces and NCCL included
     # (a TP rank's allocations are not replayed through the caching allocator's model)

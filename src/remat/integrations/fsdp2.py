@@ -36,7 +36,7 @@ NOTE [ Memory per rank ]
     adds what is unsharded at the moment: gathered parameters, collective buffers,
     gradients not yet reduce-scattered. :func:`per_rank_peak` replays a profile's
     timeline moment by moment (NOTE [ FSDP2 per phase ] in
-    ``remat/simulate/sharding.py``); without a timeline it adds the largest shard
+    ``remat/distributed/sharding.py``); without a timeline it adds the largest shard
     group's parameters and gradients plus the root's to one moment (NOTE [ Sharding
     arithmetic ]). Activations are per micro-batch and do not
     change. A per-rank budget therefore equals a single-device budget raised by
@@ -54,15 +54,15 @@ import torch
 from torch import nn
 
 from remat.blocks import BlocksSpec, named_blocks
-from remat.errors import RematError, StrategyError, message
-from remat.integrations.compile import compile_blocks
-from remat.simulate.sharding import (
+from remat.distributed.sharding import (
     ShardedPeak,
     fsdp_layout,
     fsdp_timeline_peak,
     scalar_state_bytes,
     shard_peak,
 )
+from remat.errors import RematError, StrategyError, message
+from remat.integrations.compile import compile_blocks
 from remat.strategies.regions import region_of
 from remat.strategies.registry import parse_strategy
 
@@ -292,13 +292,13 @@ def per_rank_peak(profile: ProfileBytes, model: nn.Module, *, world_size: int,
     With a profile that has a timeline (``remat.profile`` gives one) and ``"fsdp"``,
     replays the step moment by moment as one rank holds it: shards, the gathered root
     and block, collective buffers, gradients reduce-scattered so far (NOTE [ FSDP2 per
-    phase ] in ``remat/simulate/sharding.py``; equal to the tracker's per-rank peak on
+    phase ] in ``remat/distributed/sharding.py``; equal to the tracker's per-rank peak on
     gloo ranks). A profile on another device than the CPU is taken to run on NCCL, which
     makes no copy of a reduce-scatter's input in PyTorch's memory. Without a timeline,
     turns the profile's parameter, gradient and optimizer bytes into the sharded ones
     and adds what is all-gathered at once: the largest shard group (one block, or one
     ``sqrt`` segment) and the root's own parameters and gradients.
-    See NOTE [ Memory per rank ] and ``remat.simulate.sharding.shard_peak``.
+    See NOTE [ Memory per rank ] and ``remat.distributed.sharding.shard_peak``.
 
     Args:
         profile: a single-device profile of the step (``remat.profile(...)`` with the
@@ -311,7 +311,7 @@ def per_rank_peak(profile: ProfileBytes, model: nn.Module, *, world_size: int,
             only; the timeline model counts FSDP2's own prefetch). Default: ``0``.
 
     Returns:
-        A :class:`~remat.simulate.sharding.ShardedPeak` (all bytes per rank).
+        A :class:`~remat.distributed.sharding.ShardedPeak` (all bytes per rank).
 
     Example:
         >>> prof = remat.profile(model, batch, optimizer=torch.optim.AdamW(model.parameters()))
@@ -320,7 +320,7 @@ def per_rank_peak(profile: ProfileBytes, model: nn.Module, *, world_size: int,
     """
     timeline = getattr(profile, "timeline", None)
     if sharding == "fsdp" and timeline is not None and timeline.live_bytes:
-        # NOTE [ FSDP2 per phase ] in remat/simulate/sharding.py: moment by moment
+        # NOTE [ FSDP2 per phase ] in remat/distributed/sharding.py: moment by moment
         # gloo (CPU) copies a reduce-scatter's input on its thread; NCCL keeps its own
         copies = str(getattr(profile, "device", "cpu")).startswith("cpu")
         layout = fsdp_layout(model, world_size, blocks=blocks, collective_copy=copies,

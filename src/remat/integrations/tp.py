@@ -37,7 +37,7 @@ NOTE [ TP plan by module names ]
     single colwise linear wider than the rowwise one's input is a fused projection
     (GPT-2's ``c_attn``, GPT-NeoX's and Falcon's ``query_key_value``, litgpt's ``qkv``,
     remat's GPT's ``qkv``): each rank keeps whole heads of q, k and v (NOTE [ Fused
-    projections ] in remat/simulate/tp_fused.py), and a fused weight's DTensor is in
+    projections ] in remat/distributed/tp_fused.py), and a fused weight's DTensor is in
     rank-major order (:func:`natural_order` puts a ``full_tensor()`` back). GPT-2's
     transposed ``Conv1D`` takes :class:`ColwiseProjection` / :class:`RowwiseProjection`.
     Attention modules keep a head count their ``forward`` uses in ``view``:
@@ -86,8 +86,8 @@ from typing import Any, TypeVar
 
 from torch import nn
 
-from remat.simulate.tp_fused import ColwiseProjection, RowwiseProjection, natural_order
-from remat.simulate.tp_layout import build_plan, parallelize
+from remat.distributed.tp_fused import ColwiseProjection, RowwiseProjection, natural_order
+from remat.distributed.tp_layout import build_plan, parallelize
 
 __all__ = ["ColwiseProjection", "RowwiseProjection", "apply_tp", "natural_order", "tp_plan"]
 
@@ -100,12 +100,12 @@ def tp_plan(model: nn.Module, *, sequence_parallel: bool = False) -> dict[str, A
 
     Every block found by :func:`remat.find_blocks` gets the llama-style layout of
     NOTE [ TP plan by module names ]; the root gets torchtitan's embedding, final
-    norm and head styles (roles from :func:`remat.simulate.tensor_parallel.tp_roles`,
+    norm and head styles (roles from :func:`remat.distributed.tensor_parallel.tp_roles`,
     which the per-rank simulation reads too). Inspect or edit the dict, then pass it
     to ``torch.distributed.tensor.parallel.parallelize_module`` (or use :func:`apply_tp`).
     A model with a fused projection (GPT-2's ``c_attn``, ``query_key_value``, litgpt's
     ``qkv``) is run once on a fake copy to read how its forward splits the output
-    (NOTE [ Fused projections ] in remat/simulate/tp_fused.py); its style is a
+    (NOTE [ Fused projections ] in remat/distributed/tp_fused.py); its style is a
     :class:`ColwiseProjection` with the output's sections.
 
     Args:

@@ -49,11 +49,11 @@ from torch._subclasses.fake_tensor import (
     FakeTensorMode,
 )
 
+from remat.distributed.sharded import is_dtensor, local_tensor
 from remat.errors import message
 from remat.measure import shadow
 from remat.measure.closures import rebind_closures
 from remat.measure.fake_kernels import install_fake_kernels
-from remat.measure.sharded import is_dtensor, local_tensor
 
 
 def fake_tensor(

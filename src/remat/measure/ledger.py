@@ -47,7 +47,7 @@ from remat.core.cost import Category
 from remat.core.op_record import PHASES
 from remat.core.results import PhasePeak
 from remat.core.timeline import MemoryTimeline
-from remat.measure.sharded import local_tensor
+from remat.distributed.sharded import local_tensor
 
 REGISTERED_KINDS: tuple[str, ...] = (
     "params", "buffers", "grads", "optimizer_state", "batch", "other",
@@ -391,7 +391,7 @@ class StorageLedger:
         """Keys of the inputs' storages; untracked ones that ``counts`` are added as
         preexisting, unless the op makes a fresh tensor from Python data (``fresh``), or
         as created now with ``adopt``'s ``(kind, block)`` (a collective's own buffers:
-        NOTE [ Sharded models in the tracker ] in sharded.py)."""
+        NOTE [ Sharded models in the tracker ] in distributed/sharded.py)."""
         keys: set[int] = set()
         for t in inputs:
             st = storage_of(t)

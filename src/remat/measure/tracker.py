@@ -20,7 +20,7 @@ NOTE [ What the tracker cannot see ]
        as created by the step.
     3. A storage resized from C++ without an aten op. Python's
        ``UntypedStorage.resize_`` (FSDP2 frees and re-gathers parameters with it)
-       is seen: NOTE [ Sharded models in the tracker ] in sharded.py.
+       is seen: NOTE [ Sharded models in the tracker ] in distributed/sharded.py.
     4. Tensors C++ creates without an aten op: Python scalars autograd saves as
        8-byte wrapped tensors (``x * 0.5``). The RNG states checkpoint saves are
        the exception: NOTE [ RNG states saved by checkpoint ] in outside.py.
@@ -98,6 +98,13 @@ from remat.core.allocator_replay import AllocationLog
 from remat.core.op_record import OpRecord
 from remat.core.results import PhasePeak, SavedStorage
 from remat.core.timeline import MemoryTimeline
+from remat.distributed.sharded import (
+    is_dtensor,
+    local_tensor,
+    unsharded_param_tensors,
+    watch_collectives,
+    watch_storage_resizes,
+)
 from remat.errors import message
 from remat.measure import shadow
 from remat.measure.attribution import BlockAttribution
@@ -105,13 +112,6 @@ from remat.measure.flops import op_flops, op_info, op_traffic
 from remat.measure.ledger import REGISTERED_KINDS, StorageLedger, storage_of, tensors_in
 from remat.measure.outside import watch_rng_states
 from remat.measure.scratch import scratch_bytes
-from remat.measure.sharded import (
-    is_dtensor,
-    local_tensor,
-    unsharded_param_tensors,
-    watch_collectives,
-    watch_storage_resizes,
-)
 from remat.recompute import is_recomputing
 
 _ADD = torch.ops.aten.add.Tensor
@@ -263,7 +263,8 @@ class MemoryTracker(TorchDispatchMode):
         params = list(model.parameters())
         self._params.extend(p for p in params if p.requires_grad)
         added = self.register(params, "params")
-        # NOTE [ Sharded models in the tracker ] in sharded.py, 3.: FSDP2's gathered params.
+        # FSDP2's gathered params: NOTE [ Sharded models in the tracker ], 3.
+        # (distributed/sharded.py)
         added += self.register(unsharded_param_tensors(model), "params")
         added += self.register(model.buffers(), "buffers")
         added += self.register((p.grad for p in params), "grads")
@@ -346,7 +347,7 @@ class MemoryTracker(TorchDispatchMode):
         self._ledger.update_peak(self._created_phase())
 
     def _resized_outside(self, st: torch.UntypedStorage) -> None:
-        # NOTE [ Sharded models in the tracker ] in sharded.py, 2.
+        # NOTE [ Sharded models in the tracker ] in distributed/sharded.py, 2.
         self.settle()
         dev = st.device
         if self._device_type is not None and (dev.type != self._device_type or (

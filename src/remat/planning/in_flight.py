@@ -3,7 +3,7 @@
 NOTE [ Micro-batches in flight ]
     A pipeline schedule runs a stage's forward on several micro-batches before their
     backwards: under GPipe a stage holds all ``m``, under 1F1B the first of ``p`` stages
-    holds ``min(m, p - s)`` at stage ``s`` (``remat.simulate.pipeline.held_microbatches``
+    holds ``min(m, p - s)`` at stage ``s`` (``remat.distributed.schedule.held_microbatches``
     counts them for each schedule). Rule: the stage's step with ``k`` in flight is ``k``
     forwards of one micro-batch, each graph kept, then the ``k`` backwards
     (``Step(microbatches_in_flight=k)``, :func:`~remat.measure.step.run_step`); its
@@ -21,7 +21,7 @@ NOTE [ Micro-batches in flight ]
     What the rule leaves out: a later backward starts with the gradients of the whole
     stage already allocated (1F1B's steady state), where the first backward allocates
     them as it goes. The closed loop measures the stage's step as defined above, so the
-    plan fits that step; tests/integrations/test_pipeline.py checks the schedule's own
+    plan fits that step; tests/distributed/test_stage.py checks the schedule's own
     peak against the budget.
 """
 
@@ -51,7 +51,7 @@ def check_in_flight(microbatches_in_flight: Any, *, api: str = "remat.plan") -> 
             api, "microbatches_in_flight must be an integer >= 1",
             {"found": repr(microbatches_in_flight)},
             fix="pass how many micro-batches the stage holds at once "
-                "(remat.simulate.pipeline.held_microbatches), 1 without a pipeline"))
+                "(remat.distributed.schedule.held_microbatches), 1 without a pipeline"))
     return microbatches_in_flight
 
 

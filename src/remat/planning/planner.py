@@ -119,7 +119,7 @@ def plan(
             holds at once (``batch`` is one micro-batch): the peak model and the measured
             step hold that many forwards' saved tensors before the first backward (NOTE
             [ Micro-batches in flight ] in planning/in_flight.py; pass
-            ``loss_fn=remat.measure.step.StageLoss()`` for a stage whose output is a
+            ``loss_fn=remat.distributed.stage_loss.StageLoss()`` for a stage whose output is a
             hidden state). Default: 1.
         shapes: more batches the plan must fit, for a loader whose shapes vary (padded
             to each batch's longest, bucketed by length, a curriculum): the largest of

@@ -11,7 +11,7 @@ Modules: :mod:`~remat.simulate.run` (``simulate``) and
 :mod:`~remat.simulate.result` (its rows), :mod:`~remat.simulate.estimate`
 and :mod:`~remat.simulate.formulas` (closed-form activation memory),
 :mod:`~remat.simulate.precision` (bf16 / AMP / fp32 and optimizers),
-:mod:`~remat.simulate.sharding` (FSDP / DDP per-rank arithmetic),
+:mod:`~remat.distributed.sharding` (FSDP / DDP per-rank arithmetic),
 :mod:`~remat.simulate.hf` (Hugging Face models from config classes, no weights),
 :mod:`~remat.devices` (GPU table), :mod:`~remat.simulate.plot` (the chart).
 """
@@ -21,6 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 from remat.devices import DEVICES, DeviceSpec, get_device, register_device
+from remat.distributed.sharding import ShardedPeak, shard_peak
 from remat.simulate.estimate import EstimateRow, EstimateTable, FormulaEstimate, estimate
 from remat.simulate.formulas import (
     full_checkpoint_bytes,
@@ -39,7 +40,6 @@ from remat.simulate.plot import plot_simulation
 from remat.simulate.precision import PRECISIONS, Precision, get_precision, make_optimizer
 from remat.simulate.result import SimulationResult, SimulationRow
 from remat.simulate.run import simulate
-from remat.simulate.sharding import ShardedPeak, shard_peak
 
 __all__ = [
     "DEFAULT_STRATEGIES",

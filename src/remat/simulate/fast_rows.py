@@ -56,7 +56,7 @@ a constant or proportional to the micro-batch ``b`` (no ``b**2`` term: attention
    peaks at the loss with 2 blocks and in recomputation from 3.)
 
 6. *FSDP*: the rank's peak is not the one-device peak sharded but the largest moment
-   of the step as one rank holds it (NOTE [ FSDP2 per phase ] in sharding.py). Each
+   of the step as one rank holds it (NOTE [ FSDP2 per phase ] in distributed/sharding.py). Each
    shallow step reports the rank's largest bytes per segment (forward or backward of
    the root, the first ``2N`` and the last ``2N`` blocks for a pattern of ``N``
    blocks; the optimizer step), each affine in ``L`` and ``b`` like the figures above,
@@ -110,6 +110,7 @@ from typing import Any
 
 from torch import nn
 
+from remat.blocks import BlocksSpec
 from remat.core.cost import StepCost
 from remat.measure.profile import WarmFake
 from remat.simulate.point import card_fit, fit_note, reserved_extras, shard
@@ -129,20 +130,25 @@ from remat.simulate.sim_setup import Setup
 _DEEPER = 3  # depth pairs tried before a row takes the exact path (NOTE [ Fast rows ], 5)
 
 
-def _stack(setup: Setup) -> tuple[nn.Module, str, list[nn.Module]] | None:
-    """The one uniform stack of blocks (container, attribute, blocks), else None."""
+def uniform_stack(model: nn.Module,
+                  blocks: BlocksSpec) -> tuple[nn.Module, str, list[nn.Module]] | None:
+    """``model``'s one uniform stack of blocks (container, attribute, blocks), else None.
+
+    Uniform: one ``ModuleList`` / ``Sequential`` holding exactly the blocks (at least
+    five), each of one type with parameters of the same names, shapes and dtypes.
+    """
     from remat.blocks import named_blocks
     from remat.errors import BlocksNotFound
 
     try:
-        named = named_blocks(setup.model, setup.blocks)
+        named = named_blocks(model, blocks)
     except BlocksNotFound:
         return None
     parents = {name.rpartition(".")[0] for name, _ in named}
     if len(parents) != 1 or len(named) < 5:
         return None
     path = parents.pop()
-    container = setup.model.get_submodule(path)
+    container = model.get_submodule(path)
     modules = [m for _, m in named]
     if not isinstance(container, (nn.ModuleList, nn.Sequential)) \
             or list(container) != modules:
@@ -152,7 +158,7 @@ def _stack(setup: Setup) -> tuple[nn.Module, str, list[nn.Module]] | None:
     if any(s != shapes[0] for s in shapes):
         return None
     owner, _, attr = path.rpartition(".")
-    return setup.model.get_submodule(owner), attr, modules
+    return model.get_submodule(owner), attr, modules
 
 
 def _depths(label: str, n_blocks: int, sharding: str = "none") -> tuple[int, int] | None:
@@ -258,7 +264,7 @@ class FastContext:
 
     def __init__(self, setup: Setup, labels: Sequence[str] = ()) -> None:
         self.setup = setup
-        self.stack = _stack(setup)
+        self.stack = uniform_stack(setup.model, setup.blocks)
         n_blocks = len(self.stack[2]) if self.stack is not None else 0
         cuts = [cut for cut in (_depths(label, n_blocks, setup.sharding) for label in labels)
                 if cut]
@@ -334,8 +340,8 @@ def _measure(ctx: FastContext, label: str, depth: int, sizes: Sequence[int],
 def _rank_segments(setup: Setup, prof: Any, period: int) -> tuple[int, ...]:
     """Under FSDP, the rank's peak per segment of a shallow step whose pattern repeats
     every ``period`` blocks (NOTE [ Fast rows ], 6)."""
+    from remat.distributed.sharding import fsdp_segment_peaks
     from remat.simulate.point import fsdp_layout_of
-    from remat.simulate.sharding import fsdp_segment_peaks
 
     timeline = prof.timeline
     if setup.sharding != "fsdp" or timeline is None:

@@ -282,7 +282,7 @@ def _row(setup: Setup, batch_size: int, seq_len: int, fixed: tuple[int, int, int
          choice: Sequence[int]) -> SimulationRow:
     """The plan row composed from the peak model and the ``"none"`` row (NOTE [ Fast plan
     rows ] 3)."""
-    from remat.simulate.sharding import shard_peak
+    from remat.distributed.sharding import shard_peak
 
     peak = model.predict(choice)
     rank_peak = shard_peak(peak_bytes=peak, param_bytes=0, grad_bytes=0, optimizer_bytes=0,

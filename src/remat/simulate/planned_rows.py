@@ -17,7 +17,7 @@ NOTE [ Fits on the card ] in card_fit.py), are translated into a one-device
 budget that keeps the rank's peak, as :func:`~remat.simulate.point.point` computes it
 (NOTE [ Peaks under sharding ]), within ``M``. ``P``, ``G`` and ``O`` are the one-device
 parameter, gradient and optimizer-state bytes, ``W`` the ranks, ``U`` what FSDP
-unshards at once (NOTE [ Sharding arithmetic ] in sharding.py):
+unshards at once (NOTE [ Sharding arithmetic ] in distributed/sharding.py):
 
 * ``"none"``: ``M``.
 * ``"ddp"``: the rank holds the one-device step plus gradient buckets of ``G`` bytes

@@ -11,8 +11,8 @@ count all ranks.
 
 NOTE [ Peaks under sharding ]
 Under FSDP the per-rank peak replays the simulated step's timeline moment by moment
-(NOTE [ FSDP2 per phase ] in sharding.py; the fast rows extrapolate its segments). Under
-DDP, per-rank peaks come from :func:`remat.simulate.sharding.shard_peak` applied to
+(NOTE [ FSDP2 per phase ] in distributed/sharding.py; the fast rows extrapolate its segments). Under
+DDP, per-rank peaks come from :func:`remat.distributed.sharding.shard_peak` applied to
 the breakdown of live bytes at the simulated peak; what follows is the arithmetic
 ``shard_peak`` does for a profile without a timeline. A one-device peak in the
 optimizer step (AdamW's foreach temporaries) shrinks under FSDP while the
@@ -56,8 +56,7 @@ import torch
 from remat.card_fit import CardFit
 from remat.core.allocator_replay import AllocationLog, predict_step_reserved
 from remat.core.cost import Category, StepCost
-from remat.simulate.result import SimulationRow
-from remat.simulate.sharding import (
+from remat.distributed.sharding import (
     FsdpLayout,
     ShardedPeak,
     fsdp_layout,
@@ -65,11 +64,12 @@ from remat.simulate.sharding import (
     scalar_state_bytes,
     shard_peak,
 )
+from remat.simulate.result import SimulationRow
 from remat.simulate.sim_setup import Setup
 
 
 def shard(breakdown: Mapping[Category, int], grad_total_bytes: int, setup: Setup) -> ShardedPeak:
-    """Shard one moment's live bytes; see NOTE [ Sharding arithmetic ] in sharding.py."""
+    """Shard one moment's live bytes (NOTE [ Sharding arithmetic ] in distributed/sharding.py)."""
     layout = setup.layout
     return shard_peak(
         peak_bytes=sum(breakdown.values()),

@@ -8,8 +8,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from remat.core.cost import CostViews, StepCost
+from remat.distributed.sharding import SHARDINGS
 from remat.errors import message, one_line
-from remat.simulate.sharding import SHARDINGS
 
 #: The JSON keys of a row, in order: the simulation JSON keeps the cost fields flat, as
 #: before ``SimulationRow.cost``, so files written either way read the same.

@@ -53,6 +53,7 @@ from typing import Any
 
 from remat.device_memory import OutsideMemory, Workspaces
 from remat.devices import DeviceSpec, get_device
+from remat.distributed.sharding import SHARDINGS
 from remat.errors import message
 from remat.simulate.fast_rows import FastContext, fast_rows
 from remat.simulate.hf import is_hf_model, unpacked_sequences
@@ -60,7 +61,6 @@ from remat.simulate.planned_rows import plan_rows
 from remat.simulate.point import fixed_bytes, point
 from remat.simulate.precision import Precision, get_precision
 from remat.simulate.result import SimulationResult, SimulationRow
-from remat.simulate.sharding import SHARDINGS
 from remat.simulate.sim_setup import (
     API,
     BatchFn,

@@ -51,7 +51,7 @@ class Sample:
     ``moments``: per phase, its peak bytes and when they were first reached
     (``PhasePeak.order``), for a measured step; empty once interpolated or extrapolated.
     ``rank_segments``: under FSDP, one rank's peak in each of
-    :func:`remat.simulate.sharding.segments`; else empty.
+    :func:`remat.distributed.sharding.segments`; else empty.
     ``ends``: the peaks of the segments at either end of each forward, backward and
     recompute phase (NOTE [ Fast rows ], 7), by ``(phase, "first" | "last", k)``: the
     k-th segment from that end, a segment being a run of samples in one block (or

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from remat.integrations.pipeline_rank import (
+from remat.distributed.pipeline_rank import (
     ChunkBytes,
     RankPlan,
     held_by_chunk,
@@ -86,8 +86,8 @@ def test_bad_input() -> None:
 def test_budget_below_every_combination() -> None:
     import torch
 
+    from remat.distributed.stage import LlamaStage
     from remat.errors import BudgetTooSmall
-    from remat.integrations.pipeline import LlamaStage
     from remat.models import build_model
 
     torch.manual_seed(0)

@@ -2,7 +2,7 @@
 
 Below the integration (``remat.integrations.tp``, which documents the plan in NOTE [ TP
 plan by module names ]) so that the per-rank simulation
-(:mod:`remat.simulate.tensor_parallel`) parallelizes its fake copy with the very styles a
+(:mod:`remat.distributed.tensor_parallel`) parallelizes its fake copy with the very styles a
 real run gets.
 """
 
@@ -12,8 +12,8 @@ from typing import Any
 
 from torch import nn
 
+from remat.distributed.tp_roles import Role, attention_modules, tp_roles
 from remat.errors import RematError, message
-from remat.simulate.tp_roles import Role, attention_modules, tp_roles
 
 HEAD_COUNTS = ("n_head", "n_kv_head", "num_heads", "num_key_value_heads", "num_kv_heads",
                "n_query_groups", "num_attention_heads")
@@ -63,7 +63,7 @@ def style(role: Role, module: nn.Module, sequence_parallel: bool, *,
         SequenceParallel,
     )
 
-    from remat.simulate.tp_fused import ColwiseProjection, RowwiseProjection
+    from remat.distributed.tp_fused import ColwiseProjection, RowwiseProjection
 
     shard = Shard(SEQ_DIM)
     seq = shard if sequence_parallel else Replicate()
@@ -106,7 +106,7 @@ def fused_of(model: nn.Module, roles: dict[str, Role], *, api: str,
     in tp_fused.py): name -> (sections, unit). Refuses sequence parallelism with them:
     their attention modules (GPT-2's, GPT-NeoX's, Falcon's) take the hidden states
     positionally or by keyword in ways remat's gather does not know."""
-    from remat.simulate.tp_fused import fused_layouts, linear_shape
+    from remat.distributed.tp_fused import fused_layouts, linear_shape
 
     modules = dict(model.named_modules())
     fused: dict[str, int] = {}
@@ -130,7 +130,7 @@ def check_degree(model: nn.Module, roles: dict[str, Role],
     """Refuse a degree ``tp`` that cannot give each rank whole heads: of every part of a
     fused projection, and of each colwise linear in a module with a head width (one
     key/value head of 12 cannot be split 2 ways)."""
-    from remat.simulate.tp_fused import check_fused, head_width, linear_shape
+    from remat.distributed.tp_fused import check_fused, head_width, linear_shape
 
     check_fused(fused, tp, api=api)
     modules = dict(model.named_modules())
@@ -270,7 +270,7 @@ def parallelize(model: nn.Module, mesh: Any, *, sequence_parallel: bool, api: st
     :func:`divide_head_counts` and ``parallelize_module``, in place."""
     from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
 
-    from remat.simulate.tp_fused import check_fused
+    from remat.distributed.tp_fused import check_fused
 
     if mesh.ndim != 1:
         raise RematError(message(api, f"the mesh has {mesh.ndim} dimensions",

@@ -54,10 +54,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from remat.simulate.pipeline import Action
+from remat.distributed.schedule import Action
 
 
 @dataclass(frozen=True)
@@ -137,7 +136,7 @@ def fsdp_rank_bytes(actions: Sequence[Action], chunks: Mapping[int, FsdpChunk], 
             Default: ``False`` (torchtitan's default under pipeline parallelism).
 
     Example:
-        >>> from remat.simulate.pipeline import Action
+        >>> from remat.distributed.schedule import Action
         >>> chunk = FsdpChunk(saved=30, work=5, root=(0, 0), blocks=((40, 40),),
         ...                   moments=80, scalars=0)
         >>> fsdp_rank_bytes([Action(0, "F", 0), Action(0, "B", 0)], {0: chunk},
@@ -205,7 +204,7 @@ def plain_rank_bytes(actions: Sequence[Action], chunks: Mapping[int, FsdpChunk],
         dp: FSDP degree. Default: 1.
 
     Example:
-        >>> from remat.simulate.pipeline import Action
+        >>> from remat.distributed.schedule import Action
         >>> chunk = FsdpChunk(saved=30, work=5, root=(0, 0), blocks=((40, 40),),
         ...                   moments=80, scalars=0)
         >>> plain_rank_bytes([Action(0, "F", 0), Action(0, "B", 0)], {0: chunk}).peak_bytes

@@ -36,7 +36,7 @@ NOTE [ Sharded models in the tracker ]
        on the caller's thread, where the tracker first meets it as an op input.
        An unknown input met while a collective runs (:func:`watch_collectives`)
        is counted as created then, not as memory that predates the step (NOTE
-       [ What the tracker cannot see ], 2. in tracker.py). NCCL keeps its
+       [ What the tracker cannot see ], 2. in measure/tracker.py). NCCL keeps its
        buffers outside PyTorch's allocator; they are not counted on GPUs.
     6. Functional collectives (DTensor's redistributions) return, outside tracing,
        an ``AsyncCollectiveTensor``: a wrapper subclass around the collective's

@@ -9,12 +9,12 @@ NOTE [ One tensor-parallel rank, simulated ]
        one-dimensional CPU ``DeviceMesh`` over it;
     2. a meta copy of the model (the user's module is never changed), converted to
        the precision's parameter dtype and parallelized with the very plan and
-       styles ``remat.integrations.tp.apply_tp`` uses (:mod:`remat.simulate.tp_layout`):
+       styles ``remat.integrations.tp.apply_tp`` uses (:mod:`remat.distributed.tp_layout`):
        parameters become DTensors over meta shards, attention head counts per-rank;
     3. the optimizer over those DTensors, then remat's simulated step
        (:class:`~remat.measure.profile.WarmFake`: a fake copy, a warm-up step, the
        strategy, one tracked step). The tracker counts each DTensor's local shard
-       (NOTE [ Sharded models in the tracker ] in measure/sharded.py), so parameters,
+       (NOTE [ Sharded models in the tracker ] in distributed/sharded.py), so parameters,
        gradients, optimizer state, activations and the peak are the rank's own:
        DTensor's redistributions (all-gathers, all-reduces, the vocabulary-parallel
        embedding's masked partial sums) allocate what they allocate on a real rank.
@@ -54,7 +54,7 @@ from torch import nn
 
 from remat.errors import RematError, RematWarning, message
 
-API = "remat.simulate.tp_rank_bytes"
+API = "remat.distributed.tensor_parallel.tp_rank_bytes"
 
 
 @dataclass(frozen=True)
@@ -116,10 +116,10 @@ def rank_model(model: Any, *, seq_len: int, tp: int, sequence_parallel: bool,
     and parallelized). ``tp_plan``: the user's plan instead of remat's (NOTE [ A user's
     TP plan ] in remat/integrations/tp.py). The caller checks that no process group exists
     (:func:`run_isolated`)."""
-    from remat.measure.sharded import is_dtensor
+    from remat.distributed.sharded import is_dtensor
+    from remat.distributed.tp_layout import parallelize
     from remat.simulate.precision import get_precision
     from remat.simulate.sim_setup import build_model
-    from remat.simulate.tp_layout import parallelize
 
     inner = meta_copy(model) if isinstance(model, nn.Module) else build_model(model, seq_len)[0]
     with prepare(inner) if prepare is not None else nullcontext(), \
@@ -208,7 +208,7 @@ def _in_subprocess(target: Callable[..., Any], kwargs: dict[str, Any], api: str)
     root = str(Path(__file__).resolve().parents[2])  # the directory holding remat
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         [root, *filter(None, [os.environ.get("PYTHONPATH")])])}
-    done = subprocess.run([sys.executable, "-m", "remat.simulate.tp_step"], input=payload,
+    done = subprocess.run([sys.executable, "-m", "remat.distributed.tp_step"], input=payload,
                           capture_output=True, check=False, env=env)
     if done.returncode != 0:
         raise RematError(message(
@@ -249,7 +249,7 @@ def simulate_ranks(model: Any, *, seq_len: int, points: Sequence[tuple[Any, int]
             in order; at least one.
         tp: tensor-parallel degree (1: the one-device step, no process group).
         sequence_parallel, dtype, optimizer: as for
-            :func:`remat.simulate.tensor_parallel.tp_rank_bytes`.
+            :func:`remat.distributed.tensor_parallel.tp_rank_bytes`.
         tp_plan: the user's ``parallelize_module``-style plan (None: remat's layout).
 
     Returns:

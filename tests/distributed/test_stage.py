@@ -28,10 +28,11 @@ import torch.distributed as dist
 from torch.multiprocessing.spawn import spawn
 
 import remat
-from remat.integrations.pipeline import LlamaStage
-from remat.integrations.pipeline_rank import held_by_chunk, plan_rank
+from remat.distributed.pipeline_rank import held_by_chunk, plan_rank
+from remat.distributed.stage import LlamaStage
+from remat.distributed.stage_loss import StageLoss
 from remat.measure.allocator import allocator_peak
-from remat.measure.step import StageLoss, batch_tensors
+from remat.measure.step import batch_tensors
 from remat.models import build_model, make_batch
 from remat.models.common import next_token_loss
 
@@ -49,7 +50,7 @@ RTOL = 1e-5
 # micro-batch's work: StageLoss(sends_input_grad=True) makes the planned step do so.
 BOUNDARY_BYTES = MICRO_SIZE * SEQ * 64 * 4
 SCALARS = 64  # the loss scalars and the step's returned value, a few 4-byte tensors
-# Hand formulas of NOTE [ Pipeline schedules ] (simulate/pipeline.py): GPipe holds all m,
+# Hand formulas of NOTE [ Pipeline schedules ] (distributed/schedule.py): GPipe holds all m,
 # 1F1B min(m, p - s).
 IN_FLIGHT = {"gpipe": [MICROBATCHES] * WORLD,
              "1f1b": [min(MICROBATCHES, WORLD - s) for s in range(WORLD)]}
@@ -260,7 +261,7 @@ def test_interleaved_rank_peak_within_budget(spawned: Path) -> None:
         assert -SMALL <= r["predicted"] - r["peak"] <= BOUNDARY_BYTES + SMALL, (rank, r)
 
 
-if __name__ == "__main__":  # the docs table: python -m tests.integrations.test_pipeline
+if __name__ == "__main__":  # the docs table: python -m tests.distributed.test_stage
     import tempfile
 
     out = Path(tempfile.mkdtemp())

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from remat.simulate.sharding import shard_peak
+from remat.distributed.sharding import shard_peak
 
 GIB = 1024**3
 
@@ -57,8 +57,8 @@ def test_bad_inputs() -> None:
 
 
 def test_fsdp_layout_pads_shards_and_names_each_groups_last_gradient() -> None:
+    from remat.distributed.sharding import fsdp_layout
     from remat.models import build_model
-    from remat.simulate.sharding import fsdp_layout
 
     model = build_model("llama-tiny", n_layer=2)  # d_model 64, d_ff 176, vocab 256
     layout = fsdp_layout(model, 3)

@@ -12,8 +12,7 @@ import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from types import SimpleNamespace
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -63,7 +62,7 @@ def _outside_units(model: nn.Module, blocks: Sequence[str]) -> set[str]:
 
 
 def _nbytes(t: torch.Tensor | None) -> int:
-    from remat.measure.sharded import local_tensor
+    from remat.distributed.sharded import local_tensor
 
     if t is None:
         return 0
@@ -169,10 +168,9 @@ CUT_DEPTH = 3  # first, a middle and the last block (NOTE [ Pipeline rank bytes 
 def cut_stack(model: nn.Module, depth: int) -> Iterator[None]:
     """``model``'s uniform stack of blocks cut to its first ``depth`` (NOTE [ Pipeline
     rank bytes ]) for the context, when it has one longer than ``depth``."""
-    from remat.simulate.fast_rows import _stack
+    from remat.simulate.fast_rows import uniform_stack
 
-    # _stack reads a Setup's model and blocks only
-    stack = _stack(cast(Any, SimpleNamespace(model=model, blocks=None)))
+    stack = uniform_stack(model, None)
     if stack is None or len(stack[2]) <= depth:
         yield
         return

@@ -1,6 +1,6 @@
 """FSDP under pipeline parallelism on 4 gloo CPU ranks (pp=2 x dp=2): each rank's peak
 against ``pipeline_rank_bytes(dp=2)`` (NOTE [ FSDP under pipeline parallelism ] in
-remat/simulate/pipeline_fsdp.py), and the gradients against one process.
+remat/distributed/pipeline_fsdp.py), and the gradients against one process.
 
 A 2 x 2 DeviceMesh ("pp", "dp"); each rank builds its stage of llama-tiny (4 blocks, 2 per
 stage), ``fully_shard``s its blocks and the stage over "dp", and runs ``Schedule1F1B``
@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 from torch.multiprocessing.spawn import spawn
 
-from remat.integrations.pipeline import LlamaStage
+from remat.distributed.stage import LlamaStage
 from remat.measure.allocator import allocator_peak
 from remat.models import build_model, make_batch
 from remat.models.common import next_token_loss
@@ -161,7 +161,7 @@ def _reference() -> dict[str, torch.Tensor]:
 
 @functools.cache
 def _ranks(reshard: bool | None) -> tuple[Any, ...]:
-    from remat.simulate.pipeline import pipeline_rank_bytes
+    from remat.distributed.pipeline import pipeline_rank_bytes
 
     return pipeline_rank_bytes(lambda: build_model("llama-tiny", n_layer=4), seq_len=SEQ,
                                batch_size=MICRO_SIZE, stages=PP, microbatches=MICROBATCHES,
@@ -223,7 +223,7 @@ def test_rank_peak_matches_the_model(spawned: tuple[Path, list[dict[str, Any]]])
         assert -(gathered[s] - block) <= over <= 2 * (block + root), (r, resharded, over)
     assert resharded == kept  # the bound: the peak of a 1F1B rank is at a backward
 
-if __name__ == "__main__":  # the docs table: python -m tests.integrations.test_pipeline_fsdp
+if __name__ == "__main__":  # the docs table: python -m tests.distributed.test_pipeline_fsdp
     import tempfile
 
     rows = _spawn(Path(tempfile.mkdtemp()))

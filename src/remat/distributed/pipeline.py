@@ -1,29 +1,4 @@
-"""Pipeline stages: what a schedule keeps in flight, and one pipeline rank's bytes.
-
-NOTE [ Pipeline schedules ]
-    A pipeline of ``p`` ranks runs ``m`` micro-batches; with ``v`` virtual stages per
-    rank (interleaved schedules) the model is cut into ``p * v`` chunks of consecutive
-    blocks and rank ``r`` holds chunks ``r, r + p, ..., r + (v - 1) p``. Each rank runs
-    a list of actions, ``F`` (forward of one micro-batch through one chunk) and ``B``
-    (its backward). Between a chunk's ``F`` and ``B`` for a micro-batch, that chunk
-    keeps the micro-batch's saved activations, so a rank holds, at any point of its
-    list, the saved activations of every ``(chunk, micro-batch)`` forwarded and not yet
-    backwarded. The lists are those of ``torch.distributed.pipelining``:
-
-    * ``"gpipe"`` (``ScheduleGPipe``): all ``F`` then all ``B``: every rank holds ``m``.
-    * ``"1f1b"`` (``Schedule1F1B``): rank ``r`` runs ``min(m, p - r)`` forwards, then
-      alternates; it holds ``min(m, p - r)``: the first rank ``p`` (at ``m >= p``), the
-      last one.
-    * ``"interleaved-1f1b"`` (``ScheduleInterleaved1F1B``, Narayanan et al. 2021 with
-      PyTorch's rounds of ``m // max(1, m // p)`` micro-batches): rank ``r`` warms up
-      with ``min((v - 1) * round + 2 (p - 1 - r), m v)`` forwards, then alternates ``F``,
-      ``B``; it holds up to one more chunk-micro-batch than its warm-up.
-
-    :func:`schedule_actions` writes the lists (``tests/simulate/test_pipeline.py`` checks
-    them against PyTorch's own ``pipeline_order``); :func:`held_microbatches` counts the
-    most chunk-micro-batches a rank holds. The count is what a stage's plan must budget
-    for: its peak is the stage's static bytes, plus that many micro-batches' saved
-    activations, plus one backward's working set.
+"""One pipeline rank's bytes under a schedule (NOTE [ Pipeline schedules ] in schedule.py).
 
 NOTE [ Pipeline rank bytes ]
     :func:`pipeline_rank_bytes` simulates one step of the whole model as one rank runs
@@ -57,11 +32,11 @@ NOTE [ Pipeline rank bytes ]
     ``ceil(x / dp)`` and the largest block is counted gathered (parameters and
     gradients).
     A uniform stack of more than three blocks (one list of blocks of one shape, as the
-    fast simulation rows require: NOTE [ Fast rows ] in fast_rows.py) is simulated cut to
+    fast simulation rows require: NOTE [ Fast rows ] in simulate/fast_rows.py) is simulated cut to
     three blocks, before it is parallelized (TP's layout of a block does not depend on
     the blocks around it), and every block between the first and the last takes the
     middle one's figures (strategies that treat blocks alike only; ``every:N`` and
-    ``sqrt`` run the whole stack). ``tests/simulate/test_pipeline.py`` checks the cut
+    ``sqrt`` run the whole stack). ``tests/distributed/test_pipeline.py`` checks the cut
     against the whole stack byte for byte, with TP and SP too.
     Not modelled: point-to-point buffers, the stage inputs a rank receives and keeps
     for its backward besides the first block's saved input, collective buffers.
@@ -72,167 +47,16 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any
 
 from torch import nn
 
+from remat.distributed.pipeline_fsdp import FsdpChunk, fsdp_rank_bytes, plain_rank_bytes
+from remat.distributed.pipeline_record import CUT_DEPTH, cut_stack, expand_record, record_step
+from remat.distributed.schedule import check_schedule, held_microbatches, schedule_actions
 from remat.errors import message
-from remat.simulate.pipeline_fsdp import FsdpChunk, fsdp_rank_bytes, plain_rank_bytes
-from remat.simulate.pipeline_record import CUT_DEPTH, cut_stack, expand_record, record_step
 
-if TYPE_CHECKING:
-    pass
-
-Schedule = Literal["gpipe", "1f1b", "interleaved-1f1b"]
-SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", "interleaved-1f1b")
-API = "remat.simulate.pipeline_rank_bytes"
-
-
-@dataclass(frozen=True)
-class Action:
-    """One pipeline action: forward (``"F"``) or backward (``"B"``) of one micro-batch
-    through one chunk (``chunk = local_stage * stages + rank``)."""
-
-    chunk: int
-    kind: Literal["F", "B"]
-    microbatch: int
-
-
-def _check(api: str, schedule: str, stages: int, microbatches: int, virtual_stages: int) -> None:
-    if schedule not in SCHEDULES:
-        raise ValueError(message(api, f"unknown schedule {schedule!r}",
-                                 {"schedules": ", ".join(SCHEDULES)},
-                                 fix="pass one of those"))
-    for name, value in (("stages", stages), ("microbatches", microbatches),
-                        ("virtual_stages", virtual_stages)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(message(api, f"{name} must be a positive int", {name: value},
-                                     fix=f"pass {name}=1 or more"))
-    if schedule != "interleaved-1f1b" and virtual_stages != 1:
-        raise ValueError(message(api, f"{schedule} runs one stage per rank",
-                                 {"virtual_stages": virtual_stages},
-                                 fix="pass virtual_stages=1, or schedule='interleaved-1f1b'"))
-    if schedule == "interleaved-1f1b":
-        rounds = max(1, microbatches // stages)
-        if microbatches % rounds:
-            raise ValueError(message(
-                api, "interleaved 1F1B needs the micro-batches to be a multiple of its rounds",
-                {"microbatches": microbatches, "stages": stages,
-                 "rounds": f"{rounds} (max(1, microbatches // stages))"},
-                fix=f"pass microbatches={rounds * (microbatches // rounds)} or a multiple of "
-                    f"{stages}"))
-
-
-def _interleaved(rank: int, stages: int, microbatches: int, virtual: int) -> list[Action]:
-    rounds = max(1, microbatches // stages)
-    per_round = microbatches // rounds
-    total = virtual * microbatches
-    warmup = min((virtual - 1) * per_round + 2 * (stages - 1 - rank), total)
-
-    def forward_chunk(step: int) -> int:
-        return ((step // per_round) % virtual) * stages + rank
-
-    def backward_chunk(step: int) -> int:
-        return (virtual - 1 - ((step - warmup) // per_round) % virtual) * stages + rank
-
-    fwd: dict[int, int] = {}
-    bwd: dict[int, int] = {}
-    out: list[Action] = []
-
-    def add(kind: Literal["F", "B"], chunk: int) -> None:
-        counter = fwd if kind == "F" else bwd
-        out.append(Action(chunk, kind, counter.get(chunk, 0)))
-        counter[chunk] = counter.get(chunk, 0) + 1
-
-    for step in range(total + warmup):
-        if step < warmup:
-            add("F", forward_chunk(step))
-        elif step < total:
-            add("F", forward_chunk(step))
-            add("B", backward_chunk(step))
-        else:
-            add("B", backward_chunk(step))
-    return out
-
-
-def schedule_actions(schedule: str, *, stages: int, microbatches: int,
-                     virtual_stages: int = 1) -> tuple[tuple[Action, ...], ...]:
-    """Each pipeline rank's actions in the order it runs them (idle slots left out).
-
-    Args:
-        schedule: ``"gpipe"``, ``"1f1b"`` or ``"interleaved-1f1b"``.
-        stages: pipeline ranks ``p``.
-        microbatches: micro-batches per step ``m``.
-        virtual_stages: chunks per rank ``v`` (interleaved only). Default: 1.
-
-    Returns:
-        One tuple of :class:`Action` per rank.
-
-    Example:
-        >>> [a.kind for a in schedule_actions("1f1b", stages=2, microbatches=3)[0]]
-        ['F', 'F', 'B', 'F', 'B', 'B']
-    """
-    _check("remat.simulate.schedule_actions", schedule, stages, microbatches, virtual_stages)
-    ranks: list[tuple[Action, ...]] = []
-    for rank in range(stages):
-        if schedule == "interleaved-1f1b":
-            ranks.append(tuple(_interleaved(rank, stages, microbatches, virtual_stages)))
-            continue
-        fwd = [Action(rank, "F", i) for i in range(microbatches)]
-        bwd = [Action(rank, "B", i) for i in range(microbatches)]
-        if schedule == "gpipe":
-            ranks.append(tuple(fwd + bwd))
-            continue
-        warmup = min(microbatches, stages - rank)
-        order = fwd[:warmup]
-        for i in range(microbatches - warmup):
-            order += [bwd[i], fwd[warmup + i]]
-        ranks.append(tuple(order + bwd[microbatches - warmup:]))
-    return tuple(ranks)
-
-
-def chunk_holds(actions: Sequence[Action]) -> tuple[tuple[Action, dict[int, int]], ...]:
-    """Per action of one rank's list (in order), the micro-batches each of its chunks holds
-    while the action runs: at an ``F`` those before it, at a ``B`` its own included (a
-    chunk's ``F`` of a micro-batch holds it until that micro-batch's ``B``).
-
-    Example:
-        >>> [h for _, h in chunk_holds(schedule_actions("1f1b", stages=2, microbatches=2)[0])]
-        [{0: 0}, {0: 1}, {0: 2}, {0: 1}]
-    """
-    held = dict.fromkeys(sorted({a.chunk for a in actions}), 0)
-    out: list[tuple[Action, dict[int, int]]] = []
-    for action in actions:
-        out.append((action, dict(held)))
-        held[action.chunk] += 1 if action.kind == "F" else -1
-    return tuple(out)
-
-
-def held_microbatches(schedule: str, *, stages: int, microbatches: int,
-                      virtual_stages: int = 1) -> tuple[int, ...]:
-    """Per pipeline rank, the most chunk-micro-batches forwarded and not yet backwarded.
-
-    NOTE [ Pipeline schedules ]. Under ``"1f1b"`` this is ``min(m, p - r)``; under
-    ``"gpipe"`` ``m``. A stage planned for one micro-batch holds this many times its
-    saved activations at once, so its plan must budget for that count (the trade-off
-    of a deeper pipeline: fewer bubbles, more activations held on the first ranks).
-
-    Args:
-        schedule: ``"gpipe"``, ``"1f1b"`` or ``"interleaved-1f1b"``.
-        stages: pipeline ranks ``p``.
-        microbatches: micro-batches per step ``m``.
-        virtual_stages: chunks per rank ``v`` (interleaved only; each unit is one
-            chunk, ``1/v`` of the rank's blocks). Default: 1.
-
-    Example:
-        >>> held_microbatches("1f1b", stages=4, microbatches=8)
-        (4, 3, 2, 1)
-    """
-    return tuple(max(sum(held.values()) + (action.kind == "F")
-                     for action, held in chunk_holds(actions))
-                 for actions in schedule_actions(schedule, stages=stages,
-                                                 microbatches=microbatches,
-                                                 virtual_stages=virtual_stages))
+API = "remat.distributed.pipeline.pipeline_rank_bytes"
 
 
 def chunk_blocks(n_blocks: int, chunks: int) -> tuple[range, ...]:
@@ -397,10 +221,10 @@ def pipeline_rank_bytes(model: Any, *, seq_len: int, batch_size: int, stages: in
         >>> [r.held_microbatches for r in ranks]  # doctest: +SKIP
         [4, 3, 2, 1]
     """
+    from remat.distributed.tp_step import run_isolated
     from remat.simulate.sim_setup import check_ints
-    from remat.simulate.tp_step import run_isolated
 
-    _check(API, schedule, stages, microbatches, virtual_stages)
+    check_schedule(API, schedule, stages, microbatches, virtual_stages)
     check_ints(API, "seq_len, batch_size, tp and dp", (seq_len, batch_size, tp, dp))
     kwargs = {"model": model, "seq_len": seq_len, "batch_size": batch_size,
               "stages": stages, "microbatches": microbatches, "schedule": schedule,
@@ -422,9 +246,9 @@ def _rank_bytes(model: Any, *, seq_len: int, batch_size: int, stages: int,
 
     from remat.blocks import named_blocks
     from remat.devices import get_device
+    from remat.distributed.tp_step import rank_model, step_failed
     from remat.simulate.precision import get_precision, make_optimizer
     from remat.simulate.sim_setup import make_setup
-    from remat.simulate.tp_step import rank_model, step_failed
 
     # one chunk, one micro-batch, no FSDP: the rank runs the simulated step itself
     whole_step = stages == 1 and microbatches == 1 and dp == 1

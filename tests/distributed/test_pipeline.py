@@ -14,17 +14,12 @@ from torch import nn
 from typer.testing import CliRunner
 
 from remat.cli import app
+from remat.distributed.pipeline import chunk_blocks, pipeline_rank_bytes
+from remat.distributed.pipeline_fsdp import FsdpChunk, fsdp_rank_bytes, plain_rank_bytes
+from remat.distributed.schedule import Action, held_microbatches, schedule_actions
+from remat.distributed.tensor_parallel import tp_rank_bytes
 from remat.models import build_model
 from remat.models.llama import rotary_cos_sin
-from remat.simulate.pipeline import (
-    Action,
-    chunk_blocks,
-    held_microbatches,
-    pipeline_rank_bytes,
-    schedule_actions,
-)
-from remat.simulate.pipeline_fsdp import FsdpChunk, fsdp_rank_bytes, plain_rank_bytes
-from remat.simulate.tensor_parallel import tp_rank_bytes
 
 schedules = pytest.importorskip("torch.distributed.pipelining.schedules")
 
@@ -275,7 +270,7 @@ def test_stage_is_the_tp_rank_step_of_the_stage_alone(sp: bool) -> None:
 def test_a_user_tp_plan_reaches_the_pipeline_ranks() -> None:
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
-    from remat.simulate.tp_step import simulate_ranks
+    from remat.distributed.tp_step import simulate_ranks
 
     plan = {"mlp.gate_proj": ColwiseParallel(), "mlp.up_proj": ColwiseParallel(),
             "mlp.down_proj": RowwiseParallel()}

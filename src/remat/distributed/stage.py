@@ -3,7 +3,7 @@ micro-batches its schedule holds at once.
 
 Example::
 
-    >>> from remat.integrations.pipeline import LlamaStage, plan_stage
+    >>> from remat.distributed.stage import LlamaStage, plan_stage
     >>> stage = LlamaStage(build_model("llama-tiny", n_layer=4), stage_index=rank, stages=2)
     >>> plan = plan_stage(stage, micro_batch, budget="60%", schedule="1f1b",
     ...                   stage_index=rank, stages=2, microbatches=4,
@@ -14,11 +14,11 @@ Example::
 A stage holds a slice of the model's blocks (the first also the embedding, the last
 the norm and the LM head), split torchtitan style: a copy of the model with the other
 stages' layers deleted. Under a schedule the stage holds several micro-batches' saved
-activations at its worst moment (``remat.simulate.pipeline.held_microbatches``: GPipe
+activations at its worst moment (``remat.distributed.schedule.held_microbatches``: GPipe
 all ``m``, 1F1B ``min(m, p - s)`` at stage ``s``), so :func:`plan_stage` plans it with
 that many in flight (NOTE [ Micro-batches in flight ] in remat/planning/in_flight.py):
 one budget per stage, the card it runs on. Under an interleaved schedule a rank's
-chunks share its card: :func:`remat.integrations.pipeline_rank.plan_rank` plans them
+chunks share its card: :func:`remat.distributed.pipeline_rank.plan_rank` plans them
 together for the rank's one budget.
 """
 
@@ -30,8 +30,9 @@ from typing import Any
 from torch import Tensor, nn
 
 from remat.core.budget import Budget, BudgetLike
+from remat.distributed.stage_loss import StageLoss
 from remat.errors import message
-from remat.measure.step import LossFn, StageLoss
+from remat.measure.step import LossFn
 from remat.models.common import check_seq_len
 from remat.models.llama import Llama, rotary_cos_sin
 from remat.planning.plans import Plan
@@ -96,7 +97,7 @@ def stage_in_flight(schedule: str, *, stage_index: int, stages: int, microbatche
                     virtual_stages: int = 1) -> int:
     """How many micro-batches stage ``stage_index`` holds at its worst moment.
 
-    ``remat.simulate.pipeline.held_microbatches`` per pipeline rank, read at the rank
+    ``remat.distributed.schedule.held_microbatches`` per pipeline rank, read at the rank
     that runs the stage (``stage_index % stages``: the interleaved schedule's looped
     placement, stage ``i`` on rank ``i mod p``).
 
@@ -111,11 +112,11 @@ def stage_in_flight(schedule: str, *, stage_index: int, stages: int, microbatche
         >>> stage_in_flight("1f1b", stage_index=0, stages=2, microbatches=4)
         2
     """
-    from remat.simulate.pipeline import held_microbatches
+    from remat.distributed.schedule import held_microbatches
 
     if not 0 <= stage_index < stages * virtual_stages:
         raise ValueError(message(
-            "remat.integrations.pipeline.plan_stage", "stage_index out of range",
+            "remat.distributed.stage.plan_stage", "stage_index out of range",
             {"stage_index": stage_index, "stages x virtual_stages": stages * virtual_stages},
             fix="pass a stage index from 0 to stages * virtual_stages - 1"))
     held = held_microbatches(schedule, stages=stages, microbatches=microbatches,
@@ -168,7 +169,7 @@ def plan_stage(stage: nn.Module, micro_batch: Any, *, budget: BudgetLike | Budge
 
 def stage_loss(schedule: str, *, stage_index: int, chunks: int, in_flight: int,
                microbatches: int, loss_fn: LossFn | None = None) -> StageLoss:
-    """The :class:`~remat.measure.step.StageLoss` a stage's planned step runs with.
+    """The :class:`~remat.distributed.stage_loss.StageLoss` a stage's planned step runs with.
 
     Args:
         schedule: ``"gpipe"``, ``"1f1b"`` or ``"interleaved-1f1b"``.

@@ -27,7 +27,7 @@ NOTE [ Fused projections ]
     weight with DTensor by reordering its output rows rank-major (``[q_0 k_0 v_0 | q_1
     k_1 v_1]``) before ``Shard``: each rank's local output is ``[q_r | k_r | v_r]``, which
     the forward's split reads once its width attributes are per-rank
-    (:func:`remat.simulate.tp_layout.divide_head_counts`). The DTensor's global view is
+    (:func:`remat.distributed.tp_layout.divide_head_counts`). The DTensor's global view is
     in that order: ``full_tensor()`` of the weight or its gradient is the reordered
     weight; :func:`natural_order` puts it back.
 

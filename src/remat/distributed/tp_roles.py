@@ -1,7 +1,7 @@
 """Which module tensor parallelism splits how: its *role*, found by module names.
 
 Below the integration that turns roles into DTensor styles (``remat.integrations.tp``,
-through :mod:`remat.simulate.tp_layout`), so the simulation and the real run read the same
+through :mod:`remat.distributed.tp_layout`), so the simulation and the real run read the same
 plan (NOTE [ TP plan by module names ] there).
 """
 
@@ -13,7 +13,7 @@ from torch import nn
 
 from remat.errors import RematError, message
 
-API = "remat.simulate.tp_rank_bytes"
+API = "remat.distributed.tensor_parallel.tp_rank_bytes"
 
 Role = Literal["colwise", "fused", "rowwise", "embedding", "head", "norm", "gather",
                "replicated", "scatter"]
@@ -43,7 +43,7 @@ def _child(module: nn.Module, names: tuple[str, ...]) -> tuple[str, nn.Module] |
 
 
 def _linears(module: nn.Module, names: tuple[str, ...]) -> list[str]:
-    from remat.simulate.tp_fused import linear_shape
+    from remat.distributed.tp_fused import linear_shape
 
     return [n for n in names if isinstance(getattr(module, n, None), nn.Module)
             and linear_shape(getattr(module, n)) is not None]
@@ -57,7 +57,7 @@ def _hidden(block: nn.Module) -> int | None:
     """The block's width: the input width most of its linears share."""
     from collections import Counter
 
-    from remat.simulate.tp_fused import linear_shape
+    from remat.distributed.tp_fused import linear_shape
 
     widths = Counter(s[0] for m in block.modules() if (s := linear_shape(m)) is not None)
     return widths.most_common(1)[0][0] if widths else None
@@ -68,7 +68,7 @@ def _by_shape(module: nn.Module, hidden: int | None) -> tuple[list[str], str] | 
     module names ] in remat/integrations/tp.py): the rowwise one is the last registered
     linear mapping back to the block's width; every other linear must read the block's
     width."""
-    from remat.simulate.tp_fused import linear_shape
+    from remat.distributed.tp_fused import linear_shape
 
     shapes = {n: s for n, m in module.named_children() if (s := linear_shape(m)) is not None}
     rows = [n for n, s in shapes.items() if s[1] == hidden]
@@ -81,7 +81,7 @@ def _by_shape(module: nn.Module, hidden: int | None) -> tuple[list[str], str] | 
 
 
 def _block_roles(prefix: str, block: nn.Module) -> dict[str, Role]:
-    from remat.simulate.tp_fused import linear_shape
+    from remat.distributed.tp_fused import linear_shape
 
     roles: dict[str, Role] = {}
     hidden = _hidden(block)
@@ -144,7 +144,8 @@ def tp_roles(model: nn.Module, *, sequence_parallel: bool = False,
     Args:
         model: the model (any device, meta included), not yet parallelized.
         sequence_parallel: include the sequence-parallel roles. Default: ``False``.
-        api: the public call named in errors. Default: ``"remat.simulate.tp_rank_bytes"``.
+        api: the public call named in errors.
+            Default: ``"remat.distributed.tensor_parallel.tp_rank_bytes"``.
 
     Raises:
         RematError: no block has projections the plan recognises, or sequence

@@ -7,7 +7,7 @@ schedule fits, with the least recompute in total.
 
 Example::
 
-    >>> from remat.integrations.pipeline_rank import plan_rank
+    >>> from remat.distributed.pipeline_rank import plan_rank
     >>> chunks = [LlamaStage(model, stage_index=i, stages=4).train() for i in (rank, rank + 2)]
     >>> rank_plan = plan_rank(chunks, [micro_in(i) for i in (rank, rank + 2)], budget="75%",
     ...                       schedule="interleaved-1f1b", rank=rank, stages=2,
@@ -16,7 +16,7 @@ Example::
     ...     remat.apply(chunk, plan)
 
 NOTE [ Rank peak over the schedule ]
-    A rank runs its action list (``remat.simulate.pipeline.schedule_actions``): ``F``
+    A rank runs its action list (``remat.distributed.schedule.schedule_actions``): ``F``
     (forward of one micro-batch through one chunk) and ``B`` (its backward). Between a
     chunk's ``F`` and ``B`` of a micro-batch the chunk keeps that micro-batch's saved
     tensors and its output (the schedule's forward cache), ``held_bytes`` under the
@@ -52,7 +52,7 @@ NOTE [ Sends held ]
     chunks holds up to ``2 v m`` boundary tensors. ``ScheduleGPipe`` waits for the
     backward sends at the end (the input gradients stay); ``Schedule1F1B`` waits for
     each before the next (one in flight, as ``StageLoss(sends_input_grad=True)`` has it).
-    tests/integrations/test_pipeline.py measures the interleaved case on gloo.
+    tests/distributed/test_stage.py measures the interleaved case on gloo.
 
 NOTE [ Choosing the chunks' plans ]
     Each chunk gets a small Pareto set of plans: the empty plan, and ``remat.plan`` of
@@ -75,18 +75,19 @@ import torch
 from torch import nn
 
 from remat.core.budget import Budget, BudgetLike, parse_budget
+from remat.distributed.schedule import Action, chunk_holds, schedule_actions
+from remat.distributed.stage_loss import StageLoss
 from remat.errors import BudgetTooSmall, message, names_the_call
-from remat.measure.step import LossFn, StageLoss, batch_tensors, clear_grads, forward_held
+from remat.measure.step import LossFn, batch_tensors, clear_grads, forward_held
 from remat.measure.tracked_step import held_gc
 from remat.measure.tracker import MemoryTracker
 from remat.measure.windows import FakeSetup, quiet
 from remat.planning.plans import Plan
-from remat.simulate.pipeline import Action, chunk_holds, schedule_actions
 from remat.strategies import apply_decisions, preserved_strategy
 
 __all__ = ["ChunkBytes", "RankPlan", "held_by_chunk", "plan_rank", "rank_peak_bytes"]
 
-API = "remat.integrations.pipeline_rank.plan_rank"
+API = "remat.distributed.pipeline_rank.plan_rank"
 #: Budgets per chunk between its least reachable and its un-checkpointed peak
 #: (NOTE [ Choosing the chunks' plans ]), the empty plan besides.
 LEVELS = 3
@@ -167,7 +168,7 @@ def held_by_chunk(schedule: str, *, rank: int, stages: int, microbatches: int,
 
     Args:
         schedule, stages, microbatches, virtual_stages: the pipeline, as for
-            :func:`remat.simulate.pipeline.schedule_actions`.
+            :func:`remat.distributed.schedule.schedule_actions`.
         rank: the pipeline rank, ``0 .. stages - 1``.
 
     Example:
@@ -175,7 +176,7 @@ def held_by_chunk(schedule: str, *, rank: int, stages: int, microbatches: int,
         [{0: 0}, {0: 1}, {0: 2}, {0: 1}]
     """
     if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < stages:
-        raise ValueError(message("remat.integrations.pipeline_rank.held_by_chunk",
+        raise ValueError(message("remat.distributed.pipeline_rank.held_by_chunk",
                                  "rank must be in 0 .. stages - 1",
                                  {"rank": rank, "stages": stages},
                                  fix="pass the pipeline rank whose actions to count"))
@@ -234,7 +235,7 @@ def measure_chunk(setup: FakeSetup, plan: Plan, loss_fn: LossFn, *,
     Args:
         setup: the chunk's fake copy (``PlanContext.setup``).
         plan: the chunk's plan.
-        loss_fn: the chunk's :class:`~remat.measure.step.StageLoss`.
+        loss_fn: the chunk's :class:`~remat.distributed.stage_loss.StageLoss`.
         sent_grad_bytes: the input gradient a ``B`` sends back, bytes (the real
             micro-batch's inputs that require grad). Default: 0.
     """
@@ -328,19 +329,19 @@ def plan_rank(chunks: Sequence[nn.Module], micro_batches: Sequence[Any], *,
               levels: int = LEVELS, **plan_kwargs: Any) -> RankPlan:
     """Plans for the chunks one pipeline rank runs, chosen together for its one budget.
 
-    Planning each chunk for its own budget (:func:`~remat.integrations.pipeline.plan_stage`)
+    Planning each chunk for its own budget (:func:`~remat.distributed.stage.plan_stage`)
     ignores that a rank's chunks share a card, and that they hold their micro-batches at
     different moments of the schedule. This plans them jointly: the rank's peak is
     modeled over its whole action list (NOTE [ Rank peak over the schedule ]) for every
     combination of a few plans per chunk, and the least recompute that fits wins (NOTE
     [ Choosing the chunks' plans ]). It costs one ``remat.prepare`` and about
     ``levels + 2`` closed-loop plans per chunk; the model leaves out receive buffers and
-    kernel scratch, so measure the schedule's peak once (tests/integrations/test_pipeline.py
+    kernel scratch, so measure the schedule's peak once (tests/distributed/test_stage.py
     does) and keep a margin.
 
     Args:
         chunks: the rank's chunk modules (train mode), stage ``rank + i * stages`` at
-            index ``i``, e.g. :class:`~remat.integrations.pipeline.LlamaStage`.
+            index ``i``, e.g. :class:`~remat.distributed.stage.LlamaStage`.
         micro_batches: one micro-batch of each chunk's input (token ids for stage 0, a
             hidden state requiring grad for later ones).
         budget: the rank's peak on its card: bytes, ``"12GiB"``, or ``"75%"`` of the
@@ -369,7 +370,7 @@ def plan_rank(chunks: Sequence[nn.Module], micro_batches: Sequence[Any], *,
         >>> rank_plan.peak_bytes <= rank_plan.budget_bytes
         True
     """
-    from remat.integrations.pipeline import stage_loss
+    from remat.distributed.stage import stage_loss
 
     if len(chunks) != virtual_stages or len(micro_batches) != virtual_stages:
         raise ValueError(message(

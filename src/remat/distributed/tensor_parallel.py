@@ -3,7 +3,7 @@
 :func:`tp_rank_bytes` simulates one rank's step under a fake process group (NOTE [ One
 tensor-parallel rank, simulated ] in tp_step.py); the pipeline rows simulate each
 stage's rank the same way (NOTE [ Pipeline rank bytes ] in pipeline.py). Which module TP
-splits how (its *role*) comes from :mod:`remat.simulate.tp_roles` (re-exported here).
+splits how (its *role*) comes from :mod:`remat.distributed.tp_roles` (re-exported here).
 :func:`rank_param_bytes` is the arithmetic of NOTE [ Tensor-parallel bytes per rank ],
 a check on the simulated shards.
 
@@ -27,15 +27,15 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from remat.distributed.tp_roles import Role as Role
+from remat.distributed.tp_roles import attention_modules as attention_modules
+from remat.distributed.tp_roles import tp_roles as tp_roles
 from remat.errors import message
-from remat.simulate.tp_roles import Role as Role
-from remat.simulate.tp_roles import attention_modules as attention_modules
-from remat.simulate.tp_roles import tp_roles as tp_roles
 
 if TYPE_CHECKING:
     from remat.strategies.base import Strategy
 
-API = "remat.simulate.tp_rank_bytes"
+API = "remat.distributed.tensor_parallel.tp_rank_bytes"
 
 
 # ---- bytes -------------------------------------------------------------------------------
@@ -73,7 +73,7 @@ def rank_param_bytes(model: nn.Module, roles: dict[str, Role], t: int, *,
             vocabulary-sharded embedding's gradient whole (DTensor's embedding backward
             returns it replicated). Default: ``False``.
     """
-    from remat.simulate.tp_fused import linear_shape
+    from remat.distributed.tp_fused import linear_shape
 
     trainable = gradients
     seen: set[int] = set()
@@ -175,8 +175,8 @@ def tp_rank_bytes(model: Any, *, seq_len: int, batch_size: int, tp: int,
         >>> r.activation_bytes < r.device_activation_bytes  # doctest: +SKIP
         True
     """
+    from remat.distributed.tp_step import simulate_ranks
     from remat.simulate.sim_setup import check_ints
-    from remat.simulate.tp_step import simulate_ranks
 
     check_ints(API, "seq_len, batch_size and tp", (seq_len, batch_size, tp))
     points: list[tuple[str | Strategy, int]] = [(strategy, batch_size)]

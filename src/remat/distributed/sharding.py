@@ -233,7 +233,7 @@ def shard_peak(
 # What is left out: NCCL's buffers outside PyTorch's allocator; prefetching more than
 # the next block; ``reshard_after_forward=False`` on blocks; FSDP groups of several
 # blocks (``sqrt`` segments are counted block by block, so their gathered bytes are one
-# block's). Fast rows (NOTE [ Fast rows ], 6. in fast_rows.py) extrapolate the rank's
+# block's). Fast rows (NOTE [ Fast rows ], 6. in simulate/fast_rows.py) extrapolate the rank's
 # largest bytes per segment of the step (:func:`segments`). Measured against the tracker
 # on gloo ranks (llama-tiny and gpt-tiny, 2 and 4 ranks, ``none`` and ``full``: equal
 # on most ranks, at most one block above on the others) in

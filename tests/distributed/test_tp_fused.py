@@ -10,12 +10,12 @@ import pytest
 import torch
 from torch import nn
 
+from remat.distributed.tensor_parallel import rank_param_bytes, tp_roles
+from remat.distributed.tp_fused import natural_order, rank_major
+from remat.distributed.tp_layout import fused_of
+from remat.distributed.tp_step import simulate_ranks
 from remat.errors import RematError
 from remat.models import build_model
-from remat.simulate.tensor_parallel import rank_param_bytes, tp_roles
-from remat.simulate.tp_fused import natural_order, rank_major
-from remat.simulate.tp_layout import fused_of
-from remat.simulate.tp_step import simulate_ranks
 
 transformers = pytest.importorskip("transformers")
 
