@@ -405,8 +405,9 @@ def run_model(preset: str, batch_size: int, *, simulate: bool,
                                          p.recompute_ms, p.overhead_pct,
                                          p.peak_bytes <= budget) for p in manual.points)
             plan_point = FrontierPoint(
-                "plan", result.peak_bytes, result.recompute_flops, result.recompute_ms,
-                100.0 * result.recompute_ms / manual.step_ms, result.peak_bytes <= budget)
+                "plan", result.measured_or_predicted_peak_bytes, result.recompute_flops,
+                result.recompute_ms, 100.0 * result.recompute_ms / manual.step_ms,
+                result.measured_or_predicted_peak_bytes <= budget)
             mid = Frontier(points + (plan_point,), budget, manual.step_ms, manual.cost_device,
                            f"{label}, budget 50% of the way")
     if mid is None:
@@ -463,7 +464,7 @@ def render(rows: list[Row], fronts: list[Frontier], *, timings: dict[int, tuple[
     bounded = [r for r in rows if r.lower_bound_ms > 0]
     vs_bound = sum(r.vs_bound for r in bounded) / max(1, len(bounded))
     worst = max(bounded, key=lambda r: r.vs_bound, default=None)
-    fits = all(r.plan.peak_bytes <= r.plan.budget_bytes for r in rows)
+    fits = all(r.plan.measured_or_predicted_peak_bytes <= r.plan.budget_bytes for r in rows)
     beats = all(r.plan.recompute_ms <= r.best.recompute_ms for r in rows)
     lines = [
         f"## {title}",

@@ -45,9 +45,9 @@ def test_rank_peak_by_hand() -> None:
                             virtual_stages=2)
     assert [f"{a.kind}{a.chunk}.{a.microbatch}" for a, _ in moments] == \
         ["F0.0", "F1.0", "B1.0", "F0.1", "B0.0", "F1.1", "B1.1", "B0.1"]
-    c0 = ChunkBytes(static_bytes=100, grad_bytes=10, held_bytes=20, forward_bytes=25,
+    c0 = ChunkBytes(static_bytes=110, grad_bytes=10, held_bytes=20, forward_bytes=25,
                     backward_bytes=30, sent_output_bytes=4)
-    c1 = ChunkBytes(static_bytes=200, grad_bytes=40, held_bytes=50, forward_bytes=60,
+    c1 = ChunkBytes(static_bytes=240, grad_bytes=40, held_bytes=50, forward_bytes=60,
                     backward_bytes=70, sent_grad_bytes=8)
     # B1.1: static 300 + grads 50 + held (c0 1 x 20, c1 1 x 50) + sends (c1's gradient of
     # B1.0: 8; c0's output of B0.0: 4) + backward 70 = 502
@@ -59,7 +59,7 @@ def test_rank_peak_by_hand() -> None:
 
 def test_sends_per_schedule() -> None:
     # one chunk, m=2; F0 F1 B0 B1 (gpipe) and F0 B0 F1 B1 (1f1b, p=1)
-    chunk = ChunkBytes(static_bytes=10, grad_bytes=4, held_bytes=3, forward_bytes=5,
+    chunk = ChunkBytes(static_bytes=14, grad_bytes=4, held_bytes=3, forward_bytes=5,
                        backward_bytes=6, sent_grad_bytes=2)
     gpipe = held_by_chunk("gpipe", rank=0, stages=1, microbatches=2)
     # B0: 10 + 4 + 2 x 3 + 6 = 26; B1: 10 + 4 + 3 + 2 (B0's gradient, waited at the end) + 6

@@ -56,7 +56,7 @@ def test_none_decisions_are_dropped_and_order_follows_the_blocks() -> None:
     assert plan.label_of("blocks.3") == "ops[aten.addmm,aten.bmm]"
     assert plan.label() == "1 full, 1 none, 1 attn=full; mlp=ops[aten.mm], " \
                            "1 ops[aten.addmm,aten.bmm]"
-    assert not plan.is_empty and plan.peak_bytes == 900
+    assert not plan.is_empty and plan.measured_or_predicted_peak_bytes == 900
     with pytest.raises(KeyError, match="no block 'encoder.0'"):
         plan.decision("encoder.0")
 

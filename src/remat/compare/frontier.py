@@ -211,9 +211,9 @@ def frontier(
     points = [_point(name, prof, budget_bytes, base_ms, spec) for name, prof in profiles.items()]
     if plan is not None and "plan" not in profiles:
         points.append(FrontierPoint(
-            "plan", plan.peak_bytes, plan.recompute_flops, plan.recompute_ms,
-            100.0 * plan.recompute_ms / base_ms if base_ms > 0 else 0.0,
-            plan.peak_bytes <= budget_bytes,
+            "plan", plan.measured_or_predicted_peak_bytes, plan.recompute_flops,
+            plan.recompute_ms, 100.0 * plan.recompute_ms / base_ms if base_ms > 0 else 0.0,
+            plan.measured_or_predicted_peak_bytes <= budget_bytes,
         ))
     return Frontier(tuple(points), budget_bytes, base_ms, spec.name, label)
 

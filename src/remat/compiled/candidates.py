@@ -33,6 +33,7 @@ import torch
 from remat.blocks import find_sublayer
 from remat.compiled.install import WHOLE_MODEL, BackendCache, compile_plan, uncompile
 from remat.compiled.measure import CompiledMeasurement, measure_compiled
+from remat.core.cost import static_bytes
 from remat.errors import BlocksNotFound, RematError, RematWarning, StrategyError, message
 from remat.measure.step import Step
 from remat.strategies import BlockStrategy, parse_strategy
@@ -80,7 +81,9 @@ class CompiledContext:
         names: the blocks, in order.
         candidates: the candidates; index 0 is the reference (no remat, budget 1.0).
         uniform: per candidate, the step measured with every block at it.
-        static_bytes: bytes alive at the step's start (parameters, optimizer, batch).
+        static_bytes: the reference step's static bytes (NOTE [ Static bytes ] in
+            remat/core/cost.py): parameters, buffers, optimizer state and batch alive at
+            its start (its gradients are in its ``step_temporaries``).
         saved: ``saved[c][i]``: bytes block ``i`` saves at candidate ``c``.
         recompute_flops: ``recompute_flops[c][i]``, from the partitioned graphs.
         transient: per candidate, its step peak above static and saved bytes.
@@ -234,7 +237,7 @@ def prepare_compiled(step: Step, candidates: Sequence[CompiledCandidate] | None 
         kept.append(cand)
     cands = tuple(kept)
     ref = uniform[0]
-    static = ref.peak_bytes - ref.allocator.peak_bytes
+    static = static_bytes(ref.profile.peak_breakdown)
     saved, rec, transient = [], [], []
     for m in uniform:
         per_block = {b.name: b for b in m.profile.blocks}

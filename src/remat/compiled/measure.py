@@ -304,14 +304,14 @@ def _build(tracked: Any, alloc: AllocatorPeak, regions: Sequence[tuple[str, nn.M
             blocks.append(BlockProfile(name=name, saved_bytes=saved,
                                        forward_flops=f, backward_flops=b, recompute_flops=r))
     static = tracked.static
-    static_bytes = sum(static.values())
+    start_bytes = sum(static.values())  # alive at the step's start
     # NOTE [ Categories of each backend ] in remat/core/cost.py: the allocator sees the
     # step's own bytes unsplit.
     breakdown = categorized(static)
     if alloc.peak_bytes:
         breakdown[Category.STEP_TEMPORARIES] = alloc.peak_bytes
     cost = StepCost(
-        peak_bytes=static_bytes + alloc.peak_bytes,
+        peak_bytes=start_bytes + alloc.peak_bytes,
         breakdown=breakdown,
         activation_bytes=alloc.mark_bytes.get("backward", 0),
         **tracked.resident_fields(),
@@ -328,7 +328,7 @@ def _build(tracked: Any, alloc: AllocatorPeak, regions: Sequence[tuple[str, nn.M
         ops=(),
         simulated=False,
         device=str(device),
-        allocator_peak_bytes=static_bytes + alloc.peak_bytes,
+        allocator_peak_bytes=start_bytes + alloc.peak_bytes,
         peak_phase=alloc.peak_phase,
     )
     return CompiledMeasurement(profile=profile, allocator=alloc,

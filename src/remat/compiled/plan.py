@@ -211,13 +211,14 @@ def plan_compiled_step(step: Step, options: PlanOptions, *,
     breakdown: dict[Category, int] = {
         c: v for c, v in ctx.uniform[0].profile.peak_breakdown.items()
         if c != Category.STEP_TEMPORARIES}
-    if lowest > ctx.static_bytes:
-        breakdown[Category.STEP_TEMPORARIES] = lowest - ctx.static_bytes
+    before = sum(breakdown.values())
+    if lowest > before:
+        breakdown[Category.STEP_TEMPORARIES] = lowest - before
     raise BudgetTooSmall(
         message(_API, f"no compiled plan fits {format_bytes(budget)}",
                 {"budget": format_bytes(budget),
                  "lowest compiled peak measured": f"{format_bytes(lowest)} ({best})",
-                 "alive before the step": f"{format_bytes(ctx.static_bytes)} (parameters, "
+                 "alive before the step": f"{format_bytes(before)} (parameters, "
                                           "optimizer state, batch)"},
                 fix="raise the budget or shrink the batch"),
         budget_bytes=budget, min_peak_bytes=lowest,

@@ -7,9 +7,10 @@ NOTE [ Budget forms ]
     small model ``"50%"`` can lie below every plan. ``"activations:50%"`` is what users
     usually mean: the static bytes plus half of the rest of the peak (the activations and
     temporaries checkpointing can trade), ``static + 0.5 * (peak - static)``, where
-    ``static`` is the parameters, buffers, gradients, optimizer state and batch alive at
-    the un-checkpointed peak. :meth:`Budget.other_form` writes a resolved budget in the
-    other form, for messages (``BudgetTooSmall``).
+    ``static`` is the static bytes (parameters, buffers, gradients, optimizer state and
+    batch: NOTE [ Static bytes ] in cost.py) alive at the un-checkpointed peak.
+    :meth:`Budget.other_form` writes a resolved budget in the other form, for messages
+    (``BudgetTooSmall``).
 
     ``"device"`` is the card itself: its capacity less what lives outside PyTorch's
     allocator, applied to the step's predicted *reserved* peak with the library workspaces

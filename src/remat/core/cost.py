@@ -68,13 +68,37 @@ _OPTIONAL_INTS = ("forward_flops", "backward_flops", "flops")
 _TIMES = ("forward_ms", "backward_ms", "step_ms", "recompute_ms")
 
 
-#: The categories no checkpointing can remove (NOTE [ Budget forms ] in budget.py).
+#: The categories no checkpointing can remove (NOTE [ Static bytes ]).
 STATIC: tuple[Category, ...] = (Category.PARAMETERS, Category.BUFFERS, Category.GRADIENTS,
                                 Category.OPTIMIZER_STATE, Category.BATCH)
 
 
 def static_bytes(breakdown: Mapping[Category, int]) -> int:
-    """The bytes of a peak's breakdown that no checkpointing can remove (:data:`STATIC`)."""
+    """The static bytes of a breakdown: those no checkpointing can remove.
+
+    NOTE [ Static bytes ]
+        The static bytes are the parameters, buffers, gradients, optimizer state and
+        batch (:data:`STATIC`), and this is their one definition: the planner's context,
+        the JAX planner, the compiled planner, ``remat simulate`` and a pipeline rank's
+        chunks all sum a breakdown with it. The batch counts: it is alive from the
+        step's start to its end whatever the plan, it is part of the un-checkpointed
+        peak, and only a smaller batch (not checkpointing) shrinks it, so a budget of
+        ``"activations:50%"`` keeps it whole (NOTE [ Budget forms ]). A figure that
+        needs another sum names it as this one less a category (a pipeline chunk
+        before its first backward: the static bytes less its gradients), never as a
+        second list of categories.
+
+    The trade-off: one sum for every backend, so a category a backend cannot split out
+    (a compiled step's gradients are in ``step_temporaries``) is not static there.
+
+    Args:
+        breakdown: bytes by :class:`Category` (strings naming one are read too), bytes.
+
+    Example:
+        >>> static_bytes({Category.PARAMETERS: 100, Category.BATCH: 8,
+        ...               Category.ACTIVATIONS: 50})
+        108
+    """
     return sum(breakdown.get(category, 0) for category in STATIC)
 
 
@@ -97,6 +121,17 @@ class StepCost:
     Unknown FLOP splits and times are ``None``; unknown byte figures are 0 and an
     unknown breakdown is empty. The trade-off: one validated shape for every record,
     at the price of optional fields that a reader must check before using.
+
+    NOTE [ A step's bytes and its peak's ]
+        Each byte figure is stored once. ``breakdown`` is what is alive at the peak's
+        moment; the byte fields (``param_bytes`` ... ``activation_bytes``, read together
+        as :attr:`held`) are the step's own figures, each at its own moment: gradients
+        when backward ended, optimizer state when the step started, activations when
+        backward started. They are different figures, not two copies: a peak inside
+        backward holds part of the gradients and of the activations, and a first step
+        peaking in the optimizer holds the state it just created. Neither form is
+        derived from the other, so a record without a peak breakdown (a plan, a
+        simulated row) still carries its step's figures.
 
     Args:
         peak_bytes: the step's high-water mark of live bytes, bytes.
@@ -199,10 +234,20 @@ class StepCost:
                        "recompute_flops is part of the step's flops")
 
     @property
-    def fixed_bytes(self) -> int:
-        """Bytes no checkpointing can remove: parameters, buffers, gradients, optimizer state."""
-        return self.param_bytes + self.buffer_bytes + self.grad_bytes + self.optimizer_bytes
+    def held(self) -> dict[Category, int]:
+        """The step's own byte figures by :class:`Category` (NOTE [ A step's bytes and
+        its peak's ]): parameters, buffers, gradients, optimizer state, batch and
+        activations, non-zero only; a view of the fields, not a second copy."""
+        figures = {Category.PARAMETERS: self.param_bytes, Category.BUFFERS: self.buffer_bytes,
+                   Category.GRADIENTS: self.grad_bytes,
+                   Category.OPTIMIZER_STATE: self.optimizer_bytes,
+                   Category.BATCH: self.batch_bytes, Category.ACTIVATIONS: self.activation_bytes}
+        return {category: value for category, value in figures.items() if value}
 
+    @property
+    def static_bytes(self) -> int:
+        """The step's static bytes, ``static_bytes(cost.held)`` (NOTE [ Static bytes ])."""
+        return static_bytes(self.held)
 
 
 class CostViews:

@@ -249,9 +249,10 @@ class Profile(CostViews):
         return self.cost.breakdown
 
     @property
-    def fixed_bytes(self) -> int:
-        """Bytes no checkpointing can remove: parameters, buffers, gradients, optimizer state."""
-        return self.cost.fixed_bytes
+    def static_bytes(self) -> int:
+        """``cost.static_bytes``: the step's bytes no checkpointing can remove (NOTE
+        [ Static bytes ] in remat/core/cost.py)."""
+        return self.cost.static_bytes
 
     @property
     def recompute_overhead(self) -> float:

@@ -23,8 +23,9 @@ NOTE [ Rank peak over the schedule ]
     chunk's plan (:func:`held_by_chunk` counts, per action, the micro-batches each chunk
     holds). Rule: the rank's bytes during an action are
 
-    * the static bytes of all its chunks: parameters, buffers, optimizer state, one
-      micro-batch input each; plus each chunk's gradients from its first ``B`` on (a
+    * the static bytes of all its chunks (NOTE [ Static bytes ] in remat/core/cost.py)
+      less their gradients: parameters, buffers, optimizer state, one micro-batch
+      input each; plus each chunk's gradients from its first ``B`` on (a
       step starts with none, ``zero_grad(set_to_none=True)``; the first ``B`` allocates
       them while it runs: counted whole during it, an upper bound);
     * the sum over its chunks of (micro-batches held x ``held_bytes``), the running
@@ -75,9 +76,11 @@ import torch
 from torch import nn
 
 from remat.core.budget import Budget, BudgetLike, parse_budget
+from remat.core.cost import static_bytes
 from remat.distributed.schedule import Action, chunk_holds, schedule_actions
 from remat.distributed.stage_loss import StageLoss
 from remat.errors import BudgetTooSmall, message, names_the_call
+from remat.measure.ledger import categorized
 from remat.measure.step import LossFn, batch_tensors, clear_grads, forward_held
 from remat.measure.tracked_step import held_gc
 from remat.measure.tracker import MemoryTracker
@@ -98,8 +101,9 @@ class ChunkBytes:
     """One chunk's bytes under one plan (NOTE [ Rank peak over the schedule ]), bytes.
 
     Args:
-        static_bytes: parameters, buffers, optimizer state and one micro-batch input.
-        grad_bytes: the gradients of its trainable parameters.
+        static_bytes: its static bytes (NOTE [ Static bytes ] in remat/core/cost.py):
+            parameters, buffers, gradients, optimizer state and one micro-batch input.
+        grad_bytes: the gradients of its trainable parameters, part of ``static_bytes``.
         held_bytes: what one micro-batch keeps from its ``F`` to its ``B``.
         forward_bytes: an ``F``'s peak above its start (its held bytes included).
         backward_bytes: a ``B``'s peak above the bytes alive when it starts.
@@ -126,6 +130,17 @@ class ChunkBytes:
             raise ValueError(message("ChunkBytes", "bytes and recompute_ms must be >= 0",
                                      {"bytes": sizes, "recompute_ms": self.recompute_ms},
                                      fix="pass one chunk's measured figures"))
+        if self.grad_bytes > self.static_bytes:
+            raise ValueError(message("ChunkBytes", "grad_bytes exceeds static_bytes",
+                                     {"grad_bytes": self.grad_bytes,
+                                      "static_bytes": self.static_bytes},
+                                     fix="static_bytes counts the gradients too"))
+
+    @property
+    def before_backward_bytes(self) -> int:
+        """The static bytes before the chunk's first ``B``: ``static_bytes`` less its
+        gradients (a step starts with none)."""
+        return self.static_bytes - self.grad_bytes
 
 
 @dataclass(frozen=True)
@@ -195,10 +210,10 @@ def rank_peak_bytes(moments: Sequence[tuple[Action, Mapping[int, int]]],
 
     Example:
         >>> rank_peak_bytes(held_by_chunk("gpipe", rank=0, stages=1, microbatches=2),
-        ...                 {0: ChunkBytes(10, 4, 3, 5, 6)}, schedule="gpipe")
+        ...                 {0: ChunkBytes(14, 4, 3, 5, 6)}, schedule="gpipe")
         26
     """
-    static = sum(c.static_bytes for c in chunk_bytes.values())
+    static = sum(c.before_backward_bytes for c in chunk_bytes.values())
     peak = static
     backwarded: set[int] = set()
     sent: dict[int, int] = {}  # bytes of each chunk's sends not yet waited for
@@ -245,7 +260,7 @@ def measure_chunk(setup: FakeSetup, plan: Plan, loss_fn: LossFn, *,
         clear_grads(model)
         tracker = MemoryTracker(device=setup.device, blocks=setup.blocks)
         tracker.register_step(model, setup.optimizer, batch_tensors(batch))
-        static = tracker.current_bytes
+        static = static_bytes(categorized(tracker.current_breakdown))  # no gradients yet
         try:
             with held_gc(), tracker, torch.enable_grad():
                 for p in model.parameters():
@@ -271,7 +286,8 @@ def measure_chunk(setup: FakeSetup, plan: Plan, loss_fn: LossFn, *,
             for t in batch_tensors(batch):
                 t.grad = None
     backward = max(peaks[p].peak_bytes for p in ("backward", "recompute") if p in peaks)
-    return ChunkBytes(static_bytes=static, grad_bytes=base - static, held_bytes=held,
+    grads = base - static  # made above, not by backward: not the tracker's gradients
+    return ChunkBytes(static_bytes=static + grads, grad_bytes=grads, held_bytes=held,
                       forward_bytes=peaks["forward"].peak_bytes - base,
                       backward_bytes=backward - start, sent_output_bytes=sent_output,
                       sent_grad_bytes=sent_grad_bytes,
@@ -394,7 +410,7 @@ def plan_rank(chunks: Sequence[nn.Module], micro_batches: Sequence[Any], *,
         options.append(_pareto(chunk, micro, chunk_loss, in_flight, levels, plan_kwargs))
     empty = dict(zip(ids, (o[0][1] for o in options), strict=True))
     no_checkpoint = rank_peak_bytes(moments, empty, schedule=schedule)
-    static = sum(c.static_bytes + c.grad_bytes for c in empty.values())
+    static = sum(c.static_bytes for c in empty.values())
     budget_bytes = parse_budget(budget).resolve(no_checkpoint, static_bytes=static)
     best: tuple[float, int, tuple[tuple[Plan, ChunkBytes], ...]] | None = None
     least = no_checkpoint

@@ -121,8 +121,9 @@ class PlanContext:
             on CPU equal to a real run's).
         batch_size: the batch's leading dimension, when there is one.
         static_bytes: the bytes at the un-checkpointed peak that no checkpointing can
-            remove (parameters, buffers, gradients, optimizer state, batch): what an
-            ``"activations:50%"`` budget keeps whole (NOTE [ Budget forms ]).
+            remove, ``static_bytes`` of its breakdown (NOTE [ Static bytes ] in
+            remat/core/cost.py): what an ``"activations:50%"`` budget keeps whole (NOTE
+            [ Budget forms ]).
         cost_source: ``"roofline"`` or ``"measured"`` (candidates' costs timed on the
             model's device; see NOTE [ Measured cost ] in timed.py).
         timed_on: with ``"measured"``, the device the times come from.

@@ -303,8 +303,10 @@ class Plan:
         return self.cost.step_ms
 
     @property
-    def peak_bytes(self) -> int:
-        """The measured peak when known, else the predicted one."""
+    def measured_or_predicted_peak_bytes(self) -> int:
+        """``measured_peak_bytes`` when the plan was measured, else
+        ``predicted_peak_bytes``: the best figure known of the step's peak, bytes. A plan
+        has no plain ``peak_bytes``: read the one of the two you mean."""
         return self.measured_peak_bytes if self.measured_peak_bytes is not None \
             else self.predicted_peak_bytes
 

@@ -352,7 +352,7 @@ def plan_seq_len(
         plans[seq_len] = replace(found, batch_size=search.batch_size)
         if found.reserved_peak_bytes is not None:
             return True, found.reserved_peak_bytes
-        return True, found.measured_peak_bytes or found.peak_bytes
+        return True, found.measured_or_predicted_peak_bytes
 
     searches = [_Lengths(n, strategy_peak(n), search.multiple_of, progress) for n in names]
     if plan:

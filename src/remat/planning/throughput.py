@@ -74,7 +74,8 @@ class _Search:
         p = replace(p, batch_size=n)
         step_ms = p.predicted_step_ms or 0.0
         self.plans[n] = p
-        self.rows[n] = ThroughputRow(n, True, p.label(), p.peak_bytes, p.recompute_ms, step_ms,
+        self.rows[n] = ThroughputRow(n, True, p.label(), p.measured_or_predicted_peak_bytes,
+                                     p.recompute_ms, step_ms,
                                      n / step_ms * 1e3 if step_ms > 0 else 0.0)
         return True
 

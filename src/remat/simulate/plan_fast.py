@@ -56,6 +56,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+from remat.core.cost import Category
 from remat.core.peak import PeakModel
 from remat.measure.windows import FakeSetup, StepWindows
 from remat.planning.block_run import BlockRun, run_block
@@ -277,7 +278,7 @@ def _phase(model: Any, windows: StepWindows, choice: Sequence[int]) -> str | Non
     return windows.phases.get(label)
 
 
-def _row(setup: Setup, batch_size: int, seq_len: int, fixed: tuple[int, int, int],
+def _row(setup: Setup, batch_size: int, seq_len: int, static: Mapping[Category, int],
          none: SimulationRow, windows: StepWindows, model: PeakModel,
          choice: Sequence[int]) -> SimulationRow:
     """The plan row composed from the peak model and the ``"none"`` row (NOTE [ Fast plan
@@ -286,7 +287,7 @@ def _row(setup: Setup, batch_size: int, seq_len: int, fixed: tuple[int, int, int
 
     peak = model.predict(choice)
     rank_peak = shard_peak(peak_bytes=peak, param_bytes=0, grad_bytes=0, optimizer_bytes=0,
-                           total_grad_bytes=fixed[1], sharding=setup.sharding,
+                           total_grad_bytes=static[Category.GRADIENTS], sharding=setup.sharding,
                            world_size=setup.world_size).peak_bytes
     chosen = [model.tables[i][c] for i, c in enumerate(choice)]
     recompute_ms = sum(c.recompute_ms for c in chosen)
@@ -310,13 +311,13 @@ def _row(setup: Setup, batch_size: int, seq_len: int, fixed: tuple[int, int, int
 
 
 def fast_plan_rows(ctx: FastContext, sizes: Sequence[int], seq_len: int,
-                   fixed: tuple[int, int, int], none_rows: Mapping[int, SimulationRow],
+                   static: Mapping[Category, int], none_rows: Mapping[int, SimulationRow],
                    budget: Budget) -> dict[int, SimulationRow]:
     """The plan rows of ``sizes`` the fast path gives (NOTE [ Fast plan rows ]); the sizes
     left out take the exact path.
 
     Args:
-        fixed: one-device parameter, gradient and optimizer bytes.
+        static: one device's parameter, gradient and optimizer-state bytes (``static_parts``).
         none_rows: the ``"none"`` rows, per batch size.
         budget: the one-device budget (NOTE [ Per-rank budgets ] in planned_rows.py) and the
             row of a size no choice fits, from its smallest peak.
@@ -359,6 +360,6 @@ def fast_plan_rows(ctx: FastContext, sizes: Sequence[int], seq_len: int,
     if confirmed is None:
         confirmed = _confirmed(shallow, seq_len, {b: (candidates[b], steps[b], chosen[b])
                                                   for b in solved})
-    return {b: _row(setup, b, seq_len, fixed, none_rows[b], windows, model, choice) if fits
+    return {b: _row(setup, b, seq_len, static, none_rows[b], windows, model, choice) if fits
             else no_plan(b, model.predict(choice))
             for b, (windows, model, choice, fits) in solved.items() if b in confirmed}

@@ -43,10 +43,10 @@ unshards at once (NOTE [ Sharding arithmetic ] in distributed/sharding.py):
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from remat.core.cost import StepCost
+from remat.core.cost import Category, StepCost
 from remat.simulate.fast_rows import FastContext
 from remat.simulate.plan_fast import fast_plan_rows
 from remat.simulate.point import per_rank, point, row_of
@@ -61,17 +61,18 @@ def _ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def _budget(setup: Setup, fixed: tuple[int, int, int]) -> int:
+def _budget(setup: Setup, static: Mapping[Category, int]) -> int:
     """The one-device budget for ``"none"`` and ``"ddp"`` (NOTE [ Per-rank budgets ])."""
     memory = setup.card.tensor_bytes
     if setup.sharding == "ddp":
-        return max(memory - fixed[1], 1)
+        return max(memory - static[Category.GRADIENTS], 1)
     return memory
 
 
-def _fsdp_budgets(setup: Setup, fixed: tuple[int, int, int]) -> tuple[int, int]:
+def _fsdp_budgets(setup: Setup, static: Mapping[Category, int]) -> tuple[int, int]:
     """``(lo, hi)`` one-device budgets without the optimizer (NOTE [ Per-rank budgets ])."""
-    params, grads, states = fixed
+    params, grads, states = (static[Category.PARAMETERS], static[Category.GRADIENTS],
+                             static[Category.OPTIMIZER_STATE])
     w = setup.world_size
     layout = setup.layout
     unsharded = (layout.block_param_bytes + layout.block_grad_bytes
@@ -86,7 +87,7 @@ def _planner_kwargs(setup: Setup) -> dict[str, Any]:
             "device": setup.device}
 
 
-def _no_plan_row(setup: Setup, batch_size: int, seq_len: int, fixed: tuple[int, int, int],
+def _no_plan_row(setup: Setup, batch_size: int, seq_len: int, static: Mapping[Category, int],
                  min_peak_bytes: int, budget_bytes: int) -> SimulationRow:
     """The row of a batch size no plan fits: the smallest peak, per rank, and no times.
 
@@ -96,9 +97,10 @@ def _no_plan_row(setup: Setup, batch_size: int, seq_len: int, fixed: tuple[int, 
     """
     rank_peak = min_peak_bytes + max(setup.card.tensor_bytes - budget_bytes, 0)
     cost = StepCost(peak_bytes=rank_peak, step_ms=0.0, activation_bytes=0,
-                    param_bytes=per_rank(setup, fixed[0]), grad_bytes=per_rank(setup, fixed[1]),
-                    optimizer_bytes=per_rank(setup, fixed[2]), flops=0, recompute_flops=0,
-                    recompute_ms=0.0)
+                    param_bytes=per_rank(setup, static[Category.PARAMETERS]),
+                    grad_bytes=per_rank(setup, static[Category.GRADIENTS]),
+                    optimizer_bytes=per_rank(setup, static[Category.OPTIMIZER_STATE]),
+                    flops=0, recompute_flops=0, recompute_ms=0.0)
     fit = setup.card.check(rank_peak, rank_peak)
     return SimulationRow(
         strategy="plan", batch_size=batch_size, seq_len=seq_len, cost=cost, fits=False,
@@ -116,7 +118,7 @@ def _simulate_plan(setup: Setup, chosen: Any, batch_size: int, seq_len: int) -> 
 
 
 def _plan_row(setup: Setup, batch_size: int, seq_len: int,
-              fixed: tuple[int, int, int]) -> SimulationRow:
+              static: Mapping[Category, int]) -> SimulationRow:
     """One batch size's plan row, unsharded or DDP: one plan for the translated budget.
 
     The row is the profile of the plan's step on the planner's own warm fake copy (NOTE
@@ -128,7 +130,7 @@ def _plan_row(setup: Setup, batch_size: int, seq_len: int,
     from remat.planning.loop import measure_on_copy
     from remat.planning.planner import plan as planner
 
-    budget = _budget(setup, fixed)
+    budget = _budget(setup, static)
     batch = setup.batch_fn(batch_size, seq_len)
     step = Step(setup.model, batch, loss_fn=setup.loss_fn, optimizer=setup.optimizer,
                 blocks=setup.blocks)
@@ -141,7 +143,7 @@ def _plan_row(setup: Setup, batch_size: int, seq_len: int,
         except BudgetTooSmall as exc:
             if row is not None:
                 return row
-            return _no_plan_row(setup, batch_size, seq_len, fixed, int(exc.min_peak_bytes),
+            return _no_plan_row(setup, batch_size, seq_len, static, int(exc.min_peak_bytes),
                                 budget)
         prof = measure_on_copy(step, context, chosen.decisions)
         row = _simulate_plan(setup, chosen, batch_size, seq_len) if prof is None \
@@ -154,7 +156,7 @@ def _plan_row(setup: Setup, batch_size: int, seq_len: int,
 
 
 def _fsdp_plan_row(setup: Setup, batch_size: int, seq_len: int,
-                   fixed: tuple[int, int, int]) -> SimulationRow:
+                   static: Mapping[Category, int]) -> SimulationRow:
     """One batch size's plan row under FSDP; see NOTE [ Per-rank budgets ]."""
     from remat.errors import BudgetTooSmall
     from remat.planning.context import prepare
@@ -164,7 +166,7 @@ def _fsdp_plan_row(setup: Setup, batch_size: int, seq_len: int,
     batch = setup.batch_fn(batch_size, seq_len)
     context = prepare(setup.model, batch, loss_fn=setup.loss_fn, optimizer=None,
                       blocks=setup.blocks, device=setup.device, cost="roofline")
-    lo, budget = _fsdp_budgets(setup, fixed)
+    lo, budget = _fsdp_budgets(setup, static)
     tried: list[SimulationRow] = []
     for _ in range(_FSDP_ROUNDS):
         try:
@@ -172,7 +174,7 @@ def _fsdp_plan_row(setup: Setup, batch_size: int, seq_len: int,
                              **_planner_kwargs(setup))
         except BudgetTooSmall as exc:
             if not tried:  # not even the most lenient budget: no plan fits the rank
-                return _no_plan_row(setup, batch_size, seq_len, fixed,
+                return _no_plan_row(setup, batch_size, seq_len, static,
                                     int(exc.min_peak_bytes), lo)
             break
         row = _simulate_plan(setup, chosen, batch_size, seq_len)
@@ -192,14 +194,14 @@ def _fsdp_plan_row(setup: Setup, batch_size: int, seq_len: int,
 
 
 def plan_rows(setup: Setup, batch_sizes: Sequence[int], seq_len: int,
-              fixed: tuple[int, int, int],
+              static: Mapping[Category, int],
               on_row: Callable[[SimulationRow], None] | None,
               simulated: Sequence[SimulationRow] = (),
               fast: FastContext | None = None) -> list[SimulationRow]:
     """The ``"plan"`` row of every batch size (see NOTE [ Planner hook ]).
 
     Args:
-        fixed: one-device parameter, gradient and optimizer bytes.
+        static: one device's parameter, gradient and optimizer-state bytes (``static_parts``).
         simulated: the strategies' rows. Where ``"none"``'s row fits the device, the
             plan row is that row: nothing recomputed is the cheapest plan there is, and
             its step was simulated already. Default: none given.
@@ -211,18 +213,18 @@ def plan_rows(setup: Setup, batch_sizes: Sequence[int], seq_len: int,
     nones = {r.batch_size: r for r in simulated if r.strategy == "none"}
     fitting_none = {b: r for b, r in nones.items() if r.fits}
     planned = [b for b in batch_sizes if b not in fitting_none]
-    budget = _budget(setup, fixed)
+    budget = _budget(setup, static)
 
     def no_plan(batch_size: int, min_peak_bytes: int) -> SimulationRow:
-        return _no_plan_row(setup, batch_size, seq_len, fixed, min_peak_bytes, budget)
+        return _no_plan_row(setup, batch_size, seq_len, static, min_peak_bytes, budget)
 
-    done = fast_plan_rows(fast, planned, seq_len, fixed, nones, (budget, no_plan)) \
+    done = fast_plan_rows(fast, planned, seq_len, static, nones, (budget, no_plan)) \
         if fast is not None and planned and setup.sharding != "fsdp" else {}
     rows: list[SimulationRow] = []
     for batch_size in batch_sizes:
         row = (dataclasses.replace(fitting_none[batch_size], strategy="plan")
                if batch_size in fitting_none else done[batch_size] if batch_size in done
-               else make_row(setup, batch_size, seq_len, fixed))
+               else make_row(setup, batch_size, seq_len, static))
         rows.append(row)
         if on_row is not None:
             on_row(row)

@@ -234,10 +234,14 @@ def row_of(setup: Setup, strategy: str, batch_size: int, seq_len: int, prof: Any
     )
 
 
-def fixed_bytes(setup: Setup, rows: Sequence[SimulationRow], batch_size: int,
-                seq_len: int) -> tuple[int, int, int]:
-    """One-device parameter, gradient and optimizer bytes (from a row, else one profile)."""
+def static_parts(setup: Setup, rows: Sequence[SimulationRow], batch_size: int,
+                 seq_len: int) -> dict[Category, int]:
+    """One device's parameter, gradient and optimizer-state bytes by :class:`Category`
+    (from a row, else one profile): the static categories (NOTE [ Static bytes ] in
+    remat/core/cost.py) a per-rank budget translates; every key present."""
     if rows and setup.sharding != "fsdp":  # rows hold whole (unsharded) figures then
-        return rows[0].param_bytes, rows[0].grad_bytes, rows[0].optimizer_bytes
-    prof = profile_point(setup, setup.batch_fn(batch_size, seq_len), setup.optimizer)
-    return int(prof.param_bytes), int(prof.grad_bytes), int(prof.optimizer_bytes)
+        cost = rows[0].cost
+    else:
+        cost = profile_point(setup, setup.batch_fn(batch_size, seq_len), setup.optimizer).cost
+    return {category: cost.held.get(category, 0) for category in
+            (Category.PARAMETERS, Category.GRADIENTS, Category.OPTIMIZER_STATE)}

@@ -58,7 +58,7 @@ from remat.errors import message
 from remat.simulate.fast_rows import FastContext, fast_rows
 from remat.simulate.hf import is_hf_model, unpacked_sequences
 from remat.simulate.planned_rows import plan_rows
-from remat.simulate.point import fixed_bytes, point
+from remat.simulate.point import point, static_parts
 from remat.simulate.precision import Precision, get_precision
 from remat.simulate.result import SimulationResult, SimulationRow
 from remat.simulate.sim_setup import (
@@ -273,6 +273,6 @@ def _run(setup: Setup, labels: Sequence[str], sizes: Sequence[int], seq_len: int
                 if on_row is not None:
                     on_row(row)
         if plan:
-            fixed = fixed_bytes(setup, rows, sizes[0], seq_len)
-            rows.extend(plan_rows(setup, sizes, seq_len, fixed, on_row, rows, fast=fast))
+            static = static_parts(setup, rows, sizes[0], seq_len)
+            rows.extend(plan_rows(setup, sizes, seq_len, static, on_row, rows, fast=fast))
     return rows
