@@ -186,17 +186,19 @@ def drop_handler(config: type[Strategy]) -> None:
 
 
 def handler_of(config: Strategy | type[Strategy]) -> Handler[Any]:
-    """The handler registered for ``config``'s type (a config instance or type).
+    """The handler registered for ``config``'s type (a config instance or type), else for
+    the nearest base class that has one: a config derived from ``Full`` without a handler
+    of its own installs as ``full`` does.
 
     Raises:
-        StrategyError: no handler is registered for that type.
+        StrategyError: no handler is registered for that type or any of its bases.
 
     Example:
         >>> handler_of(EveryN(2)).decisions(EveryN(2), named_blocks(model))
         {'layers.0': Full(), 'layers.2': Full()}
     """
     kind = config if isinstance(config, type) else type(config)
-    handler = _HANDLERS.get(kind)
+    handler = next((_HANDLERS[c] for c in kind.__mro__ if c in _HANDLERS), None)
     if handler is None:
         raise StrategyError(message(
             "remat.apply", f"no handler is registered for {kind.__name__}",
