@@ -228,7 +228,8 @@ def test_planner_offers_it_on_cuda_and_prices_copies_against_full() -> None:
 def test_planner_measures_it_against_full(monkeypatch: pytest.MonkeyPatch) -> None:
     model, batch = _builtin("gpt-tiny")
     _hosted(monkeypatch, host="meta")
-    monkeypatch.setattr(FullOffload, "offers", lambda self, context: [Offer((("", self),))])
+    monkeypatch.setattr(type(handler_of(FullOffload)), "offers",
+                        lambda self, config, context: [Offer((("", config),))])
     setup = fake_setup(model, batch, optimizer=None, blocks=None)
     (group,) = measure_groups(setup, H100, prune=False)
     found = {c.label(): c for c in group.candidates}
