@@ -194,8 +194,9 @@ def handler_of(config: Strategy | type[Strategy]) -> Handler[Any]:
         StrategyError: no handler is registered for that type or any of its bases.
 
     Example:
-        >>> handler_of(EveryN(2)).decisions(EveryN(2), named_blocks(model))
-        {'layers.0': Full(), 'layers.2': Full()}
+        >>> every = EveryN(3)
+        >>> handler_of(every).decisions(every, named_blocks(model))  # a 4-block model
+        {'layers.0': Full(), 'layers.3': Full()}
     """
     kind = config if isinstance(config, type) else type(config)
     handler = next((_HANDLERS[c] for c in kind.__mro__ if c in _HANDLERS), None)
