@@ -108,6 +108,15 @@ def test_registration_is_checked() -> None:
         remat.register_strategy(Bad, HalvesHandler)
     with pytest.raises(StrategyError, match="do not match"):  # a block config, whole handler
         remat.register_strategy(CheckpointFirstHalf, remat.Handler)
+    @dataclass(frozen=True)
+    class OldStyle(CheckpointFirstHalf):  # behaviour on the config, as before handlers
+        name: ClassVar[str] = "oldstyle"
+
+        def install_block(self, block: nn.Module) -> list[nn.Module]:
+            return []
+
+    with pytest.raises(StrategyError, match="(?s)carries behaviour.*install_block.*fix: move"):
+        remat.register_strategy(OldStyle)
     with pytest.raises(StrategyError, match="must be a Handler subclass"):
         remat.register_strategy(CheckpointFirstHalf, HalvesHandler())  # type: ignore[call-overload]
     with pytest.raises(StrategyError, match="built in"):

@@ -48,6 +48,10 @@ ENTRY_POINT_GROUP = "remat.strategies"
 
 _REGISTRY: dict[str, type[Strategy]] = {}
 
+#: What a handler does and a config must not carry (a config is plain data).
+_BEHAVIOUR = ("install", "install_block", "install_method", "decisions", "offers", "parse",
+              "spelling", "examples")
+
 
 @overload
 def register_strategy(config: type[Strategy]) -> Callable[[H], H]: ...
@@ -87,15 +91,23 @@ def register_strategy(config: type[Strategy], handler: H | None = None
         ... class TwiceHandler(remat.BlockHandler[Twice]):
         ...     def install_block(self, config, block): ...
     """
-    if handler is None:
-        def decorate(cls: H) -> H:
-            return register_strategy(config, cls)
-        return decorate
     cls = config
     if not (isinstance(cls, type) and issubclass(cls, Strategy)):
         raise StrategyError(message("register_strategy", "expected a Strategy subclass",
                                     {"found": repr(cls)},
                                     fix="pass the config type, a subclass of remat.Strategy"))
+    behaviour = [m for m in _BEHAVIOUR if hasattr(cls, m)]
+    if behaviour:  # a class written before configs and handlers were apart
+        raise StrategyError(message(
+            "register_strategy", f"{cls.__name__} carries behaviour; a config is data only",
+            {"methods": ", ".join(behaviour)},
+            fix=f"move them to a handler: @remat.register_strategy({cls.__name__}) on "
+                f"class {cls.__name__}Handler(remat.BlockHandler), each method taking the "
+                "config (docs/extending.md)"))
+    if handler is None:
+        def decorate(handler_cls: H) -> H:
+            return register_strategy(cls, handler_cls)
+        return decorate
     if not (isinstance(handler, type) and issubclass(handler, Handler)):
         raise StrategyError(message(
             "register_strategy", f"the handler of {cls.__name__} must be a Handler subclass",
