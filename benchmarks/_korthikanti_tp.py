@@ -35,6 +35,7 @@ from remat.simulate.formulas import (
 )
 from remat.strategies.base import BlockStrategy, Strategy
 from remat.strategies.builtin.ops import SelectiveOps
+from remat.strategies.handler import Handler, add_handler
 
 #: s, b, h, a: 16 heads, so that every rank keeps at least two at t = 8 (with one head per
 #: rank the heads' transposes are contiguous already, the copies the save set names are
@@ -58,12 +59,21 @@ class AttentionOps(Strategy):
     name: ClassVar[str] = "attn_ops"
     save_ops: frozenset[str] = SELECTIVE_SAVE_OPS
 
-    def decisions(self, blocks: Sequence[tuple[str, nn.Module]]) -> dict[str, BlockStrategy]:
-        return {f"{name}.{find_sublayer(block, 'attn')[0]}": SelectiveOps(self.save_ops)
-                for name, block in blocks}
-
     def __str__(self) -> str:
         return "attn=ops[" + ",".join(sorted(self.save_ops)) + "]"
+
+
+class AttentionOpsHandler(Handler[AttentionOps]):
+    """``ops[save_ops]`` decided on each block's attention sub-layer."""
+
+    def decisions(self, config: AttentionOps, blocks: Sequence[tuple[str, nn.Module]]
+                  ) -> dict[str, BlockStrategy]:
+        return {f"{name}.{find_sublayer(block, 'attn')[0]}": SelectiveOps(config.save_ops)
+                for name, block in blocks}
+
+
+# A handler with no name: applied as a config, never parsed from a string or listed.
+add_handler(AttentionOps, AttentionOpsHandler())
 
 
 #: (label, remat strategy, the paper's recompute row)

@@ -6,7 +6,8 @@ Run it (from the repository root)::
     .venv/bin/python examples/custom_strategy.py
 
 It defines ``first:K`` (checkpoint the first K trainable children of each block, one region
-each), registers it, and shows ``remat compare``'s default rows, the planner's candidates,
+each): a frozen config (the data a plan stores) and its handler (what it does), registers
+them, and shows ``remat compare``'s default rows, the planner's candidates,
 ``remat.apply``, a plan file and ``remat.validate`` all carrying ``K``. docs/extending.md
 walks through it.
 """
@@ -22,19 +23,16 @@ from torch import nn
 
 import remat
 from remat.errors import StrategyError, message
-from remat.strategies import BlockContext, BlockStrategy, Offer, Strategy
+from remat.strategies import BlockContext, BlockHandler, BlockStrategy, Offer, Strategy
 from remat.strategies.base import Purpose
 from remat.strategies.regions import install_checkpoint
 
 
-@remat.register_strategy
 @dataclass(frozen=True)
 class FirstChildren(BlockStrategy):
     """Checkpoint the first ``count`` trainable children of each block, one region each."""
 
     name: ClassVar[str] = "first"
-    summary: ClassVar[str] = "checkpoint the first K children of each block"
-    argument: ClassVar[str | None] = "K"
 
     count: int = 1
 
@@ -43,30 +41,36 @@ class FirstChildren(BlockStrategy):
             raise ValueError(message("FirstChildren", "count must be an int >= 1",
                                      {"found": repr(self.count)}, fix="pass count >= 1"))
 
-    @classmethod
-    def parse(cls, argument: str | None) -> Strategy:
+    def label(self) -> str:
+        return f"{self.name}:{self.count}"  # how it is written, so labels parse back
+
+
+@remat.register_strategy(FirstChildren)
+class FirstChildrenHandler(BlockHandler[FirstChildren]):
+    """What ``first:K`` does: install, offer candidates, read and list its spelling."""
+
+    summary: ClassVar[str] = "checkpoint the first K children of each block"
+    argument: ClassVar[str | None] = "K"
+
+    def parse(self, argument: str | None) -> FirstChildren:
         if argument is None:
-            return cls()
+            return FirstChildren()
         if not argument.isdigit() or int(argument) < 1:
             # No API name: parse_strategy puts the caller's (remat.apply, remat.validate...)
             raise StrategyError(message("", f"cannot read strategy 'first:{argument}'",
                                         fix="write first:K with an integer K >= 1"))
-        return cls(int(argument))
+        return FirstChildren(int(argument))
 
-    @classmethod
-    def examples(cls, num_blocks: int, purpose: Purpose) -> list[Strategy]:
-        return [cls(1), cls(2)]  # the rows remat compare shows
+    def examples(self, num_blocks: int, purpose: Purpose) -> list[Strategy]:
+        return [FirstChildren(1), FirstChildren(2)]  # the rows remat compare shows
 
-    def label(self) -> str:
-        return f"{self.name}:{self.count}"  # how it is written, so labels parse back
-
-    def install_block(self, block: nn.Module) -> list[nn.Module]:
+    def install_block(self, config: FirstChildren, block: nn.Module) -> list[nn.Module]:
         children = [c for c in block.children() if any(p.requires_grad for p in c.parameters())]
-        for child in children[: self.count]:
-            install_checkpoint(child, label=self.label())
-        return children[: self.count]
+        for child in children[: config.count]:
+            install_checkpoint(child, label=config.label())
+        return children[: config.count]
 
-    def offers(self, context: BlockContext) -> list[Offer]:
+    def offers(self, config: FirstChildren, context: BlockContext) -> list[Offer]:
         return [Offer((("", FirstChildren(k)),)) for k in (1, 2, 3)]  # planner candidates
 
 

@@ -34,11 +34,13 @@ __version__ = "0.1.0"
 
 _EXPORTS: dict[str, str] = {
     "BatchRejected": "remat.errors",
+    "BlockHandler": "remat.strategies.handler",
     "BlockStrategy": "remat.strategies.base",
     "BlocksNotFound": "remat.errors",
     "BudgetTooSmall": "remat.errors",
     "Category": "remat.core.cost",
     "DoctorReport": "remat.core.doctor",
+    "Handler": "remat.strategies.handler",
     "ParityError": "remat.errors",
     "ParityReport": "remat.core.parity",
     "Plan": "remat.planning.plans",
@@ -104,6 +106,7 @@ if TYPE_CHECKING:
     from remat.recompute import is_recomputing
     from remat.strategies.apply import apply, remove
     from remat.strategies.base import BlockStrategy, Strategy
+    from remat.strategies.handler import BlockHandler, Handler
     from remat.strategies.registry import STRATEGIES, register_strategy
     from remat.units import format_bytes, parse_bytes
     from remat.validation.parity import validate

@@ -16,7 +16,7 @@ import remat.cli
 from remat.cli import app
 from remat.cli.common import make_optimizer
 from remat.strategies import register_strategy, unregister_strategy
-from remat.strategies.builtin.full import Full
+from remat.strategies.builtin.full import Full, FullHandler
 from remat.strategies.registry import default_strategies
 
 runner = CliRunner()
@@ -69,7 +69,7 @@ def test_help_lists_the_registry_including_strategies_registered_later() -> None
     class Twice(Full):
         name: ClassVar[str] = "twice"
 
-    register_strategy(Twice)
+    register_strategy(Twice, FullHandler)
     try:
         simulate = runner.invoke(app, ["simulate", "--help"], env=WIDE)
         assert simulate.exit_code == 0

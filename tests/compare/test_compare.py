@@ -77,7 +77,7 @@ def test_default_strategies_are_read_from_the_registry_at_call_time() -> None:
     from typing import ClassVar
 
     from remat.strategies import register_strategy, unregister_strategy
-    from remat.strategies.builtin.full import Full
+    from remat.strategies.builtin.full import Full, FullHandler
 
     assert _normalize_strategies(None) == default_strategies("compare")
 
@@ -85,7 +85,7 @@ def test_default_strategies_are_read_from_the_registry_at_call_time() -> None:
     class Twice(Full):
         name: ClassVar[str] = "twice"
 
-    register_strategy(Twice)
+    register_strategy(Twice, FullHandler)
     try:
         assert _normalize_strategies(None)[-1] == "twice"
     finally:

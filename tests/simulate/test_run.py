@@ -125,7 +125,7 @@ def test_default_strategies_are_read_from_the_registry_at_call_time() -> None:
     import remat.simulate
     from remat.simulate.run import _check_arguments
     from remat.strategies import register_strategy, unregister_strategy
-    from remat.strategies.builtin.full import Full
+    from remat.strategies.builtin.full import Full, FullHandler
     from remat.strategies.registry import default_strategies
 
     def defaults() -> list[str]:
@@ -138,7 +138,7 @@ def test_default_strategies_are_read_from_the_registry_at_call_time() -> None:
     class Twice(Full):
         name: ClassVar[str] = "twice"
 
-    register_strategy(Twice)
+    register_strategy(Twice, FullHandler)
     try:
         assert defaults()[-1] == "twice"
         assert remat.simulate.DEFAULT_STRATEGIES[-1] == "twice"  # kept, read live

@@ -81,15 +81,18 @@ def test_a_spec_matching_only_empty_containers_fails_with_the_fix() -> None:
 @dataclass(frozen=True)
 class _InstallsNothing(BlockStrategy):
     name: ClassVar[str] = "installsnothing"
+
+
+class _InstallsNothingHandler(remat.BlockHandler[_InstallsNothing]):
     summary: ClassVar[str] = "a buggy strategy that installs no region"
 
-    def install_block(self, block: nn.Module) -> list[nn.Module]:
+    def install_block(self, config: _InstallsNothing, block: nn.Module) -> list[nn.Module]:
         return []
 
 
 @pytest.fixture
 def installs_nothing() -> Iterator[type[_InstallsNothing]]:
-    remat.register_strategy(_InstallsNothing)
+    remat.register_strategy(_InstallsNothing, _InstallsNothingHandler)
     try:
         yield _InstallsNothing
     finally:
@@ -99,10 +102,10 @@ def installs_nothing() -> Iterator[type[_InstallsNothing]]:
 class _WholeModelNoop(remat.Strategy):
     name: ClassVar[str] = "wholenoop"
 
-    def decisions(self, names: Sequence[str]) -> None:
-        return None
 
-    def install(self, blocks: Sequence[tuple[str, nn.Module]]) -> list[nn.Module]:
+class _WholeModelNoopHandler(remat.Handler[_WholeModelNoop]):
+    def install(self, config: _WholeModelNoop, blocks: Sequence[tuple[str, nn.Module]]
+                ) -> list[nn.Module]:
         return []
 
 
@@ -113,8 +116,12 @@ def test_a_strategy_that_installs_no_region_warns() -> None:
                       match="(?s)^remat.apply: .*installed no checkpointed region"
                             ".*fix: check blocks="):
         remat.apply(model, "installsnothing")
-    with pytest.warns(remat.RematWarning, match="installed no checkpointed region"):
-        remat.apply(model, _WholeModelNoop())
+    remat.register_strategy(_WholeModelNoop, _WholeModelNoopHandler)
+    try:
+        with pytest.warns(remat.RematWarning, match="installed no checkpointed region"):
+            remat.apply(model, _WholeModelNoop())
+    finally:
+        unregister_strategy("wholenoop")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         remat.apply(model, "none")  # "none" installs nothing on purpose

@@ -32,7 +32,7 @@ from remat.planning.candidates import (
     on_device_parts,
 )
 from remat.planning.context import fake_setup
-from remat.strategies import BlockContext, Offer, offload, regions
+from remat.strategies import BlockContext, Offer, handler_of, offload, regions
 from remat.strategies.builtin import Full, FullOffload
 
 H100 = get_device("h100-80gb")
@@ -196,8 +196,9 @@ def test_planner_offers_it_on_cuda_and_prices_copies_against_full() -> None:
     def context(runs_on: str) -> BlockContext:
         return BlockContext(forward_ops=(), sublayers={}, cost_device=H100, runs_on=runs_on)
 
-    assert FullOffload().offers(context("cpu")) == []
-    (offer,) = FullOffload().offers(context("cuda"))
+    handler = handler_of(FullOffload)
+    assert handler.offers(FullOffload(), context("cpu")) == []
+    (offer,) = handler.offers(FullOffload(), context("cuda"))
     assert offer.optional and offer.parts == (("", FullOffload()),)
     assert on_device_parts(offer.parts) == (("", Full()),)
 
@@ -227,7 +228,8 @@ def test_planner_offers_it_on_cuda_and_prices_copies_against_full() -> None:
 def test_planner_measures_it_against_full(monkeypatch: pytest.MonkeyPatch) -> None:
     model, batch = _builtin("gpt-tiny")
     _hosted(monkeypatch, host="meta")
-    monkeypatch.setattr(FullOffload, "offers", lambda self, context: [Offer((("", self),))])
+    monkeypatch.setattr(type(handler_of(FullOffload)), "offers",
+                        lambda self, config, context: [Offer((("", config),))])
     setup = fake_setup(model, batch, optimizer=None, blocks=None)
     (group,) = measure_groups(setup, H100, prune=False)
     found = {c.label(): c for c in group.candidates}

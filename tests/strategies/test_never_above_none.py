@@ -20,10 +20,11 @@ from torch import nn
 import remat
 from remat.models import build_model, make_batch
 from remat.simulate.run import simulate
+from remat.strategies.handler import handler_of
 from remat.strategies.registry import BUILTIN as BUILTIN_CLASSES
 
 #: Every built-in strategy, ``every:N`` and ``chunked_head:N`` at N = 2.
-BUILTIN = [cls.spelling().replace(":N", ":2") for cls in BUILTIN_CLASSES]
+BUILTIN = [handler_of(cls).spelling().replace(":N", ":2") for cls in BUILTIN_CLASSES]
 SEQ = 32
 
 

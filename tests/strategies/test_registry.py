@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import ClassVar
 
 import pytest
@@ -19,6 +20,7 @@ from remat.errors import StrategyError
 from remat.models import build_model, make_batch
 from remat.strategies import (
     BlockContext,
+    BlockHandler,
     BlockStrategy,
     Offer,
     default_strategies,
@@ -35,22 +37,25 @@ class CheckpointFirstHalf(BlockStrategy):
     each), keep the rest."""
 
     name: ClassVar[str] = "halves"
+
+
+class HalvesHandler(BlockHandler[CheckpointFirstHalf]):
     summary: ClassVar[str] = "checkpoint the first half of each block's children"
 
-    def install_block(self, block: nn.Module) -> list[nn.Module]:
+    def install_block(self, config: CheckpointFirstHalf, block: nn.Module) -> list[nn.Module]:
         children = [c for c in block.children() if any(p.requires_grad for p in c.parameters())]
         first = children[: max(1, len(children) // 2)]
         for child in first:
-            install_checkpoint(child, label=self.label())
+            install_checkpoint(child, label=config.label())
         return first
 
-    def offers(self, context: BlockContext) -> list[Offer]:
-        return [Offer((("", self),))]
+    def offers(self, config: CheckpointFirstHalf, context: BlockContext) -> list[Offer]:
+        return [Offer((("", config),))]
 
 
 @pytest.fixture
 def halves() -> Iterator[type[CheckpointFirstHalf]]:
-    remat.register_strategy(CheckpointFirstHalf)
+    remat.register_strategy(CheckpointFirstHalf, HalvesHandler)
     try:
         yield CheckpointFirstHalf
     finally:
@@ -86,16 +91,34 @@ def test_strings_parse_to_typed_configs() -> None:
 
 
 def test_registration_is_checked() -> None:
+    @dataclass(frozen=True)
+    class Other(CheckpointFirstHalf):
+        name: ClassVar[str] = "full"
+
     with pytest.raises(StrategyError, match="taken by"):
-        @remat.register_strategy
-        @dataclass(frozen=True)
-        class Other(CheckpointFirstHalf):
-            name: ClassVar[str] = "full"
+        @remat.register_strategy(Other)
+        class OtherHandler(HalvesHandler):
+            pass
+
+    @dataclass(frozen=True)
+    class Bad(CheckpointFirstHalf):
+        name: ClassVar[str] = "Bad Name"
+
     with pytest.raises(StrategyError, match="lower-case word"):
-        @remat.register_strategy
-        @dataclass(frozen=True)
-        class Bad(CheckpointFirstHalf):
-            name: ClassVar[str] = "Bad Name"
+        remat.register_strategy(Bad, HalvesHandler)
+    with pytest.raises(StrategyError, match="do not match"):  # a block config, whole handler
+        remat.register_strategy(CheckpointFirstHalf, remat.Handler)
+    @dataclass(frozen=True)
+    class OldStyle(CheckpointFirstHalf):  # behaviour on the config, as before handlers
+        name: ClassVar[str] = "oldstyle"
+
+        def install_block(self, block: nn.Module) -> list[nn.Module]:
+            return []
+
+    with pytest.raises(StrategyError, match="(?s)carries behaviour.*install_block.*fix: move"):
+        remat.register_strategy(OldStyle)
+    with pytest.raises(StrategyError, match="must be a Handler subclass"):
+        remat.register_strategy(CheckpointFirstHalf, HalvesHandler())  # type: ignore[call-overload]
     with pytest.raises(StrategyError, match="built in"):
         unregister_strategy("full")
     with pytest.raises(ValueError, match="block-level strategy"):
@@ -161,18 +184,25 @@ def test_a_plan_holding_a_registered_kind_round_trips_and_applies(halves: type) 
 
 
 def test_installed_packages_register_strategies_through_entry_points(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     import importlib.metadata
 
     from remat.strategies import registry
 
+    # A plug-in module registers its config with its handler on import.
+    (tmp_path / "remat_plugin_halves.py").write_text(
+        f"import remat\nfrom {__name__} import CheckpointFirstHalf, HalvesHandler\n"
+        "remat.register_strategy(CheckpointFirstHalf, HalvesHandler)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
     good = importlib.metadata.EntryPoint(
-        "halves", f"{__name__}:CheckpointFirstHalf", registry.ENTRY_POINT_GROUP)
+        "halves", "remat_plugin_halves:CheckpointFirstHalf", registry.ENTRY_POINT_GROUP)
     broken = importlib.metadata.EntryPoint(
         "broken", "no_such_module_for_remat:Nothing", registry.ENTRY_POINT_GROUP)
+    unregistered = importlib.metadata.EntryPoint(  # names a config nobody registered
+        "firstk", f"{__name__}:FirstChildren", registry.ENTRY_POINT_GROUP)
     monkeypatch.setattr(importlib.metadata, "entry_points",
-                        lambda group: [good, broken] if group == registry.ENTRY_POINT_GROUP
-                        else [])
+                        lambda group: [good, broken, unregistered]
+                        if group == registry.ENTRY_POINT_GROUP else [])
     try:
         with pytest.warns(remat.RematWarning, match="could not register strategy plug-in"):
             assert registry.load_entry_points() == ["halves"]
@@ -193,7 +223,6 @@ class FirstChildren(BlockStrategy):
     the field changes how many bytes a block keeps."""
 
     name: ClassVar[str] = "firstk"
-    summary: ClassVar[str] = "checkpoint each block's first count children"
 
     count: int = 1
 
@@ -201,20 +230,24 @@ class FirstChildren(BlockStrategy):
         if isinstance(self.count, bool) or not isinstance(self.count, int) or self.count < 1:
             raise ValueError(f"FirstChildren: count must be an int >= 1, got {self.count!r}")
 
-    def install_block(self, block: nn.Module) -> list[nn.Module]:
-        INSTALLED_COUNTS.append(self.count)
-        children = [c for c in block.children() if any(p.requires_grad for p in c.parameters())]
-        for child in children[: self.count]:
-            install_checkpoint(child, label=self.label())
-        return children[: self.count]
 
-    def offers(self, context: BlockContext) -> list[Offer]:
+class FirstChildrenHandler(BlockHandler[FirstChildren]):
+    summary: ClassVar[str] = "checkpoint each block's first count children"
+
+    def install_block(self, config: FirstChildren, block: nn.Module) -> list[nn.Module]:
+        INSTALLED_COUNTS.append(config.count)
+        children = [c for c in block.children() if any(p.requires_grad for p in c.parameters())]
+        for child in children[: config.count]:
+            install_checkpoint(child, label=config.label())
+        return children[: config.count]
+
+    def offers(self, config: FirstChildren, context: BlockContext) -> list[Offer]:
         return [Offer((("", FirstChildren(count)),)) for count in (1, 3)]
 
 
 @pytest.fixture
 def firstk() -> Iterator[type[FirstChildren]]:
-    remat.register_strategy(FirstChildren)
+    remat.register_strategy(FirstChildren, FirstChildrenHandler)
     INSTALLED_COUNTS.clear()
     try:
         yield FirstChildren

@@ -47,10 +47,12 @@ FRONTIER_STRATEGIES = "<frontier-strategies>"
 
 
 def _registry_texts() -> dict[str, str]:
+    from remat.strategies.handler import handler_of
     from remat.strategies.registry import STRATEGIES, default_strategies, registered
 
     names = list(STRATEGIES)
-    frontier = [cls.spelling() for cls in registered() if "frontier" in cls.purposes]
+    handlers = [handler_of(cls) for cls in registered()]
+    frontier = [h.spelling() for h in handlers if "frontier" in h.purposes]
     return {
         COMPARE_DEFAULTS: ",".join(default_strategies("compare")),
         SIMULATE_DEFAULTS: ",".join(default_strategies("simulate")),

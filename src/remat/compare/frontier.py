@@ -28,13 +28,12 @@ from remat.errors import BlocksNotFound, RematWarning, StrategyError, message, o
 from remat.measure.profile import profile, profile_step
 from remat.measure.roofline import roofline_ms
 from remat.measure.step import LossFn, Step
-from remat.measure.windows import quiet
 from remat.planning.context import resolve_cost
 from remat.planning.loop import measure_decisions
 from remat.planning.plans import Plan
 from remat.planning.recompute_cost import cost_device, recompute_ms
 from remat.progress import report
-from remat.strategies import apply, default_strategies, preserved_strategy
+from remat.strategies import apply, default_strategies, trial
 
 if TYPE_CHECKING:
     from remat.core.rows import ComparisonResult
@@ -225,8 +224,8 @@ def _manual_profiles(step: Step, names: Sequence[str], *, simulate: bool,
     profiles: dict[str, Profile] = {}
     for done, name in enumerate(names):
         report(name, done, len(names))
-        with preserved_strategy(step.model), quiet():
-            try:
+        with trial(step.model, blocks=step.blocks):
+            try:  # applied here: a strategy the model does not take is left out
                 apply(step.model, name, blocks=step.blocks)
             except (BlocksNotFound, StrategyError):
                 continue

@@ -37,7 +37,7 @@ from remat.core.cost import static_bytes
 from remat.errors import BlocksNotFound, RematError, RematWarning, StrategyError, message
 from remat.measure.step import Step
 from remat.strategies import BlockStrategy, parse_strategy
-from remat.strategies.apply import apply_decisions, preserved_strategy
+from remat.strategies.apply import trial
 from remat.strategies.builtin import Full, NoCheckpoint, SelectiveOps
 
 _API = "remat.plan_compiled"
@@ -156,8 +156,8 @@ def _measure(step: Step, decisions: dict[str, BlockStrategy], budgets: dict[str,
     model = step.model
     before = {m: m._compiled_call_impl for m in model.modules()
               if getattr(m, "_compiled_call_impl", None) is not None}
-    with preserved_strategy(model), _recompile_room(entries):
-        apply_decisions(model, decisions, blocks=step.blocks, label="plan")
+    with trial(model, decisions, blocks=step.blocks, quiet=False,
+               within=_recompile_room(entries)):
         compile_plan(model, budgets, blocks=step.blocks, backends=backends)
         try:
             result = measure_compiled(model, step.batch, loss_fn=step.loss_fn,

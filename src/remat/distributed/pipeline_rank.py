@@ -84,9 +84,9 @@ from remat.measure.ledger import categorized
 from remat.measure.step import LossFn, batch_tensors, clear_grads, forward_held
 from remat.measure.tracked_step import held_gc
 from remat.measure.tracker import MemoryTracker
-from remat.measure.windows import FakeSetup, quiet
+from remat.measure.windows import FakeSetup
 from remat.planning.plans import Plan
-from remat.strategies import apply_decisions, preserved_strategy
+from remat.strategies import trial
 
 __all__ = ["ChunkBytes", "RankPlan", "held_by_chunk", "plan_rank", "rank_peak_bytes"]
 
@@ -255,8 +255,7 @@ def measure_chunk(setup: FakeSetup, plan: Plan, loss_fn: LossFn, *,
             micro-batch's inputs that require grad). Default: 0.
     """
     model, batch = setup.model, setup.batch
-    with preserved_strategy(model), quiet(), setup.mode:
-        apply_decisions(model, plan.decisions, blocks=plan.blocks)
+    with trial(model, plan.decisions, blocks=plan.blocks, within=setup.mode):
         clear_grads(model)
         tracker = MemoryTracker(device=setup.device, blocks=setup.blocks)
         tracker.register_step(model, setup.optimizer, batch_tensors(batch))

@@ -63,6 +63,7 @@ from remat.distributed.sharding import (
 )
 from remat.errors import RematError, StrategyError, message
 from remat.integrations.compile import compile_blocks
+from remat.strategies.handler import handler_of
 from remat.strategies.regions import region_of
 from remat.strategies.registry import parse_strategy
 
@@ -248,7 +249,8 @@ def apply_fsdp(model: M, strategy: str | Any, *, mesh: Any = None, compile: bool
             fix="pass the model before any fully_shard call, or keep your own fully_shard "
                 "calls and run remat.apply(model, strategy) after them (every strategy but "
                 "'sqrt' works in that order)"))
-    if compile and isinstance(strategy, str) and parse_strategy(strategy, api=api).spans_blocks:
+    if compile and isinstance(strategy, str) \
+            and handler_of(parse_strategy(strategy, api=api)).spans_blocks:
         raise StrategyError(message(  # before touching the model
             api, f"compile=True cannot compile {strategy!r} block by block",
             {"why": "its regions span several blocks' calls"},

@@ -65,7 +65,16 @@ from remat.planning.block_run import BlockRun, record_graphs, run_block
 from remat.planning.capture import BlockInputs, capture_inputs, group_key, in_call_order
 from remat.planning.manual import builtin_parts
 from remat.progress import report
-from remat.strategies import BlockContext, BlockStrategy, Offer, Part, Strategy, registered
+from remat.strategies import (
+    BlockContext,
+    BlockStrategy,
+    Handler,
+    Offer,
+    Part,
+    block_handler_of,
+    handler_of,
+    registered,
+)
 from remat.strategies.builtin import Full, NoCheckpoint
 
 
@@ -149,7 +158,7 @@ class Candidate:
 
 
 def _moves_to_host(parts: Sequence[Part]) -> bool:
-    return any(d.moves_to_host for _, d in parts)
+    return any(block_handler_of(d).moves_to_host for _, d in parts)
 
 
 def parts_label(parts: Sequence[Part]) -> str:
@@ -195,7 +204,7 @@ def measured_candidate(parts: Sequence[Part], run: BlockRun, device: DeviceSpec,
     ms = sum(op_roofline_ms(op, device) for op in recompute)
     transfer_ms = 0.0
     if base is not None and _moves_to_host(parts):
-        prefetched = kept is not None and any(d.offloads_inputs for _, d in parts)
+        prefetched = kept is not None and any(block_handler_of(d).offloads_inputs for _, d in parts)
         transfer_ms = _offload_exposed_ms(run, kept if kept is not None and prefetched
                                           else base, device, base=base, prefetched=prefetched)
     return Candidate(
@@ -214,7 +223,7 @@ def measured_candidate(parts: Sequence[Part], run: BlockRun, device: DeviceSpec,
 def on_device_parts(parts: Sequence[Part]) -> tuple[Part, ...]:
     """``parts`` with each decision that offloads a checkpoint's inputs replaced by ``full``
     (the run whose saved bytes, less the candidate's, are what it copies)."""
-    return tuple((p, Full() if d.offloads_inputs else d) for p, d in parts)
+    return tuple((p, Full() if block_handler_of(d).offloads_inputs else d) for p, d in parts)
 
 
 def _offload_exposed_ms(run: BlockRun, kept: BlockRun, device: DeviceSpec, *,
@@ -313,9 +322,10 @@ def collect_offers(context: BlockContext) -> list[Offer]:
     offers: list[tuple[tuple[int, int, int], int, Offer]] = []
     kinds = list(context.sublayers)
     for rank, cls in enumerate(registered()):
-        if cls.offers is Strategy.offers:  # offers nothing (and may need an argument)
+        handler = handler_of(cls)
+        if type(handler).offers is Handler.offers:  # offers nothing (may need an argument)
             continue
-        for offer in cls.parse(None).offers(context):
+        for offer in handler.offers(handler.parse(None), context):
             group = (0, 0) if offer.sublayer is None else (1, kinds.index(offer.sublayer))
             offers.append(((*group, rank), len(offers), offer))
     return [offer for _, _, offer in sorted(offers, key=lambda item: (item[0], item[1]))]

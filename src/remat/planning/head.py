@@ -50,12 +50,12 @@ from remat.core.peak import PeakModel
 from remat.core.solver import solve
 from remat.errors import BudgetTooSmall, StrategyError
 from remat.measure.step import Step
-from remat.measure.windows import quiet, run_windows
+from remat.measure.windows import run_windows
 from remat.planning.context import PlanContext
 from remat.planning.loop import close_loop
 from remat.planning.plans import Plan
 from remat.planning.recompute_cost import recompute_ms
-from remat.strategies import apply_decisions, preserved_strategy
+from remat.strategies import trial
 from remat.strategies.builtin import ChunkedHead
 from remat.strategies.head import HEAD_KEY, check_head
 
@@ -102,8 +102,7 @@ def head_options(step: Step, ctx: PlanContext, chunk_counts: Sequence[int] = CHU
     base = model.window_bytes([0] * model.num_blocks)  # the calibration step's peaks
     for chunks in chunk_counts:
         strategy = ChunkedHead(chunks)
-        with preserved_strategy(setup.model), quiet():
-            apply_decisions(setup.model, {HEAD_KEY: strategy}, blocks=step.blocks)
+        with trial(setup.model, {HEAD_KEY: strategy}, blocks=step.blocks):
             windows = run_windows(setup, loss_fn=step.loss_fn, warm_up=False,
                                   record_ops=priced)
         if set(windows.peaks) != set(base):

@@ -76,7 +76,7 @@ from remat.measure.state import preserved_state
 from remat.measure.step import Step, clear_grads, model_device
 from remat.measure.timing import time_step
 from remat.measure.tracked_step import tracked_step
-from remat.measure.windows import FakeSetup, quiet
+from remat.measure.windows import FakeSetup
 from remat.planning.candidates import Candidate
 from remat.planning.card import reserved_on_card
 from remat.planning.context import PlanContext
@@ -84,7 +84,7 @@ from remat.planning.manual import manual_options
 from remat.planning.plans import Plan
 from remat.planning.recompute_cost import recompute_ms, step_ms
 from remat.progress import report
-from remat.strategies import BlockStrategy, apply_decisions, preserved_strategy
+from remat.strategies import BlockStrategy, apply_decisions, trial
 from remat.strategies.builtin import Full
 from remat.units import format_bytes
 
@@ -116,8 +116,7 @@ def measure_decisions(step: Step, decisions: Mapping[str, BlockStrategy], *,
         simulate: on fake tensors. Default: False.
         timing: also time the step (real runs only). Default: False.
     """
-    with preserved_strategy(step.model), quiet():
-        apply_decisions(step.model, decisions, blocks=step.blocks)
+    with trial(step.model, decisions, blocks=step.blocks):
         return profile_step(step, simulate=simulate, timing=timing and not simulate, repeats=3)
 
 
@@ -144,7 +143,7 @@ def fresh_allocator_peak(step: Step, decisions: Mapping[str, BlockStrategy],
     before the step: the higher of the first steps after apply (:func:`first_steps_peak`)
     and a steady step. The model, its optimizer and its strategy are restored."""
     model = step.model
-    with preserved_strategy(model), quiet(), preserved_state(model, step.optimizer, step.device):
+    with trial(model, within=preserved_state(model, step.optimizer, step.device)):
         first = first_steps_peak(step, decisions)
         return max(first, allocator_step_peak(step, start_bytes))
 
@@ -215,9 +214,8 @@ def measure_on_cpu(step: Step, ctx: PlanContext, decisions: Mapping[str, BlockSt
     setup = ctx.setup
     assert setup is not None
     model = step.model
-    with preserved_strategy(model), quiet(), \
-            preserved_state(model, step.optimizer, step.device):
-        apply_decisions(model, decisions, blocks=step.blocks)
+    with trial(model, decisions, blocks=step.blocks,
+               within=preserved_state(model, step.optimizer, step.device)):
         # The first step of a new job (the optimizer as the user passed it) is the tracked
         # step's warm-up: optimizer state and lazy caches exist before its window.
         first = first_step_peak(step)
@@ -261,8 +259,7 @@ def _measure_on_copy(step: Step, setup: FakeSetup, decisions: Mapping[str, Block
                      ) -> Profile | None:
     fstep = step.with_model(setup.model, setup.optimizer, setup.batch)
     try:
-        with preserved_strategy(setup.model), quiet(), setup.mode:
-            apply_decisions(setup.model, decisions, blocks=step.blocks)
+        with trial(setup.model, decisions, blocks=step.blocks, within=setup.mode):
             clear_grads(setup.model)
             named = fstep.blocks_found(api="remat.plan", required=False)
             try:
@@ -278,8 +275,8 @@ def timed_step_ms(step: Step, decisions: Mapping[str, BlockStrategy], *,
                   repeats: int = 3) -> float:
     """Median time of a real training step with ``decisions`` applied, ms; model restored."""
     model = step.model
-    with preserved_strategy(model), quiet(), preserved_state(model, step.optimizer, step.device):
-        apply_decisions(model, decisions, blocks=step.blocks)
+    with trial(model, decisions, blocks=step.blocks,
+               within=preserved_state(model, step.optimizer, step.device)):
         return time_step(model, step.batch, loss_fn=step.loss_fn, optimizer=step.optimizer,
                          repeats=repeats).step_ms
 

@@ -41,7 +41,7 @@ from torch import nn
 
 from remat.blocks import find_sublayer
 from remat.errors import BlocksNotFound, StrategyError
-from remat.strategies import BlockStrategy, Part, parse_strategy
+from remat.strategies import BlockStrategy, Part, block_handler_of, handler_of, parse_strategy
 from remat.strategies.builtin import Full
 from remat.strategies.builtin.sublayer import SublayerStrategy
 from remat.strategies.head import HEAD_KEY
@@ -93,13 +93,13 @@ def manual_options(ctx: PlanContext, blocks: Sequence[tuple[str, nn.Module]]
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # a sub-layer some blocks lack
-                decided = strategy.decisions(blocks)
+                decided = handler_of(strategy).decisions(strategy, blocks)
             if decided is None:  # regions spanning blocks (sqrt)
                 continue
             decisions = _plan_spelling(decided, modules)
         except (BlocksNotFound, StrategyError):
             continue
-        if any(d.moves_to_host for d in decisions.values()):
+        if any(block_handler_of(d).moves_to_host for d in decisions.values()):
             continue
         if ctx.head is not None:
             decisions[HEAD_KEY] = ctx.head
@@ -121,14 +121,15 @@ def builtin_parts(name: str, block: nn.Module) -> list[tuple[Part, ...]]:
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                decided = parse_strategy(spelled).decisions([(name, block)])
+                strategy = parse_strategy(spelled)
+                decided = handler_of(strategy).decisions(strategy, [(name, block)])
             if decided is None:
                 continue
             decisions = _plan_spelling(decided, {name: block})
         except (BlocksNotFound, StrategyError):
             continue
         parts = tuple((key[len(name) + 1:] if key != name else "", d)
-                      for key, d in decisions.items() if not d.moves_to_host)
+                      for key, d in decisions.items() if not block_handler_of(d).moves_to_host)
         if parts and parts not in out:
             out.append(parts)
     return out

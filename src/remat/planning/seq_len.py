@@ -34,8 +34,7 @@ from remat.planning.plans import Plan
 from remat.planning.search import largest_fitting
 from remat.planning.throughput import search_budget_bytes
 from remat.progress import report
-from remat.strategies import apply
-from remat.strategies.apply import preserved_strategy
+from remat.strategies import trial
 from remat.strategies.base import Strategy
 from remat.strategies.registry import default_strategies
 from remat.units import format_bytes
@@ -330,8 +329,7 @@ def plan_seq_len(
 
     def strategy_peak(name: str) -> Callable[[int], tuple[bool, int]]:
         def peak_at(seq_len: int) -> tuple[bool, int]:
-            with preserved_strategy(model):
-                apply(model, name, blocks=blocks)
+            with trial(model, name, blocks=blocks, quiet=False):
                 prof = profile_step(step.with_batch(make_batch(search.batch_size, seq_len)),
                                     simulate=simulate, timing=False, allocator=False)
             if seq_len == search.first_k * search.multiple_of:

@@ -38,7 +38,7 @@ from remat.measure.timing import Clock
 from remat.planning.block_run import apply_parts
 from remat.planning.candidates import BlockGroup, Candidate, prune_candidates
 from remat.planning.capture import capture_inputs, fresh_inputs
-from remat.strategies import preserved_strategy, remove
+from remat.strategies import remove, trial
 
 DEFAULT_REPEATS = 5
 DEFAULT_WARMUP = 1
@@ -159,7 +159,7 @@ def time_groups(
     clock = clock if clock is not None else Clock(device)
     wanted = [(n, m) for n, m in named if n in set(reps)]
     timed: list[BlockGroup] = []
-    with preserved_state(model, None, device), preserved_strategy(model):
+    with preserved_state(model, None, device), trial(model, quiet=False):
         # Cut from the capture forward's graph at once, so its activations are freed.
         inputs = {name: fresh_inputs(name, captured)[0]
                   for name, captured in capture_inputs(model, batch, wanted).items()}

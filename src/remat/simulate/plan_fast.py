@@ -207,9 +207,8 @@ def _confirmed(shallow: _Shallow, seq_len: int,
     """The sizes whose choice's peak is confirmed on shallow steps (NOTE [ Fast plan
     rows ] 4); ``todo`` holds per size its candidates, shallow windows and the chosen
     candidate of each block."""
-    from remat.measure.windows import quiet
     from remat.planning.plans import NamedBlocks
-    from remat.strategies import apply_decisions, preserved_strategy
+    from remat.strategies import trial
 
     def confirm(b: int, table: tuple[Candidate, ...], steps: Mapping[int, StepWindows],
                 chunk: list[Candidate]) -> bool:
@@ -221,8 +220,7 @@ def _confirmed(shallow: _Shallow, seq_len: int,
                                         deepen_windows(steps, depth))
             decisions = {k: v for name, c in zip(names, pick, strict=True)
                          for k, v in c.decisions_for(name).items()}
-            with preserved_strategy(fake.model), quiet():
-                apply_decisions(fake.model, decisions, blocks=NamedBlocks(tuple(names)))
+            with trial(fake.model, decisions, blocks=NamedBlocks(tuple(names))):
                 measured = shallow.windows(fake, b, seq_len)
         return measured.peak_bytes == model.predict([table.index(c) for c in pick])
 

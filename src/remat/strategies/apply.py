@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -13,8 +13,10 @@ from torch import nn
 from remat.blocks import BlockMethod, BlocksSpec, Sublayer, named_blocks, sublayer_at
 from remat.core.shapes import check_on_new_shape
 from remat.errors import RematWarning, StrategyError, message, with_api
+from remat.measure.windows import quiet as _quiet
 from remat.strategies.base import BlockStrategy, Strategy
 from remat.strategies.guard import ShapeGuard, install_guard, remove_guard, shape_guard
+from remat.strategies.handler import block_handler_of, handler_of
 from remat.strategies.head import HEAD_KEY, head_attributes, head_of, uninstall_head
 from remat.strategies.offload import host_simulated
 from remat.strategies.pitfalls import check_model, check_regions, warn_pitfalls
@@ -70,7 +72,8 @@ def remove(model: M) -> M:
 
 
 def _offload_notice(model: nn.Module, decisions: Mapping[str, BlockStrategy]) -> None:
-    moving = {d.name: d.without_host for d in decisions.values() if d.moves_to_host}
+    handlers = {d.name: block_handler_of(d) for d in decisions.values()}
+    moving = {name: h.without_host for name, h in handlers.items() if h.moves_to_host}
     if not moving:
         return
     devices = {p.device.type for p in model.parameters()}
@@ -181,7 +184,7 @@ def apply_decisions(model: M, decisions: Mapping[str, BlockStrategy], *,
     try:
         head = decisions.get(HEAD_KEY)
         if head is not None:
-            regions += head.install_block(model)
+            regions += block_handler_of(head).install_block(head, model)
             labels.append((HEAD_KEY, head.label()))
         for name, _ in named:
             decided = targets.get(name, [])
@@ -189,8 +192,9 @@ def apply_decisions(model: M, decisions: Mapping[str, BlockStrategy], *,
                 labels.append((name, "none"))
             for key, target in decided:
                 decision = decisions[key]
-                regions += decision.install_method(target) \
-                    if isinstance(target, BlockMethod) else decision.install_block(target)
+                handler = block_handler_of(decision)
+                regions += handler.install_method(decision, target) \
+                    if isinstance(target, BlockMethod) else handler.install_block(decision, target)
                 labels.append((key, decision.label()))
     except BaseException:
         remove(model)  # nothing half-applied
@@ -207,11 +211,12 @@ def apply_decisions(model: M, decisions: Mapping[str, BlockStrategy], *,
 def _check_head_keys(decisions: Mapping[str, BlockStrategy]) -> None:
     """A whole-model strategy is decided under ``"<head>"`` and only there."""
     for key, decision in decisions.items():
-        if decision.on_head != (key == HEAD_KEY):
+        on_head = block_handler_of(decision).on_head
+        if on_head != (key == HEAD_KEY):
             raise StrategyError(message(
                 "remat.apply", f"{decision.label()!r} cannot be decided for {key!r}",
                 {"why": f"{decision.label()} installs on the model's output head, decided "
-                        f"under {HEAD_KEY!r}" if decision.on_head else
+                        f"under {HEAD_KEY!r}" if on_head else
                         f"{HEAD_KEY!r} is the output head, decided by a whole-model "
                         "strategy such as chunked_head"},
                 fix=f"decide chunked_head under {HEAD_KEY!r} and block strategies under "
@@ -221,14 +226,15 @@ def _check_head_keys(decisions: Mapping[str, BlockStrategy]) -> None:
 def _apply_strategy(model: M, strategy: Strategy, blocks: BlocksSpec) -> M:
     named = named_blocks(model, blocks, api="remat.apply")
     try:
-        decisions = strategy.decisions(named)
+        handler = handler_of(strategy)
+        decisions = handler.decisions(strategy, named)
     except StrategyError as exc:
         raise StrategyError(with_api("remat.apply", str(exc))) from None
     if decisions is not None:
         return apply_decisions(model, decisions, blocks=blocks, label=str(strategy))
     remove(model)
     pitfalls = check_model(model)
-    regions = strategy.install(named) or []
+    regions = handler.install(strategy, named) or []
     pitfalls += check_regions(model, regions)
     warn_pitfalls(pitfalls, model_name=type(model).__name__)
     if not _installed(model):
@@ -375,3 +381,43 @@ def preserved_strategy(model: nn.Module) -> Iterator[None]:
             module.__dict__.update(saved)
         if guard is not None:
             install_guard(model, guard)
+
+
+@contextmanager
+def trial(model: M, decisions: Mapping[str, BlockStrategy] | str | Strategy | None = None,
+          *, blocks: BlocksSpec = None, label: str = "plan", quiet: bool = True,
+          within: AbstractContextManager[Any] | None = None) -> Iterator[M]:
+    """Try a strategy on ``model`` and put back what was applied before, on exit.
+
+    The one apply / measure / restore pattern of the planner, the frontier and every
+    other caller that measures a strategy on a model its user may already have
+    checkpointed: :func:`preserved_strategy`, then (with ``quiet``) warnings silenced
+    (:func:`~remat.measure.windows.quiet`), then ``within`` entered (a fake-tensor mode,
+    the model's preserved state), then ``decisions`` applied, in that order; undone in
+    reverse. A failure while applying restores the model too.
+
+    Args:
+        model: the model (changed in place inside the block, restored after).
+        decisions: per module name, its block-level config (applied as a plan is, with
+            :func:`apply_decisions`); a strategy string or config (applied with
+            :func:`apply`); or ``None``: nothing applied (the caller applies inside).
+            Default: ``None``.
+        blocks: which modules are blocks (as :func:`apply` takes it). Default: found.
+        label: what :func:`applied` reports for ``decisions`` given per module.
+            Default: ``"plan"``.
+        quiet: silence warnings while the strategy is tried (the notices ``apply`` gives
+            the user are not the caller's). Default: ``True``.
+        within: a context entered after the warnings are silenced and before applying
+            (``FakeSetup.mode``, ``preserved_state(...)``). Default: ``None``.
+
+    Example:
+        >>> with trial(model, {"layers.0": Full()}) as tried:
+        ...     prof = remat.profile(tried, batch)
+    """
+    with preserved_strategy(model), (_quiet() if quiet else nullcontext()), \
+            (within if within is not None else nullcontext()):
+        if isinstance(decisions, Mapping):
+            apply_decisions(model, decisions, blocks=blocks, label=label)
+        elif decisions is not None:
+            apply(model, decisions, blocks=blocks)
+        yield model

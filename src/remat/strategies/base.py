@@ -1,39 +1,28 @@
-"""What a strategy is: a frozen config that installs itself and offers planner candidates.
+"""What a strategy is: a frozen config (plain data), apart from its handler (behaviour).
 
-Every strategy remat knows is a subclass of :class:`Strategy` registered by name in
-:mod:`remat.strategies.registry` (``"full"``, ``"every:2"``, ...). A strategy *instance*
-is a frozen dataclass whose fields are its config (``EveryN(n=2)``,
-``SelectiveOps(save_ops=frozenset({"aten.mm"}))``), and that instance is the one value
-that travels: ``remat.apply`` installs it, a Plan holds it per module, a plan file stores
-it as ``{"name": ..., "fields": {...}}`` and reads it back. Nothing turns an instance into
-a name and back, so no field is lost on the way. A strategy says
-
-- how it is written (``name``, an optional ``argument`` such as ``N`` in ``every:N``),
-- which strategy each block gets (:meth:`Strategy.decisions`) or, for strategies whose
-  regions span blocks, how it installs on the model (:meth:`Strategy.install`),
-- which of its instances belong in ``remat compare``, ``remat simulate`` and the
-  frontier's manual points (:meth:`Strategy.examples`),
-- which candidates it offers the planner (:meth:`Strategy.offers`),
-
-and, for *block-level* strategies (:class:`BlockStrategy`: what a Plan holds per module),
-how it installs on one module (:meth:`BlockStrategy.install_block`). Adding a strategy is
-one module: subclass, decorate with :func:`remat.register_strategy`, done
-(docs/extending.md).
+Every strategy remat knows is a config class, a subclass of :class:`Strategy`, registered
+by name in :mod:`remat.strategies.registry` (``"full"``, ``"every:2"``, ...) together with
+its handler (:mod:`remat.strategies.handler`), as torchao registers a handler per config
+type. A config *instance* is a frozen dataclass whose fields are the strategy's settings
+(``EveryN(n=2)``, ``SelectiveOps(save_ops=frozenset({"aten.mm"}))``), and that instance
+is the one value that travels: ``remat.apply`` installs it, a Plan holds it per module, a
+plan file stores it as ``{"name": ..., "fields": {...}}`` and reads it back. Nothing turns
+an instance into a name and back, so no field is lost on the way. A config holds its
+fields, validates them in ``__post_init__`` and says how it is shown (:meth:`label`);
+everything it does (installing, the planner's offers, how the CLI spells and lists it) is
+its handler's. Adding a strategy is one module: a config, a handler, and
+:func:`remat.register_strategy` (docs/extending.md).
 """
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import MISSING, dataclass, field, fields
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-from torch import nn
-
-from remat.blocks import BlockMethod
 from remat.core.op_record import OpRecord
 from remat.devices import DeviceSpec
-from remat.errors import StrategyError, message
+from remat.errors import message
 
 if TYPE_CHECKING:
     from remat.strategies.op_graph import OpGraph
@@ -115,128 +104,32 @@ class Offer:
                 {"parts": len(self.parts)}, fix="offer the sub-layer's part alone"))
 
 
-class Strategy(ABC):
-    """A whole-model checkpointing strategy, written as ``name`` or ``name:argument``.
+class Strategy:
+    """A strategy's config: a frozen dataclass of settings, written ``name`` or ``name:N``.
 
-    Subclasses are frozen dataclasses (their fields are the config) with class
-    attributes describing them; register them with :func:`remat.register_strategy`.
+    Data only: fields, their validation in ``__post_init__``, and how the value is shown.
+    What the strategy does is its handler's
+    (:class:`~remat.strategies.handler.Handler`, found with
+    :func:`~remat.strategies.handler.handler_of`).
 
     Class attributes:
         name: the registered name, e.g. ``"every"``.
-        summary: one line for help texts.
-        argument: the argument's placeholder (``"N"`` for ``every:N``), or ``None``.
-        purposes: where the strategy's :meth:`examples` are listed by default
-            (``"compare"``, ``"simulate"``, ``"frontier"``).
-        spans_blocks: its regions span several blocks, so they cannot be compiled or
-            sharded block by block (``sqrt``).
     """
 
     name: ClassVar[str]
-    summary: ClassVar[str] = ""
-    argument: ClassVar[str | None] = None
-    purposes: ClassVar[frozenset[str]] = frozenset({"compare", "simulate", "frontier"})
-    spans_blocks: ClassVar[bool] = False
-
-    @classmethod
-    def parse(cls, argument: str | None) -> Strategy:
-        """The strategy for ``name`` (``argument`` is ``None``) or ``name:argument``.
-
-        Raises:
-            StrategyError: the argument is missing, unexpected or unreadable. The message
-                (``remat.errors.message("", ...)``) names no call:
-                :func:`~remat.strategies.registry.parse_strategy` adds its caller's.
-        """
-        if argument is not None:
-            raise StrategyError(message(
-                "", f"strategy {cls.name!r} takes no argument",
-                {"found": f"{cls.name}:{argument}"}, fix=f"write {cls.name!r} alone"))
-        return cls()
-
-    @classmethod
-    def spelling(cls) -> str:
-        """How the strategy is written in help texts: ``"full"``, ``"every:N"``."""
-        return f"{cls.name}:{cls.argument}" if cls.argument else cls.name
-
-    @classmethod
-    def examples(cls, num_blocks: int, purpose: Purpose) -> list[Strategy]:
-        """Instances shown by default for ``purpose`` on a model of ``num_blocks`` blocks."""
-        return [cls.parse(None)] if purpose in cls.purposes else []
 
     def __str__(self) -> str:
         return self.name
 
-    @abstractmethod
-    def decisions(self, blocks: Sequence[tuple[str, nn.Module]]
-                  ) -> dict[str, BlockStrategy] | None:
-        """What each module gets: qualified name (a block, or a module inside one) ->
-        block-level strategy; modules left out get nothing. ``None`` when the strategy is
-        not per block (it then overrides :meth:`install`).
-
-        Args:
-            blocks: the model's blocks, ``(qualified name, module)``, in model order.
-        """
-
-    def install(self, blocks: Sequence[tuple[str, nn.Module]]) -> list[nn.Module] | None:
-        """Install on the model's blocks itself; return the modules made regions.
-
-        Default: ``None``, meaning "install :meth:`decisions` block by block" (what every
-        per-block strategy wants). Strategies whose regions span blocks override it.
-        """
-        return None
-
-    def offers(self, context: BlockContext) -> list[Offer]:
-        """Candidates for the planner on a kind of block. Default: none."""
-        return []
-
 
 class BlockStrategy(Strategy):
-    """A strategy installed on one module at a time: what a Plan holds per module.
+    """A block-level strategy's config: what a Plan holds per module.
 
-    The instance is the decision: its fields are what :meth:`install_block` reads, what
-    a plan file stores (:meth:`fields_dict`) and what :meth:`label` shows. Fields must be
-    JSON values, or frozensets/tuples of them (stored as lists, which ``__post_init__``
-    turns back into the field's type).
-
-    Class attributes:
-        moves_to_host: it costs host transfers rather than recompute (``offload``), or
-            besides recompute (``full_offload``).
-        offloads_inputs: it checkpoints like ``full`` and moves only what ``full`` keeps
-            (the region's inputs), copied back one region ahead (``full_offload``): the
-            planner prices its transfers against ``full``'s saved bytes.
-        without_host: what it amounts to on a model with no separate host memory (the
-            CPU), for the notice :func:`remat.apply` gives there. Default: ``""``.
-        on_head: it installs on the whole model's output head and loss, decided under the
-            key ``"<head>"`` rather than per block (``chunked_head``).
+    The instance is the decision: its fields are what its handler's ``install_block``
+    reads, what a plan file stores (:meth:`fields_dict`) and what :meth:`label` shows.
+    Fields must be JSON values, or frozensets/tuples of them (stored as lists, which
+    ``__post_init__`` turns back into the field's type).
     """
-
-    moves_to_host: ClassVar[bool] = False
-    offloads_inputs: ClassVar[bool] = False
-    without_host: ClassVar[str] = ""
-    on_head: ClassVar[bool] = False
-
-    def decisions(self, blocks: Sequence[tuple[str, nn.Module]]) -> dict[str, BlockStrategy]:
-        return {name: self for name, _ in blocks}
-
-    @abstractmethod
-    def install_block(self, block: nn.Module) -> list[nn.Module]:
-        """Install this strategy on ``block`` (a block, or a module inside one); return the
-        modules made regions."""
-
-    def install_method(self, method: BlockMethod) -> list[nn.Module]:
-        """Install this strategy on a sub-layer written as a method (a decision keyed
-        ``"layers.3._attention_forward"``; NOTE [ Method regions ] in regions.py); return
-        the modules holding regions.
-
-        Default: refused; ``full``, ``ops`` and ``offload`` override it.
-
-        Raises:
-            StrategyError: the strategy installs on modules only.
-        """
-        raise StrategyError(message(
-            "remat.apply", f"strategy {self.label()!r} cannot be installed on a method",
-            {"method": f"{type(method.owner).__name__}.{method.name}",
-             "why": f"{type(self).__name__} installs on modules only (install_block)"},
-            fix="decide on the method with full, ops or offload, or decide on the block"))
 
     def fields_dict(self) -> dict[str, Any]:
         """The fields that differ from their defaults, as JSON values (sets sorted)."""

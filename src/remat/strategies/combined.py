@@ -10,6 +10,7 @@ from torch import nn
 
 from remat.errors import StrategyError, message
 from remat.strategies.base import BlockStrategy, Strategy
+from remat.strategies.handler import Handler, handler_of
 
 
 @dataclass(frozen=True)
@@ -28,7 +29,6 @@ class Combined(Strategy):
     """
 
     name: ClassVar[str] = "combined"
-    summary: ClassVar[str] = "several strategies at once: a+b"
 
     parts: tuple[Strategy, ...]
 
@@ -41,10 +41,18 @@ class Combined(Strategy):
     def __str__(self) -> str:
         return "+".join(str(p) for p in self.parts)
 
-    def decisions(self, blocks: Sequence[tuple[str, nn.Module]]) -> dict[str, BlockStrategy]:
+
+
+class CombinedHandler(Handler[Combined]):
+    """The parts' decisions merged (no module decided twice)."""
+
+    summary: ClassVar[str] = "several strategies at once: a+b"
+
+    def decisions(self, config: Combined, blocks: Sequence[tuple[str, nn.Module]]
+                  ) -> dict[str, BlockStrategy]:
         merged: dict[str, BlockStrategy] = {}
-        for part in self.parts:
-            decided = part.decisions(blocks)
+        for part in config.parts:
+            decided = handler_of(part).decisions(part, blocks)
             if decided is None:
                 raise StrategyError(message(
                     "", f"{part} does not combine with other strategies",
@@ -54,7 +62,7 @@ class Combined(Strategy):
             both = sorted(set(merged) & set(decided))
             if both:
                 raise StrategyError(message(
-                    "", f"{self} decides some modules twice", {"modules": both[:5]},
+                    "", f"{config} decides some modules twice", {"modules": both[:5]},
                     fix="combine strategies that decide different modules, such as a "
                         "block strategy and chunked_head:N"))
             merged.update(decided)

@@ -1,10 +1,12 @@
-"""The strategy registry: every strategy remat knows, by name, in one place.
+"""The strategy registry: every strategy remat knows, by name, with its handler.
 
 Every list of strategies in remat comes from here: the public ``remat.STRATEGIES``,
 ``remat compare``'s and ``remat simulate``'s default rows, the frontier's manual
 points, the CLI's help, the planner's candidates (each block-level strategy's
-:meth:`~remat.strategies.base.BlockStrategy.offers`) and the kinds a Plan may hold.
-Strategy strings (``"every:2"``) parse here.
+:meth:`~remat.strategies.handler.Handler.offers`) and the kinds a Plan may hold. Each
+name maps to a config type (:class:`~remat.strategies.base.Strategy`), and each config
+type to its handler (:mod:`remat.strategies.handler`). Strategy strings (``"every:2"``)
+parse here.
 
 Example::
 
@@ -21,46 +23,102 @@ import ast
 import importlib.metadata
 import re
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar, overload
 
 from remat.errors import RematWarning, StrategyError, message, with_api
 from remat.strategies.base import BlockStrategy, Purpose, Strategy
-from remat.strategies.builtin import BUILTIN
-from remat.strategies.combined import Combined
+from remat.strategies.builtin import BUILTIN, BUILTIN_HANDLERS
+from remat.strategies.combined import Combined, CombinedHandler
+from remat.strategies.handler import (
+    BlockHandler,
+    Handler,
+    add_handler,
+    drop_handler,
+    handler_of,
+)
 
-S = TypeVar("S", bound=type[Strategy])
+H = TypeVar("H", bound=type[Handler[Any]])
 
-#: Installed packages register strategies under this entry-point group, e.g. in their
-#: pyproject.toml: ``[project.entry-points."remat.strategies"] halves = "pkg.mod:Halves"``;
-#: the ``remat`` command line then knows them too.
+#: Installed packages register strategies under this entry-point group, naming the config
+#: type, whose module registers it on import, e.g. in their pyproject.toml:
+#: ``[project.entry-points."remat.strategies"] halves = "pkg.mod:Halves"``; the ``remat``
+#: command line then knows them too.
 ENTRY_POINT_GROUP = "remat.strategies"
 
 _REGISTRY: dict[str, type[Strategy]] = {}
 
+#: What a handler does and a config must not carry (a config is plain data).
+_BEHAVIOUR = ("install", "install_block", "install_method", "decisions", "offers", "parse",
+              "spelling", "examples")
 
-def register_strategy(cls: S) -> S:
-    """Register a strategy class under its ``name`` (use as a class decorator).
 
-    Once registered, the strategy parses from strings (``remat.apply(model, "name")``),
-    appears in ``remat compare``'s and ``remat simulate``'s default rows and the
-    frontier (per its ``purposes``), and, when it is a :class:`BlockStrategy`, its
-    offers become planner candidates and plans may hold its decisions.
+@overload
+def register_strategy(config: type[Strategy]) -> Callable[[H], H]: ...
+@overload
+def register_strategy(config: type[Strategy], handler: H) -> H: ...
+
+
+def register_strategy(config: type[Strategy], handler: H | None = None
+                      ) -> H | Callable[[H], H]:
+    """Register a strategy: its config type under its ``name``, with its handler class.
+
+    Used as a decorator on the handler, as torchao registers a handler per config type:
+    ``@remat.register_strategy(MyConfig)`` above ``class MyHandler(remat.BlockHandler)``;
+    or called with both. Once registered, the strategy parses from strings
+    (``remat.apply(model, "name")``), appears in ``remat compare``'s and ``remat
+    simulate``'s default rows and the frontier (per its handler's ``purposes``), and, when
+    it is a :class:`~remat.strategies.base.BlockStrategy`, its handler's offers become
+    planner candidates and plans may hold its configs.
+
+    Args:
+        config: the config type, a frozen dataclass deriving from ``remat.Strategy`` (or
+            ``remat.BlockStrategy``) with a ``name``.
+        handler: its handler class (a ``remat.strategies.Handler`` subclass; a
+            ``BlockHandler`` for a block-level config). Default: ``None`` (return a
+            decorator taking it).
 
     Raises:
-        StrategyError: not a Strategy subclass, a bad name, or a name already taken by
-            another class (call :func:`unregister_strategy` first to replace it).
+        StrategyError: not a Strategy subclass or a Handler subclass, a block-level config
+            without a BlockHandler (or the reverse), a bad name, or a name already taken
+            by another config (call :func:`unregister_strategy` first to replace it).
 
     Example:
-        >>> @remat.register_strategy
-        ... @dataclass(frozen=True)
-        ... class Twice(Full):
+        >>> @dataclass(frozen=True)
+        ... class Twice(remat.BlockStrategy):
         ...     name: ClassVar[str] = "twice"
+        >>> @remat.register_strategy(Twice)
+        ... class TwiceHandler(remat.BlockHandler[Twice]):
+        ...     def install_block(self, config, block): ...
     """
+    cls = config
     if not (isinstance(cls, type) and issubclass(cls, Strategy)):
         raise StrategyError(message("register_strategy", "expected a Strategy subclass",
                                     {"found": repr(cls)},
-                                    fix="decorate a subclass of remat.Strategy"))
+                                    fix="pass the config type, a subclass of remat.Strategy"))
+    behaviour = [m for m in _BEHAVIOUR if hasattr(cls, m)]
+    if behaviour:  # a class written before configs and handlers were apart
+        raise StrategyError(message(
+            "register_strategy", f"{cls.__name__} carries behaviour; a config is data only",
+            {"methods": ", ".join(behaviour)},
+            fix=f"move them to a handler: @remat.register_strategy({cls.__name__}) on "
+                f"class {cls.__name__}Handler(remat.BlockHandler), each method taking the "
+                "config (docs/extending.md)"))
+    if handler is None:
+        def decorate(handler_cls: H) -> H:
+            return register_strategy(cls, handler_cls)
+        return decorate
+    if not (isinstance(handler, type) and issubclass(handler, Handler)):
+        raise StrategyError(message(
+            "register_strategy", f"the handler of {cls.__name__} must be a Handler subclass",
+            {"found": repr(handler)},
+            fix="decorate a subclass of remat.strategies.Handler (or BlockHandler)"))
+    if issubclass(cls, BlockStrategy) != issubclass(handler, BlockHandler):
+        raise StrategyError(message(
+            "register_strategy", f"{cls.__name__} and {handler.__name__} do not match",
+            {"config": "block-level" if issubclass(cls, BlockStrategy) else "whole-model",
+             "handler": "block-level" if issubclass(handler, BlockHandler) else "whole-model"},
+            fix="a BlockStrategy config takes a BlockHandler, a Strategy config a Handler"))
     name = getattr(cls, "name", None)
     if not isinstance(name, str) or not name or not name.replace("_", "").isalnum() \
             or name.lower() != name:
@@ -75,7 +133,8 @@ def register_strategy(cls: S) -> S:
             {"taken by": f"{known.__module__}.{known.__qualname__}"},
             fix=f"pick another name or unregister_strategy({name!r}) first"))
     _REGISTRY[name] = cls
-    return cls
+    add_handler(cls, handler())
+    return handler
 
 
 def unregister_strategy(name: str) -> None:
@@ -94,10 +153,12 @@ def unregister_strategy(name: str) -> None:
                                     f"{name!r} is built in and stays registered",
                                     fix="register your strategy under another name"))
     del _REGISTRY[name]
+    drop_handler(cls)
 
 
 def registered() -> tuple[type[Strategy], ...]:
-    """Every registered strategy class, built-in ones first, in registration order."""
+    """Every registered config type, built-in ones first, in registration order (each
+    one's handler: :func:`~remat.strategies.handler.handler_of`)."""
     return tuple(_REGISTRY.values())
 
 
@@ -105,7 +166,7 @@ class _Names(Sequence[str]):
     """The registered strategies as written (``"every:N"``), read live from the registry."""
 
     def _names(self) -> tuple[str, ...]:
-        return tuple(cls.spelling() for cls in _REGISTRY.values())
+        return tuple(handler_of(cls).spelling() for cls in _REGISTRY.values())
 
     @overload
     def __getitem__(self, index: int) -> str: ...
@@ -176,7 +237,8 @@ def parse_strategy(strategy: str | Strategy, *,
             fix="pass one of the valid strategies (or register yours with "
                 "remat.register_strategy)"))
     try:
-        return cls.parse(argument.strip() if sep else None)
+        parsed: Strategy = handler_of(cls).parse(argument.strip() if sep else None)
+        return parsed
     except StrategyError as exc:
         raise StrategyError(with_api(api, str(exc))) from None
 
@@ -264,20 +326,28 @@ def default_strategies(purpose: Purpose, *, num_blocks: int = 2) -> list[str]:
         num_blocks: the model's number of blocks (``every:2 .. every:L`` on the frontier).
             Default: 2.
     """
-    return [str(s) for cls in _REGISTRY.values() for s in cls.examples(num_blocks, purpose)]
+    return [str(s) for cls in _REGISTRY.values()
+            for s in handler_of(cls).examples(num_blocks, purpose)]
 
 
 def load_entry_points() -> list[str]:
     """Register the strategies installed packages declare (:data:`ENTRY_POINT_GROUP`).
 
-    A plug-in that fails to load is skipped with a :class:`~remat.errors.RematWarning`
-    naming it. Returns the names registered.
+    Each entry point names a config type; loading it imports its module, which registers
+    the config with its handler (:func:`register_strategy`). A plug-in that fails to load,
+    or whose config is not registered once loaded, is skipped with a
+    :class:`~remat.errors.RematWarning` naming it. Returns the names registered.
     """
     names: list[str] = []
     for entry in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
         try:
-            cls = entry.load()
-            register_strategy(cls)
+            loaded: Any = entry.load()
+            name = getattr(loaded, "name", "")
+            if not (isinstance(loaded, type) and _REGISTRY.get(name) is loaded):
+                raise StrategyError(message(
+                    "remat", f"{entry.value} is not a registered strategy config",
+                    fix="register the config with @remat.register_strategy(Config) on its "
+                        "handler, in the module the entry point names"))
         except Exception as exc:  # noqa: BLE001  (a broken plug-in must not break remat)
             warnings.warn(message("remat", f"could not register strategy plug-in "
                                   f"{entry.name!r}", {"entry point": entry.value,
@@ -285,10 +355,11 @@ def load_entry_points() -> list[str]:
                                   fix="fix or uninstall the package that declares it"),
                           RematWarning, stacklevel=2)
             continue
-        names.append(cls.name)
+        names.append(name)
     return names
 
 
-for _cls in BUILTIN:
-    register_strategy(_cls)
+for _config, _handler in BUILTIN_HANDLERS:
+    register_strategy(_config, _handler)
+add_handler(Combined, CombinedHandler())  # not named: written a+b
 load_entry_points()

@@ -10,7 +10,8 @@ from typing import ClassVar
 from torch import nn
 
 from remat.errors import StrategyError, message
-from remat.strategies.base import BlockStrategy, Purpose, Strategy
+from remat.strategies.base import BlockStrategy
+from remat.strategies.handler import BlockHandler
 from remat.strategies.head import HEAD_KEY, install_head
 
 
@@ -35,10 +36,6 @@ class ChunkedHead(BlockStrategy):
     """
 
     name: ClassVar[str] = "chunked_head"
-    summary: ClassVar[str] = "output head and loss in N token slices, recomputed in backward"
-    argument: ClassVar[str | None] = "N"
-    purposes: ClassVar[frozenset[str]] = frozenset()
-    on_head: ClassVar[bool] = True
 
     chunks: int = 8
 
@@ -49,28 +46,33 @@ class ChunkedHead(BlockStrategy):
                                      {"found": repr(self.chunks)},
                                      fix="pass an int >= 1, e.g. ChunkedHead(chunks=8)"))
 
-    @classmethod
-    def parse(cls, argument: str | None) -> Strategy:
-        if argument is None:
-            return cls()
-        text = argument.strip()
-        if not text.isdigit() or int(text) < 1:
-            raise StrategyError(message(
-                "", f"cannot read strategy '{cls.name}:{argument}'",
-                fix="write chunked_head:N with an integer N >= 1, e.g. chunked_head:8"))
-        return cls(int(text))
-
-    @classmethod
-    def examples(cls, num_blocks: int, purpose: Purpose) -> list[Strategy]:
-        return [cls()] if purpose in cls.purposes else []
-
     def __str__(self) -> str:
         return f"{self.name}:{self.chunks}"
 
-    def decisions(self, blocks: Sequence[tuple[str, nn.Module]]) -> dict[str, BlockStrategy]:
-        return {HEAD_KEY: self}
 
-    def install_block(self, block: nn.Module) -> list[nn.Module]:
+class ChunkedHeadHandler(BlockHandler[ChunkedHead]):
+    """Installs on the model's head, decided under ``"<head>"``; listed nowhere by default."""
+
+    summary: ClassVar[str] = "output head and loss in N token slices, recomputed in backward"
+    argument: ClassVar[str | None] = "N"
+    purposes: ClassVar[frozenset[str]] = frozenset()
+    on_head: ClassVar[bool] = True
+
+    def parse(self, argument: str | None) -> ChunkedHead:
+        if argument is None:
+            return ChunkedHead()
+        text = argument.strip()
+        if not text.isdigit() or int(text) < 1:
+            raise StrategyError(message(
+                "", f"cannot read strategy '{self.name}:{argument}'",
+                fix="write chunked_head:N with an integer N >= 1, e.g. chunked_head:8"))
+        return ChunkedHead(int(text))
+
+    def decisions(self, config: ChunkedHead, blocks: Sequence[tuple[str, nn.Module]]
+                  ) -> dict[str, BlockStrategy]:
+        return {HEAD_KEY: config}
+
+    def install_block(self, config: ChunkedHead, block: nn.Module) -> list[nn.Module]:
         """Install on the model (``block`` is the whole model: the ``"<head>"`` decision)."""
-        install_head(block, chunks=self.chunks, label=str(self))
+        install_head(block, chunks=config.chunks, label=str(config))
         return []

@@ -11,6 +11,7 @@ from torch import nn
 from remat.errors import StrategyError, message
 from remat.strategies.base import BlockStrategy, Purpose, Strategy
 from remat.strategies.builtin.full import Full
+from remat.strategies.handler import Handler
 
 
 @dataclass(frozen=True)
@@ -25,8 +26,6 @@ class EveryN(Strategy):
     """
 
     name: ClassVar[str] = "every"
-    summary: ClassVar[str] = "checkpoint blocks 0, N, 2N, ..."
-    argument: ClassVar[str | None] = "N"
 
     n: int = 2
 
@@ -35,25 +34,31 @@ class EveryN(Strategy):
             raise ValueError(message("EveryN", "n must be an int >= 1", {"found": repr(self.n)},
                                      fix="pass an int >= 1, e.g. EveryN(2)"))
 
-    @classmethod
-    def parse(cls, argument: str | None) -> Strategy:
+    def __str__(self) -> str:
+        return f"{self.name}:{self.n}"
+
+
+class EveryNHandler(Handler[EveryN]):
+    """``full`` on blocks 0, N, 2N, ...; the frontier lists ``every:2 .. every:L``."""
+
+    summary: ClassVar[str] = "checkpoint blocks 0, N, 2N, ..."
+    argument: ClassVar[str | None] = "N"
+
+    def parse(self, argument: str | None) -> EveryN:
         text = (argument or "").strip()
         if not text.isdigit() or int(text) < 1:
-            shown = cls.name if argument is None else f"{cls.name}:{argument}"
+            shown = self.name if argument is None else f"{self.name}:{argument}"
             raise StrategyError(message(
                 "", f"cannot read strategy {shown!r}",
                 fix="write every:N with an integer N >= 1, e.g. every:2 checkpoints "
                     "blocks 0, 2, 4, ..."))
-        return cls(int(text))
+        return EveryN(int(text))
 
-    @classmethod
-    def examples(cls, num_blocks: int, purpose: Purpose) -> list[Strategy]:
+    def examples(self, num_blocks: int, purpose: Purpose) -> list[Strategy]:
         if purpose == "frontier":
-            return [cls(n) for n in range(2, num_blocks + 1)]
-        return [cls(2)]
+            return [EveryN(n) for n in range(2, num_blocks + 1)]
+        return [EveryN(2)]
 
-    def __str__(self) -> str:
-        return f"{self.name}:{self.n}"
-
-    def decisions(self, blocks: Sequence[tuple[str, nn.Module]]) -> dict[str, BlockStrategy]:
-        return {name: Full() for i, (name, _) in enumerate(blocks) if i % self.n == 0}
+    def decisions(self, config: EveryN, blocks: Sequence[tuple[str, nn.Module]]
+                  ) -> dict[str, BlockStrategy]:
+        return {name: Full() for i, (name, _) in enumerate(blocks) if i % config.n == 0}

@@ -9,6 +9,7 @@ from torch import nn
 
 from remat.blocks import BlockMethod
 from remat.strategies.base import BlockContext, BlockStrategy, Offer
+from remat.strategies.handler import BlockHandler
 from remat.strategies.regions import install_checkpoint
 
 
@@ -21,15 +22,20 @@ class Full(BlockStrategy):
     """
 
     name: ClassVar[str] = "full"
+
+
+class FullHandler(BlockHandler[Full]):
+    """One checkpointed region per decided module or method; offered on every block."""
+
     summary: ClassVar[str] = "checkpoint each block"
 
-    def install_block(self, block: nn.Module) -> list[nn.Module]:
-        install_checkpoint(block, label=self.label())
+    def install_block(self, config: Full, block: nn.Module) -> list[nn.Module]:
+        install_checkpoint(block, label=config.label())
         return [block]
 
-    def install_method(self, method: BlockMethod) -> list[nn.Module]:
-        install_checkpoint(method.owner, label=self.label(), method=method.name)
+    def install_method(self, config: Full, method: BlockMethod) -> list[nn.Module]:
+        install_checkpoint(method.owner, label=config.label(), method=method.name)
         return [method.owner]
 
-    def offers(self, context: BlockContext) -> list[Offer]:
-        return [Offer((("", self),))]
+    def offers(self, config: Full, context: BlockContext) -> list[Offer]:
+        return [Offer((("", config),))]

@@ -9,6 +9,7 @@ from torch import nn
 
 from remat.blocks import BlockMethod
 from remat.strategies.base import BlockContext, BlockStrategy, Offer
+from remat.strategies.handler import BlockHandler
 from remat.strategies.regions import install_offloaded_checkpoint
 
 
@@ -32,21 +33,26 @@ class FullOffload(BlockStrategy):
     """
 
     name: ClassVar[str] = "full_offload"
+
+
+class FullOffloadHandler(BlockHandler[FullOffload]):
+    """``full``'s region, its kept input copied to pinned host memory; offered on CUDA."""
+
     summary: ClassVar[str] = "checkpoint each block, its input in pinned host memory (GPU)"
     purposes: ClassVar[frozenset[str]] = frozenset({"compare"})
     moves_to_host: ClassVar[bool] = True
     offloads_inputs: ClassVar[bool] = True
     without_host: ClassVar[str] = "the same as full"
 
-    def install_block(self, block: nn.Module) -> list[nn.Module]:
-        install_offloaded_checkpoint(block, label=self.label())
+    def install_block(self, config: FullOffload, block: nn.Module) -> list[nn.Module]:
+        install_offloaded_checkpoint(block, label=config.label())
         return [block]
 
-    def install_method(self, method: BlockMethod) -> list[nn.Module]:
-        install_offloaded_checkpoint(method.owner, label=self.label(), method=method.name)
+    def install_method(self, config: FullOffload, method: BlockMethod) -> list[nn.Module]:
+        install_offloaded_checkpoint(method.owner, label=config.label(), method=method.name)
         return [method.owner]
 
-    def offers(self, context: BlockContext) -> list[Offer]:
+    def offers(self, config: FullOffload, context: BlockContext) -> list[Offer]:
         if context.runs_on != "cuda":
             return []
-        return [Offer((("", self),), optional=True)]
+        return [Offer((("", config),), optional=True)]

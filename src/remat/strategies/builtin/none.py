@@ -8,6 +8,7 @@ from typing import ClassVar
 from torch import nn
 
 from remat.strategies.base import BlockStrategy
+from remat.strategies.handler import BlockHandler
 
 
 @dataclass(frozen=True)
@@ -19,7 +20,12 @@ class NoCheckpoint(BlockStrategy):
     """
 
     name: ClassVar[str] = "none"
+
+
+class NoCheckpointHandler(BlockHandler[NoCheckpoint]):
+    """Installs nothing."""
+
     summary: ClassVar[str] = "keep every activation (baseline)"
 
-    def install_block(self, block: nn.Module) -> list[nn.Module]:
+    def install_block(self, config: NoCheckpoint, block: nn.Module) -> list[nn.Module]:
         return []

@@ -9,6 +9,7 @@ from torch import nn
 
 from remat.blocks import BlockMethod
 from remat.strategies.base import BlockContext, BlockStrategy, Offer
+from remat.strategies.handler import BlockHandler
 from remat.strategies.regions import install_offload
 
 
@@ -27,20 +28,25 @@ class Offload(BlockStrategy):
     """
 
     name: ClassVar[str] = "offload"
+
+
+class OffloadHandler(BlockHandler[Offload]):
+    """Saved tensors to pinned host memory and back; offered on CUDA."""
+
     summary: ClassVar[str] = "saved activations in pinned host memory (GPU only)"
     purposes: ClassVar[frozenset[str]] = frozenset({"compare"})
     moves_to_host: ClassVar[bool] = True
     without_host: ClassVar[str] = "a no-op"
 
-    def install_block(self, block: nn.Module) -> list[nn.Module]:
-        install_offload(block, label=self.label())
+    def install_block(self, config: Offload, block: nn.Module) -> list[nn.Module]:
+        install_offload(block, label=config.label())
         return []
 
-    def install_method(self, method: BlockMethod) -> list[nn.Module]:
-        install_offload(method.owner, label=self.label(), method=method.name)
+    def install_method(self, config: Offload, method: BlockMethod) -> list[nn.Module]:
+        install_offload(method.owner, label=config.label(), method=method.name)
         return []
 
-    def offers(self, context: BlockContext) -> list[Offer]:
+    def offers(self, config: Offload, context: BlockContext) -> list[Offer]:
         if context.runs_on != "cuda":
             return []
-        return [Offer((("", self),), optional=True)]
+        return [Offer((("", config),), optional=True)]

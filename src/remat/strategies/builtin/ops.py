@@ -25,6 +25,7 @@ from remat.devices import DeviceSpec
 from remat.errors import message, with_api
 from remat.measure.roofline import op_roofline_ms
 from remat.strategies.base import BlockContext, BlockStrategy, Offer
+from remat.strategies.handler import BlockHandler
 from remat.strategies.op_graph import OpGraph
 from remat.strategies.regions import install_checkpoint
 from remat.strategies.sac import COMPUTE_HEAVY_OPS, call_entry, default_save_ops, parse_entry
@@ -113,7 +114,6 @@ class SelectiveOps(BlockStrategy):
     """
 
     name: ClassVar[str] = "ops"
-    summary: ClassVar[str] = "keep matmul/attention outputs, recompute the rest"
 
     save_ops: frozenset[str] | None = None
 
@@ -137,18 +137,25 @@ class SelectiveOps(BlockStrategy):
             return self.name
         return f"{self.name}[" + ",".join(sorted(self.save_ops)) + "]"
 
-    def install_block(self, block: nn.Module) -> list[nn.Module]:
-        save_ops = self.save_ops if self.save_ops is not None else default_save_ops()
-        install_checkpoint(block, label=self.label(), save_ops=save_ops)
+
+
+class SelectiveOpsHandler(BlockHandler[SelectiveOps]):
+    """A selective-checkpoint region keeping the save set; offers save-set chains."""
+
+    summary: ClassVar[str] = "keep matmul/attention outputs, recompute the rest"
+
+    def install_block(self, config: SelectiveOps, block: nn.Module) -> list[nn.Module]:
+        save_ops = config.save_ops if config.save_ops is not None else default_save_ops()
+        install_checkpoint(block, label=config.label(), save_ops=save_ops)
         return [block]
 
-    def install_method(self, method: BlockMethod) -> list[nn.Module]:
-        save_ops = self.save_ops if self.save_ops is not None else default_save_ops()
-        install_checkpoint(method.owner, label=self.label(), save_ops=save_ops,
+    def install_method(self, config: SelectiveOps, method: BlockMethod) -> list[nn.Module]:
+        save_ops = config.save_ops if config.save_ops is not None else default_save_ops()
+        install_checkpoint(method.owner, label=config.label(), save_ops=save_ops,
                            method=method.name)
         return [method.owner]
 
-    def offers(self, context: BlockContext) -> list[Offer]:
+    def offers(self, config: SelectiveOps, context: BlockContext) -> list[Offer]:
         """Block-wide save-set chains, then each sub-layer's (NOTE [ Candidate decisions ]
         in remat.planning.candidates, items 3 and 5)."""
         chain = save_set_chain(context.forward_ops, context.cost_device,

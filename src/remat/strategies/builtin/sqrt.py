@@ -10,6 +10,7 @@ from typing import ClassVar
 from torch import nn
 
 from remat.strategies.base import BlockStrategy, Strategy
+from remat.strategies.handler import Handler
 from remat.strategies.regions import install_segment
 
 
@@ -59,18 +60,24 @@ class SqrtSegments(Strategy):
     """
 
     name: ClassVar[str] = "sqrt"
+
+
+class SqrtSegmentsHandler(Handler[SqrtSegments]):
+    """Installs its segments itself: not decided block by block."""
+
     summary: ClassVar[str] = "~sqrt(L) segments of consecutive blocks"
     spans_blocks: ClassVar[bool] = True
 
-    def decisions(self, blocks: Sequence[tuple[str, nn.Module]]
+    def decisions(self, config: SqrtSegments, blocks: Sequence[tuple[str, nn.Module]]
                   ) -> dict[str, BlockStrategy] | None:
         return None
 
-    def install(self, blocks: Sequence[tuple[str, nn.Module]]) -> list[nn.Module]:
+    def install(self, config: SqrtSegments, blocks: Sequence[tuple[str, nn.Module]]
+                ) -> list[nn.Module]:
         regions: list[nn.Module] = []
         for stack in _stacks(blocks):
             for segment in sqrt_segments(len(stack)):
                 members = [stack[i] for i in segment]
-                install_segment(members, label=self.name)
+                install_segment(members, label=config.name)
                 regions += members
         return regions

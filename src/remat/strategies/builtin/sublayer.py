@@ -13,10 +13,16 @@ from remat.blocks import BlockMethod, find_sublayer
 from remat.errors import BlocksNotFound, RematWarning, message
 from remat.strategies.base import BlockContext, BlockStrategy, Offer
 from remat.strategies.builtin.full import Full
+from remat.strategies.handler import BlockHandler
 from remat.strategies.regions import install_checkpoint
 
 
 class SublayerStrategy(BlockStrategy):
+    """The config of a strategy that checkpoints the block's sub-layer of kind ``name``
+    (``attn``, ``mlp``); its handler is :class:`SublayerHandler`."""
+
+
+class SublayerHandler(BlockHandler[SublayerStrategy]):
     """Checkpoint the block's sub-layer of kind ``name`` (found by :func:`find_sublayer`).
 
     On a stack that mixes kinds of blocks (attention and Mamba layers in one list), the
@@ -29,7 +35,8 @@ class SublayerStrategy(BlockStrategy):
     decision on a sub-layer.
     """
 
-    def decisions(self, blocks: Sequence[tuple[str, nn.Module]]) -> dict[str, BlockStrategy]:
+    def decisions(self, config: SublayerStrategy, blocks: Sequence[tuple[str, nn.Module]]
+                  ) -> dict[str, BlockStrategy]:
         chosen: dict[str, BlockStrategy] = {}
         skipped: list[str] = []
         first_error: BlocksNotFound | None = None
@@ -40,7 +47,7 @@ class SublayerStrategy(BlockStrategy):
                 skipped.append(name)
                 first_error = first_error or exc
                 continue
-            chosen[name] = self
+            chosen[name] = config
         if first_error is not None and not chosen:
             raise first_error
         if skipped:
@@ -53,15 +60,15 @@ class SublayerStrategy(BlockStrategy):
                     "a strategy per block"), RematWarning, stacklevel=4)
         return chosen
 
-    def install_block(self, block: nn.Module) -> list[nn.Module]:
-        _, sub = find_sublayer(block, self.name)  # type: ignore[arg-type]
+    def install_block(self, config: SublayerStrategy, block: nn.Module) -> list[nn.Module]:
+        _, sub = find_sublayer(block, config.name)  # type: ignore[arg-type]
         if isinstance(sub, BlockMethod):  # NOTE [ Method regions ] in regions.py
-            install_checkpoint(sub.owner, label=self.label(), method=sub.name)
+            install_checkpoint(sub.owner, label=config.label(), method=sub.name)
             return [sub.owner]
-        install_checkpoint(sub, label=self.label())
+        install_checkpoint(sub, label=config.label())
         return [sub]
 
-    def offers(self, context: BlockContext) -> list[Offer]:
+    def offers(self, config: SublayerStrategy, context: BlockContext) -> list[Offer]:
         if self.name not in context.sublayers:
             return []
         path, _ = context.sublayers[self.name]
@@ -77,6 +84,11 @@ class Attention(SublayerStrategy):
     """
 
     name: ClassVar[str] = "attn"
+
+
+class AttentionHandler(SublayerHandler):
+    """The attention sub-layer's handler."""
+
     summary: ClassVar[str] = "checkpoint each block's attention"
 
 
@@ -89,4 +101,9 @@ class Mlp(SublayerStrategy):
     """
 
     name: ClassVar[str] = "mlp"
+
+
+class MlpHandler(SublayerHandler):
+    """The MLP sub-layer's handler."""
+
     summary: ClassVar[str] = "checkpoint each block's MLP"
