@@ -82,3 +82,33 @@ def test_readme_your_model_quickstart_runs_on_a_model_of_ones_own() -> None:
     assert plan.allocator_peak_bytes is not None and plan.allocator_peak_bytes < none_peak
     assert remat.strategies.applied(model) is not None
     assert remat.validate(model, loader[0], plan, loss_fn=my_loss).passed
+
+
+def test_the_walk_through_one_plan_call_names_code_that_exists() -> None:
+    """docs/architecture.md's "life of one remat.plan call": every ``path.py: name`` is a
+    function or class of that module, every other function or class it names exists."""
+    import ast
+
+    root = README.parent
+    text = (root / "docs" / "architecture.md").read_text()
+    walk = text[text.index("## The life of one"):text.index("## Adding things")]
+    src = root / "src" / "remat"
+    defined: dict[Path, set[str]] = {}
+    for path in src.rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        defined[path] = {n.name for n in ast.walk(tree) if isinstance(
+            n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)}
+    everywhere = set().union(*defined.values())
+    located = re.findall(r"`([a-z_/]+\.py): ([A-Za-z_.]+)`", walk)
+    assert len(located) >= 15, located
+    for where, name in located:
+        modules = [p for p in defined if p.as_posix().endswith("/" + where)]
+        assert modules, f"{where} (for {name}) is no module of src/remat"
+        assert any(name.split(".")[-1] in defined[p] for p in modules), (where, name)
+    named = {n.split(".")[-1] for n in re.findall(r"`([A-Za-z_][\w.]*)`", walk)}
+    functions = {n for n in named if "_" in n.strip("_") and n.islower()}
+    classes = {n for n in named if n[0].isupper() and not n.isupper() and n.isidentifier()}
+    assert len(functions) >= 10 and len(classes) >= 3, (functions, classes)
+    for name in sorted(functions | classes):
+        assert name in everywhere or re.search(rf"^\s*{name}\s*[:=]", "".join(
+            p.read_text() for p in defined), re.M), f"the walk names {name}: not in src/remat"
