@@ -45,6 +45,7 @@ from remat.errors import BlocksNotFound, message
 __all__ = [
     "BlockMethod",
     "BlocksSpec",
+    "NamedBlocks",
     "Sublayer",
     "block_methods",
     "find_blocks",
@@ -58,6 +59,30 @@ BlocksSpec: TypeAlias = (
 )
 """What ``blocks=`` accepts: a block class, several classes, a predicate
 ``(qualified_name, module) -> bool``, or None for automatic detection."""
+
+@dataclass(frozen=True)
+class NamedBlocks:
+    """A ``blocks=`` predicate selecting modules by qualified name.
+
+    Args:
+        names: qualified module names, e.g. ``("encoder.layer.0", "encoder.layer.1")``.
+
+    Example:
+        >>> NamedBlocks(("blocks.0",))("blocks.0", None)
+        True
+    """
+
+    names: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        if not self.names:
+            raise ValueError(message("NamedBlocks", "names must not be empty",
+                                     fix="pass the qualified names of the blocks"))
+        object.__setattr__(self, "names", tuple(self.names))
+
+    def __call__(self, name: str, module: nn.Module | None) -> bool:
+        return name in self.names
+
 
 _MIN_SHARE = 0.10  # See Rule 3.
 _CONTAINERS = (nn.ModuleList, nn.Sequential, nn.ModuleDict)

@@ -17,8 +17,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.checkpoint import checkpoint
 
+from remat.blocks import NamedBlocks
 from remat.models import build_model, make_batch
-from remat.planning.plans import NamedBlocks
 from remat.recompute import is_recomputing
 from remat.strategies import apply_decisions, remove
 from remat.strategies.builtin import SelectiveOps

@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import remat
+from remat.blocks import NamedBlocks
 from remat.models import build_model, make_batch
-from remat.planning.plans import NamedBlocks
 from remat.strategies import apply_decisions, remove
 from remat.strategies.builtin import SelectiveOps
 from remat.strategies.dead_ops import supported

@@ -165,7 +165,7 @@ def _target(lightning_module: nn.Module, module: ModuleSpec) -> tuple[nn.Module,
 def _relative(plan: Plan, prefix: str) -> Plan:
     """``plan`` with ``prefix`` taken off every name (NOTE [ Planning a Lightning
     training step ])."""
-    from remat.planning.plans import NamedBlocks
+    from remat.blocks import NamedBlocks
 
     def strip(name: str) -> str:
         return name[len(prefix):] if name.startswith(prefix) else name
@@ -276,7 +276,7 @@ class RematCallback(*_callback_bases()):  # type: ignore[misc]
         batch = trainer.strategy.batch_to_device(raw)
         prefix = f"{_CHILD}.{path}." if path else f"{_CHILD}."
         found = named_blocks(target, self.blocks, api=_API)
-        from remat.planning.plans import NamedBlocks
+        from remat.blocks import NamedBlocks
 
         step = _TrainingStep(pl_module, self.step_fn or training_step_loss,
                              trainer.precision_plugin.train_step_context)

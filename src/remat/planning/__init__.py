@@ -19,12 +19,13 @@ Example::
 
 from __future__ import annotations
 
+from remat.blocks import NamedBlocks
 from remat.planning.candidates import BlockGroup, Candidate
 from remat.planning.context import PlanContext, prepare
 from remat.planning.loop import measure_decisions
 from remat.planning.options import PlanOptions
 from remat.planning.planner import auto, plan, plan_step, plan_throughput
-from remat.planning.plans import PLAN_FORMAT_VERSION, NamedBlocks, Plan, ThroughputRow
+from remat.planning.plans import PLAN_FORMAT_VERSION, Plan, ThroughputRow
 from remat.planning.seq_len import SeqLenResult, SeqLenRow, SeqLenSearch, plan_seq_len
 from remat.planning.throughput import ThroughputSearch
 

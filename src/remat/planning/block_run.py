@@ -15,7 +15,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils._pytree import tree_map
 
-from remat.blocks import Sublayer
+from remat.blocks import NamedBlocks, Sublayer
 from remat.core.op_record import OpRecord
 from remat.errors import message
 from remat.measure.ledger import first_tensor
@@ -23,7 +23,6 @@ from remat.measure.tracked_step import held_gc
 from remat.measure.tracker import MemoryTracker
 from remat.measure.windows import FakeSetup, WindowRecorder, quiet
 from remat.planning.capture import BlockInputs, fresh_inputs, tensors_in
-from remat.planning.plans import NamedBlocks
 from remat.strategies import Part, apply_decisions, remove
 from remat.strategies.builtin import NoCheckpoint
 from remat.strategies.op_graph import OpGraph, block_graphs

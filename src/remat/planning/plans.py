@@ -37,7 +37,7 @@ from typing import Any
 
 from torch import nn
 
-from remat.blocks import BlocksSpec
+from remat.blocks import BlocksSpec, NamedBlocks
 from remat.compiled.install import check_compiled
 from remat.core.checks import check_float, check_int, decisions_label, opt_float, opt_int
 from remat.core.cost import StepCost
@@ -433,30 +433,6 @@ def _rebuild_plan(state: dict[str, Any]) -> Plan:
 
 
 # ---- the small values a Plan is made of ----------------------------------------------------
-
-
-@dataclass(frozen=True)
-class NamedBlocks:
-    """A ``blocks=`` predicate selecting modules by qualified name.
-
-    Args:
-        names: qualified module names, e.g. ``("encoder.layer.0", "encoder.layer.1")``.
-
-    Example:
-        >>> NamedBlocks(("blocks.0",))("blocks.0", None)
-        True
-    """
-
-    names: tuple[str, ...]
-
-    def __post_init__(self) -> None:
-        if not self.names:
-            raise ValueError(message("NamedBlocks", "names must not be empty",
-                                     fix="pass the qualified names of the blocks"))
-        object.__setattr__(self, "names", tuple(self.names))
-
-    def __call__(self, name: str, module: nn.Module | None) -> bool:
-        return name in self.names
 
 
 @dataclass(frozen=True)

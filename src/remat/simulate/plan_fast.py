@@ -207,7 +207,7 @@ def _confirmed(shallow: _Shallow, seq_len: int,
     """The sizes whose choice's peak is confirmed on shallow steps (NOTE [ Fast plan
     rows ] 4); ``todo`` holds per size its candidates, shallow windows and the chosen
     candidate of each block."""
-    from remat.planning.plans import NamedBlocks
+    from remat.blocks import NamedBlocks
     from remat.strategies import trial
 
     def confirm(b: int, table: tuple[Candidate, ...], steps: Mapping[int, StepWindows],
