@@ -25,7 +25,7 @@ def _errors(capsys: pytest.CaptureFixture[str], *argv: str) -> list[int]:
                                                         out, flags=re.M)]
 
 
-#: Each model and each precision once (the two other pairs add no path of their own):
+#: A sample of model x precision in which each model and each precision occurs once:
 #: bf16 Llama used to be under-predicted by one hidden state per checkpointed block before
 #: the window (NOTE [ Who keeps a hidden state ] in block_run.py); fp32 GPT has tied
 #: weights, dropout and no fp32 norm copies.
