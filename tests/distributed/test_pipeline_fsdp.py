@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-from torch.multiprocessing.spawn import spawn
+from tests.ranks import run_ranks
 
 from remat.distributed.stage import LlamaStage
 from remat.measure.allocator import allocator_peak
@@ -131,12 +131,7 @@ def _worker(rank: int, store_path: str, out_dir: str) -> None:
 
 
 def _spawn(out: Path) -> list[dict[str, Any]]:
-    root = str(Path(__file__).resolve().parents[2])
-    sys.path.insert(0, root)
-    try:
-        spawn(_worker, args=(str(out / "store"), str(out)), nprocs=WORLD, join=True)
-    finally:
-        sys.path.remove(root)
+    run_ranks(_worker, (str(out / "store"), str(out)), WORLD)  # NOTE [ Forked ranks ]
     return [json.loads((out / f"results-{r}.json").read_text()) for r in range(WORLD)]
 
 

@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-from torch.multiprocessing.spawn import spawn
+from tests.ranks import run_ranks
 
 import remat
 from remat.distributed.pipeline_rank import held_by_chunk, plan_rank
@@ -193,14 +193,7 @@ def _interleaved(rank: int, model: Any, ids: torch.Tensor, labels: torch.Tensor,
 @pytest.fixture(scope="module")
 def spawned(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tmp = tmp_path_factory.mktemp("pipeline")
-    # The children unpickle _worker by its module name, so they need the repository root
-    # on sys.path, which spawn copies from this process.
-    root = str(Path(__file__).resolve().parents[2])
-    sys.path.insert(0, root)
-    try:
-        spawn(_worker, args=(str(tmp / "store"), str(tmp)), nprocs=WORLD, join=True)
-    finally:
-        sys.path.remove(root)
+    run_ranks(_worker, (str(tmp / "store"), str(tmp)), WORLD)  # NOTE [ Forked ranks ]
     return tmp
 
 
@@ -265,7 +258,7 @@ if __name__ == "__main__":  # the docs table: python -m tests.distributed.test_s
     import tempfile
 
     out = Path(tempfile.mkdtemp())
-    spawn(_worker, args=(str(out / "store"), str(out)), nprocs=WORLD, join=True)
+    run_ranks(_worker, (str(out / "store"), str(out)), WORLD)
     print("| schedule | rank | in flight | budget | planned peak (allocator) | schedule's peak |")
     for rank in range(WORLD):
         rows = json.loads((out / f"results-{rank}.json").read_text())

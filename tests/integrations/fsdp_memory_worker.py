@@ -80,15 +80,9 @@ def worker(rank: int, world: int, store_path: str, out_path: str) -> None:
 
 def measure(world: int, tmp: Path) -> dict[str, list[dict[str, Any]]]:
     """Spawn ``world`` gloo ranks and return each case's per-rank measurements."""
-    from torch.multiprocessing.spawn import spawn
+    from tests.ranks import run_ranks
 
     out = tmp / f"fsdp_memory_{world}.json"
-    root = str(Path(__file__).resolve().parents[2])
-    sys.path.insert(0, root)
-    try:
-        spawn(worker, args=(world, str(tmp / f"store_{world}"), str(out)), nprocs=world,
-              join=True)
-    finally:
-        sys.path.remove(root)
+    run_ranks(worker, (world, str(tmp / f"store_{world}"), str(out)), world)
     result: dict[str, list[dict[str, Any]]] = json.loads(out.read_text())
     return result

@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
+from tests.ranks import run_ranks
 from torch import nn
-from torch.multiprocessing.spawn import spawn
 
 from remat.distributed.sharding import shard_peak
 from remat.errors import RematError, StrategyError
@@ -188,14 +188,7 @@ def _worker(rank: int, store_path: str, out_path: str) -> None:
 
 def _spawn_all(tmp: Path) -> dict[str, Any]:
     out = tmp / "results.json"
-    # The children unpickle _worker by its module name (tests.integrations.test_fsdp2), so
-    # they need the repository root on sys.path, which spawn copies from this process.
-    root = str(Path(__file__).resolve().parents[2])
-    sys.path.insert(0, root)
-    try:
-        spawn(_worker, args=(str(tmp / "store"), str(out)), nprocs=WORLD, join=True)
-    finally:
-        sys.path.remove(root)
+    run_ranks(_worker, (str(tmp / "store"), str(out)), WORLD)  # NOTE [ Forked ranks ]
     return json.loads(out.read_text())  # type: ignore[no-any-return]
 
 

@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
+from tests.ranks import run_ranks
 from torch import nn
-from torch.multiprocessing.spawn import spawn
 
 from remat.distributed.pipeline import pipeline_rank_bytes
 from remat.distributed.tensor_parallel import rank_param_bytes, tp_rank_bytes, tp_roles
@@ -261,13 +261,7 @@ def _bytes_worker(rank: int, store_path: str, out_path: str, world: int) -> None
 
 
 def _spawn(fn: Any, world: int, tmp: Path, *extra: Any) -> None:
-    root = str(Path(__file__).resolve().parents[2])
-    sys.path.insert(0, root)
-    try:
-        spawn(fn, args=(str(tmp / "store"), str(tmp / "results.json"), *extra), nprocs=world,
-              join=True)
-    finally:
-        sys.path.remove(root)
+    run_ranks(fn, (str(tmp / "store"), str(tmp / "results.json"), *extra), world)
 
 
 @pytest.fixture(scope="module")
