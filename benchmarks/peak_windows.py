@@ -52,9 +52,10 @@ def main(argv: list[str] | None = None) -> int:
     import remat.planning.planner as planner
     from remat.core.solver import solve
     from remat.measure.step import clear_grads
-    from remat.measure.windows import quiet, run_windows
+    from remat.measure.windows import run_windows
     from remat.simulate import simulate
     from remat.strategies import apply_decisions, remove
+    from remat.strategies.apply import quiet_warnings
 
     class Done(Exception):
         pass
@@ -66,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
             print("no choice fits the budget")
             raise Done
         setup, decisions = ctx.setup, ctx.decisions(choice)
-        with quiet(), setup.mode:
+        with quiet_warnings(), setup.mode:
             apply_decisions(setup.model, decisions, blocks=step.blocks)
             clear_grads(setup.model)
         try:

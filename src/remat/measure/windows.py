@@ -43,9 +43,8 @@ NOTE [ Peak moments ]
 
 from __future__ import annotations
 
-import warnings
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -64,14 +63,6 @@ from remat.recompute import is_recomputing
 
 if TYPE_CHECKING:
     from remat.core.results import Profile
-
-
-@contextmanager
-def quiet() -> Iterator[None]:
-    """Silence remat's pitfall warnings while the planner applies candidates to copies."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        yield
 
 
 @dataclass

@@ -21,9 +21,10 @@ from remat.errors import message
 from remat.measure.ledger import first_tensor
 from remat.measure.tracked_step import held_gc
 from remat.measure.tracker import MemoryTracker
-from remat.measure.windows import FakeSetup, WindowRecorder, quiet
+from remat.measure.windows import FakeSetup, WindowRecorder
 from remat.planning.capture import BlockInputs, fresh_inputs, tensors_in
 from remat.strategies import Part, apply_decisions, remove
+from remat.strategies.apply import quiet_warnings
 from remat.strategies.builtin import NoCheckpoint
 from remat.strategies.op_graph import OpGraph, block_graphs
 
@@ -48,7 +49,7 @@ def apply_parts(model: nn.Module, name: str, parts: Sequence[Part],
     """Apply a candidate's ``parts`` to block ``name`` of ``model`` (undo with ``remove``)."""
     decisions = {f"{name}.{path}" if path else name: d for path, d in parts
                  if not isinstance(d, NoCheckpoint)}
-    with quiet():  # sub-layer paths resolve under the block (NOTE [ Decision keys ])
+    with quiet_warnings():  # sub-layer paths resolve under the block (NOTE [ Decision keys ])
         apply_decisions(model, decisions, blocks=NamedBlocks(tuple(block_names)))
 
 

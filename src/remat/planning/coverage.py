@@ -29,7 +29,8 @@ from collections.abc import Mapping, Sequence
 from remat.errors import RematWarning, message
 from remat.measure.step import Step, clear_grads
 from remat.measure.tracked_step import tracked_step
-from remat.measure.windows import FakeSetup, StepWindows, quiet
+from remat.measure.windows import FakeSetup, StepWindows
+from remat.strategies.apply import quiet_warnings
 from remat.units import format_bytes
 
 #: Below this share of the step's activation bytes in the blocks, the planner says so.
@@ -69,7 +70,7 @@ def activation_owners(step: Step, setup: FakeSetup) -> list[tuple[str, int]]:
     model = setup.model
     every = [(name, module) for name, module in model.named_modules() if name]
     fstep = step.with_model(model, setup.optimizer, setup.batch)
-    with quiet(), setup.mode:
+    with quiet_warnings(), setup.mode:
         clear_grads(model)
         try:
             tracked = tracked_step(fstep, every)

@@ -13,7 +13,6 @@ from torch import nn
 from remat.blocks import BlockMethod, BlocksSpec, Sublayer, named_blocks, sublayer_at
 from remat.core.shapes import check_on_new_shape
 from remat.errors import RematWarning, StrategyError, message, with_api
-from remat.measure.windows import quiet as _quiet
 from remat.strategies.base import BlockStrategy, Strategy
 from remat.strategies.guard import ShapeGuard, install_guard, remove_guard, shape_guard
 from remat.strategies.handler import block_handler_of, handler_of
@@ -384,6 +383,15 @@ def preserved_strategy(model: nn.Module) -> Iterator[None]:
 
 
 @contextmanager
+def quiet_warnings() -> Iterator[None]:
+    """Silence warnings while remat applies candidates to a model it measures (the
+    pitfall notices ``apply`` gives a user are noise for a copy or a trial)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield
+
+
+@contextmanager
 def trial(model: M, decisions: Mapping[str, BlockStrategy] | str | Strategy | None = None,
           *, blocks: BlocksSpec = None, label: str = "plan", quiet: bool = True,
           within: AbstractContextManager[Any] | None = None) -> Iterator[M]:
@@ -392,7 +400,7 @@ def trial(model: M, decisions: Mapping[str, BlockStrategy] | str | Strategy | No
     The one apply / measure / restore pattern of the planner, the frontier and every
     other caller that measures a strategy on a model its user may already have
     checkpointed: :func:`preserved_strategy`, then (with ``quiet``) warnings silenced
-    (:func:`~remat.measure.windows.quiet`), then ``within`` entered (a fake-tensor mode,
+    (:func:`quiet_warnings`), then ``within`` entered (a fake-tensor mode,
     the model's preserved state), then ``decisions`` applied, in that order; undone in
     reverse. A failure while applying restores the model too.
 
@@ -414,7 +422,7 @@ def trial(model: M, decisions: Mapping[str, BlockStrategy] | str | Strategy | No
         >>> with trial(model, {"layers.0": Full()}) as tried:
         ...     prof = remat.profile(tried, batch)
     """
-    with preserved_strategy(model), (_quiet() if quiet else nullcontext()), \
+    with preserved_strategy(model), (quiet_warnings() if quiet else nullcontext()), \
             (within if within is not None else nullcontext()):
         if isinstance(decisions, Mapping):
             apply_decisions(model, decisions, blocks=blocks, label=label)
