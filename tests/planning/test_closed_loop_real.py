@@ -37,7 +37,7 @@ def test_real_measurement_equals_the_fake_copy_and_warms_up_once(
         assert planning_loop._real_is_cheaper(ctx)  # a tiny model: by its work
         assert calls and all(calls)  # every allocator step reused the first step
         key = tuple(sorted(plan.decisions.items()))
-        measured = ctx.setup.profiles.pop(key)  # real or fake: measure again on the copy
+        measured = ctx.copy_profiles.pop(key)  # real or fake: measure again on the copy
         assert measured is not None
         fake = measure_on_copy(step, ctx, plan.decisions)
     assert fake is not None and fake.simulated

@@ -62,17 +62,15 @@ from remat.measure.tracker import MemoryTracker
 from remat.recompute import is_recomputing
 
 if TYPE_CHECKING:
-    from remat.core.results import Profile
+    pass
 
 
 @dataclass
 class FakeSetup:
     """A fake copy of a model, its batch and its optimizer, ready to run.
 
-    ``profiles`` keeps the profiles of the steps measured on it, per set of decisions
-    (``planning.loop.measure_on_copy``): a choice the closed loop measured is not
-    measured again. ``step_ops`` is the number of ops of one step of the copy (the
-    windows step's; 0 until one ran): the closed loop measures a CPU model's choices on
+    ``step_ops`` is the number of ops of one step of the copy (the windows step's; 0
+    until one ran): the closed loop measures a CPU model's choices on
     the real model where that is cheaper by the work of a step (NOTE [ Closed loop on the
     real model ] in planning/loop.py).
 
@@ -87,7 +85,6 @@ class FakeSetup:
     optimizer: torch.optim.Optimizer | None
     blocks: list[tuple[str, nn.Module]]
     device: torch.device
-    profiles: dict[tuple[tuple[str, Any], ...], Profile | None] = field(default_factory=dict)
     step_ops: int = 0
     real: bool = False
 

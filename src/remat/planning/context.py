@@ -39,6 +39,7 @@ from torch.utils.checkpoint import CheckpointError
 from remat.blocks import BlocksSpec, named_blocks
 from remat.core.cost import static_bytes
 from remat.core.peak import PeakModel
+from remat.core.results import Profile
 from remat.devices import DeviceSpec
 from remat.errors import RematError, RematWarning, message, one_line
 from remat.measure.fake import (
@@ -139,6 +140,10 @@ class PlanContext:
         builtin: per block (forward order), each built-in strategy's decision on it measured
             like a candidate, outside the solver's tables (``BlockGroup.builtin``; NOTE
             [ Never worse than manual ] in manual.py). Default: ``()`` (none measured).
+        copy_profiles: the profiles of the steps the closed loop measured on ``setup``, per
+            set of decisions (``planning.loop.measure_on_copy``): a choice measured once is
+            not measured again. The contexts derived with ``dataclasses.replace`` (a head,
+            micro-batches in flight) share it, as they share ``setup``. Default: empty.
     """
 
     peak_model: PeakModel[Candidate]
@@ -152,6 +157,8 @@ class PlanContext:
     head: BlockStrategy | None = None
     microbatches_in_flight: int = 1
     builtin: tuple[tuple[Candidate, ...], ...] = ()
+    copy_profiles: dict[tuple[tuple[str, BlockStrategy], ...], Profile | None] = field(
+        default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         check_in_flight(self.microbatches_in_flight, api="PlanContext")

@@ -179,7 +179,7 @@ def real_first(step: Step, ctx: PlanContext, decisions: Mapping[str, BlockStrate
     tracked real step cheaper than a tracked fake one."""
     setup = ctx.setup
     if simulate or setup is None or setup.real or model_device(step.model).type != "cpu" \
-            or _key(decisions) in setup.profiles:
+            or _key(decisions) in ctx.copy_profiles:
         return False
     return _real_is_cheaper(ctx)
 
@@ -221,7 +221,7 @@ def measure_on_cpu(step: Step, ctx: PlanContext, decisions: Mapping[str, BlockSt
         first = first_step_peak(step)
         with preserved_state(model, step.optimizer, step.device):  # as after one step
             prof = _tracked_real(step)
-        setup.profiles[_key(decisions)] = prof
+        ctx.copy_profiles[_key(decisions)] = prof
         allocated = None
         if prof.peak_bytes <= budget_bytes:
             report("closed loop, allocator step", 0, 1)
@@ -245,14 +245,14 @@ def measure_on_copy(step: Step, ctx: PlanContext, decisions: Mapping[str, BlockS
     """One tracked step of the context's fake copy with ``decisions`` applied, or
     ``None`` where NOTE [ Closed loop on the fake copy ] does not apply. A real copy
     (NOTE [ Planning on a real copy ] in context.py) measures on any device. Each set of
-    decisions is measured once per copy (``FakeSetup.profiles``)."""
+    decisions is measured once per copy (``PlanContext.copy_profiles``)."""
     setup = ctx.setup
     if setup is None or not setup.real and model_device(step.model).type not in ("cpu", "meta"):
         return None
     key = _key(decisions)
-    if key not in setup.profiles:
-        setup.profiles[key] = _measure_on_copy(step, setup, decisions)
-    return setup.profiles[key]
+    if key not in ctx.copy_profiles:
+        ctx.copy_profiles[key] = _measure_on_copy(step, setup, decisions)
+    return ctx.copy_profiles[key]
 
 
 def _measure_on_copy(step: Step, setup: FakeSetup, decisions: Mapping[str, BlockStrategy]
