@@ -20,8 +20,8 @@ demo: $(STAMP)
 	$(BIN)/remat compare --plot out/compare.png
 
 # --dist loadscope: a module's tests run on one worker, so its module-scoped fixtures (the
-# gloo spawns, warm fake copies) are built once, not once per worker. Bytecode is written
-# even where PYTHONDONTWRITEBYTECODE is set: every worker and every spawned rank would
+# gloo ranks, warm fake copies) are built once, not once per worker. Bytecode is written
+# even where PYTHONDONTWRITEBYTECODE is set: every worker and every subprocess would
 # otherwise compile src/ (and pytest rewrite tests/) again, a few seconds a process.
 test: $(STAMP)
 	env -u PYTHONDONTWRITEBYTECODE $(BIN)/python -m pytest -n 2 --dist loadscope -p no:cacheprovider tests --durations=25

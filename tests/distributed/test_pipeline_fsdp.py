@@ -9,7 +9,7 @@ default under pipeline parallelism) and once with ``True``. Peak: the CPU alloca
 high-water mark during ``schedule.step()`` (the second step; the first allocates the
 schedule's buffers, the optimizer state, and PipelineStage's shape inference) plus what
 the rank holds at its start (parameter shards, optimizer state shards, one micro-batch).
-One spawn runs both (process start-up dominates).
+One set of gloo ranks runs both (NOTE [ Forked ranks ] in tests/ranks.py).
 """
 
 from __future__ import annotations

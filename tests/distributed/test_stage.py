@@ -9,7 +9,7 @@ budget under ScheduleInterleaved1F1B.
     stage's (interleaved: the rank's) budget, and the plan's (the rank model's) peak
     predicts it.
 
-One spawn runs all three schedules (process start-up dominates); each rank writes its
+One set of gloo ranks runs all three schedules; each rank writes its
 numbers.
 """
 

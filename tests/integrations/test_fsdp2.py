@@ -1,7 +1,7 @@
 """FSDP2 and DDP on CPU (gloo, 2 processes): loss and gradients match one process without
 checkpointing, in both orders (remat then fully_shard, fully_shard then remat).
 
-One spawn runs every distributed case (process start-up dominates the cost); rank 0 writes
+One set of gloo ranks runs every distributed case (NOTE [ Forked ranks ]); rank 0 writes
 the numbers to a JSON file that the tests below read.
 """
 
@@ -193,7 +193,7 @@ def _spawn_all(tmp: Path) -> dict[str, Any]:
 
 
 def test_fsdp2_and_ddp_on_two_ranks_match_one_process(tmp_path: Path) -> None:
-    """One test for the whole spawn, so pytest-xdist runs it once (it costs ~15 s)."""
+    """One test for all the ranks' cases, so pytest-xdist starts the ranks once."""
     results = _spawn_all(tmp_path)
     # Loss and gradients at every step match one process without checkpointing.
     for case in [c[0] for c in FSDP_CASES] + [c[0] for c in DDP_CASES]:

@@ -1,7 +1,7 @@
 """Tensor (and sequence) parallelism on 2, 4 and 8 gloo CPU ranks with remat: gradients match
 one process, and each rank's measured bytes equal remat.distributed.tensor_parallel's.
 
-One spawn runs every distributed case (process start-up dominates the cost); rank 0 writes
+One set of gloo ranks runs every distributed case (NOTE [ Forked ranks ]); rank 0 writes
 the numbers to a JSON file that the tests below read.
 """
 
