@@ -143,9 +143,12 @@ def test_casting_block_plans_or_says_why() -> None:
     with pytest.warns(RematWarning, match="real copy"), \
             pytest.raises(RematError, match="run one training step before planning"):
         remat.plan(model, ids, budget="activations:99%")
+    # Nothing to checkpoint: it plans, on a real copy (a small CPU model's stand-in, NOTE
+    # [ A real copy standing in for the fake one ], or the fallback, which warns).
     model, ids = _lm(CastingBlock, layers=2)
-    with pytest.warns(RematWarning, match="real copy"):
-        plan = remat.plan(model, ids, budget="100%")  # nothing to checkpoint: it plans
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", ".*real copy", RematWarning)
+        plan = remat.plan(model, ids, budget="100%")
     assert plan.measured_peak_bytes <= plan.budget_bytes
 
 

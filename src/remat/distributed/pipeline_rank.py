@@ -302,7 +302,7 @@ def _pareto(chunk: nn.Module, micro_batch: Any, loss_fn: LossFn, in_flight: int,
     prep = {k: plan_kwargs[k] for k in ("optimizer", "blocks", "device", "cost")
             if k in plan_kwargs}
     ctx = prepare(chunk, micro_batch, loss_fn=loss_fn, microbatches_in_flight=in_flight,
-                  **prep)
+                  stand_in=False, **prep)
     assert ctx.setup is not None
 
     def at(budget: int) -> Plan:

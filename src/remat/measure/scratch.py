@@ -64,11 +64,15 @@ NOTE [ Kernel scratch measured by probes ]
     distinct call (the profiler's start and stop); later steps in the process read
     the cache. :class:`~remat.measure.tracker.MemoryTracker` probes unless built with
     ``probe_scratch=False``; it is remat's measurement, never the user's training loop.
+    Inside :func:`without_probed_scratch` no probed scratch counts, as on fake tensors (a
+    real copy standing in for a fake one, NOTE [ A real copy standing in for the fake
+    one ] in planning/context.py).
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -112,6 +116,24 @@ MAX_PROBES = 4096
 
 _PROBED: dict[Hashable, int] = {}
 _probes = [0]
+_counted = [True]
+
+
+@contextmanager
+def without_probed_scratch() -> Iterator[None]:
+    """Count no probed scratch inside (NOTE [ Kernel scratch measured by probes ]): real
+    tensors measure as fake ones do.
+
+    Example:
+        >>> with without_probed_scratch():
+        ...     pass
+    """
+    before = _counted[0]
+    _counted[0] = False
+    try:
+        yield
+    finally:
+        _counted[0] = before
 
 
 def _arg_key(value: Any) -> Hashable:
@@ -184,7 +206,8 @@ def probe_scratch(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out:
         >>> probe_scratch(conv, call, {}, conv(*call)) > 0
         True
     """
-    if any(is_fake(t) for t in _leaves((args, kwargs, out)) if isinstance(t, Tensor)):
+    if not _counted[0] or any(is_fake(t) for t in _leaves((args, kwargs, out))
+                              if isinstance(t, Tensor)):
         return 0  # a simulated step: no probed scratch, whatever this process ran before
     key = probe_key(func, args, kwargs)
     known = _PROBED.get(key)

@@ -128,8 +128,8 @@ def active() -> bool:
 
 
 @contextmanager
-def _one_thread() -> Iterator[None]:
-    """Run a replay on the calling thread only.
+def one_thread() -> Iterator[None]:
+    """Run on the calling thread only (a shadow's replay; a real copy's small ops).
 
     Shadows are small (at most :data:`MAX_SHADOW_NUMEL` elements), yet some kernels
     (``tril``, SDPA's causal mask under fake tensors) open an OpenMP region for them: on a
@@ -186,7 +186,7 @@ def propagate(func: Any, args: Any, kwargs: Any, out: Any) -> None:
         return x
 
     real_args, real_kwargs = tree_map(real, (args, kwargs))
-    with _disable_current_modes(), _one_thread():
+    with _disable_current_modes(), one_thread():
         try:
             result = func(*real_args, **real_kwargs)
         except Exception:  # a kernel the shadows cannot run: the outputs stay unknown

@@ -76,7 +76,9 @@ class FakeSetup:
 
     ``real``: the copy holds real tensors, not fake ones, and ``mode`` enters nothing:
     what the planner measures on where a fake copy cannot run the step (NOTE [ Planning
-    on a real copy ] in planning/context.py).
+    on a real copy ] in planning/context.py). ``stand_in``: a real copy measured on where
+    computing is cheaper than faking (NOTE [ A real copy standing in for the fake one ] in
+    planning/context.py).
     """
 
     mode: AbstractContextManager[Any]
@@ -87,6 +89,7 @@ class FakeSetup:
     device: torch.device
     step_ops: int = 0
     real: bool = False
+    stand_in: bool = False
 
     @property
     def fake_mode(self) -> FakeTensorMode:

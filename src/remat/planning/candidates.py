@@ -49,7 +49,7 @@ NOTE [ Candidate decisions ]
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -416,7 +416,8 @@ def _measure_kind(setup: FakeSetup, rep: str, block: nn.Module, inputs: BlockInp
 def measure_groups(setup: FakeSetup, device: DeviceSpec, *, prune: bool = True,
                    max_composites: int = 8, share: bool = True,
                    run: RunBlock = run_block,
-                   model_blocks: int | None = None, builtin: bool = False) -> list[BlockGroup]:
+                   model_blocks: int | None = None, builtin: bool = False,
+                   inputs: Mapping[str, BlockInputs] | None = None) -> list[BlockGroup]:
     """Measure every candidate of every kind of block in ``setup``'s model.
 
     Args:
@@ -436,14 +437,17 @@ def measure_groups(setup: FakeSetup, device: DeviceSpec, *, prune: bool = True,
             for a caller measuring on a copy cut shorter. Default: ``setup``'s blocks.
         builtin: also measure each built-in strategy's decision on each kind of block
             (``BlockGroup.builtin``). Default: False.
+        inputs: each block's arguments, captured on ``setup`` already
+            (:func:`~remat.planning.capture.capture_inputs`). Default: captured here.
 
     Returns:
         One :class:`BlockGroup` per kind of block (per block without ``share``), in order
         of first appearance.
     """
-    report("block inputs", 1, 3)
-    inputs = capture_inputs(setup.model, setup.batch, setup.blocks,
-                            mode=None if setup.real else setup.mode)
+    if inputs is None:
+        report("block inputs", 1, 3)
+        inputs = capture_inputs(setup.model, setup.batch, setup.blocks,
+                                mode=None if setup.real else setup.mode)
     setup.blocks[:] = in_call_order(setup.blocks, inputs)  # the peak model counts in this order
     groups: dict[Any, list[str]] = {}
     for name, block in setup.blocks:

@@ -38,7 +38,8 @@ def _shape_key(value: Any) -> Any:
 
 
 def capture_inputs(model: nn.Module, batch: Any, blocks: Sequence[tuple[str, nn.Module]], *,
-                   mode: Any = None) -> dict[str, BlockInputs]:
+                   mode: Any = None, tracker: MemoryTracker | None = None
+                   ) -> dict[str, BlockInputs]:
     """Arguments each of ``blocks`` is called with, from a forward stopped once all ran.
 
     The forward stops as soon as every wanted block has been called once, in whatever
@@ -52,6 +53,8 @@ def capture_inputs(model: nn.Module, batch: Any, blocks: Sequence[tuple[str, nn.
         blocks: the ``(name, module)`` pairs whose arguments are wanted.
         mode: the fake mode, entered around the forward with a tracker (so small
             integer tensors keep their values). Default: none (a real forward).
+        tracker: the tracker entered with ``mode``; pass one that records ops to read
+            the forward's work from it. Default: one that records none.
 
     Returns:
         Per block name, its arguments; the dict is in the order the blocks were first
@@ -81,7 +84,7 @@ def capture_inputs(model: nn.Module, batch: Any, blocks: Sequence[tuple[str, nn.
                 # without it transformers built a 4-D mask that the whole step, tracked,
                 # never builds, and every block run kept its converted copy (GPT-NeoX:
                 # one hidden state per block, the peak model 1.5 MiB low on 6 layers).
-                stack.enter_context(MemoryTracker(record_ops=False))
+                stack.enter_context(tracker or MemoryTracker(record_ops=False))
             stack.enter_context(torch.enable_grad())
             try:
                 call_model(model, batch, api="remat.plan")

@@ -15,19 +15,43 @@ NOTE [ Planning on a real copy ]
     measuring code, each block run and the windows step computing for real), with one
     :class:`~remat.errors.RematWarning` that says why. The user's model is still
     untouched, at the price of a second copy of its tensors while planning and real
-    compute for every candidate. On CPU the bytes are the same as a fake copy's would
-    be; what a data-dependent step allocates is measured for the batch given (another
+    compute for every candidate. On CPU the bytes are a real run's (NOTE [ A real copy
+    standing in for the fake one ]); what a data-dependent step allocates is measured for
+    the batch given (another
     routing allocates otherwise, which the closed loop, measuring the real step, checks
     for that batch). A model on the meta device has no real copy: the error says so.
     Any other error of the fake copy is the model's own and is raised as it is.
+
+NOTE [ A real copy standing in for the fake one ]
+    A fake copy computes nothing but pays Python dispatch on every op, about fifteen times
+    an untracked real CPU op; on a small CPU model that dispatch costs more than the
+    arithmetic it skips. So where the model is on the CPU, runs in no process group, and
+    ``stand_in`` is on (``remat.plan`` without ``simulate=True``), steps 1-3 price the two
+    copies from the work of the capture forward (its ops and FLOPs, NOTE [ Pricing a fake
+    and a real copy ] in copy_cost.py) and measure on a real copy of the model, batch and
+    optimizer when that is cheaper and the model's parameters and buffers are at most
+    ``STAND_IN_MAX_BYTES`` (the copy doubles them while planning). The stand-in measures
+    what the fake copy would, so the plan is the same either way and only the time
+    differs: its mode (:class:`StandIn`) forks the random number generators (the user's
+    RNG is left as it was), counts no probed kernel scratch (NOTE [ Kernel scratch
+    measured by probes ] in measure/scratch.py) and records no generator state for a kept
+    random op (NOTE [ Kept random ops and the RNG ] in strategies/sac_rng.py: a region's
+    first call only, which the first-step allocator check reads). Those are the bytes a
+    real CPU run sees and a fake one does not. It computes on one intra-op thread (priced
+    so): its ops are small, and on a busy machine several threads' spinning workers stall
+    each other. A stand-in is ``FakeSetup.real`` and
+    ``FakeSetup.stand_in``; the closed loop measures its choices on the real model as it
+    does a fake copy's (NOTE [ Closed loop on the real model ] in loop.py), and a choice
+    it measures on the copy counts as simulated, as the fake copy's would.
 """
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import TracebackType
 from typing import Any
 
@@ -38,6 +62,7 @@ from torch.utils.checkpoint import CheckpointError
 
 from remat.blocks import BlocksSpec, named_blocks
 from remat.core.cost import static_bytes
+from remat.core.op_record import OpRecord
 from remat.core.peak import PeakModel
 from remat.core.results import Profile
 from remat.devices import DeviceSpec
@@ -50,10 +75,15 @@ from remat.measure.fake import (
     real_copy_with_map,
 )
 from remat.measure.ledger import categorized
+from remat.measure.scratch import without_probed_scratch
+from remat.measure.shadow import one_thread
 from remat.measure.step import Step, model_device
 from remat.measure.tracked_step import check_trainable
+from remat.measure.tracker import MemoryTracker
 from remat.measure.windows import FakeSetup, StepWindows, run_windows
 from remat.planning.candidates import BlockGroup, Candidate, measure_groups
+from remat.planning.capture import capture_inputs
+from remat.planning.copy_cost import fake_seconds, in_process_group, real_seconds
 from remat.planning.coverage import warn_uncovered
 from remat.planning.in_flight import check_in_flight, forward_held_bytes, in_flight_model
 from remat.planning.options import COSTS
@@ -64,6 +94,7 @@ from remat.progress import report
 from remat.strategies import BlockStrategy, remove
 from remat.strategies.head import HEAD_KEY
 from remat.strategies.pitfalls import check_model, warn_pitfalls
+from remat.strategies.sac_rng import generators_unfollowed
 
 
 def fake_setup(model: nn.Module, batch: Any, *, optimizer: torch.optim.Optimizer | None,
@@ -92,6 +123,19 @@ def real_setup(model: nn.Module, batch: Any, *, optimizer: torch.optim.Optimizer
     return FakeSetup(KeptRng(device), rmodel, batch, ropt, named, device, real=True)
 
 
+#: The largest model (parameter and buffer bytes) measured on a real stand-in copy (NOTE
+#: [ A real copy standing in for the fake one ]).
+STAND_IN_MAX_BYTES = 1 << 30
+
+
+def stand_in_setup(model: nn.Module, batch: Any, *, optimizer: torch.optim.Optimizer | None,
+                   blocks: BlocksSpec) -> FakeSetup:
+    """A real copy of ``model`` measured as its fake copy would be (NOTE [ A real copy
+    standing in for the fake one ])."""
+    setup = real_setup(model, batch, optimizer=optimizer, blocks=blocks)
+    return replace(setup, mode=StandIn(setup.device), stand_in=True)
+
+
 class KeptRng:
     """A real copy's ``FakeSetup.mode``: each entry forks the random number generators
     (CPU, and ``device``'s when it is a GPU), so runs on the copy leave the user's RNG as
@@ -109,6 +153,30 @@ class KeptRng:
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
                  trace: TracebackType | None) -> None:
         self._entered.pop().__exit__(kind, error, trace)
+
+
+class StandIn(KeptRng):
+    """A stand-in copy's ``FakeSetup.mode``: the generators forked as :class:`KeptRng`
+    forks them, and the copy measured as a fake one is (NOTE [ A real copy standing in
+    for the fake one ]): no probed kernel scratch, no generator state recorded for a
+    kept random op."""
+
+    def __init__(self, device: torch.device) -> None:
+        super().__init__(device)
+        self._as_fake: list[contextlib.ExitStack] = []
+
+    def __enter__(self) -> None:
+        super().__enter__()
+        stack = contextlib.ExitStack()
+        stack.enter_context(without_probed_scratch())
+        stack.enter_context(generators_unfollowed())
+        stack.enter_context(one_thread())
+        self._as_fake.append(stack)
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 trace: TracebackType | None) -> None:
+        self._as_fake.pop().close()
+        super().__exit__(kind, error, trace)
 
 
 @dataclass(frozen=True)
@@ -239,7 +307,7 @@ def _device_label(device: torch.device) -> str:
 def prepare(model: nn.Module, batch: Any, *, loss_fn: Any = None,
             optimizer: torch.optim.Optimizer | None = None, blocks: Any = None,
             device: str | DeviceSpec | None = None, cost: str = "auto",
-            microbatches_in_flight: int = 1) -> PlanContext:
+            microbatches_in_flight: int = 1, stand_in: bool = True) -> PlanContext:
     """Measure candidates and calibrate the peak model (steps 1-3 of NOTE [ How a plan is made ]).
 
     Bytes are measured on fake copies, so the model, its gradients and the optimizer are
@@ -254,14 +322,17 @@ def prepare(model: nn.Module, batch: Any, *, loss_fn: Any = None,
         device: the cost device (name or spec). Default: the model's GPU when remat
             knows it, else ``"h100-80gb"``.
         microbatches_in_flight: as for :func:`remat.plan`. Default: 1.
+        stand_in: measure a CPU model on a real copy where that is cheaper than on a fake
+            one (the same bytes; NOTE [ A real copy standing in for the fake one ]);
+            ``False`` measures on fake tensors only. Default: True.
     """
     step = Step(model, batch, loss_fn=loss_fn, optimizer=optimizer, blocks=blocks,
                 microbatches_in_flight=microbatches_in_flight)
-    return prepare_step(step, device=device, cost=cost)
+    return prepare_step(step, device=device, cost=cost, stand_in=stand_in)
 
 
 def prepare_step(step: Step, *, device: str | DeviceSpec | None = None,
-                 cost: str = "auto") -> PlanContext:
+                 cost: str = "auto", stand_in: bool = True) -> PlanContext:
     """:func:`prepare` for a resolved :class:`~remat.measure.step.Step`."""
     model = step.model
     check_plannable(model)
@@ -270,7 +341,7 @@ def prepare_step(step: Step, *, device: str | DeviceSpec | None = None,
     report("fake copy", 0, 3)
     try:
         setup = fake_setup(model, step.batch, optimizer=step.optimizer, blocks=step.blocks)
-        groups, windows = _measure(setup, step, spec, source)
+        setup, groups, windows = _measure(setup, step, spec, source, stand_in=stand_in)
     except Exception as error:  # NOTE [ Planning on a real copy ]
         why = fake_failure(error)
         if why is None:
@@ -278,7 +349,7 @@ def prepare_step(step: Step, *, device: str | DeviceSpec | None = None,
         report("real copy", 0, 3)
         setup = _real_fallback(model, step, why, error)
         try:
-            groups, windows = _measure(setup, step, spec, source)
+            setup, groups, windows = _measure(setup, step, spec, source, stand_in=False)
         except (RuntimeError, CheckpointError) as real_error:
             again = fake_failure(real_error)
             if again is None and not isinstance(real_error, CheckpointError):
@@ -310,13 +381,38 @@ def prepare_step(step: Step, *, device: str | DeviceSpec | None = None,
                        builtin=tuple(builtin.get(n, ()) for n in peak_model.block_names))
 
 
-def _measure(setup: FakeSetup, step: Step, spec: DeviceSpec, source: str
-             ) -> tuple[list[BlockGroup], StepWindows]:
-    """Every candidate of every kind of block, and the whole step's windows, on ``setup``."""
+def _measure(setup: FakeSetup, step: Step, spec: DeviceSpec, source: str, *, stand_in: bool
+             ) -> tuple[FakeSetup, list[BlockGroup], StepWindows]:
+    """Every candidate of every kind of block, and the whole step's windows, on ``setup``
+    or, with ``stand_in``, on a real copy where that is cheaper (NOTE [ A real copy
+    standing in for the fake one ]); the setup measured on is returned first."""
+    report("block inputs", 1, 3)
+    work = MemoryTracker() if stand_in and _may_stand_in(setup, step.model) else None
+    inputs = capture_inputs(setup.model, setup.batch, setup.blocks,
+                            mode=None if setup.real else setup.mode, tracker=work)
+    if work is not None and _real_is_cheaper(work.ops):
+        setup = stand_in_setup(step.model, step.batch, optimizer=step.optimizer,
+                               blocks=step.blocks)
+        with setup.mode:
+            inputs = capture_inputs(setup.model, setup.batch, setup.blocks)
     groups = measure_groups(setup, spec, prune=source == "roofline",
-                            builtin=source == "roofline")
+                            builtin=source == "roofline", inputs=inputs)
     report("memory windows of the whole step", 2, 3)
-    return groups, run_windows(setup, loss_fn=step.loss_fn)
+    return setup, groups, run_windows(setup, loss_fn=step.loss_fn)
+
+
+def _may_stand_in(setup: FakeSetup, model: nn.Module) -> bool:
+    """A fake copy of a CPU model small enough to copy for real, in no process group."""
+    if setup.real or model_device(model).type != "cpu" or in_process_group():
+        return False
+    held = sum(t.untyped_storage().nbytes() for t in (*model.parameters(), *model.buffers()))
+    return held <= STAND_IN_MAX_BYTES
+
+
+def _real_is_cheaper(ops: Sequence[OpRecord]) -> bool:
+    """Whether the capture forward's ``ops`` cost less on a real copy than on a fake one."""
+    flops = sum(op.flops for op in ops)
+    return real_seconds(len(ops), flops, threads=1) < fake_seconds(len(ops))
 
 
 def _real_fallback(model: nn.Module, step: Step, why: str, error: Exception) -> FakeSetup:

@@ -42,13 +42,12 @@ NOTE [ Closed loop on the real model ]
     copy is cheaper is decided from
     the work of the step, never from the clock (the same plan on an idle and on a loaded
     machine): the windows step's op count (``FakeSetup.step_ops``) prices a fake tracked
-    step at ``_FAKE_OP_S`` per op, and a real one costs ``_TRACKED_COST`` untracked steps of
-    ``_REAL_OP_S`` per op plus three times the blocks' forward FLOPs (forward, and backward
-    at twice the forward) at ``_CPU_FLOPS_PER_THREAD`` per thread (torch's intra-op
-    threads). The constants are medians measured on 1-thread CPU steps of Hugging Face
-    decoders (d 32 to 1024); they only decide speed, since both measure the same bytes. For
-    a small model (a 32-layer, d=128 decoder) a real step costs a fifth of a fake one and
-    the closed loop's measuring halves; for a large one the fake copy stays the cheaper.
+    step, and a real one costs ``_TRACKED_COST`` untracked steps of that many ops and three
+    times the blocks' forward FLOPs (forward, and backward at twice the forward), priced by
+    NOTE [ Pricing a fake and a real copy ] in copy_cost.py; they only decide speed, since
+    both measure the same bytes. For a small model (a 32-layer, d=128 decoder) a real step
+    costs a fifth of a fake one and the closed loop's measuring halves; for a large one the
+    fake copy stays the cheaper.
 """
 
 from __future__ import annotations
@@ -80,6 +79,7 @@ from remat.measure.windows import FakeSetup
 from remat.planning.candidates import Candidate
 from remat.planning.card import reserved_on_card
 from remat.planning.context import PlanContext
+from remat.planning.copy_cost import fake_seconds, in_process_group, real_seconds
 from remat.planning.manual import manual_options
 from remat.planning.plans import Plan
 from remat.planning.recompute_cost import recompute_ms, step_ms
@@ -89,13 +89,8 @@ from remat.strategies.builtin import Full
 from remat.units import format_bytes
 
 _MAX_ROUNDS = 6
-#: A tracked real step's cost in untracked ones, the seconds per op of a tracked fake
-#: step and of an untracked real CPU step, and a CPU thread's FLOP rate (NOTE [ Closed
-#: loop on the real model ]).
+#: A tracked real step's cost in untracked ones (NOTE [ Closed loop on the real model ]).
 _TRACKED_COST = 1.5
-_FAKE_OP_S = 250e-6
-_REAL_OP_S = 15e-6
-_CPU_FLOPS_PER_THREAD = 40e9
 _KIND_NAMES: dict[str, str] = {
     Category.PARAMETERS: "parameters", Category.GRADIENTS: "gradients",
     Category.OPTIMIZER_STATE: "optimizer state", Category.BATCH: "batch",
@@ -178,7 +173,8 @@ def real_first(step: Step, ctx: PlanContext, decisions: Mapping[str, BlockStrate
     model ]): a real CPU model with a fake copy, the choice not measured on it yet, and a
     tracked real step cheaper than a tracked fake one."""
     setup = ctx.setup
-    if simulate or setup is None or setup.real or model_device(step.model).type != "cpu" \
+    if simulate or setup is None or setup.real and not setup.stand_in \
+            or model_device(step.model).type != "cpu" \
             or _key(decisions) in ctx.copy_profiles:
         return False
     return _real_is_cheaper(ctx)
@@ -188,21 +184,12 @@ def _real_is_cheaper(ctx: PlanContext) -> bool:
     # A model in a process group (TP, FSDP) runs collectives in its real steps, which
     # every rank must run alike: its ranks measure on the fake copy.
     setup = ctx.setup
-    if setup is None or _in_process_group():
+    if setup is None or in_process_group():
         return False
-    import torch
-
     forward_flops = sum(max((c.recompute_flops for c in table), default=0)
                         for table in ctx.peak_model.tables)
-    real_s = setup.step_ops * _REAL_OP_S + 3 * forward_flops / (
-        _CPU_FLOPS_PER_THREAD * max(1, torch.get_num_threads()))
-    return real_s * _TRACKED_COST < setup.step_ops * _FAKE_OP_S
-
-
-def _in_process_group() -> bool:
-    import torch.distributed as dist
-
-    return bool(dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1)
+    real_s = real_seconds(setup.step_ops, 3 * forward_flops)
+    return real_s * _TRACKED_COST < fake_seconds(setup.step_ops)
 
 
 def measure_on_cpu(step: Step, ctx: PlanContext, decisions: Mapping[str, BlockStrategy],
@@ -268,7 +255,8 @@ def _measure_on_copy(step: Step, setup: FakeSetup, decisions: Mapping[str, Block
                 clear_grads(setup.model)
     except Exception:  # noqa: BLE001 - the measured step below is the reference
         return None
-    return profile_from_tracked(tracked, named, simulated=not setup.real, device=fstep.device)
+    return profile_from_tracked(tracked, named, simulated=not setup.real or setup.stand_in,
+                                device=fstep.device)
 
 
 def timed_step_ms(step: Step, decisions: Mapping[str, BlockStrategy], *,

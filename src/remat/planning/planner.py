@@ -239,7 +239,8 @@ def plan_step(step: Step, options: PlanOptions, *, context: PlanContext | None =
     # the card before the measurements: budget="device" without one fails at once
     card = card_of(step, options) if options.budget.is_device else None
     if context is None:
-        context = prepare_step(step, device=options.device, cost=source)
+        context = prepare_step(step, device=options.device, cost=source,
+                               stand_in=not options.simulate)
     else:
         check_plannable(step.model)
         if context.microbatches_in_flight != step.microbatches_in_flight:

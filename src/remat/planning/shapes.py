@@ -88,7 +88,8 @@ def plan_shapes(step: Step, batches: Sequence[Any], options: PlanOptions,
     for done in range(_ROUNDS):
         report("plan the shapes", done, _ROUNDS)
         if target not in contexts:
-            contexts[target] = prepare_step(steps[target], device=options.device, cost=cost)
+            contexts[target] = prepare_step(steps[target], device=options.device, cost=cost,
+                                            stand_in=not options.simulate)
         try:
             plan = plan_one(steps[target], asked, context=contexts[target])
         except BudgetTooSmall as error:

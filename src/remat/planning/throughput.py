@@ -94,7 +94,7 @@ def search_budget_bytes(step: Step, options: PlanOptions,
     if not budget.is_relative:
         return budget.resolve(0)
     reference = prepare_step(step.with_batch(reference_batch()), device=options.device,
-                             cost="roofline")
+                             cost="roofline", stand_in=not options.simulate)
     return budget.resolve(reference.no_checkpoint_peak_bytes,
                           static_bytes=reference.static_bytes)
 

@@ -134,7 +134,7 @@ def _plan_row(setup: Setup, batch_size: int, seq_len: int,
     batch = setup.batch_fn(batch_size, seq_len)
     step = Step(setup.model, batch, loss_fn=setup.loss_fn, optimizer=setup.optimizer,
                 blocks=setup.blocks)
-    context = prepare_step(step, device=setup.device, cost="roofline")
+    context = prepare_step(step, device=setup.device, cost="roofline", stand_in=False)
     row: SimulationRow | None = None
     for _ in range(_RESERVED_ROUNDS):  # NOTE [ Reserved per rank ]: tighten by the excess
         try:
@@ -165,7 +165,7 @@ def _fsdp_plan_row(setup: Setup, batch_size: int, seq_len: int,
 
     batch = setup.batch_fn(batch_size, seq_len)
     context = prepare(setup.model, batch, loss_fn=setup.loss_fn, optimizer=None,
-                      blocks=setup.blocks, device=setup.device, cost="roofline")
+                      blocks=setup.blocks, device=setup.device, cost="roofline", stand_in=False)
     lo, budget = _fsdp_budgets(setup, static)
     tried: list[SimulationRow] = []
     for _ in range(_FSDP_ROUNDS):

@@ -14,24 +14,25 @@ NOTE [ Kept random ops and the RNG ]
     gradient errors of order 1 (seen on an H100, torch 2.11; the same code path in 2.13),
     as does hand-written SAC with the same save set.
 
-    When a region's save set names a random op, :func:`rng_replay` adds a dispatch mode
-    on top of SAC's two: in the forward it records the state of the op's device
-    generator after each random op the policy keeps; in the recompute it sets that
-    state after the same (k-th) random op, so whatever follows draws what it drew in
-    the forward. A random op re-run needs nothing: the generator is right before it, so
-    after it too. Fake tensors (the planner's measurements) have no generator to follow
-    and are passed through. The CPU state is a 5056-byte tensor taken through
-    ``torch.get_rng_state``, so the tracker counts it (NOTE [ RNG states saved by
-    checkpoint ] in measure/outside.py). The mode stays only where it matters: a region
-    whose first forward kept no random op, or whose first recompute found every kept
-    one had left its generator where it was (attention without dropout), gets SAC's
-    contexts alone from then on, like NOTE [ Skipping only where it pays ] in sac.py.
+    When a region's save set names a random op, :func:`rng_replay` adds a dispatch mode on
+    top of SAC's two: in the forward it records the state of the op's device generator after
+    each random op the policy keeps; in the recompute it sets that state after the same
+    (k-th) random op, so whatever follows draws what it drew in the forward. A random op
+    re-run needs nothing: the generator is right before it, so after it too. Fake tensors
+    (the planner's measurements) have no generator to follow and are passed through, as are
+    real ones inside :func:`generators_unfollowed` (a real copy the planner measures as it
+    would a fake one). The CPU state is a 5056-byte tensor taken through
+    ``torch.get_rng_state``, so the tracker counts it (NOTE [ RNG states saved by checkpoint
+    ] in measure/outside.py). The mode stays only where it matters: a region whose first
+    forward kept no random op, or whose first recompute found every kept one had left its
+    generator where it was (attention without dropout), gets SAC's contexts alone from then
+    on, like NOTE [ Skipping only where it pays ] in sac.py.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,7 +59,29 @@ def names_random_op(names: Iterable[str]) -> bool:
     return False
 
 
+_followed = [True]
+
+
+@contextlib.contextmanager
+def generators_unfollowed() -> Iterator[None]:
+    """Inside, random ops on real tensors pass through as fake ones do: no generator state
+    is recorded (NOTE [ Kept random ops and the RNG ]).
+
+    Example:
+        >>> with generators_unfollowed():
+        ...     pass
+    """
+    before = _followed[0]
+    _followed[0] = False
+    try:
+        yield
+    finally:
+        _followed[0] = before
+
+
 def _device_of(args: Any, kwargs: Any, out: Any) -> torch.device | None:
+    if not _followed[0]:
+        return None
     for t in tree_leaves((out, args, kwargs)):
         if isinstance(t, torch.Tensor):
             return None if isinstance(t, FakeTensor) else t.device

@@ -1,0 +1,109 @@
+"""A real copy standing in for the fake one: the same measurements, and how much faster.
+
+For each model, ``remat.planning.prepare`` runs twice, alternately: on fake tensors only
+(``stand_in=False``) and as ``remat.plan`` does (a real copy where NOTE [ A real copy
+standing in for the fake one ] in src/remat/planning/context.py finds it cheaper). It checks
+that both measured the same (every candidate of every block, the windows, the peak model's
+calibration, the built-in strategies' decisions) and that the user's RNG did not move, and
+prints the median seconds of each over ``--repeats`` (1 torch thread, after one untimed
+pair). Exit status 1 on any difference.
+
+Models: seeded random decoders (tests/generated_models.py, ``--seeds``) and issue #31's five
+6-layer families (benchmarks/planner.py's ``family_model``, batch 4 x 128; ``--families``).
+
+Usage::
+
+    PYTHONPATH=src .venv/bin/python benchmarks/stand_in.py                    # seeds 0-23
+    PYTHONPATH=src .venv/bin/python benchmarks/stand_in.py --seeds 0-3 --families
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
+
+from remat.planning.context import PlanContext, prepare  # noqa: E402
+
+
+def _models(seeds: list[int], families: bool) -> list[tuple[str, torch.nn.Module, Any]]:
+    from tests.generated_models import generated_model
+
+    found: list[tuple[str, torch.nn.Module, Any]] = []
+    for seed in seeds:
+        drawn = generated_model(seed)
+        found.append((f"{seed}: {drawn.label}", drawn.model, drawn.batch))
+    if families:
+        from planner import FAMILY_RUNS, family_model, hf_batch
+
+        for name, batch_size in FAMILY_RUNS[:5]:
+            found.append((name, family_model(name), hf_batch(batch_size)))
+    return found
+
+
+def _same(a: PlanContext, b: PlanContext) -> bool:
+    return (a.peak_model == b.peak_model and a.builtin == b.builtin
+            and a.no_checkpoint_peak_bytes == b.no_checkpoint_peak_bytes
+            and a.static_bytes == b.static_bytes)
+
+
+def _timed(model: torch.nn.Module, batch: Any, stand_in: bool) -> tuple[float, PlanContext]:
+    started = time.perf_counter()
+    ctx = prepare(model, batch, stand_in=stand_in)
+    return time.perf_counter() - started, ctx
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--seeds", default="0-23", help="generated seeds, e.g. 0-23 or 1,5")
+    parser.add_argument("--families", action="store_true", help="also issue #31's families")
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    if "-" in args.seeds:
+        lo, hi = (int(x) for x in args.seeds.split("-"))
+        seeds = list(range(lo, hi + 1))
+    else:
+        seeds = [int(x) for x in args.seeds.split(",") if x]
+    torch.set_num_threads(1)
+    warnings.filterwarnings("ignore")
+    print("| model | copy used | same bytes | RNG kept | fake s | stand-in s | speed-up |")
+    print("|---|---|---|---|---:|---:|---:|")
+    failed = 0
+    ratios = []
+    for label, model, batch in _models(seeds, args.families):
+        _timed(model, batch, False)
+        _timed(model, batch, True)
+        fake_s, real_s = [], []
+        same = kept = True
+        used = "fake"
+        for _ in range(args.repeats):
+            seconds, fake = _timed(model, batch, False)
+            fake_s.append(seconds)
+            state = torch.get_rng_state()
+            seconds, real = _timed(model, batch, True)
+            real_s.append(seconds)
+            kept &= torch.equal(state, torch.get_rng_state())
+            same &= _same(fake, real)
+            used = "real" if real.setup is not None and real.setup.stand_in else "fake"
+        failed += not (same and kept)
+        ratio = statistics.median(fake_s) / statistics.median(real_s)
+        ratios.append(ratio)
+        print(f"| {label} | {used} | {'yes' if same else 'NO'} | {'yes' if kept else 'NO'} | "
+              f"{statistics.median(fake_s):.2f} | {statistics.median(real_s):.2f} | "
+              f"{ratio:.1f}x |", flush=True)
+    print(f"\n{len(ratios)} models, median speed-up {statistics.median(ratios):.1f}x, "
+          f"differences: {failed}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

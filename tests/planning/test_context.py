@@ -1,0 +1,71 @@
+"""A real copy standing in for the fake one (NOTE [ A real copy standing in for the fake
+one ] in planning/context.py): the same measurements, the user's RNG untouched, and only
+where a real copy is cheaper."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import pytest
+import torch
+
+import remat
+from remat.models import build_model, make_batch
+from remat.planning import context as planning_context
+from remat.planning.context import prepare
+from remat.planning.copy_cost import fake_seconds, real_seconds
+
+
+def _model(which: str) -> tuple[torch.nn.Module, Any]:
+    if which == "llama-tiny":
+        torch.manual_seed(0)
+        model = build_model("llama-tiny")
+        return model, make_batch(model, 2)
+    from generated_models import generated_model
+
+    drawn = generated_model(int(which.removeprefix("generated-")))
+    return drawn.model, drawn.batch
+
+
+# llama-tiny: remat's own decoder (SDPA kept by ops save sets: a random op under SAC);
+# seed 1: a Qwen2 with attention dropout; seed 2: an OLMoE (data-dependent routing).
+@pytest.mark.parametrize("which", ["llama-tiny", "generated-1", "generated-2"])
+def test_a_stand_in_measures_what_the_fake_copy_measures(which: str) -> None:
+    model, batch = _model(which)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fake = prepare(model, batch, stand_in=False)
+        rng = torch.get_rng_state()
+        real = prepare(model, batch)
+    assert fake.setup is not None and not fake.setup.real
+    assert real.setup is not None and real.setup.stand_in and real.setup.real
+    assert torch.equal(torch.get_rng_state(), rng)  # the user's generator did not move
+    # Every candidate of every block, the windows and the calibration: byte for byte.
+    assert real.peak_model == fake.peak_model
+    assert real.builtin == fake.builtin
+    assert (real.no_checkpoint_peak_bytes, real.static_bytes) == \
+        (fake.no_checkpoint_peak_bytes, fake.static_bytes)
+
+
+def test_a_model_over_the_copy_limit_or_simulated_is_measured_on_fake_tensors(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    model, batch = _model("llama-tiny")
+    monkeypatch.setattr(planning_context, "STAND_IN_MAX_BYTES", 0)
+    ctx = prepare(model, batch)
+    assert ctx.setup is not None and not ctx.setup.real
+    monkeypatch.undo()
+
+    def refused(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("simulate=True planned on a real copy")
+
+    monkeypatch.setattr(planning_context, "stand_in_setup", refused)
+    plan = remat.plan(model, batch, budget="activations:80%", simulate=True)
+    assert plan.budget_bytes > 0
+
+
+def test_a_real_copy_is_priced_by_its_work_not_the_clock() -> None:
+    # 100 small ops: real arithmetic is cheaper than faking them; 1e12 FLOPs is not.
+    assert real_seconds(100, 10**8, threads=1) < fake_seconds(100)
+    assert real_seconds(100, 10**12, threads=1) > fake_seconds(100)
+    assert real_seconds(100, 10**12, threads=4) < real_seconds(100, 10**12, threads=1)
