@@ -17,6 +17,12 @@ NOTE [ Forward graph over storages ]
     node. Inputs an op reads only for their shape (``empty_like``, ``new_zeros``, ...) are
     not inputs. Every output is held until the recording ends, so no address is reused and
     a storage's address identifies it.
+
+    The loss (every op after the output head returns) costs 0: ``chunked_head:N`` frees
+    the logits and the loss's saved storages by re-running the head's projection alone, in
+    slices (at least the whole projection's roofline cost), never the loss's ops as
+    recorded. The chain from the loss's storages back to the projection stays, so freeing
+    them still costs the projection.
 """
 
 from __future__ import annotations
@@ -91,6 +97,7 @@ class _Recorder(TorchDispatchMode):
         self.reads: list[set[int]] = []
         self.writes: list[set[int]] = []  # storages written in place
         self.held: list[torch.Tensor] = []
+        self.after_head = False  # the loss: its ops cost 0
 
     def _nodes(self, tensors: Iterable[torch.Tensor]) -> set[int]:
         keys = (t.untyped_storage().data_ptr() for t in tensors)
@@ -118,8 +125,9 @@ class _Recorder(TorchDispatchMode):
         read, write, dtype_bytes = op_traffic(func, ins, outs, aliases_only=aliases)
         flops = op_flops(func.overloadpacket, args, kwargs, out)
         index = len(self.op_ms)
-        self.op_ms.append(op_roofline_ms(OpRecord(str(func.overloadpacket), "forward", flops,
-                                                  read, write, None, dtype_bytes), self.spec))
+        ms = op_roofline_ms(OpRecord(str(func.overloadpacket), "forward", flops, read, write,
+                                     None, dtype_bytes), self.spec)
+        self.op_ms.append(0.0 if self.after_head else ms)
         self.op_name.append(str(func.overloadpacket))
         self.reads.append(set() if func.overloadpacket in _SHAPE_ONLY else self._nodes(ins))
         self.writes.append(writes)
@@ -142,7 +150,8 @@ def _find(parent: list[int], i: int) -> int:
 
 
 def forward_graph(run: Callable[[], torch.Tensor], free: Iterable[torch.Tensor],
-                  device: str = "h100-80gb") -> ForwardGraph:
+                  device: str = "h100-80gb", head: torch.nn.Module | None = None
+                  ) -> ForwardGraph:
     """Record ``run()`` (a forward returning the loss) and its backward's saved storages.
 
     Runs the forward under a dispatch mode and saved-tensor hooks, then the backward (the
@@ -152,6 +161,8 @@ def forward_graph(run: Callable[[], torch.Tensor], free: Iterable[torch.Tensor],
         run: the forward, returning a scalar loss.
         free: tensors always available (parameters, buffers, the batch).
         device: the roofline's device figures (``remat.devices``).
+        head: the output projection; the ops after it returns (the loss) cost 0. Default:
+            None (every op costs its roofline time).
 
     Example::
 
@@ -168,8 +179,16 @@ def forward_graph(run: Callable[[], torch.Tensor], free: Iterable[torch.Tensor],
             saved.add(recorder.node[key])
         return t
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), recorder:
-        loss = run()
+    def done(*_: object) -> None:
+        recorder.after_head = True
+
+    hook = None if head is None else head.register_forward_hook(done)
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), recorder:
+            loss = run()
+    finally:
+        if hook is not None:
+            hook.remove()
     loss.backward()
     n_ops = len(recorder.op_ms)
     parent = list(range(n_ops))

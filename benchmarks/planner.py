@@ -326,7 +326,10 @@ def saved_graph(model: torch.nn.Module, batch: dict[str, torch.Tensor],
                 device: str = "h100-80gb") -> ForwardGraph:
     """The training step's forward as a graph over storages (benchmarks/_bound.py)."""
     free = [*model.parameters(), *model.buffers(), *batch.values()]
-    graph = forward_graph(lambda: default_loss(call_model(model, batch)), free, device)
+    get_head = getattr(model, "get_output_embeddings", None)
+    head = get_head() if callable(get_head) else None
+    graph = forward_graph(lambda: default_loss(call_model(model, batch)), free, device,
+                          head if isinstance(head, torch.nn.Module) else None)
     model.zero_grad(set_to_none=True)
     return graph
 
@@ -452,7 +455,8 @@ def render(rows: list[Row], fronts: list[Frontier], *, timings: dict[int, tuple[
     for r in rows:
         table.append([
             r.model, f"{r.fraction:.0%}: {format_bytes(r.plan.budget_bytes)}",
-            format_bytes(r.plan.peak_bytes), format_bytes(r.plan.predicted_peak_bytes),
+            format_bytes(r.plan.measured_or_predicted_peak_bytes),
+            format_bytes(r.plan.predicted_peak_bytes),
             _us(r.plan.recompute_ms), f"{r.best.name} ({format_bytes(r.best.peak_bytes)})",
             _us(r.best.recompute_ms), f"{r.vs_best:.2f}x", _us(r.greedy_bound_ms),
             _us(r.lower_bound_ms),
