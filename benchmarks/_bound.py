@@ -2,7 +2,9 @@
 
 :func:`forward_graph` records one forward (loss included) as a graph over storages;
 :func:`knapsack_bound_ms` and :func:`lp_bound_ms` bound the recompute cost of every plan that
-frees a given number of bytes (NOTE [ Lower bound ] in benchmarks/planner.py).
+frees a given number of bytes (NOTE [ Lower bound ] in benchmarks/planner.py);
+:func:`integer_bound_ms` solves the same program in integers, to measure the LP's
+integrality gap.
 
 NOTE [ Forward graph over storages ]
     A node is a storage the forward creates (views share their base's node), with its bytes.
@@ -32,8 +34,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from scipy.optimize import linprog
-from scipy.sparse import coo_matrix
+from scipy.optimize import Bounds, LinearConstraint, linprog, milp
+from scipy.sparse import coo_matrix, csr_matrix
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
@@ -232,15 +234,10 @@ def knapsack_bound_ms(graph: ForwardGraph, need_bytes: int) -> float:
     return total
 
 
-def lp_bound_ms(graph: ForwardGraph, need_bytes: int) -> float:
-    """The LP relaxation's optimum: the least cost of re-running groups (fractionally) so
-    that ``need_bytes`` of saved storages are freed and every re-run group's inputs are
-    kept or re-run too (NOTE [ Lower bound ] in benchmarks/planner.py).
-
-    ``need_bytes`` above the saved bytes is clipped to them (free everything).
-    """
-    if need_bytes <= 0 or not graph.saved:
-        return 0.0
+def _program(graph: ForwardGraph, need_bytes: int
+             ) -> tuple[np.ndarray, csr_matrix, np.ndarray]:
+    """``(objective in us, A_ub, b_ub)`` of NOTE [ Lower bound ]'s program over
+    ``[s_0 .. s_n, y_0 .. y_g]``; bytes in MB keep HiGHS's tolerances meaningful."""
     n_s, n_g = len(graph.nbytes), len(graph.cost_ms)
     rows: list[int] = []
     cols: list[int] = []
@@ -260,14 +257,43 @@ def lp_bound_ms(graph: ForwardGraph, need_bytes: int) -> float:
     for g, inputs in enumerate(graph.inputs):  # y_g <= s_u + y_prod(u)
         for u in inputs:
             row([(n_s + g, 1.0), (u, -1.0), (n_s + graph.group_of[u], -1.0)], 0.0)
-    mb = 1e-6  # bytes in MB and ms in us keep HiGHS's tolerances meaningful
+    mb = 1e-6
     saved_bytes = graph.saved_bytes
     row([(t, b * mb) for t, b in enumerate(graph.nbytes) if b > 0],
         (saved_bytes - min(need_bytes, saved_bytes)) * mb)
     matrix = coo_matrix((vals, (rows, cols)), shape=(len(rhs), n_s + n_g)).tocsr()
     objective = np.concatenate([np.zeros(n_s), np.asarray(graph.cost_ms) * 1e3])
-    result = linprog(objective, A_ub=matrix, b_ub=np.asarray(rhs), bounds=(0.0, 1.0),
-                     method="highs")
+    return objective, matrix, np.asarray(rhs)
+
+
+def lp_bound_ms(graph: ForwardGraph, need_bytes: int) -> float:
+    """The LP relaxation's optimum: the least cost of re-running groups (fractionally) so
+    that ``need_bytes`` of saved storages are freed and every re-run group's inputs are
+    kept or re-run too (NOTE [ Lower bound ] in benchmarks/planner.py).
+
+    ``need_bytes`` above the saved bytes is clipped to them (free everything).
+    """
+    if need_bytes <= 0 or not graph.saved:
+        return 0.0
+    objective, matrix, rhs = _program(graph, need_bytes)
+    result = linprog(objective, A_ub=matrix, b_ub=rhs, bounds=(0.0, 1.0), method="highs")
     if result.status != 0:
         raise RuntimeError(f"lp_bound_ms: HiGHS did not solve the LP: {result.message}")
     return float(result.fun) / 1e3
+
+
+def integer_bound_ms(graph: ForwardGraph, need_bytes: int, time_limit_s: float = 30.0
+                     ) -> float:
+    """The same program with every variable 0 or 1 (what a plan is): HiGHS's dual bound,
+    so still a lower bound when the time limit stops it; for diagnosing the LP's
+    integrality gap."""
+    if need_bytes <= 0 or not graph.saved:
+        return 0.0
+    objective, matrix, rhs = _program(graph, need_bytes)
+    result = milp(objective, constraints=LinearConstraint(matrix, -np.inf, rhs),
+                  integrality=np.ones(len(objective)), bounds=Bounds(0.0, 1.0),
+                  options={"time_limit": time_limit_s})
+    bound = getattr(result, "mip_dual_bound", None)
+    if bound is None:
+        raise RuntimeError(f"integer_bound_ms: HiGHS found no bound: {result.message}")
+    return float(bound) / 1e3

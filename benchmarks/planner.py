@@ -355,9 +355,9 @@ def _us(ms: float) -> str:
     return f"{ms * 1e3:.1f} us"
 
 
-def run_model(preset: str, batch_size: int, *, simulate: bool,
-              log: list[str]) -> tuple[list[Row], Frontier]:
-    """Measure the manual strategies and plan three budgets for one preset."""
+def model_and_batch(preset: str, batch_size: int
+                    ) -> tuple[torch.nn.Module, dict[str, torch.Tensor], str]:
+    """The model, batch and display name of one run (``gen-<seed>`` adds its draw)."""
     torch.manual_seed(0)
     if preset.startswith("hf-"):
         model, batch = hf_model(preset), hf_batch(batch_size)
@@ -377,6 +377,13 @@ def run_model(preset: str, batch_size: int, *, simulate: bool,
         model = build_model(preset)
         model.train()
         batch = make_batch(model, batch_size)
+    return model, batch, preset
+
+
+def run_model(preset: str, batch_size: int, *, simulate: bool,
+              log: list[str]) -> tuple[list[Row], Frontier]:
+    """Measure the manual strategies and plan three budgets for one preset."""
+    model, batch, preset = model_and_batch(preset, batch_size)
     label = f"{preset}, batch {batch_size}, seq {int(batch['input_ids'].shape[1])}"
     started = time.perf_counter()
     context = prepare(model, batch)

@@ -50,7 +50,7 @@ def test_a_chain_costs_all_its_ops() -> None:
 
 def _tiny_gpt2() -> tuple[nn.Module, dict[str, torch.Tensor], str]:
     hf_tiny = load_module(ROOT / "tests" / "measure" / "hf_tiny.py", "hf_tiny")
-    model, batch = hf_tiny.build_hf("gpt2", seq=32)  # dropout 0.1: RNG ops, in-place masks
+    model, batch = hf_tiny.build_hf("gpt2")  # dropout 0.1: RNG ops, in-place masks
     return model, batch, "gpt2"
 
 
