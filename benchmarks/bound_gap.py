@@ -20,6 +20,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import warnings
 from collections import Counter
@@ -77,7 +78,7 @@ def main() -> None:
     parser.add_argument("cases", nargs="+", help="MODEL:PERCENT, e.g. fam-bloom:75")
     args = parser.parse_args()
     warnings.simplefilter("ignore")
-    torch.set_num_threads(1)
+    torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))  # as planner.py
     for case in args.cases:
         print(gap(case), flush=True)
 
