@@ -56,14 +56,16 @@ def _tiny_gpt2() -> tuple[nn.Module, dict[str, torch.Tensor], str]:
 
 def _generated() -> tuple[nn.Module, dict[str, torch.Tensor], str]:
     generated_models = load_module(ROOT / "tests" / "generated_models.py", "generated_models")
-    drawn = generated_models.generated_model(104)  # llama, 2 layers, dropout, tied head
+    drawn = generated_models.generated_model(104, seq=16)  # llama, 2 layers, dropout, tied
     return drawn.model, drawn.batch, drawn.label
 
 
-@pytest.mark.parametrize("build", [_tiny_gpt2, _generated], ids=["gpt2", "generated"])
-def test_the_lp_bound_is_below_every_fitting_strategy_and_the_plan(build: object) -> None:
+@pytest.mark.parametrize(("build", "plans"), [(_tiny_gpt2, False), (_generated, True)],
+                         ids=["gpt2", "generated"])  # one plan: a plan is the slow part
+def test_the_lp_bound_is_below_every_fitting_strategy_and_the_plan(build: object,
+                                                                   plans: bool) -> None:
     model, batch, label = build()  # type: ignore[operator]
-    manual = frontier(model, batch, budget_bytes=1, simulate=True, label=label)
+    manual = frontier(model, batch, budget_bytes=1, simulate=True)
     full, none = manual.point("full").peak_bytes, manual.point("none").peak_bytes
     graph = _PLANNER.saved_graph(model, batch, manual.cost_device)
     for fraction in (0.25, 0.75):
@@ -76,6 +78,6 @@ def test_the_lp_bound_is_below_every_fitting_strategy_and_the_plan(build: object
         assert fitting, label
         for point in fitting:
             assert lp <= point.recompute_ms * (1 + 1e-6), (label, fraction, point.name)
-        if fraction == 0.25:
+        if fraction == 0.25 and plans:
             result = plan(model, batch, budget=budget, simulate=True)
             assert lp <= result.recompute_ms * (1 + 1e-6), (label, result.label())
