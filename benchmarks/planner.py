@@ -10,8 +10,9 @@ For gpt-small and llama-small (batch 8, full sequence length, CPU, float32):
    compare its recompute cost with the cheapest manual strategy whose peak fits;
 3. check the gradients of every plan against the un-checkpointed model;
 4. time planning a 12-layer model end to end;
-5. compute a fractional-knapsack lower bound on the recompute any plan needs
-   (NOTE [ Lower bound ]) and print plan / best manual and plan / lower bound per case.
+5. compute a lower bound on the recompute any plan needs, an LP relaxation over the
+   forward's graph of storages (NOTE [ Lower bound ]), and print plan / best manual and
+   plan / lower bound per case.
 
 Besides the built-in presets it plans held-out Hugging Face decoders built in-process
 from tiny configs (Llama, Qwen2, GPT-NeoX, Phi; 6 layers). ``--models held-out`` plans
@@ -19,17 +20,40 @@ families no test under tests/planning/ uses (two mixture-of-experts decoders, on
 dropout, parallel attention + MLP blocks, sandwich norms; ``HELD_OUT_RUNS``), kept out of
 tuning by tests/benchmarks/test_planner_held_out.py, and writes them to their own section
 (``planner-held-out``), with the bound ratio per case. ``--models families`` plans issue
-#31's five decoders (``FAMILY_RUNS``, section ``planner-families``); ``--models generated``
+#31's five decoders and six more no test uses (``FAMILY_RUNS``, section
+``planner-families``); ``--models generated``
 plans seeded random decoders from tests/generated_models.py (``GENERATED_SEEDS``, section
 ``planner-generated``): no fixed set to tune on.
 
 NOTE [ Lower bound ]
-    To fit budget B the step must free ``none_peak - B`` bytes. The cheapest way to
-    free bytes of saved activations, ignoring that recomputing a tensor may need
-    others recomputed first (chains) and that the peak may move, is to drop saved
-    tensors in order of their producer's roofline cost per byte, the last one
-    fractionally. Every real plan recomputes at least that much, so
-    ``plan / lower bound >= 1`` and the gap bounds how much better any plan could be.
+    Premise: to fit budget B a plan frees ``need = none_peak - B`` bytes, i.e. the bytes
+    it keeps for backward (saved storages it does not drop, plus any other storage it
+    keeps) are at most ``saved - need``, where ``saved`` is what ``none`` keeps. The
+    forward is recorded as a graph over storages (NOTE [ Forward graph over storages ] in
+    benchmarks/_bound.py): groups of ops with roofline cost ``c_g``, the storages each
+    writes and reads. The LP has ``s_t`` in [0, 1] per storage (kept for backward) and
+    ``y_g`` in [0, 1] per group (re-run), and minimises ``sum c_g y_g`` subject to
+
+    - ``s_t + y_g(t) >= 1`` for every saved storage t (backward finds it kept or re-made);
+    - ``y_g <= s_u + y_g(u)`` for every input u of every group g (a re-run reads its
+      inputs, so each is kept or re-made itself: chains);
+    - ``sum_t b_t s_t <= saved - need`` (the premise).
+
+    A plan that fits is an integer point: ``s_t = 1`` for what it keeps, ``y_g = 1`` for
+    what it re-runs, and its recompute is at least ``sum c_g y_g``, since it runs every op
+    of every re-run group (a storage's content needs all its writes) and more besides
+    (transient bytes of a recompute only add to its peak). So the LP optimum is at most
+    every fitting plan's recompute. Anything the graph cannot see is dropped, never
+    guessed: storages made outside the recording are free, shape-only reads are not
+    inputs, and each group is charged once however many of its outputs are freed.
+    Relaxing ``y_g`` further to "re-run a group frees all its saved outputs", with no
+    inputs, gives the fractional knapsack (cheapest cost per byte first): the greedy
+    bound. Any LP point gives a knapsack point of the same cost, so greedy <= LP; both
+    are valid and the reported bound is their maximum. ``plan / lower bound >= 1``, and
+    the gap bounds how much better any plan could be. It bounds plans that free bytes
+    by recomputing (offloading frees them without, and is not planned on CPU). The same
+    program in integers is a bound too, by the same argument (benchmarks/bound_gap.py
+    uses it to tell the LP's integrality gap from the planner's).
 
 Then it replaces the section between ``<!-- planner:start -->`` and
 ``<!-- planner:end -->`` in ``benchmarks/RESULTS.md`` (created when missing) and draws
@@ -59,14 +83,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
 
 from remat.compare.frontier import Frontier, FrontierPoint, frontier
-from remat.core.op_record import OpRecord
-from remat.devices import get_device
-from remat.measure.flops import op_flops, op_traffic
-from remat.measure.roofline import op_roofline_ms
 from remat.measure.step import call_model, default_loss
 from remat.models import build_model, make_batch
 from remat.planning import Plan, plan, plan_throughput, prepare
@@ -76,6 +94,7 @@ from remat.units import format_bytes
 from remat.validation import validate
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _bound import ForwardGraph, forward_graph, knapsack_bound_ms, lp_bound_ms  # noqa: E402
 from _results import cpu_name as _cpu_name  # noqa: E402
 from _results import replace_section  # noqa: E402
 
@@ -112,10 +131,19 @@ HELD_OUT_SHAPES: dict[str, tuple[int, int, int]] = {
 HF_SEQ = 128
 FRACTIONS = (0.25, 0.5, 0.75)
 #: Issue #31's table (``--models families``): GPT-NeoX, Mixtral, OPT with dropout 0.1,
-#: Qwen3-MoE and Falcon (parallel attention + MLP, dropout 0.1); 6 layers, d 128, seq 128.
+#: Qwen3-MoE and Falcon (parallel attention + MLP, dropout 0.1); then six families no test
+#: and no other set here uses (``FAMILY_HELD_OUT``, checked by
+#: tests/benchmarks/test_planner_held_out.py): BLOOM (ALiBi, fused QKV, dropout 0.1),
+#: GPT-BigCode (multi-query, dropout 0.1), Starcoder2 (GQA, biases, residual dropout 0.1),
+#: Persimmon (q/k layer norms, partial rotary, squared ReLU), CodeGen (parallel attention
+#: + MLP, partial rotary), Nemotron (squared ReLU MLP, partial rotary). 6 layers, d 128,
+#: seq 128.
 FAMILY_RUNS: tuple[tuple[str, int], ...] = tuple(
     (name, 4) for name in ("fam-gpt-neox", "fam-mixtral", "fam-opt", "fam-qwen3-moe",
-                           "fam-falcon"))
+                           "fam-falcon", "fam-bloom", "fam-gpt-bigcode", "fam-starcoder2",
+                           "fam-persimmon", "fam-codegen", "fam-nemotron"))
+#: The families set's families that no test and no other set here uses.
+FAMILY_HELD_OUT = ("bloom", "gpt_bigcode", "starcoder2", "persimmon", "codegen", "nemotron")
 FAMILY_SECTION = "planner-families"
 #: Seeded random decoders (``--models generated``): tests/generated_models.py's draws
 #: (family, depth 2-4, width, heads, dropout, tied head), batch 2 x 32 tokens.
@@ -134,6 +162,7 @@ class Row:
     grad_error: float
     plan_s: float
     lower_bound_ms: float
+    greedy_bound_ms: float
 
     @property
     def reduction(self) -> float:
@@ -238,7 +267,7 @@ def held_out_model(name: str) -> torch.nn.Module:
 
 
 def family_model(name: str) -> torch.nn.Module:
-    """One of issue #31's decoders (``FAMILY_RUNS``), random weights from a tiny config."""
+    """One of the families set's decoders (``FAMILY_RUNS``), random weights, tiny config."""
     import transformers as tf
 
     common: dict[str, object] = dict(vocab_size=1024, hidden_size=128, num_hidden_layers=6,
@@ -265,6 +294,23 @@ def family_model(name: str) -> torch.nn.Module:
                                  new_decoder_architecture=False, multi_query=True, bias=True,
                                  hidden_dropout=0.1, attention_dropout=0.1,
                                  max_position_embeddings=HF_SEQ, **tokens)
+    elif name == "fam-bloom":
+        config = tf.BloomConfig(vocab_size=1024, hidden_size=128, n_layer=6, n_head=4,
+                                hidden_dropout=0.1, attention_dropout=0.1, **tokens)
+    elif name == "fam-gpt-bigcode":
+        config = tf.GPTBigCodeConfig(vocab_size=1024, n_embd=128, n_layer=6, n_head=4,
+                                     n_positions=HF_SEQ, multi_query=True, **tokens)
+    elif name == "fam-starcoder2":
+        config = tf.Starcoder2Config(intermediate_size=512, num_key_value_heads=2,
+                                     residual_dropout=0.1, **common, **tokens)
+    elif name == "fam-persimmon":
+        config = tf.PersimmonConfig(intermediate_size=512, **common, **tokens)
+    elif name == "fam-codegen":
+        config = tf.CodeGenConfig(vocab_size=1024, n_embd=128, n_layer=6, n_head=4,
+                                  n_positions=HF_SEQ, rotary_dim=16, **tokens)
+    elif name == "fam-nemotron":
+        config = tf.NemotronConfig(intermediate_size=512, num_key_value_heads=2, **common,
+                                   **tokens)
     else:
         raise ValueError(name)
     model = tf.AutoModelForCausalLM.from_config(config)
@@ -279,65 +325,24 @@ def hf_batch(batch_size: int, seq: int = HF_SEQ) -> dict[str, torch.Tensor]:
     return {"input_ids": ids, "labels": ids.clone()}
 
 
-class _Producers(TorchDispatchMode):
-    """Roofline cost of the op that produced each storage (NOTE [ Lower bound ])."""
-
-    def __init__(self, device: str) -> None:
-        super().__init__()
-        self.spec = get_device(device)
-        self.cost_ms: dict[int, float] = {}
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-        kwargs = kwargs or {}
-        out = func(*args, **kwargs)
-        ins = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
-        outs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
-        in_keys = {t.untyped_storage().data_ptr() for t in ins}
-        aliases = bool(outs) and all(t.untyped_storage().data_ptr() in in_keys for t in outs)
-        read, write, dtype_bytes = op_traffic(func, ins, outs, aliases_only=aliases)
-        flops = op_flops(func.overloadpacket, args, kwargs, out)
-        ms = op_roofline_ms(OpRecord(str(func.overloadpacket), "forward", flops, read, write,
-                                     None, dtype_bytes), self.spec)
-        for t in outs:  # a view's storage keeps its producer (or none: a parameter)
-            key = t.untyped_storage().data_ptr()
-            if key not in in_keys:  # a new storage, maybe at a freed tensor's address
-                self.cost_ms[key] = ms
-            elif func._schema.is_mutable and key in self.cost_ms:
-                self.cost_ms[key] += ms  # filled in place (a dropout mask's bernoulli_)
-        return out
-
-
-def saved_costs(model: torch.nn.Module, batch: object, device: str = "h100-80gb"
-                ) -> list[tuple[int, float]]:
-    """``(bytes, producer ms)`` of every storage the forward saves for backward."""
-    producers = _Producers(device)
-    saved: dict[int, int] = {}
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        storage = t.untyped_storage()
-        saved[storage.data_ptr()] = storage.nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), producers:
-        loss = default_loss(call_model(model, batch))
-    loss.backward()
+def saved_graph(model: torch.nn.Module, batch: dict[str, torch.Tensor],
+                device: str = "h100-80gb") -> ForwardGraph:
+    """The training step's forward as a graph over storages (benchmarks/_bound.py)."""
+    free = [*model.parameters(), *model.buffers(), *batch.values()]
+    get_head = getattr(model, "get_output_embeddings", None)
+    head = get_head() if callable(get_head) else None
+    graph = forward_graph(lambda: default_loss(call_model(model, batch)), free, device,
+                          head if isinstance(head, torch.nn.Module) else None)
     model.zero_grad(set_to_none=True)
-    return [(n, producers.cost_ms[key]) for key, n in saved.items()
-            if key in producers.cost_ms and n > 0]
+    return graph
 
 
-def lower_bound_ms(costs: list[tuple[int, float]], need_bytes: int) -> float:
-    """Fractional knapsack: the least producer cost that frees ``need_bytes``."""
-    total = 0.0
-    for nbytes, ms in sorted(costs, key=lambda c: c[1] / c[0]):
-        if need_bytes <= 0:
-            break
-        take = min(nbytes, need_bytes)
-        total += ms * take / nbytes
-        need_bytes -= take
-    return total
-
-
+def bounds_ms(graph: ForwardGraph, need_bytes: int) -> tuple[float, float]:
+    """``(lower bound, greedy bound)`` on the recompute that frees ``need_bytes``: the
+    LP relaxation (chains) and the fractional knapsack (no chains), NOTE [ Lower bound ].
+    Both are valid, so the bound is the larger."""
+    greedy = knapsack_bound_ms(graph, need_bytes)
+    return max(greedy, lp_bound_ms(graph, need_bytes)), greedy
 
 
 def _command() -> str:
@@ -353,9 +358,9 @@ def _us(ms: float) -> str:
     return f"{ms * 1e3:.1f} us"
 
 
-def run_model(preset: str, batch_size: int, *, simulate: bool,
-              log: list[str]) -> tuple[list[Row], Frontier]:
-    """Measure the manual strategies and plan three budgets for one preset."""
+def model_and_batch(preset: str, batch_size: int
+                    ) -> tuple[torch.nn.Module, dict[str, torch.Tensor], str]:
+    """The model, batch and display name of one run (``gen-<seed>`` adds its draw)."""
     torch.manual_seed(0)
     if preset.startswith("hf-"):
         model, batch = hf_model(preset), hf_batch(batch_size)
@@ -375,13 +380,20 @@ def run_model(preset: str, batch_size: int, *, simulate: bool,
         model = build_model(preset)
         model.train()
         batch = make_batch(model, batch_size)
+    return model, batch, preset
+
+
+def run_model(preset: str, batch_size: int, *, simulate: bool,
+              log: list[str]) -> tuple[list[Row], Frontier]:
+    """Measure the manual strategies and plan three budgets for one preset."""
+    model, batch, preset = model_and_batch(preset, batch_size)
     label = f"{preset}, batch {batch_size}, seq {int(batch['input_ids'].shape[1])}"
     started = time.perf_counter()
     context = prepare(model, batch)
     prepare_s = time.perf_counter() - started
     manual = frontier(model, batch, budget_bytes=1, simulate=simulate, label=label)
     full, none = manual.point("full").peak_bytes, manual.point("none").peak_bytes
-    costs = saved_costs(model, batch, manual.cost_device)
+    graph = saved_graph(model, batch, manual.cost_device)
     rows: list[Row] = []
     mid: Frontier | None = None
     for fraction in FRACTIONS:
@@ -394,11 +406,12 @@ def run_model(preset: str, batch_size: int, *, simulate: bool,
         report = validate(model, batch, result)
         rows.append(Row(preset, fraction, result, best,
                         max(report.max_rel_error, report.loss_rel_error), plan_s,
-                        lower_bound_ms(costs, none - budget)))
+                        *bounds_ms(graph, none - budget)))
         log.append(f"{preset} {fraction:.0%}: plan {_us(result.recompute_ms)} vs "
                    f"{best.name} {_us(best.recompute_ms)} ({rows[-1].vs_best:.2f}x; plan "
                    f"from {getattr(result, 'source', 'planner')}), "
-                   f"lower bound {_us(rows[-1].lower_bound_ms)} ({rows[-1].vs_bound:.2f}x)")
+                   f"lower bound {_us(rows[-1].lower_bound_ms)} ({rows[-1].vs_bound:.2f}x; greedy "
+                   f"{_us(rows[-1].greedy_bound_ms)})")
         print(log[-1], flush=True)
         if fraction == 0.5:
             points = tuple(FrontierPoint(p.name, p.peak_bytes, p.recompute_flops,
@@ -446,15 +459,17 @@ def render(rows: list[Row], fronts: list[Frontier], *, timings: dict[int, tuple[
     the frontier plot)."""
     now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     headers = ("Model", "Budget", "Plan peak (measured)", "Predicted", "Plan recompute",
-               "Best manual that fits", "Its recompute", "Plan / best", "Lower bound",
-               "Plan / bound", "Grad error", "Plan time", "Plan")
+               "Best manual that fits", "Its recompute", "Plan / best", "Greedy bound",
+               "Lower bound", "Plan / bound", "Grad error", "Plan time", "Plan")
     table = []
     for r in rows:
         table.append([
             r.model, f"{r.fraction:.0%}: {format_bytes(r.plan.budget_bytes)}",
-            format_bytes(r.plan.peak_bytes), format_bytes(r.plan.predicted_peak_bytes),
+            format_bytes(r.plan.measured_or_predicted_peak_bytes),
+            format_bytes(r.plan.predicted_peak_bytes),
             _us(r.plan.recompute_ms), f"{r.best.name} ({format_bytes(r.best.peak_bytes)})",
-            _us(r.best.recompute_ms), f"{r.vs_best:.2f}x", _us(r.lower_bound_ms),
+            _us(r.best.recompute_ms), f"{r.vs_best:.2f}x", _us(r.greedy_bound_ms),
+            _us(r.lower_bound_ms),
             f"{r.vs_bound:.2f}x", f"{r.grad_error:.1e}",
             f"{r.plan_s:.1f} s", r.plan.label(),
         ])
@@ -466,6 +481,8 @@ def render(rows: list[Row], fronts: list[Frontier], *, timings: dict[int, tuple[
     worst = max(bounded, key=lambda r: r.vs_bound, default=None)
     fits = all(r.plan.measured_or_predicted_peak_bytes <= r.plan.budget_bytes for r in rows)
     beats = all(r.plan.recompute_ms <= r.best.recompute_ms for r in rows)
+    below = all(r.lower_bound_ms <= min(r.plan.recompute_ms, r.best.recompute_ms) * (1 + 1e-6)
+                for r in rows)  # a bound above a fitting plan would break its premise
     lines = [
         f"## {title}",
         "",
@@ -493,14 +510,16 @@ def render(rows: list[Row], fronts: list[Frontier], *, timings: dict[int, tuple[
         markdown_table(headers, table),
         "",
         f"Plan recompute / best manual, averaged: **{vs_best:.2f}x**; plan / lower bound "
-        f"(NOTE [ Lower bound ] in benchmarks/planner.py: free the needed bytes by "
-        f"dropping saved tensors, cheapest producer roofline cost per byte first, chains "
-        f"ignored), averaged: **{vs_bound:.2f}x**"
+        f"(NOTE [ Lower bound ] in benchmarks/planner.py: the LP relaxation of freeing the "
+        f"needed bytes of saved storages by re-running the ops that wrote them, their "
+        f"inputs kept or re-run in turn; \"greedy\" is the same without chains), averaged: "
+        f"**{vs_bound:.2f}x**"
         + (f" (worst: {worst.vs_bound:.2f}x, {worst.model} at {worst.fraction:.0%}). "
            if worst is not None else ". ") +
         f"Average recompute reduction vs the best manual strategy: **{average:.1%}** "
         f"(every plan fits its budget: {'yes' if fits else 'NO'}; every plan at most the "
-        f"best manual cost: {'yes' if beats else 'NO'}).",
+        f"best manual cost: {'yes' if beats else 'NO'}; the bound at most every plan's "
+        f"and every fitting manual strategy's recompute: {'yes' if below else 'NO'}).",
         "",
     ]
     for n_layer, (wall, cpu) in timings.items():
@@ -565,7 +584,8 @@ def main() -> None:
     title, section = {
         "held-out": ("Planner on held-out decoders (families no planning test uses)",
                      HELD_OUT_SECTION),
-        "families": ("Planner on issue #31's decoders (6 layers, d 128, seq 128, batch 4)",
+        "families": ("Planner on issue #31's decoders and six held-out families (6 layers, "
+                     "d 128, seq 128, batch 4)",
                      FAMILY_SECTION),
         "generated": ("Planner on seeded random decoders (tests/generated_models.py, seeds "
                       f"{GENERATED_SEEDS[0]}-{GENERATED_SEEDS[-1]})", GENERATED_SECTION),

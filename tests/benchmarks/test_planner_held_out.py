@@ -35,3 +35,24 @@ def test_every_held_out_run_has_a_family_and_a_shape_in_range() -> None:
         layers, hidden, seq = _PLANNER.HELD_OUT_SHAPES[name]
         assert 2 <= layers <= 6 and 64 <= hidden <= 128 and 64 <= seq <= 128, name
 
+
+
+def test_the_families_set_adds_families_nothing_else_uses() -> None:
+    """``--models families``: at least 8 families, the added ones used by no planning test,
+    no generated draw and no other set of benchmarks/planner.py."""
+    names = [name.removeprefix("fam-") for name, _ in _PLANNER.FAMILY_RUNS]
+    assert len(set(names)) >= 8
+    flat = {re.sub(r"[_-]", "", n) for n in names}
+    added = {s for f in _PLANNER.FAMILY_HELD_OUT for s in _spellings(f)}
+    assert {re.sub(r"[_-]", "", f) for f in added} <= flat
+    others = [name for runs in (_PLANNER.RUNS, _PLANNER.HF_RUNS, _PLANNER.HF_MORE_RUNS,
+                                _PLANNER.HELD_OUT_RUNS) for name, _ in runs]
+    assert not [n for n in others if re.sub(r"[_-]", "", n.split("-", 1)[1]) in
+                {re.sub(r"[_-]", "", f) for f in added}]
+    found = []
+    used = [*sorted((ROOT / "tests" / "planning").rglob("*.py")),
+            ROOT / "tests" / "generated_models.py"]
+    for path in used:
+        text = re.sub(r"[_-]", "", path.read_text().lower())
+        found += [(path.name, f) for f in added if re.sub(r"[_-]", "", f) in text]
+    assert not found, f"added families in tests/planning: {found}"

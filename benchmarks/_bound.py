@@ -1,0 +1,299 @@
+"""Lower bounds on the recompute any plan needs to fit a budget (benchmarks/planner.py).
+
+:func:`forward_graph` records one forward (loss included) as a graph over storages;
+:func:`knapsack_bound_ms` and :func:`lp_bound_ms` bound the recompute cost of every plan that
+frees a given number of bytes (NOTE [ Lower bound ] in benchmarks/planner.py);
+:func:`integer_bound_ms` solves the same program in integers, to measure the LP's
+integrality gap.
+
+NOTE [ Forward graph over storages ]
+    A node is a storage the forward creates (views share their base's node), with its bytes.
+    A group is the set of ops that write a storage: the op that created it, every op that
+    later writes it in place (a dropout mask's ``bernoulli_``, a mixture of experts'
+    ``index_add_``), merged transitively, and every output of those ops. Recomputing any
+    output of a group means re-running all of the group's ops (a storage's content is the
+    result of all its writes), and re-running them once yields all their outputs, so the
+    group, not the op, carries the cost and one LP variable. A group's inputs are the
+    storages its ops read, less its own outputs. Parameters, buffers, the batch and every
+    storage made outside the recording (no producer seen) are free: always available, no
+    node. Inputs an op reads only for their shape (``empty_like``, ``new_zeros``, ...) are
+    not inputs. Every output is held until the recording ends, so no address is reused and
+    a storage's address identifies it.
+
+    The loss (every op after the output head returns) costs 0: ``chunked_head:N`` frees
+    the logits and the loss's saved storages by re-running the head's projection alone, in
+    slices (at least the whole projection's roofline cost), never the loss's ops as
+    recorded. The chain from the loss's storages back to the projection stays, so freeing
+    them still costs the projection.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from scipy.optimize import Bounds, LinearConstraint, linprog, milp
+from scipy.sparse import coo_matrix, csr_matrix
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+from remat.core.op_record import OpRecord
+from remat.devices import get_device
+from remat.measure.flops import op_flops, op_traffic
+from remat.measure.roofline import op_roofline_ms
+
+_aten = torch.ops.aten
+#: Ops whose output depends on their tensor inputs' shape only.
+_SHAPE_ONLY = frozenset({
+    _aten.empty_like, _aten.zeros_like, _aten.ones_like, _aten.full_like, _aten.rand_like,
+    _aten.randn_like, _aten.randint_like, _aten.new_empty, _aten.new_zeros, _aten.new_ones,
+    _aten.new_full, _aten.new_empty_strided})
+
+
+@dataclass(frozen=True)
+class ForwardGraph:
+    """One forward as groups of ops over storages (NOTE [ Forward graph over storages ]).
+
+    Attributes:
+        nbytes: bytes of each storage node.
+        group_of: the group that writes each storage node.
+        cost_ms: roofline cost of each group (all its ops), ms.
+        inputs: the storage nodes each group reads (not its own outputs).
+        saved: the storage nodes autograd saves for backward.
+        ops: the op names of each group, for tests and diagnosis.
+    """
+
+    nbytes: tuple[int, ...]
+    group_of: tuple[int, ...]
+    cost_ms: tuple[float, ...]
+    inputs: tuple[tuple[int, ...], ...]
+    saved: frozenset[int]
+    ops: tuple[tuple[str, ...], ...]
+
+    def __post_init__(self) -> None:
+        if len(self.nbytes) != len(self.group_of):
+            raise ValueError("ForwardGraph: nbytes and group_of differ in length")
+        if len(self.cost_ms) != len(self.inputs) or len(self.ops) != len(self.cost_ms):
+            raise ValueError("ForwardGraph: cost_ms, inputs and ops differ in length")
+
+    @property
+    def saved_bytes(self) -> int:
+        """Bytes of the saved storage nodes (what ``none`` keeps for backward)."""
+        return sum(self.nbytes[t] for t in self.saved)
+
+
+class _Recorder(TorchDispatchMode):
+    """Records ops, the storages they create, read and write (``forward_graph``)."""
+
+    def __init__(self, device: str, free: set[int]) -> None:
+        super().__init__()
+        self.spec = get_device(device)
+        self.free = free
+        self.node: dict[int, int] = {}  # address -> storage node
+        self.nbytes: list[int] = []
+        self.creator: list[int] = []  # storage node -> op index
+        self.op_ms: list[float] = []
+        self.op_name: list[str] = []
+        self.reads: list[set[int]] = []
+        self.writes: list[set[int]] = []  # storages written in place
+        self.held: list[torch.Tensor] = []
+        self.after_head = False  # the loss: its ops cost 0
+
+    def _nodes(self, tensors: Iterable[torch.Tensor]) -> set[int]:
+        keys = (t.untyped_storage().data_ptr() for t in tensors)
+        return {self.node[k] for k in keys if k in self.node}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        ins = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        outs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+        in_keys = {t.untyped_storage().data_ptr() for t in ins}
+        aliases = bool(outs) and all(t.untyped_storage().data_ptr() in in_keys for t in outs)
+        written = [t for i, a in enumerate(func._schema.arguments)
+                   if a.alias_info is not None and a.alias_info.is_write
+                   for t in tree_leaves(args[i] if i < len(args) else kwargs.get(a.name))
+                   if isinstance(t, torch.Tensor)]
+        fresh = []
+        for t in outs:
+            key = t.untyped_storage().data_ptr()
+            if key and key not in in_keys and key not in self.free and key not in self.node:
+                fresh.append(t)
+        writes = self._nodes(written)
+        if not fresh and not writes:
+            return out  # a view, or an op that writes only free storages
+        read, write, dtype_bytes = op_traffic(func, ins, outs, aliases_only=aliases)
+        flops = op_flops(func.overloadpacket, args, kwargs, out)
+        index = len(self.op_ms)
+        ms = op_roofline_ms(OpRecord(str(func.overloadpacket), "forward", flops, read, write,
+                                     None, dtype_bytes), self.spec)
+        self.op_ms.append(0.0 if self.after_head else ms)
+        self.op_name.append(str(func.overloadpacket))
+        self.reads.append(set() if func.overloadpacket in _SHAPE_ONLY else self._nodes(ins))
+        self.writes.append(writes)
+        for t in fresh:
+            storage = t.untyped_storage()
+            if storage.data_ptr() in self.node:
+                continue  # two outputs on one storage
+            self.node[storage.data_ptr()] = len(self.nbytes)
+            self.nbytes.append(storage.nbytes())
+            self.creator.append(index)
+            self.held.append(t)
+        return out
+
+
+def _find(parent: list[int], i: int) -> int:
+    while parent[i] != i:
+        parent[i] = parent[parent[i]]
+        i = parent[i]
+    return i
+
+
+def forward_graph(run: Callable[[], torch.Tensor], free: Iterable[torch.Tensor],
+                  device: str = "h100-80gb", head: torch.nn.Module | None = None
+                  ) -> ForwardGraph:
+    """Record ``run()`` (a forward returning the loss) and its backward's saved storages.
+
+    Runs the forward under a dispatch mode and saved-tensor hooks, then the backward (the
+    caller clears gradients). Holds every storage the forward creates until it returns.
+
+    Args:
+        run: the forward, returning a scalar loss.
+        free: tensors always available (parameters, buffers, the batch).
+        device: the roofline's device figures (``remat.devices``).
+        head: the output projection; the ops after it returns (the loss) cost 0. Default:
+            None (every op costs its roofline time).
+
+    Example::
+
+        graph = forward_graph(lambda: default_loss(call_model(model, batch)),
+                              [*model.parameters(), *model.buffers(), *batch.values()])
+    """
+    free_keys = {t.untyped_storage().data_ptr() for t in free}
+    recorder = _Recorder(device, free_keys)
+    saved: set[int] = set()
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        key = t.untyped_storage().data_ptr()
+        if key in recorder.node:
+            saved.add(recorder.node[key])
+        return t
+
+    def done(*_: object) -> None:
+        recorder.after_head = True
+
+    hook = None if head is None else head.register_forward_hook(done)
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), recorder:
+            loss = run()
+    finally:
+        if hook is not None:
+            hook.remove()
+    loss.backward()
+    n_ops = len(recorder.op_ms)
+    parent = list(range(n_ops))
+    for op, writes in enumerate(recorder.writes):
+        for t in writes:
+            a, b = _find(parent, op), _find(parent, recorder.creator[t])
+            parent[max(a, b)] = min(a, b)
+    roots = sorted({_find(parent, op) for op in range(n_ops)})
+    group = {root: g for g, root in enumerate(roots)}
+    of_op = [group[_find(parent, op)] for op in range(n_ops)]
+    group_of = tuple(of_op[op] for op in recorder.creator)
+    cost = [0.0] * len(roots)
+    reads: list[set[int]] = [set() for _ in roots]
+    names: list[list[str]] = [[] for _ in roots]
+    for op in range(n_ops):
+        cost[of_op[op]] += recorder.op_ms[op]
+        reads[of_op[op]] |= recorder.reads[op]
+        names[of_op[op]].append(recorder.op_name[op])
+    inputs = tuple(tuple(sorted(u for u in r if group_of[u] != g)) for g, r in enumerate(reads))
+    graph = ForwardGraph(tuple(recorder.nbytes), group_of, tuple(cost), inputs,
+                         frozenset(t for t in saved if recorder.nbytes[t] > 0),
+                         tuple(tuple(n) for n in names))
+    recorder.held.clear()
+    return graph
+
+
+def knapsack_bound_ms(graph: ForwardGraph, need_bytes: int) -> float:
+    """Fractional knapsack over groups: the least cost that frees ``need_bytes`` of saved
+    storages, re-running a group freeing all its saved outputs, chains ignored."""
+    freed = [0] * len(graph.cost_ms)
+    for t in graph.saved:
+        freed[graph.group_of[t]] += graph.nbytes[t]
+    total = 0.0
+    items = sorted((c / b, b, c) for b, c in zip(freed, graph.cost_ms, strict=True) if b > 0)
+    for _, nbytes, ms in items:
+        if need_bytes <= 0:
+            break
+        take = min(nbytes, need_bytes)
+        total += ms * take / nbytes
+        need_bytes -= take
+    return total
+
+
+def _program(graph: ForwardGraph, need_bytes: int
+             ) -> tuple[np.ndarray, csr_matrix, np.ndarray]:
+    """``(objective in us, A_ub, b_ub)`` of NOTE [ Lower bound ]'s program over
+    ``[s_0 .. s_n, y_0 .. y_g]``; bytes in MB keep HiGHS's tolerances meaningful."""
+    n_s, n_g = len(graph.nbytes), len(graph.cost_ms)
+    rows: list[int] = []
+    cols: list[int] = []
+    vals: list[float] = []
+    rhs: list[float] = []
+
+    def row(entries: list[tuple[int, float]], bound: float) -> None:
+        r = len(rhs)
+        for col, val in entries:
+            rows.append(r)
+            cols.append(col)
+            vals.append(val)
+        rhs.append(bound)
+
+    for t in sorted(graph.saved):  # kept or recomputed: -s_t - y_g <= -1
+        row([(t, -1.0), (n_s + graph.group_of[t], -1.0)], -1.0)
+    for g, inputs in enumerate(graph.inputs):  # y_g <= s_u + y_prod(u)
+        for u in inputs:
+            row([(n_s + g, 1.0), (u, -1.0), (n_s + graph.group_of[u], -1.0)], 0.0)
+    mb = 1e-6
+    saved_bytes = graph.saved_bytes
+    row([(t, b * mb) for t, b in enumerate(graph.nbytes) if b > 0],
+        (saved_bytes - min(need_bytes, saved_bytes)) * mb)
+    matrix = coo_matrix((vals, (rows, cols)), shape=(len(rhs), n_s + n_g)).tocsr()
+    objective = np.concatenate([np.zeros(n_s), np.asarray(graph.cost_ms) * 1e3])
+    return objective, matrix, np.asarray(rhs)
+
+
+def lp_bound_ms(graph: ForwardGraph, need_bytes: int) -> float:
+    """The LP relaxation's optimum: the least cost of re-running groups (fractionally) so
+    that ``need_bytes`` of saved storages are freed and every re-run group's inputs are
+    kept or re-run too (NOTE [ Lower bound ] in benchmarks/planner.py).
+
+    ``need_bytes`` above the saved bytes is clipped to them (free everything).
+    """
+    if need_bytes <= 0 or not graph.saved:
+        return 0.0
+    objective, matrix, rhs = _program(graph, need_bytes)
+    result = linprog(objective, A_ub=matrix, b_ub=rhs, bounds=(0.0, 1.0), method="highs")
+    if result.status != 0:
+        raise RuntimeError(f"lp_bound_ms: HiGHS did not solve the LP: {result.message}")
+    return float(result.fun) / 1e3
+
+
+def integer_bound_ms(graph: ForwardGraph, need_bytes: int, time_limit_s: float = 30.0
+                     ) -> float:
+    """The same program with every variable 0 or 1 (what a plan is): HiGHS's dual bound,
+    so still a lower bound when the time limit stops it; for diagnosing the LP's
+    integrality gap."""
+    if need_bytes <= 0 or not graph.saved:
+        return 0.0
+    objective, matrix, rhs = _program(graph, need_bytes)
+    result = milp(objective, constraints=LinearConstraint(matrix, -np.inf, rhs),
+                  integrality=np.ones(len(objective)), bounds=Bounds(0.0, 1.0),
+                  options={"time_limit": time_limit_s})
+    bound = getattr(result, "mip_dual_bound", None)
+    if bound is None:
+        raise RuntimeError(f"integer_bound_ms: HiGHS found no bound: {result.message}")
+    return float(bound) / 1e3

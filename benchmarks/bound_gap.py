@@ -1,0 +1,98 @@
+"""Where a plan's gap to the lower bound comes from, for chosen cases of benchmarks/planner.py.
+
+For each case ``MODEL:PERCENT`` (``fam-bloom:75``, ``gen-103:25``) it measures ``none`` and
+``full`` and plans the budget as benchmarks/planner.py does, then splits plan / LP bound
+into three factors whose product it is:
+
+- integrality: the integer optimum of the bound's program (NOTE [ Lower bound ]; HiGHS's
+  dual bound) / the LP optimum: what the fractional relaxation gains;
+- peak: the integer optimum at the bytes the plan actually freed (``none`` peak - the
+  plan's measured peak) / at the bytes the budget needs: the plan frees more than it must
+  (the peak model's margin, or no candidate between);
+- planner: the plan's recompute / the integer optimum at the bytes it freed: what the
+  planner's candidates (block-level choices, its op menu) or its solver leave on the table.
+
+It also prints how much higher the LP would be if the loss's ops were charged (NOTE [ Forward
+graph over storages ]: a chunked head frees them for one projection, so they cost 0) and which
+ops the integer optimum re-runs.
+
+Usage::
+
+    PYTHONPATH=src .venv/bin/python benchmarks/bound_gap.py fam-bloom:75 gen-103:25
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import warnings
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import torch
+from scipy.optimize import Bounds, LinearConstraint, milp
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _bound import ForwardGraph, _program, forward_graph, integer_bound_ms, lp_bound_ms  # noqa: E402
+from planner import model_and_batch, saved_graph  # noqa: E402
+
+from remat.compare.frontier import frontier  # noqa: E402
+from remat.measure.step import call_model, default_loss  # noqa: E402
+from remat.planning import plan  # noqa: E402
+
+
+def rerun(graph: ForwardGraph, need_bytes: int) -> str:
+    """What the integer optimum re-runs: each group's ops, how many such groups."""
+    objective, matrix, rhs = _program(graph, need_bytes)
+    result = milp(objective, constraints=LinearConstraint(matrix, -np.inf, rhs),
+                  integrality=np.ones(len(objective)), bounds=Bounds(0.0, 1.0),
+                  options={"time_limit": 30.0})
+    y = result.x[len(graph.nbytes):]
+    groups = Counter("+".join(op.removeprefix("aten.") for op in graph.ops[g])
+                     for g in np.flatnonzero(y > 0.5) if graph.cost_ms[g] > 0)
+    return ", ".join(f"{n}x {ops}" for ops, n in groups.most_common())
+
+
+def gap(case: str) -> str:
+    """One line: the case's plan / bound and its three factors."""
+    preset, percent = case.rsplit(":", 1)
+    model, batch, name = model_and_batch(preset, 2 if preset.startswith("gen-") else 4)
+    manual = frontier(model, batch, budget_bytes=1, strategies=("none", "full"))
+    full, none = manual.point("full").peak_bytes, manual.point("none").peak_bytes
+    budget = int(full + int(percent) / 100 * (none - full))
+    graph = saved_graph(model, batch, manual.cost_device)
+    result = plan(model, batch, budget=budget)
+    freed = none - result.measured_or_predicted_peak_bytes
+    lp = lp_bound_ms(graph, none - budget)
+    whole = integer_bound_ms(graph, none - budget)
+    at_plan = integer_bound_ms(graph, freed)
+    free = [*model.parameters(), *model.buffers(), *batch.values()]
+    charged = forward_graph(lambda: default_loss(call_model(model, batch)), free,
+                            manual.cost_device)  # the loss's ops at their cost
+    model.zero_grad(set_to_none=True)
+    head = lp_bound_ms(charged, none - budget) / lp
+    return (f"{name} {percent}%: plan {result.recompute_ms * 1e3:.2f} us, LP "
+            f"{lp * 1e3:.2f} us ({result.recompute_ms / lp:.2f}x) = integrality "
+            f"{whole / lp:.2f} x peak {at_plan / whole:.2f} (frees {freed / 1e6:.2f} MB, "
+            f"needs {(none - budget) / 1e6:.2f} MB; predicted peak "
+            f"{result.predicted_peak_bytes / 1e6:.2f} MB, measured "
+            f"{result.measured_or_predicted_peak_bytes / 1e6:.2f} MB, budget "
+            f"{budget / 1e6:.2f} MB) x planner {result.recompute_ms / at_plan:.2f} "
+            f"[{result.label()}]; head: the LP with the loss's ops charged is {head:.2f}x; "
+            f"the integer optimum re-runs: {rerun(graph, none - budget)}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("cases", nargs="+", help="MODEL:PERCENT, e.g. fam-bloom:75")
+    args = parser.parse_args()
+    warnings.simplefilter("ignore")
+    torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))  # as planner.py
+    for case in args.cases:
+        print(gap(case), flush=True)
+
+
+if __name__ == "__main__":
+    main()

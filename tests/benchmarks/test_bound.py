@@ -1,0 +1,83 @@
+"""benchmarks/_bound.py: the LP lower bound is exact on a chain, at least the greedy bound,
+and at most the recompute of every built-in strategy that fits and of the plan."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+from torch import nn
+
+from loading import ROOT, load_module
+from remat.compare.frontier import frontier
+from remat.planning import plan
+
+_PLANNER = load_module(ROOT / "benchmarks" / "planner.py", "remat_planner_benchmark")
+_BOUND = sys.modules["_bound"]  # as benchmarks/planner.py imports it
+
+
+class _Chain(nn.Module):
+    """``softmax(x @ w + mask)``: only the softmax output is saved for backward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(64, 64))
+        self.register_buffer("mask", torch.randn(64, 64))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(x @ self.w + self.mask, dim=-1)
+
+
+def test_a_chain_costs_all_its_ops() -> None:
+    chain, x = _Chain(), torch.randn(64, 64)
+    graph = _BOUND.forward_graph(lambda: chain(x).sum(), [*chain.parameters(),
+                                                           *chain.buffers(), x])
+    assert graph.saved_bytes == 64 * 64 * 4  # the softmax output alone
+    names = {"aten.mm": 0.0, "aten.add": 0.0, "aten._softmax": 0.0}
+    for ops, cost in zip(graph.ops, graph.cost_ms, strict=True):
+        for op in ops:
+            if op in names:
+                names[op] += cost
+    assert all(cost > 0 for cost in names.values()), names
+    need = graph.saved_bytes
+    assert _BOUND.knapsack_bound_ms(graph, need) == pytest.approx(names["aten._softmax"])
+    assert _BOUND.lp_bound_ms(graph, need) == pytest.approx(sum(names.values()), rel=1e-6)
+    assert _BOUND.lp_bound_ms(graph, need // 2) == pytest.approx(sum(names.values()) / 2,
+                                                                 rel=1e-6)
+    assert _BOUND.lp_bound_ms(graph, 0) == 0.0
+
+
+def _tiny_gpt2() -> tuple[nn.Module, dict[str, torch.Tensor], str]:
+    hf_tiny = load_module(ROOT / "tests" / "measure" / "hf_tiny.py", "hf_tiny")
+    model, batch = hf_tiny.build_hf("gpt2")  # dropout 0.1: RNG ops, in-place masks
+    return model, batch, "gpt2"
+
+
+def _generated() -> tuple[nn.Module, dict[str, torch.Tensor], str]:
+    generated_models = load_module(ROOT / "tests" / "generated_models.py", "generated_models")
+    drawn = generated_models.generated_model(104, seq=16)  # llama, 2 layers, dropout, tied
+    return drawn.model, drawn.batch, drawn.label
+
+
+@pytest.mark.parametrize(("build", "plans"), [(_tiny_gpt2, False), (_generated, True)],
+                         ids=["gpt2", "generated"])  # one plan: a plan is the slow part
+def test_the_lp_bound_is_below_every_fitting_strategy_and_the_plan(build: object,
+                                                                   plans: bool) -> None:
+    model, batch, label = build()  # type: ignore[operator]
+    manual = frontier(model, batch, budget_bytes=1, simulate=True)
+    full, none = manual.point("full").peak_bytes, manual.point("none").peak_bytes
+    graph = _PLANNER.saved_graph(model, batch, manual.cost_device)
+    for fraction in (0.25, 0.75):
+        budget = int(full + fraction * (none - full))
+        need = none - budget
+        lp, greedy = _PLANNER.bounds_ms(graph, need)
+        assert lp == pytest.approx(_BOUND.lp_bound_ms(graph, need))  # greedy <= LP
+        assert lp >= greedy > 0
+        fitting = [p for p in manual.points if p.peak_bytes <= budget]
+        assert fitting, label
+        for point in fitting:
+            assert lp <= point.recompute_ms * (1 + 1e-6), (label, fraction, point.name)
+        if fraction == 0.25 and plans:
+            result = plan(model, batch, budget=budget, simulate=True)
+            assert lp <= result.recompute_ms * (1 + 1e-6), (label, result.label())
