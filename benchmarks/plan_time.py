@@ -30,6 +30,7 @@ Usage::
     PYTHONPATH=src .venv/bin/python benchmarks/plan_time.py --layers 16,32 --budgets 25,50,75
     PYTHONPATH=src .venv/bin/python benchmarks/plan_time.py --hf-llama       # plan / step
     PYTHONPATH=src .venv/bin/python benchmarks/plan_time.py --throughput
+    PYTHONPATH=src .venv/bin/python benchmarks/plan_time.py --families --threads 1
 """
 
 from __future__ import annotations
@@ -126,7 +127,7 @@ def time_real_step(model: nn.Module, batch: object) -> tuple[float, float]:
     return statistics.median(walls), statistics.median(cpus)
 
 
-def time_plan(model: nn.Module, batch: object, budget_percent: int
+def time_plan(model: nn.Module, batch: object, budget_percent: int | str
               ) -> tuple[float, float, dict[str, float], bool, dict[str, float]]:
     """Wall s, CPU s, wall s per phase of one ``plan`` at ``budget_percent``% of the
     no-checkpoint peak, whether the plan's measured peak fits its budget, and CPU s per
@@ -134,7 +135,8 @@ def time_plan(model: nn.Module, batch: object, budget_percent: int
     clock = PhaseClock()
     started, cpu = time.perf_counter(), time.process_time()
     with reporting(clock):
-        result = plan(model, batch, budget=f"{budget_percent}%")
+        result = plan(model, batch, budget=budget_percent if isinstance(budget_percent, str)
+                      else f"{budget_percent}%")
     clock.stop()
     wall_s, cpu_s = time.perf_counter() - started, time.process_time() - cpu
     return (wall_s, cpu_s, dict(clock.seconds), result.measured_peak_bytes <= result.budget_bytes,
@@ -150,6 +152,26 @@ def time_throughput() -> tuple[float, float, int]:
     return time.perf_counter() - started, time.process_time() - cpu, int(result.batch_size or 0)
 
 
+def time_families(repeats: int) -> None:
+    """Median wall s of ``repeats`` plans of each of issue #31's five decoders at
+    ``activations:25/50/75%`` (after one untimed plan per model)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from planner import FAMILY_RUNS, family_model, hf_batch
+
+    print("| model | activations:25% | 50% | 75% |\n|---|---:|---:|---:|")
+    for name, batch_size in FAMILY_RUNS[:5]:
+        model, batch = family_model(name), hf_batch(batch_size)
+        time_plan(model, batch, "activations:50%")  # first-call costs
+        cells = []
+        for percent in (25, 50, 75):
+            runs = [time_plan(model, batch, f"activations:{percent}%")[0] for _ in range(repeats)]
+            cells.append(f"{statistics.median(runs):.2f} s")
+        print(f"| {name} | {' | '.join(cells)} |", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", default="32", help="layer counts, comma-separated")
@@ -163,6 +185,9 @@ def main() -> None:
                         help="torch threads (a busy machine makes 2-thread real steps erratic)")
     parser.add_argument("--throughput", action="store_true",
                         help="also time the throughput search on gpt-small")
+    parser.add_argument("--families", action="store_true",
+                        help="time issue #31's five 6-layer decoders (benchmarks/planner.py) "
+                             "at activations:25/50/75%% instead")
     args = parser.parse_args()
     if args.repeats < 1:
         parser.error("--repeats must be at least 1")
@@ -170,6 +195,9 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; median of "
           f"{args.repeats}", flush=True)
+    if args.families:
+        time_families(args.repeats)
+        return
     name = "HF Llama" if args.hf_llama else "gpt-tiny"
     for n_layer in (int(n) for n in args.layers.split(",") if n.strip()):
         model, batch = (hf_llama if args.hf_llama else gpt_tiny)(n_layer)

@@ -30,19 +30,22 @@ NOTE [ A real copy standing in for the fake one ]
     copies from the work of the capture forward (its ops and FLOPs, NOTE [ Pricing a fake
     and a real copy ] in copy_cost.py) and measure on a real copy of the model, batch and
     optimizer when that is cheaper and the model's parameters and buffers are at most
-    ``STAND_IN_MAX_BYTES`` (the copy doubles them while planning). The stand-in measures
-    what the fake copy would, so the plan is the same either way and only the time
-    differs: its mode (:class:`StandIn`) forks the random number generators (the user's
-    RNG is left as it was), counts no probed kernel scratch (NOTE [ Kernel scratch
-    measured by probes ] in measure/scratch.py) and records no generator state for a kept
-    random op (NOTE [ Kept random ops and the RNG ] in strategies/sac_rng.py: a region's
-    first call only, which the first-step allocator check reads). Those are the bytes a
-    real CPU run sees and a fake one does not. It computes on one intra-op thread (priced
-    so): its ops are small, and on a busy machine several threads' spinning workers stall
-    each other. A stand-in is ``FakeSetup.real`` and
+    ``STAND_IN_MAX_BYTES`` (the copy doubles them while planning), and only where its
+    capture forward records the very ops the fake one did (names, FLOPs, bytes read, written
+    and allocated): a constant a module makes with ``torch.tensor`` is an op
+    (``aten.lift_fresh``) on fake tensors and none on real ones (Falcon), which would give
+    the two copies other save sets. The stand-in measures what the fake copy would, so the
+    plan is the same either way and only the time differs: its mode (:class:`StandIn`) forks
+    the random number generators (the user's RNG is left as it was), counts no probed kernel
+    scratch (NOTE [ Kernel scratch measured by probes ] in measure/scratch.py) and records
+    no generator state for a kept random op (NOTE [ Kept random ops and the RNG ] in
+    strategies/sac_rng.py: a region's first call only, which the first-step allocator check
+    reads). Those are the bytes a real CPU run sees and a fake one does not. It computes on
+    one intra-op thread (priced so): its ops are small, and on a busy machine several
+    threads' spinning workers stall each other. A stand-in is ``FakeSetup.real`` and
     ``FakeSetup.stand_in``; the closed loop measures its choices on the real model as it
-    does a fake copy's (NOTE [ Closed loop on the real model ] in loop.py), and a choice
-    it measures on the copy counts as simulated, as the fake copy's would.
+    does a fake copy's (NOTE [ Closed loop on the real model ] in loop.py), and a choice it
+    measures on the copy counts as simulated, as the fake copy's would.
 """
 
 from __future__ import annotations
@@ -391,10 +394,13 @@ def _measure(setup: FakeSetup, step: Step, spec: DeviceSpec, source: str, *, sta
     inputs = capture_inputs(setup.model, setup.batch, setup.blocks,
                             mode=None if setup.real else setup.mode, tracker=work)
     if work is not None and _real_is_cheaper(work.ops):
-        setup = stand_in_setup(step.model, step.batch, optimizer=step.optimizer,
-                               blocks=step.blocks)
-        with setup.mode:
-            inputs = capture_inputs(setup.model, setup.batch, setup.blocks)
+        real = stand_in_setup(step.model, step.batch, optimizer=step.optimizer,
+                              blocks=step.blocks)
+        seen = MemoryTracker()
+        with real.mode, seen:
+            real_inputs = capture_inputs(real.model, real.batch, real.blocks)
+        if seen.ops == work.ops:  # the same ops, FLOPs and bytes as the fake forward's
+            setup, inputs = real, real_inputs
     groups = measure_groups(setup, spec, prune=source == "roofline",
                             builtin=source == "roofline", inputs=inputs)
     report("memory windows of the whole step", 2, 3)
