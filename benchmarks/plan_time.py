@@ -153,21 +153,26 @@ def time_throughput() -> tuple[float, float, int]:
 
 
 def time_families(repeats: int) -> None:
-    """Median wall s of ``repeats`` plans of each of issue #31's five decoders at
-    ``activations:25/50/75%`` (after one untimed plan per model)."""
+    """Median wall s of ``repeats`` plans of each of issue #31's five decoders at budgets
+    25/50/75% of the way from ``full``'s peak to ``none``'s (after one untimed plan)."""
     import sys
     from pathlib import Path
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from planner import FAMILY_RUNS, family_model, hf_batch
 
-    print("| model | activations:25% | 50% | 75% |\n|---|---:|---:|---:|")
+    from remat.compare.frontier import frontier
+
+    print("| model | 25% | 50% | 75% |\n|---|---:|---:|---:|")
     for name, batch_size in FAMILY_RUNS[:5]:
         model, batch = family_model(name), hf_batch(batch_size)
-        time_plan(model, batch, "activations:50%")  # first-call costs
+        manual = frontier(model, batch, budget_bytes=1)
+        full, none = manual.point("full").peak_bytes, manual.point("none").peak_bytes
+        time_plan(model, batch, str(none))  # first-call costs
         cells = []
         for percent in (25, 50, 75):
-            runs = [time_plan(model, batch, f"activations:{percent}%")[0] for _ in range(repeats)]
+            budget = str(int(full + percent / 100 * (none - full)))
+            runs = [time_plan(model, batch, budget)[0] for _ in range(repeats)]
             cells.append(f"{statistics.median(runs):.2f} s")
         print(f"| {name} | {' | '.join(cells)} |", flush=True)
 
@@ -187,7 +192,7 @@ def main() -> None:
                         help="also time the throughput search on gpt-small")
     parser.add_argument("--families", action="store_true",
                         help="time issue #31's five 6-layer decoders (benchmarks/planner.py) "
-                             "at activations:25/50/75%% instead")
+                             "at 25/50/75%% of the way from full to none instead")
     args = parser.parse_args()
     if args.repeats < 1:
         parser.error("--repeats must be at least 1")
