@@ -32,20 +32,21 @@ NOTE [ A real copy standing in for the fake one ]
     optimizer when that is cheaper and the model's parameters and buffers are at most
     ``STAND_IN_MAX_BYTES`` (the copy doubles them while planning), and only where its
     capture forward records the very ops the fake one did (names, FLOPs, bytes read, written
-    and allocated): a constant a module makes with ``torch.tensor`` is an op
-    (``aten.lift_fresh``) on fake tensors and none on real ones (Falcon), which would give
-    the two copies other save sets. The stand-in measures what the fake copy would, so the
-    plan is the same either way and only the time differs: its mode (:class:`StandIn`) forks
-    the random number generators (the user's RNG is left as it was), counts no probed kernel
-    scratch (NOTE [ Kernel scratch measured by probes ] in measure/scratch.py) and records
-    no generator state for a kept random op (NOTE [ Kept random ops and the RNG ] in
-    strategies/sac_rng.py: a region's first call only, which the first-step allocator check
-    reads). Those are the bytes a real CPU run sees and a fake one does not. It computes on
-    one intra-op thread (priced so): its ops are small, and on a busy machine several
-    threads' spinning workers stall each other. A stand-in is ``FakeSetup.real`` and
-    ``FakeSetup.stand_in``; the closed loop measures its choices on the real model as it
-    does a fake copy's (NOTE [ Closed loop on the real model ] in loop.py), and a choice it
-    measures on the copy counts as simulated, as the fake copy's would.
+    and allocated): the two can differ (Falcon's fake forward records an
+    ``aten.lift_fresh``, the op that makes a tensor of Python data, that its real one does
+    not), which would give the two copies other save sets. The stand-in measures what the
+    fake copy would, so the plan is the same either way and only the time differs: its mode
+    (:class:`StandIn`) forks the random number generators (the user's RNG is left as it
+    was), counts no probed kernel scratch (NOTE [ Kernel scratch measured by probes ] in
+    measure/scratch.py) and records no generator state for a kept random op (NOTE [ Kept
+    random ops and the RNG ] in strategies/sac_rng.py: a region's first call only, which the
+    first-step allocator check reads). Those are the bytes a real CPU run sees and a fake
+    one does not. It computes on one intra-op thread (priced so): its ops are small, and on
+    a busy machine several threads' spinning workers stall each other. A stand-in is
+    ``FakeSetup.real`` and ``FakeSetup.stand_in``; the closed loop measures its choices on
+    the real model as it does a fake copy's (NOTE [ Closed loop on the real model ] in
+    loop.py), and a choice it measures on the copy counts as simulated, as the fake copy's
+    would.
 """
 
 from __future__ import annotations
@@ -313,8 +314,9 @@ def prepare(model: nn.Module, batch: Any, *, loss_fn: Any = None,
             microbatches_in_flight: int = 1, stand_in: bool = True) -> PlanContext:
     """Measure candidates and calibrate the peak model (steps 1-3 of NOTE [ How a plan is made ]).
 
-    Bytes are measured on fake copies, so the model, its gradients and the optimizer are
-    untouched; with ``cost="measured"`` each candidate is also timed on the real model
+    Bytes are measured on copies (fake ones, or on a small CPU model a real stand-in that
+    measures the same bytes faster), so the model, its gradients, the optimizer and the
+    RNG are untouched; with ``cost="measured"`` each candidate is also timed on the real model
     (its state is restored). :func:`remat.plan` calls this; call it yourself to plan
     several budgets for one model and batch without measuring twice
     (``remat.plan(..., context=ctx)``).
