@@ -6,7 +6,8 @@ standing in for the fake one ] in src/remat/planning/context.py finds it cheaper
 that both measured the same (every candidate of every block, the windows, the peak model's
 calibration, the built-in strategies' decisions) and that the user's RNG did not move, and
 prints the median seconds of each over ``--repeats`` (1 torch thread, after one untimed
-pair). Exit status 1 on any difference.
+pair). Where the two differ, ``--plans`` also plans ``activations:40/60/80%`` from each and
+says whether the plans are the same. Exit status 1 on any difference.
 
 Models: seeded random decoders (tests/generated_models.py, ``--seeds``) and issue #31's five
 6-layer families (benchmarks/planner.py's ``family_model``, batch 4 x 128; ``--families``).
@@ -15,6 +16,7 @@ Usage::
 
     PYTHONPATH=src .venv/bin/python benchmarks/stand_in.py                    # seeds 0-23
     PYTHONPATH=src .venv/bin/python benchmarks/stand_in.py --seeds 0-3 --families
+    PYTHONPATH=src .venv/bin/python benchmarks/stand_in.py --seeds '' --families --plans
 """
 
 from __future__ import annotations
@@ -56,6 +58,18 @@ def _same(a: PlanContext, b: PlanContext) -> bool:
             and a.static_bytes == b.static_bytes)
 
 
+def _same_plans(model: torch.nn.Module, batch: Any, a: PlanContext, b: PlanContext) -> str:
+    """``same`` or ``differ`` for the plans at activations:40/60/80% from each context."""
+    import remat
+
+    for percent in (40, 60, 80):
+        budget = f"activations:{percent}%"
+        if remat.plan(model, batch, budget=budget, context=a).decisions != \
+                remat.plan(model, batch, budget=budget, context=b).decisions:
+            return "differ"
+    return "same"
+
+
 def _timed(model: torch.nn.Module, batch: Any, stand_in: bool) -> tuple[float, PlanContext]:
     started = time.perf_counter()
     ctx = prepare(model, batch, stand_in=stand_in)
@@ -67,16 +81,19 @@ def main() -> int:
     parser.add_argument("--seeds", default="0-23", help="generated seeds, e.g. 0-23 or 1,5")
     parser.add_argument("--families", action="store_true", help="also issue #31's families")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--plans", action="store_true",
+                        help="where the measurements differ, compare plans at 40/60/80%%")
     args = parser.parse_args()
     if "-" in args.seeds:
         lo, hi = (int(x) for x in args.seeds.split("-"))
         seeds = list(range(lo, hi + 1))
     else:
-        seeds = [int(x) for x in args.seeds.split(",") if x]
+        seeds = [int(x) for x in args.seeds.split(",") if x.strip()]
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore")
-    print("| model | copy used | same bytes | RNG kept | fake s | stand-in s | speed-up |")
-    print("|---|---|---|---|---:|---:|---:|")
+    print("| model | copy used | same bytes | RNG kept | fake s | stand-in s | speed-up |"
+          + (" plans 40/60/80% |" if args.plans else ""))
+    print("|---|---|---|---|---:|---:|---:|" + ("---|" if args.plans else ""))
     failed = 0
     ratios = []
     for label, model, batch in _models(seeds, args.families):
@@ -97,9 +114,13 @@ def main() -> int:
         failed += not (same and kept)
         ratio = statistics.median(fake_s) / statistics.median(real_s)
         ratios.append(ratio)
+        plans = ""
+        if args.plans:
+            verdict = "same (bytes equal)" if same else _same_plans(model, batch, fake, real)
+            plans = f" {verdict} |"
         print(f"| {label} | {used} | {'yes' if same else 'NO'} | {'yes' if kept else 'NO'} | "
               f"{statistics.median(fake_s):.2f} | {statistics.median(real_s):.2f} | "
-              f"{ratio:.1f}x |", flush=True)
+              f"{ratio:.1f}x |{plans}", flush=True)
     print(f"\n{len(ratios)} models, median speed-up {statistics.median(ratios):.1f}x, "
           f"differences: {failed}")
     return 1 if failed else 0
