@@ -31,6 +31,7 @@ fails. Split by role, not by length.
 from __future__ import annotations
 
 import ast
+import functools
 import warnings
 from pathlib import Path
 
@@ -93,8 +94,14 @@ def _module_name(path: Path) -> str:
     return ".".join(parts)
 
 
+@functools.cache
+def _tree(path: Path) -> ast.Module:
+    """The parsed source of ``path``, parsed once for the whole module's tests."""
+    return ast.parse(path.read_text(), filename=str(path))
+
+
 def _imports(path: Path) -> set[str]:
-    tree = ast.parse(path.read_text(), filename=str(path))
+    tree = _tree(path)
     found: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -108,7 +115,7 @@ def _imports(path: Path) -> set[str]:
 
 def _in_type_checking_only(path: Path) -> set[str]:
     """Imports under ``if TYPE_CHECKING:`` (never executed)."""
-    tree = ast.parse(path.read_text())
+    tree = _tree(path)
     out: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING":
@@ -279,7 +286,7 @@ PUBLIC_LEAVES = ("remat.errors", "remat.units", "remat.devices", "remat.device_m
 
 
 def _declares_all(path: Path) -> bool:
-    tree = ast.parse(path.read_text())
+    tree = _tree(path)
     return any(isinstance(node, (ast.Assign, ast.AnnAssign)) and any(
         isinstance(t, ast.Name) and t.id == "__all__"
         for t in (node.targets if isinstance(node, ast.Assign) else [node.target]))
@@ -289,7 +296,7 @@ def _declares_all(path: Path) -> bool:
 def _exports_something(path: Path) -> bool:
     """Anything but a docstring and ``from __future__`` (a package whose ``__init__`` loads
     no submodule, such as ``remat.core``, exports nothing)."""
-    body = ast.parse(path.read_text()).body
+    body = _tree(path).body
     return any(not (isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant))
                and not (isinstance(n, ast.ImportFrom) and n.module == "__future__")
                for n in body)
@@ -313,7 +320,7 @@ def test_no_private_name_is_imported_from_another_package() -> None:
     crossing: list[str] = []
     for path in sorted(SRC.rglob("*.py")):
         importer = _module_name(path)
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(_tree(path)):
             if not (isinstance(node, ast.ImportFrom) and node.module
                     and node.module.startswith("remat")):
                 continue

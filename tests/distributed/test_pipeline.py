@@ -21,10 +21,15 @@ from remat.distributed.tensor_parallel import tp_rank_bytes
 from remat.models import build_model
 from remat.models.llama import rotary_cos_sin
 
-schedules = pytest.importorskip("torch.distributed.pipelining.schedules")
+
+@pytest.fixture(scope="module")
+def schedules() -> types.ModuleType:
+    """PyTorch's schedules, imported by the tests that compare with them (an import of
+    seconds that the suite's other workers need not pay at collection)."""
+    return pytest.importorskip("torch.distributed.pipelining.schedules")
 
 
-def _torch_actions(order: list[Any]) -> list[tuple[int, str]]:
+def _torch_actions(schedules: types.ModuleType, order: list[Any]) -> list[tuple[int, str]]:
     kinds = {schedules._ComputationType.FORWARD: "F",
              schedules._ComputationType.FULL_BACKWARD: "B"}
     return [(a.stage_index, kinds[a.computation_type]) for a in order
@@ -33,7 +38,8 @@ def _torch_actions(order: list[Any]) -> list[tuple[int, str]]:
 
 @pytest.mark.parametrize(("p", "m", "v"), [(2, 4, 2), (4, 8, 2), (4, 3, 2), (2, 6, 3),
                                            (3, 6, 2), (4, 16, 4)])
-def test_interleaved_lists_are_pytorchs(p: int, m: int, v: int) -> None:
+def test_interleaved_lists_are_pytorchs(schedules: types.ModuleType, p: int, m: int,
+                                       v: int) -> None:
     cls = schedules.ScheduleInterleaved1F1B
     if not hasattr(cls, "_calculate_single_rank_operations"):
         pytest.skip("this torch has no per-rank interleaved order to compare with")
@@ -42,7 +48,7 @@ def test_interleaved_lists_are_pytorchs(p: int, m: int, v: int) -> None:
     ours = schedule_actions("interleaved-1f1b", stages=p, microbatches=m, virtual_stages=v)
     for rank in range(p):
         theirs = cls._calculate_single_rank_operations(fake, rank)
-        assert [(a.chunk, a.kind) for a in ours[rank]] == _torch_actions(theirs)
+        assert [(a.chunk, a.kind) for a in ours[rank]] == _torch_actions(schedules, theirs)
         # and the micro-batch indices run in order per chunk
         assert [a.microbatch for a in ours[rank]] == [a.microbatch_index for a in theirs
                                                       if a is not None]
@@ -50,7 +56,8 @@ def test_interleaved_lists_are_pytorchs(p: int, m: int, v: int) -> None:
 
 @pytest.mark.parametrize("name", ["gpipe", "1f1b"])
 @pytest.mark.parametrize(("p", "m"), [(4, 8), (2, 5), (3, 3)])
-def test_single_stage_lists_have_pytorchs_order(name: str, p: int, m: int) -> None:
+def test_single_stage_lists_have_pytorchs_order(schedules: types.ModuleType, name: str, p: int,
+                                                m: int) -> None:
     cls = {"gpipe": schedules.ScheduleGPipe, "1f1b": schedules.Schedule1F1B}[name]
     if not hasattr(cls, "_get_pipeline_order"):
         pytest.skip("this torch has no pipeline_order for single-stage schedules")
@@ -59,7 +66,7 @@ def test_single_stage_lists_have_pytorchs_order(name: str, p: int, m: int) -> No
     for rank in range(p):
         # 1F1B's IR writes F-then-B pairs after p - 1 - r forwards; the runtime runs
         # p - r forwards then B-then-F pairs: the same sequence of kinds
-        assert [(a.chunk, a.kind) for a in ours[rank]] == _torch_actions(theirs[rank])
+        assert [(a.chunk, a.kind) for a in ours[rank]] == _torch_actions(schedules, theirs[rank])
 
 
 @settings(max_examples=60, deadline=None)

@@ -4,6 +4,7 @@ the prepared model (examples/accelerate_train.py, in-process, 2 steps each)."""
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import io
 from types import ModuleType
 from typing import Any
@@ -13,7 +14,9 @@ import torch
 
 from loading import load_example
 
-pytest.importorskip("accelerate")
+# Checked without importing: the package loads only in the worker that runs these tests.
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("accelerate") is None,
+                                reason="needs accelerate")
 
 
 @pytest.fixture(scope="module")

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import io
 import warnings
 from types import ModuleType
@@ -14,9 +15,9 @@ import torch
 
 from loading import load_example
 
-pytest.importorskip("lightning")
-
-from remat.integrations.lightning import RematCallback  # noqa: E402
+# Checked without importing: the package loads only in the worker that runs these tests.
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("lightning") is None,
+                                reason="needs lightning")
 
 
 @pytest.fixture(scope="module")
@@ -81,6 +82,8 @@ def test_budget_plans_the_training_step_and_fits(example: ModuleType,
 
 
 def test_bad_arguments_are_refused(example: ModuleType) -> None:
+    from remat.integrations.lightning import RematCallback
+
     with pytest.raises(ValueError, match="strategy or budget=, not both"):
         RematCallback("full", budget="1GiB")
     callback = RematCallback("full", module="encoder")
@@ -94,6 +97,8 @@ def test_bad_arguments_are_refused(example: ModuleType) -> None:
 def test_a_pytorch_lightning_trainer_takes_the_callback(baseline: list[float]) -> None:
     """NOTE [ Both Lightning packages ]: the older package's Trainer accepts the callback
     and trains with it as lightning.pytorch's does."""
+    from remat.integrations.lightning import RematCallback
+
     pl = pytest.importorskip("pytorch_lightning")
     import lightning.pytorch
 

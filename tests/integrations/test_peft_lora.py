@@ -8,6 +8,7 @@ between ``full`` and ``none``, and the activation bytes frozen weights do not sa
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import io
 import warnings
 from types import ModuleType
@@ -18,8 +19,10 @@ import torch
 
 from loading import load_example, load_measure_helper
 
-pytest.importorskip("peft")
-pytest.importorskip("transformers")
+# Checked without importing: the packages load only in the worker that runs these tests.
+pytestmark = pytest.mark.skipif(
+    any(importlib.util.find_spec(m) is None for m in ("peft", "transformers")),
+    reason="needs peft and transformers")
 
 BATCH, SEQ, HIDDEN, MLP, RANK = 2, 32, 64, 128, 4
 

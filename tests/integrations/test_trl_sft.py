@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import io
 import warnings
 from types import ModuleType
@@ -13,8 +14,10 @@ import torch
 
 from loading import load_example
 
-pytest.importorskip("trl")
-pytest.importorskip("accelerate")
+# Checked without importing: the packages load only in the worker that runs these tests.
+pytestmark = pytest.mark.skipif(
+    any(importlib.util.find_spec(m) is None for m in ("trl", "accelerate")),
+    reason="needs trl and accelerate")
 
 
 @pytest.fixture(scope="module")
