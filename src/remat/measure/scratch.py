@@ -71,8 +71,8 @@ NOTE [ Kernel scratch measured by probes ]
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterator
-from contextlib import contextmanager
+from collections.abc import Hashable
+from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
@@ -80,6 +80,7 @@ from torch import Tensor
 from torch._prims_common import is_non_overlapping_and_dense_or_false
 from torch._subclasses.fake_tensor import is_fake
 
+from remat.core.switch import Switch
 from remat.measure.allocator import allocator_peak
 
 
@@ -116,11 +117,10 @@ MAX_PROBES = 4096
 
 _PROBED: dict[Hashable, int] = {}
 _probes = [0]
-_counted = [True]
+_counted = Switch()
 
 
-@contextmanager
-def without_probed_scratch() -> Iterator[None]:
+def without_probed_scratch() -> AbstractContextManager[None]:
     """Count no probed scratch inside (NOTE [ Kernel scratch measured by probes ]): real
     tensors measure as fake ones do.
 
@@ -128,12 +128,7 @@ def without_probed_scratch() -> Iterator[None]:
         >>> with without_probed_scratch():
         ...     pass
     """
-    before = _counted[0]
-    _counted[0] = False
-    try:
-        yield
-    finally:
-        _counted[0] = before
+    return _counted.turned_off()
 
 
 def _arg_key(value: Any) -> Hashable:
@@ -206,7 +201,7 @@ def probe_scratch(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out:
         >>> probe_scratch(conv, call, {}, conv(*call)) > 0
         True
     """
-    if not _counted[0] or any(is_fake(t) for t in _leaves((args, kwargs, out))
+    if not _counted.on or any(is_fake(t) for t in _leaves((args, kwargs, out))
                               if isinstance(t, Tensor)):
         return 0  # a simulated step: no probed scratch, whatever this process ran before
     key = probe_key(func, args, kwargs)

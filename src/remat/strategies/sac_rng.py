@@ -32,7 +32,7 @@ NOTE [ Kept random ops and the RNG ]
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,6 +41,8 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils._pytree import tree_leaves
 from torch.utils.checkpoint import CheckpointPolicy
+
+from remat.core.switch import Switch
 
 _SEEDED = torch.Tag.nondeterministic_seeded
 _KEPT = CheckpointPolicy.MUST_SAVE
@@ -59,11 +61,10 @@ def names_random_op(names: Iterable[str]) -> bool:
     return False
 
 
-_followed = [True]
+_followed = Switch()
 
 
-@contextlib.contextmanager
-def generators_unfollowed() -> Iterator[None]:
+def generators_unfollowed() -> contextlib.AbstractContextManager[None]:
     """Inside, random ops on real tensors pass through as fake ones do: no generator state
     is recorded (NOTE [ Kept random ops and the RNG ]).
 
@@ -71,16 +72,11 @@ def generators_unfollowed() -> Iterator[None]:
         >>> with generators_unfollowed():
         ...     pass
     """
-    before = _followed[0]
-    _followed[0] = False
-    try:
-        yield
-    finally:
-        _followed[0] = before
+    return _followed.turned_off()
 
 
 def _device_of(args: Any, kwargs: Any, out: Any) -> torch.device | None:
-    if not _followed[0]:
+    if not _followed.on:
         return None
     for t in tree_leaves((out, args, kwargs)):
         if isinstance(t, torch.Tensor):
