@@ -195,18 +195,14 @@ def test_a_moe_block_offers_dropping_only_its_cheapest_outputs(
     # indices) whose inputs stay cached: the hull's cheap end (NOTE [ Candidate
     # decisions ], item 3). Its last ops (the weighted sum of the experts' outputs, read
     # only by the block's residual add after the last pack) are not recomputed by them
-    # (NOTE [ Dead ops in recompute ], item 6); they were by every save set, a quarter of
-    # ``mlp=full``'s recompute.
+    # (NOTE [ Dead ops in recompute ], item 6); every save set of the MoE recomputed them.
     model, batch, context = moe
     table = context.peak_model.tables[0]
-    none = table[0]
-    mlp = [c for c in table if c.label().startswith("mlp=")]
-    full = next(c for c in mlp if c.label() == "mlp=full")
-    freeing = [c for c in mlp if c.saved_bytes < none.saved_bytes]
+    none, full = table[0], next(c for c in table if c.label() == "full")
+    freeing = [c for c in table if c.label().startswith("mlp=")
+               and c.saved_bytes < none.saved_bytes]
     cheap = min(freeing, key=lambda c: c.recompute_ms)
     assert cheap.recompute_ms < 0.1 * full.recompute_ms
-    per_byte = min(freeing, key=lambda c: c.recompute_ms / (none.saved_bytes - c.saved_bytes))
-    assert per_byte.recompute_ms < 0.5 * full.recompute_ms
     # Chosen where it is cheapest: a budget it meets in one block.
     pm = context.peak_model
     choice = [0] * pm.num_blocks
