@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import warnings
 
 import pytest
 import torch
@@ -12,7 +13,7 @@ from remat.core.op_record import OpRecord
 from remat.devices import get_device
 from remat.measure import profile
 from remat.measure.step import Step
-from remat.planning import plan, prepare
+from remat.planning import PlanContext, plan, prepare
 from remat.planning.candidates import Candidate
 from remat.planning.loop import measure_decisions
 from remat.strategies.builtin import Full, NoCheckpoint, SelectiveOps
@@ -174,3 +175,41 @@ def test_candidate_validation_and_labels() -> None:
     assert full.dominates(full) and not none.dominates(full)
     with pytest.raises(ValueError, match="saved_bytes must be >= 0"):
         Candidate((), -1, 0, 0, 0, 0.0)
+
+
+@pytest.fixture(scope="module")
+def moe() -> tuple[nn.Module, dict[str, torch.Tensor], PlanContext]:
+    """A two-block Qwen2-MoE decoder (tests/generated_models.py; d 16, two experts, a
+    gated shared expert, no dropout), prepared once."""
+    from generated_models import generated_model
+
+    drawn = generated_model(2387)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return drawn.model, drawn.batch, prepare(drawn.model, drawn.batch)
+
+
+def test_a_moe_block_offers_dropping_only_its_cheapest_outputs(
+        moe: tuple[nn.Module, dict[str, torch.Tensor], PlanContext]) -> None:
+    # The MoE sub-layer's cheapest save sets recompute only router ops (topk, sort, their
+    # indices) whose inputs stay cached: the hull's cheap end (NOTE [ Candidate
+    # decisions ], item 3). Its last ops (the weighted sum of the experts' outputs, read
+    # only by the block's residual add after the last pack) are not recomputed by them
+    # (NOTE [ Dead ops in recompute ], item 6); every save set of the MoE recomputed them.
+    model, batch, context = moe
+    table = context.peak_model.tables[0]
+    none, full = table[0], next(c for c in table if c.label() == "full")
+    freeing = [c for c in table if c.label().startswith("mlp=")
+               and c.saved_bytes < none.saved_bytes]
+    cheap = min(freeing, key=lambda c: c.recompute_ms)
+    assert cheap.recompute_ms < 0.1 * full.recompute_ms
+    # Chosen where it is cheapest: a budget it meets in one block.
+    pm = context.peak_model
+    choice = [0] * pm.num_blocks
+    choice[0] = table.index(cheap)
+    budget = pm.predict(choice)
+    assert budget < context.no_checkpoint_peak_bytes
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        result = plan(model, batch, budget=budget, context=context, simulate=True)
+    assert result.recompute_ms <= cheap.recompute_ms * (1 + 1e-9)

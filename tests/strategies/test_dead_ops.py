@@ -149,6 +149,38 @@ def test_an_output_a_cached_op_saves_for_backward_is_recomputed() -> None:
     assert {"aten.mul", "aten.add"} <= set(ops_on.computed())
 
 
+class Tail(nn.Module):
+    """``fc1(x) * 2`` is read only by the residual-like add after the region's last pack
+    (the sigmoid saves its output): an MoE's weighted expert sum before its block's add."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(8, 8), nn.Linear(8, 8)
+
+    def forward(self, x: Tensor) -> Tensor:
+        tail = self.fc1(x) * 2.0
+        return tail + torch.sigmoid(self.fc2(x))
+
+
+@pytest.mark.parametrize("early_stop", [True, False])
+def test_calls_read_only_after_the_last_pack_are_not_recomputed(early_stop: bool) -> None:
+    # NOTE [ Dead ops in recompute ], item 6: early stop ends the recompute at the
+    # sigmoid's pack, so the add never runs and fc1 * 2 is dead; without early stop the
+    # add runs and needs it.
+    torch.manual_seed(0)
+    module, x = Tail(), torch.randn(4, 8, requires_grad=True)
+    with torch.utils.checkpoint.set_checkpoint_early_stop(early_stop):
+        ops_on, ops_off, skipped = _on_and_off(module, x, set())
+    def kernels(ops: RecomputedOps) -> list[str]:
+        return [op for op in ops.computed() if op != "aten.t"]  # the weights' views
+
+    assert kernels(ops_off) == ["aten.addmm", "aten.mul", "aten.addmm", "aten.sigmoid"] + (
+        [] if early_stop else ["aten.add"])
+    assert kernels(ops_on) == (["aten.addmm", "aten.sigmoid"] if early_stop
+                               else kernels(ops_off))
+    assert skipped == (2 if early_stop else 0)
+
+
 class Heads(nn.Module):
     """A projection viewed into heads, then ``act``; the shape Llama's attention has."""
 

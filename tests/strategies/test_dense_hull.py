@@ -38,6 +38,19 @@ def test_a_shallow_model_gets_every_hull_vertex_with_its_exact_price() -> None:
     assert sparse[0] == dense[0] and sparse[-1] == dense[-1]  # both ends stay
 
 
+def test_a_deep_model_gets_the_cheap_end_of_the_hull() -> None:
+    # NOTE [ Save sets as minimum cuts ], item 4: the two vertices keeping the most (they
+    # recompute only the cheapest calls per byte) are offered, then the rest spread out.
+    dense = _hull_sets(GRAPH, cut_sets_for(2))
+    sparse = _hull_sets(GRAPH, cut_sets_for(32))
+    assert sparse[-2:] == dense[-2:]
+    assert [_price(s) for s in sparse[-2:]] == [(7 * MB, 3.0), (8 * MB, 1.0)]
+    assert [len(s) for s in sparse] == [1, 3, 4, 6, 7, 8]
+    assert [len(s) for s in _hull_sets(GRAPH, 3)] == [1, 7, 8]
+    assert [len(s) for s in _hull_sets(GRAPH, 2)] == [1, 8]  # both ends
+    assert [len(s) for s in _hull_sets(GRAPH, 1)] == [1]
+
+
 def test_block_context_refuses_a_negative_block_count() -> None:
     with pytest.raises(ValueError, match="model_blocks must be >= 0"):
         BlockContext(forward_ops=(), sublayers={}, cost_device=get_device("h100-80gb"),

@@ -32,7 +32,14 @@ NOTE [ Candidate decisions ]
        mul, add, mul before it; ``BlockContext.graphs``, one recorded forward).
        Next to each chain, the minimum-cut save sets (NOTE [ Save sets as minimum
        cuts ]: the hull of kept bytes vs recompute, call by call); sets another
-       beats in both numbers under that model are not offered.
+       beats in both numbers under that model are not offered. The chain never
+       keeps everything but the cheapest outputs (its sets keep a prefix of the
+       ranking, pointwise ops last); the hull's two vertices that keep the most do
+       (a norm's output the next matmul saves anyway, a router's ``topk``/``sort``,
+       an activation), and are always offered (item 4 of that NOTE). Every save set
+       of a region also recomputes what SAC cannot cache (in-place ops: the masks
+       of a dropout decomposed into ``bernoulli_``/``div_``, as on CPU), so a
+       region's cheapest set costs at least that.
     4. ``offload`` when the model is on a device with separate host memory
        (CUDA); never on CPU, where it is a no-op.
     5. Decisions on the attention and MLP sub-layers together (e.g. attention
@@ -273,11 +280,19 @@ def offload_exposed_ms(moved_bytes: int, forward_ms: float, device: DeviceSpec, 
 
 
 def prune_candidates(candidates: Sequence[Candidate]) -> list[Candidate]:
-    """Drop candidates another one matches or beats in every number (``none`` stays)."""
+    """Drop candidates another one matches or beats in every number (``none`` stays).
+
+    Of candidates equal in every number, one on sub-layers only is kept rather than one
+    with a region around the whole block (a block-wide save set that recomputes just
+    what a sub-layer's does: the same bytes and cost, a region over more ops whose
+    bookkeeping runs every step), then the first."""
+    def rank(i: int) -> tuple[bool, int]:
+        return any(path == "" for path, _ in candidates[i].parts), i
+
     kept: list[Candidate] = []
     for i, c in enumerate(candidates):
         dominated = not c.is_none and any(
-            other.dominates(c) and (not c.dominates(other) or j < i)
+            other.dominates(c) and (not c.dominates(other) or rank(j) < rank(i))
             for j, other in enumerate(candidates) if j != i
         )
         if not dominated:

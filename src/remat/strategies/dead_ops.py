@@ -54,6 +54,16 @@ NOTE [ Dead ops in recompute ]
        same). Llama's ``q_proj(x).view(...).transpose(1, 2)`` feeds only the rotary
        embedding; with the rotary output cached the projection is dead, where
        before its view kept it live.
+    6. Early stop ends the recompute at the pack that refills the forward's last
+       saved tensor (``torch.utils.checkpoint``'s default), so the calls after the
+       last pack of the forward never run: they make nothing live. A region's
+       last ops (an MoE's weighted sum of expert outputs, read only by the residual
+       add that ends the block) would otherwise keep the calls feeding them live,
+       and every save set of the region would recompute them, although the full
+       checkpoint does not. The save-set models (``save_set_chain``, NOTE [ Save
+       sets as minimum cuts ]) leave out the same calls, so the recompute now runs
+       what they price. With early stop off (``set_checkpoint_early_stop(False)``
+       when the forward ran) every call counts.
     Values read outside the dispatcher (``Tensor.numpy()``, ``tolist()`` on CPU)
     are invisible to the ledger; a region that branches on such a value of an
     op it would skip must turn skipping off (:func:`skipping_dead_ops`).
@@ -147,6 +157,10 @@ class Ledger:
         self.packed: set[int] = set()
         self.escaped: set[int] = set()
         self.views: set[int] = set()  # calls whose outputs all alias their inputs (item 5)
+        #: the last op call before which autograd packed something: with early stop the
+        #: recompute ends at that pack, so later calls never run (item 6)
+        self.last_pack = -1
+        self.early_stop = True
         self.broken = False
         self.finished = False
         self.skipped = 0
@@ -160,8 +174,11 @@ class Ledger:
             return
         inner_pack, inner_unpack = top
         producer, packed = self.producer, self.packed
+        # The checkpoint reads the global when its forward starts (item 6).
+        self.early_stop = _checkpoint._enable_checkpoint_early_stop is not False
 
         def pack(x: Tensor) -> Any:
+            self.last_pack = len(self.calls) - 1
             try:
                 call = producer.get(_storage(x))
             except Exception:  # no storage (a subclass): see item 4 of the NOTE
@@ -246,7 +263,9 @@ class Ledger:
         """The calls a recompute can skip when ``cached`` ones are not run (item 2)."""
         needed = [False] * len(self.calls)
         dead = []
-        for call in range(len(self.calls) - 1, -1, -1):
+        # Item 6: with early stop, calls after the last pack never run, so read nothing.
+        last = self.last_pack if self.early_stop else len(self.calls) - 1
+        for call in range(last, -1, -1):
             if cached(call):
                 continue  # not run: makes nothing live
             key, _, reads, meta = self.calls[call]

@@ -33,6 +33,13 @@ NOTE [ Save sets as minimum cuts ]
        (:func:`with_cut_sets`): each offer is a block run. The model only ranks; the
        planner measures every set it offers, and the tests check that the recompute
        runs exactly the calls the model says.
+    4. The cheap end. The vertices keeping the most bytes drop only the outputs whose
+       recompute is cheapest per byte freed while their inputs are kept anyway (a
+       norm's output that the next matmul saves, a router's ``topk``/``sort``, an
+       activation): at a generous budget a plan needs only those, in many blocks.
+       Vertices between two offered ones are reached only on the line between them,
+       above the hull, so the two keeping the most are always offered and the
+       others are spread over the rest of the hull.
 
 Example:
     >>> sets = cut_save_sets(graph, forward_ops, get_device("h100-80gb"))
@@ -221,12 +228,21 @@ def cut_save_sets(graph: OpGraph, forward_ops: Sequence[OpRecord], device: Devic
     return [] if cut is None else _hull_sets(cut, max_sets)
 
 
+#: Hull vertices always offered from the cheap end (most kept bytes, least recompute per
+#: byte freed; NOTE [ Save sets as minimum cuts ], item 4).
+_CHEAP_END = 2
+
+
 def _hull_sets(cut: CutGraph, max_sets: int) -> list[frozenset[str]]:
     """Up to ``max_sets`` hull vertices that keep something and recompute something, as
-    save sets, fewest kept bytes first."""
+    save sets, fewest kept bytes first: the ``_CHEAP_END`` that keep the most, then the
+    others spread evenly, the one keeping the least included (item 4 of the NOTE)."""
     useful = [(kept, nbytes, ms) for kept, nbytes, ms in cut.hull() if kept and ms > 0]
     if len(useful) > max_sets:
-        picks = {round(i * (len(useful) - 1) / (max_sets - 1)) for i in range(max_sets)}
+        head = max(min(_CHEAP_END, max_sets - 2), 0)  # room for both ends first
+        slots, span = max_sets - head, len(useful) - 1 - head  # spread over useful[head:]
+        picks = set(range(head)) | {
+            head + (round(i * span / (slots - 1)) if slots > 1 else span) for i in range(slots)}
         useful = [useful[i] for i in sorted(picks)]
     return [frozenset(call_entry(*cut.names[o]) for o in kept) for kept, _, _ in useful[::-1]]
 
