@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 import remat.jax as rj
+from remat.core.cost import Category
 from remat.errors import BudgetTooSmall
 from remat.jax.analysis import analyze_steps
 
@@ -79,12 +80,25 @@ def test_percent_budget_and_auto() -> None:
 
 
 def test_budget_too_small() -> None:
+    """The error, and with it the profile, break bytes down by remat's categories (the
+    same :class:`~remat.core.cost.Category` the PyTorch side uses)."""
     model, batch, manual = setup()
     with pytest.raises(BudgetTooSmall, match="fix: raise the budget") as info:
         rj.plan(model, batch, budget=1000)
-    assert info.value.budget_bytes == 1000
-    assert 1000 < info.value.min_peak_bytes <= manual["full"].peak_bytes
+    err = info.value
+    assert err.budget_bytes == 1000
+    assert 1000 < err.min_peak_bytes <= manual["full"].peak_bytes
     assert rj.decisions_of(model) == {}
+    prof = rj.profile(model, batch)
+    assert set(prof.peak_breakdown) <= set(Category)
+    assert sum(prof.peak_breakdown.values()) == prof.peak_bytes
+    assert prof.peak_breakdown[Category.PARAMETERS] == prof.param_bytes
+    assert prof.peak_breakdown[Category.GRADIENTS] == prof.grad_bytes
+    assert prof.peak_breakdown[Category.BATCH] == prof.batch_bytes
+    assert set(err.breakdown) <= set(Category)
+    assert sum(err.breakdown.values()) == err.min_peak_bytes
+    assert err.breakdown[Category.PARAMETERS] == prof.param_bytes
+    assert err.cost is not None and err.cost.peak_bytes == err.min_peak_bytes
 
 
 def test_bad_budget() -> None:

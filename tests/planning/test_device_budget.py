@@ -12,6 +12,7 @@ import remat
 from remat.card_fit import card_budget
 from remat.devices import DeviceSpec
 from remat.models import build_model, make_batch
+from remat.planning import prepare
 
 MIB = 2**20
 
@@ -41,10 +42,12 @@ def _no_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_a_device_plan_keeps_its_reserved_peak_on_the_card() -> None:
     model, batch, optimizer = _step()
     card = _card(44)  # `none` reserves 56 MiB here, `full` 30 MiB (simulated)
+    # one measurement for both plans below (what simulate=True prepares: fake copies only)
+    context = prepare(model, batch, optimizer=optimizer, stand_in=False)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         plan = remat.plan(model, batch, optimizer=optimizer, budget="device", device=card,
-                          simulate=True)
+                          simulate=True, context=context)
     limit = card_budget(card).limit_bytes
     assert plan.budget_bytes == limit
     assert plan.reserved_peak_bytes is not None and plan.reserved_peak_bytes <= limit
@@ -59,7 +62,8 @@ def test_a_device_plan_keeps_its_reserved_peak_on_the_card() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         on_bytes = remat.plan(model, batch, optimizer=optimizer,
-                              budget=card_budget(card).tensor_bytes, simulate=True)
+                              budget=card_budget(card).tensor_bytes, simulate=True,
+                              context=context)
     assert on_bytes.recompute_ms <= plan.recompute_ms
 
 
@@ -71,18 +75,20 @@ def test_a_device_budget_needs_a_card() -> None:
 
 def test_the_throughput_search_plans_every_size_for_the_card() -> None:
     torch.manual_seed(0)
-    model = build_model("gpt-tiny", max_seq_len=64, n_layer=2)
+    model = build_model("gpt-tiny", max_seq_len=128, n_layer=2)
     optimizer = torch.optim.AdamW(model.parameters())
-    card = _card(4)  # a plan fits up to 4 sequences of 64 tokens, none from 5 on
+    # one sequence of 128 tokens fits with checkpointing (`none` is over), two do not: the
+    # search plans the two sizes it starts with (1 fits, 2 over), a full prepare each
+    card = _card(4)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         best = remat.plan_throughput(
-            model, lambda n: make_batch(model, n, 64), budget="device", device=card,
+            model, lambda n: make_batch(model, n, 128), budget="device", device=card,
             optimizer=optimizer, simulate=True,
-            # from 4 (fits, checkpointing) to 5 (over): the card stops the search
-            search=remat.ThroughputSearch(batch_size=4, max_batch_size=5))
+            search=remat.ThroughputSearch(batch_size=1, max_batch_size=2))
     limit = card_budget(card).limit_bytes
     assert best.budget_bytes == limit
     assert best.reserved_peak_bytes is not None and best.reserved_peak_bytes <= limit
     assert best.decisions  # the chosen size checkpoints
-    assert any(not row.fits for row in best.throughput)  # the card stopped the search
+    assert [(row.batch_size, row.fits) for row in best.throughput] == [(1, True), (2, False)]
+    assert best.batch_size == 1  # the card stopped the search at its first doubling

@@ -11,7 +11,7 @@ from remat.distributed.stage import LlamaStage
 from remat.distributed.stage_loss import StageLoss
 from remat.measure.step import Step
 from remat.models import build_model, make_batch
-from remat.planning.context import prepare
+from remat.planning.context import PlanContext, prepare
 from remat.planning.loop import measure_decisions
 from remat.strategies.builtin import Full
 
@@ -23,10 +23,20 @@ def _stage() -> tuple[LlamaStage, torch.Tensor]:
     return stage, make_batch(model, 16, 32)["input_ids"]
 
 
-def test_k_in_flight_adds_exactly_k_minus_one_micro_batches() -> None:
+@pytest.fixture(scope="module")
+def prepared() -> tuple[LlamaStage, torch.Tensor, dict[int, PlanContext]]:
+    """The stage, its batch and its contexts with 1 and 3 micro-batches in flight
+    (measured once: the first two tests read the same measurements)."""
     stage, ids = _stage()
     loss = StageLoss()
-    contexts = {k: prepare(stage, ids, loss_fn=loss, microbatches_in_flight=k) for k in (1, 3)}
+    return stage, ids, {k: prepare(stage, ids, loss_fn=loss, microbatches_in_flight=k)
+                        for k in (1, 3)}
+
+
+def test_k_in_flight_adds_exactly_k_minus_one_micro_batches(
+        prepared: tuple[LlamaStage, torch.Tensor, dict[int, PlanContext]]) -> None:
+    stage, ids, contexts = prepared
+    loss = StageLoss()
     pm = contexts[3].peak_model
     assert pm.held_copies == 2 and contexts[1].peak_model.held_copies == 0
     # Without checkpointing: one micro-batch keeps both blocks' saved tensors, plus the
@@ -49,9 +59,11 @@ def test_k_in_flight_adds_exactly_k_minus_one_micro_batches() -> None:
         assert pm.predict(choice) == peaks[2]
 
 
-def test_plan_with_k_in_flight_fits_and_is_predicted() -> None:
-    stage, ids = _stage()
-    plan = remat.plan(stage, ids, budget="75%", loss_fn=StageLoss(), microbatches_in_flight=3)
+def test_plan_with_k_in_flight_fits_and_is_predicted(
+        prepared: tuple[LlamaStage, torch.Tensor, dict[int, PlanContext]]) -> None:
+    stage, ids, contexts = prepared
+    plan = remat.plan(stage, ids, budget="75%", loss_fn=StageLoss(), microbatches_in_flight=3,
+                      context=contexts[3])
     assert plan.decisions  # the budget binds
     assert plan.allocator_peak_bytes is not None
     assert plan.measured_peak_bytes <= plan.budget_bytes

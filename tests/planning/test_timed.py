@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import warnings
+from functools import cache
 from typing import Any
 
 import pytest
@@ -53,7 +54,11 @@ class OpClock:
         return float(end - start)
 
 
+@cache
 def _groups(preset: str) -> tuple[torch.nn.Module, Any, list[Any]]:
+    """A preset, its batch and its measured candidate groups (measured once per preset:
+    tests may change the model, never the groups; only one test per preset runs on the
+    model)."""
     torch.manual_seed(0)
     model = build_model(preset)
     batch = make_batch(model, 2)
