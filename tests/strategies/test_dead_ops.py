@@ -181,6 +181,64 @@ def test_calls_read_only_after_the_last_pack_are_not_recomputed(early_stop: bool
     assert skipped == (2 if early_stop else 0)
 
 
+class Waiting(Tensor):
+    """A wrapper whose own dispatch does work beyond the op's math, as sequence
+    parallelism's ``AsyncCollectiveTensor`` waits on its collective: it counts the ops
+    that read it and hands back plain tensors."""
+
+    reads = 0
+
+    @staticmethod
+    def __new__(cls, elem: Tensor) -> Waiting:
+        return Tensor._make_wrapper_subclass(  # type: ignore[attr-defined,no-any-return]
+            cls, elem.size(), strides=elem.stride(), dtype=elem.dtype, device=elem.device)
+
+    def __init__(self, elem: Tensor) -> None:
+        self.elem = elem
+
+    @classmethod
+    def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (),
+                           kwargs: Any = None) -> Any:
+        Waiting.reads += 1
+        def unwrap(t: Any) -> Any:
+            return t.elem if isinstance(t, Waiting) else t
+        return func(*[unwrap(a) for a in args],
+                    **{k: unwrap(v) for k, v in (kwargs or {}).items()})
+
+
+class _Wait(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: Tensor) -> Tensor:
+        return Waiting(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> Tensor:
+        return grad
+
+
+class WaitingTail(Tail):
+    """:class:`Tail` with ``fc1``'s output wrapped: the mul that reads it is read only
+    after the last pack, but its dispatch must still run in the recompute."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        tail = _Wait.apply(self.fc1(x)) * 2.0
+        return tail + torch.sigmoid(self.fc2(x))
+
+
+def test_an_op_reading_a_tensor_with_its_own_dispatch_is_never_skipped() -> None:
+    # NOTE [ Dead ops in recompute ], item 3: skipping the mul would skip the wrapper's
+    # dispatch (an AsyncCollectiveTensor's wait under sequence parallelism).
+    torch.manual_seed(0)
+    module, x = WaitingTail(), torch.randn(4, 8, requires_grad=True)
+    Waiting.reads = 0
+    _grads(module, x)
+    assert Waiting.reads == 1  # the forward's mul
+    Waiting.reads = 0
+    _, ops_on, _ = _run(module, x, set(), skip=True)
+    assert Waiting.reads == 2  # the forward's mul and the recompute's
+    assert "aten.mul" in ops_on.computed()
+
+
 class Heads(nn.Module):
     """A projection viewed into heads, then ``act``; the shape Llama's attention has."""
 

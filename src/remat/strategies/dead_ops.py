@@ -36,7 +36,11 @@ NOTE [ Dead ops in recompute ]
        ops), mutating ops, ops whose outputs alias an input (schema alias
        annotations, or an output sharing an input's storage), ops returning
        anything but Tensors, non-aten ops (collectives, custom ops with side
-       effects), tensor subclasses other than FakeTensor, outputs at a storage
+       effects), tensor subclasses other than FakeTensor (as outputs, or as
+       inputs when their type runs its own ``__torch_dispatch__``: sequence
+       parallelism's ``AsyncCollectiveTensor`` waits on its collective in the
+       first op that reads it, and a skipped reader would leave the collective
+       unwaited), outputs at a storage
        offset, ``detach`` (SAC's other ignored ops only read metadata, which a
        placeholder has, and are not recorded).
     4. Skipping is off for a region whose bookkeeping saw something it cannot
@@ -144,6 +148,18 @@ def _storage(t: Tensor) -> int:
     return int(t.untyped_storage()._cdata)
 
 
+_PLAIN_DISPATCH = Tensor.__torch_dispatch__
+
+
+def _own_dispatch(cls: type) -> bool:
+    """Whether tensors of ``cls`` run a ``__torch_dispatch__`` of their own (item 3): an
+    ``AsyncCollectiveTensor`` waits on its collective there, so an op reading one is not
+    only its math. ``Parameter`` and plain tensors do not; ``FakeTensor`` does, but a
+    placeholder stands in for its outputs exactly (a fake one)."""
+    return (cls is not Tensor and getattr(cls, "__torch_dispatch__", _PLAIN_DISPATCH)
+            is not _PLAIN_DISPATCH and not issubclass(cls, FakeTensor))
+
+
 class Ledger:
     """What a region's forward did, and which op calls its recompute can skip."""
 
@@ -212,11 +228,16 @@ class Ledger:
         producer, read = self.producer, self.read
         call = len(self.calls)
         inputs: list[int] = []
+        dispatched = False  # an input whose type runs its own dispatch (item 3)
         for arg in (*args, *kwargs.values()) if kwargs else args:
             if isinstance(arg, Tensor):
                 inputs.append(arg.untyped_storage()._cdata)
+                dispatched = dispatched or _own_dispatch(type(arg))
             elif isinstance(arg, (list, tuple)):
-                inputs.extend(a.untyped_storage()._cdata for a in arg if isinstance(a, Tensor))
+                for a in arg:
+                    if isinstance(a, Tensor):
+                        inputs.append(a.untyped_storage()._cdata)
+                        dispatched = dispatched or _own_dispatch(type(a))
         reads = []
         for st in inputs:
             p = producer.get(st)
@@ -224,7 +245,7 @@ class Ledger:
                 reads.append(p)
                 read[p] = True
         single = isinstance(out, Tensor)
-        meta: Any = [] if skippable else None
+        meta: Any = [] if skippable and not dispatched else None
         aliased = view or skippable
         for t in (out,) if single else out if isinstance(out, (tuple, list)) else ():
             if not isinstance(t, Tensor):
