@@ -4,19 +4,20 @@
 NOTE [ Sampled source matrix ]
 The sources resolve in remat/cli/sources.py, once per command and the same way for every
 command: ``run_source`` for profile, compare and plan, ``model_choice`` for simulate and
-estimate. There the three Hugging Face sources differ only in how ``hf_config`` reads the
-config (by name, from a file, from a folder) and the two ``build_training`` sources only in
+estimate. Both read the Hugging Face config with ``hf_config`` and find a factory with
+``load_factory``: the three Hugging Face sources differ only in how ``hf_config`` reads the
+config (by name, from a file, from a folder), the two ``build_training`` sources only in
 how ``load_factory`` finds the factory (a file path, a package module); what a command does
 with the result depends on the kind of source alone: a preset, a Hugging Face config, or a
 factory giving a model (remat's batches), a fixed batch, or ``make_batch`` and ``loss_fn``.
-So ``profile`` (the in-process identity check, cheap) runs on all eight sources, and every
-other command on one source of each kind, the Hugging Face and ``build_training`` variants
-spread over the commands so that each variant goes through both ``run_source`` and
-``model_choice``: compare drops hf, hf-config-file and module-object; plan drops
-hf-config-file and module-object (the plan-applies test plans those two and checks the same
-budget properties), and hf-config-dir; simulate drops hf, hf-config-dir and module-package;
-estimate drops hf-config-file and module-object (and module-tuple, whose fixed batch it
-refuses: test_a_fixed_batch_cannot_be_swept).
+So ``profile`` (the in-process identity check, cheap) runs on all eight sources, every
+variant's ``hf_config`` or ``load_factory`` included, and every other command on one source
+of each kind, the variants spread over the commands: compare drops hf, hf-config-file and
+module-object; plan drops hf-config-dir, and hf-config-file and module-object (the
+plan-applies test plans those two and checks the same budget properties); simulate drops
+hf, hf-config-dir and module-package; estimate drops hf-config-file, hf-config-dir and
+module-object (and module-tuple, whose fixed batch it refuses:
+test_a_fixed_batch_cannot_be_swept).
 """
 
 from __future__ import annotations
@@ -79,7 +80,7 @@ SOURCES = ["preset", "hf", "hf-config-file", "hf-config-dir", "module-model", "m
 COMPARE_SOURCES = ["preset", "hf-config-dir", "module-model", "module-tuple", "module-package"]
 PLAN_SOURCES = ["preset", "hf", "module-model", "module-tuple", "module-package"]
 SIMULATE_SOURCES = ["preset", "hf-config-file", "module-model", "module-tuple", "module-object"]
-ESTIMATE_SOURCES = ["preset", "hf", "hf-config-dir", "module-model", "module-package"]
+ESTIMATE_SOURCES = ["preset", "hf", "module-model", "module-package"]
 NAMES = {"preset": "llama-tiny", "hf": "hf:llama", "hf-config-file": "hf:llama",
          "hf-config-dir": "hf:llama", "module-model": f"module:{EXAMPLE}:build",
          "module-tuple": f"module:{EXAMPLE}:build_with_batch",
