@@ -23,10 +23,10 @@ def test_simulate_tp_rows_are_tp_rank_bytes() -> None:
     assert [(r["strategy"], r["batch_size"]) for r in rows] == [
         ("none", 1), ("none", 2), ("full", 1), ("full", 2)]
     by = {(r["strategy"], r["batch_size"]): r for r in rows}
-    # Each row against tp_rank_bytes, which simulates its one point alone (two steps per
-    # call): the first and the last of the CLI's one batched simulation, so each strategy
-    # and each batch size is checked once; (none, 2) and (full, 1) run the same per-point
-    # code between them and are left out for time.
+    # The CLI simulates its four points in one batched call; tp_rank_bytes simulates one
+    # point per call (two steps each). It is checked at the batched call's first and last
+    # point, which between them cover each strategy and each batch size; (none, 2) and
+    # (full, 1) go through the same per-point code and are left out for time.
     for strategy, batch_size in (("none", 1), ("full", 2)):
         r = by[strategy, batch_size]
         want = tp_rank_bytes("llama-tiny", seq_len=32, batch_size=batch_size, tp=2,
