@@ -39,11 +39,19 @@ def budget_at(fraction: float) -> int:
     return int(full + fraction * (none - full))
 
 
+@cache
+def planned(fraction: float) -> rj.Plan:
+    """``rj.plan`` at ``budget_at(fraction)``: planned once per fraction for every test here
+    (plan leaves the model as it was: test_plan_fits_and_beats_manual checks it)."""
+    model, batch, _ = setup()
+    return rj.plan(model, batch, budget=budget_at(fraction))
+
+
 @pytest.mark.parametrize("fraction", FRACTIONS)
 def test_plan_fits_and_beats_manual(fraction: float) -> None:
     model, batch, manual = setup()
     budget = budget_at(fraction)
-    plan = rj.plan(model, batch, budget=budget)
+    plan = planned(fraction)
     assert rj.decisions_of(model) == {}, "plan must leave the model as it was"
     assert plan.measured_peak_bytes is not None
     assert plan.measured_peak_bytes <= budget, (
@@ -60,8 +68,7 @@ def test_plan_fits_and_beats_manual(fraction: float) -> None:
 
 
 def test_more_budget_never_costs_more() -> None:
-    model, batch, _ = setup()
-    costs = [rj.plan(model, batch, budget=budget_at(f)).recompute_flops for f in FRACTIONS]
+    costs = [planned(f).recompute_flops for f in FRACTIONS]
     assert costs == sorted(costs, reverse=True), costs
 
 
@@ -108,8 +115,7 @@ def test_bad_budget() -> None:
 
 
 def test_plan_json_roundtrip_and_framework() -> None:
-    model, batch, _ = setup()
-    plan = rj.plan(model, batch, budget=budget_at(0.5))
+    plan = planned(0.5)
     data = json.loads(plan.to_json())
     assert data["format"] == "remat.plan" and data["framework"] == "jax"
     assert data["version"] == 1
