@@ -23,12 +23,14 @@ from remat.models import build_model, make_batch
 ROOT = Path(__file__).resolve().parents[2]
 
 # A fresh process: the model built from the seed, the plan applied, the first step read
-# on the allocator, as a job's first step runs.
+# on the allocator, as a job's first step runs. It says "ready" once imported, then waits
+# for the plan on stdin.
 _FIRST_STEP = """
 import json, sys, torch, remat
 from remat.measure.profile import first_step_peak
 from remat.measure.step import Step
 from remat.models import build_model, make_batch
+print("ready", flush=True)
 torch.manual_seed(0)
 model = build_model("gpt-tiny", n_layer=4, dropout=0.1)
 batch = make_batch(model, 2, seed=1)
@@ -84,16 +86,34 @@ def test_the_first_step_peaks_the_same_in_fresh_processes(
         ) -> None:
     _, batch, _, plan = planned
     assert plan.allocator_peak_bytes is not None
-    # two fresh processes at once, beside a process that keeps a core busy
-    burner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    # two fresh processes at once, beside a process that keeps a core busy from when both
+    # have imported (what is measured runs after the imports) to when both are done
+    runs = [subprocess.Popen([sys.executable, "-c", _FIRST_STEP], cwd=ROOT,
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            for _ in range(2)]
+    burner = None
     try:
-        runs = [subprocess.Popen([sys.executable, "-c", _FIRST_STEP], cwd=ROOT,
-                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-                for _ in range(2)]
-        outputs = [run.communicate(plan.to_json(), timeout=300)[0] for run in runs]
+        for run in runs:
+            assert run.stdout is not None and run.stdout.readline() == "ready\n"
+        burner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        for run in runs:  # both get their plan before either is waited for
+            assert run.stdin is not None
+            run.stdin.write(plan.to_json())
+            run.stdin.close()
+        for run in runs:  # a line of output each: it fits the pipe, so none blocks on it
+            run.wait(timeout=300)
+        outputs = []
+        for run in runs:
+            assert run.stdout is not None
+            outputs.append(run.stdout.read())
+            run.stdout.close()
     finally:
-        burner.kill()
-        burner.wait()
+        if burner is not None:
+            burner.kill()
+            burner.wait()
+        for run in runs:
+            run.kill()
+            run.wait()
     peaks = [json.loads(out) for out in outputs]
     assert peaks[0] == peaks[1], peaks
     first, second = peaks[0]

@@ -12,6 +12,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from remat.core.cost import Category
 from remat.core.peak import PeakModel
 from remat.core.solver import choice_cost_ps, solve
 from remat.errors import BudgetTooSmall
@@ -29,10 +30,20 @@ from .conftest import BATCH, Prepared, prepared
 FRACTIONS = (0.25, 0.5, 0.75)
 
 
+@cache
+def planned_at(preset: str, fraction: float) -> Plan:
+    """The plan of ``preset`` for ``budget_at(fraction)`` on its shared context (planned
+    once: several tests below check the same plan)."""
+    tiny = prepared(preset)
+    result = plan(tiny.model, tiny.batch, budget=tiny.budget_at(fraction), context=tiny.context)
+    assert applied(tiny.model) is None  # plan() leaves the model as it was
+    return result
+
+
 @pytest.mark.parametrize("fraction", FRACTIONS)
 def test_plan_fits_and_beats_every_manual_strategy(tiny: Prepared, fraction: float) -> None:
     budget = tiny.budget_at(fraction)
-    result = plan(tiny.model, tiny.batch, budget=budget, context=tiny.context)
+    result = planned_at(tiny.preset, fraction)
     assert result.budget_bytes == budget
     assert result.measured_peak_bytes is not None
     assert result.measured_peak_bytes <= budget, (
@@ -51,15 +62,15 @@ def test_plan_fits_and_beats_every_manual_strategy(tiny: Prepared, fraction: flo
 
 @pytest.mark.parametrize("fraction", FRACTIONS)
 def test_plan_keeps_gradients_exact(tiny: Prepared, fraction: float) -> None:
-    result = plan(tiny.model, tiny.batch, budget=tiny.budget_at(fraction), context=tiny.context)
+    result = planned_at(tiny.preset, fraction)  # (planned_at checks the model is left as it was)
     report = validate(tiny.model, tiny.batch, result)
     assert report.max_rel_error <= 1e-6, (report.worst_param, report.max_rel_error)
-    assert applied(tiny.model) is None  # plan() leaves the model as it was
+    assert applied(tiny.model) is None  # validate() leaves it as it was too
 
 
 def test_dropout_gradients_match_with_a_sub_layer_plan() -> None:
     prep = prepared("gpt-tiny")  # dropout 0.1: recomputation must replay the same masks
-    result = plan(prep.model, prep.batch, budget=prep.budget_at(0.5), context=prep.context)
+    result = planned_at("gpt-tiny", 0.5)
     assert result.decisions  # something is recomputed
     report = validate(prep.model, prep.batch, result)
     assert report.passed, (report.worst_param, report.max_rel_error)
@@ -160,11 +171,18 @@ def test_budget_too_small_reports_optimizer_state() -> None:
     opt = torch.optim.AdamW(model.parameters())
     with pytest.raises(BudgetTooSmall) as info:
         plan(model, batch, budget="30%", optimizer=opt, simulate=True)
-    breakdown = info.value.breakdown
+    err = info.value
+    breakdown = err.breakdown
     params = breakdown["parameters"]
     assert 2 * params <= breakdown["optimizer_state"] < 2 * params + 1024  # m, v and steps
-    assert "optimizer state" in str(info.value)
+    assert "optimizer state" in str(err)
     assert not opt.state  # the planner ran on fake copies
+    # Every source's breakdown uses Category (tests/core/test_cost.py): the error's is the
+    # cost at its smallest peak, by category.
+    assert all(type(k) is Category for k in breakdown)
+    assert sum(breakdown.values()) == err.min_peak_bytes
+    assert err.cost is not None and err.cost.peak_bytes == err.min_peak_bytes
+    assert breakdown[Category.PARAMETERS] == err.cost.param_bytes > 0
 
 
 def _optimistic(pm: PeakModel, lie: int) -> PeakModel:
@@ -264,8 +282,7 @@ def test_auto_applies_the_plan_and_returns_its_measured_peak() -> None:
 
 
 def test_plan_from_json_applies_to_a_fresh_model(gpt_tiny: Prepared) -> None:
-    result = plan(gpt_tiny.model, gpt_tiny.batch, budget=gpt_tiny.budget_at(0.25),
-                  context=gpt_tiny.context)
+    result = planned_at("gpt-tiny", 0.25)
     restored = Plan.from_json(result.to_json())
     torch.manual_seed(0)
     fresh = build_model("gpt-tiny")
@@ -279,7 +296,7 @@ def test_plan_from_json_applies_to_a_fresh_model(gpt_tiny: Prepared) -> None:
 
 def test_simulated_closed_loop_matches_the_real_one(gpt_tiny: Prepared) -> None:
     budget = gpt_tiny.budget_at(0.5)
-    real = plan(gpt_tiny.model, gpt_tiny.batch, budget=budget, context=gpt_tiny.context)
+    real = planned_at("gpt-tiny", 0.5)
     fake = plan(gpt_tiny.model, gpt_tiny.batch, budget=budget, context=gpt_tiny.context,
                 simulate=True)
     assert fake.decisions == real.decisions
