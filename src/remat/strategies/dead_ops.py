@@ -176,6 +176,8 @@ class Ledger:
         #: the last op call before which autograd packed something: with early stop the
         #: recompute ends at that pack, so later calls never run (item 6)
         self.last_pack = -1
+        #: every pack's position as ``last_pack`` records it (a sub-region's own last pack)
+        self.pack_points: list[int] = []
         self.early_stop = True
         self.broken = False
         self.finished = False
@@ -193,8 +195,11 @@ class Ledger:
         # The checkpoint reads the global when its forward starts (item 6).
         self.early_stop = _checkpoint._enable_checkpoint_early_stop is not False
 
+        points = self.pack_points
+
         def pack(x: Tensor) -> Any:
             self.last_pack = len(self.calls) - 1
+            points.append(self.last_pack)
             try:
                 call = producer.get(_storage(x))
             except Exception:  # no storage (a subclass): see item 4 of the NOTE
@@ -318,7 +323,7 @@ class Ledger:
                 key, index, _, meta = self.calls[call]
                 storage[key][index] = _placeholders(meta)
                 self.skipped += 1
-        self.calls, self.read = [], []
+        self.calls, self.read, self.pack_points = [], [], []
         self.producer, self.packed, self.escaped, self.views = {}, set(), set(), set()
 
 

@@ -92,6 +92,12 @@ def _region(ledger: Ledger, start: int, end: int) -> OpGraph:
                 if call >= end:
                     part.escaped.add(p - start)
     part.packed = {c - start for c in ledger.packed if start <= c < end}
+    # Early stop ends a region's recompute at its own last pack (NOTE [ Dead ops in
+    # recompute ], item 6). A pack between call end - 1 and the next call may be the
+    # caller's (saving the region's output): counted, it keeps every call live.
+    inside = [p for p in ledger.pack_points if start - 1 <= p < end]
+    part.last_pack = max(inside) - start if inside else -1
+    part.early_stop = ledger.early_stop
     part.views = {c - start for c in ledger.views if start <= c < end}
     part.escaped |= {c - start for c in ledger.escaped if start <= c < end}
     return OpGraph(part)
