@@ -12,7 +12,7 @@ import remat
 from remat.blocks import BlockMethod
 from remat.measure.tracker import MemoryTracker
 from remat.planning import Plan, prepare
-from remat.strategies import apply, remove
+from remat.strategies import apply, remove, save_cuts
 from remat.strategies.builtin import ops as builtin_ops
 from tiny_nets import MethodLayer, MethodLM
 
@@ -47,6 +47,9 @@ def test_plan_offers_method_candidates_and_picks_one_that_fits(
     # The sparse hull: with every vertex (NOTE [ Dense hull for shallow models ]) a block
     # save set beats the method candidates this test is about.
     monkeypatch.setattr(builtin_ops, "_SHALLOW_BLOCKS", 0)
+    # ... and without the hull's cheap end (item 4 of NOTE [ Save sets as minimum cuts ]),
+    # whose block-wide sets keep all but the cheapest drops and undercut them too.
+    monkeypatch.setattr(save_cuts, "_CHEAP_END", 0)
     torch.manual_seed(0)
     model = MethodLM()
     x = torch.randn(4, 16, 32)
