@@ -176,8 +176,9 @@ class Ledger:
         #: the last op call before which autograd packed something: with early stop the
         #: recompute ends at that pack, so later calls never run (item 6)
         self.last_pack = -1
-        #: every pack's position as ``last_pack`` records it (a sub-region's own last pack)
-        self.pack_points: list[int] = []
+        #: every pack's position as ``last_pack`` records it, where a caller asks for them
+        #: (the planner's op graphs cut sub-regions out; a training step's regions don't)
+        self.pack_points: list[int] | None = None
         self.early_stop = True
         self.broken = False
         self.finished = False
@@ -199,7 +200,8 @@ class Ledger:
 
         def pack(x: Tensor) -> Any:
             self.last_pack = len(self.calls) - 1
-            points.append(self.last_pack)
+            if points is not None:
+                points.append(self.last_pack)
             try:
                 call = producer.get(_storage(x))
             except Exception:  # no storage (a subclass): see item 4 of the NOTE
@@ -323,7 +325,7 @@ class Ledger:
                 key, index, _, meta = self.calls[call]
                 storage[key][index] = _placeholders(meta)
                 self.skipped += 1
-        self.calls, self.read, self.pack_points = [], [], []
+        self.calls, self.read, self.pack_points = [], [], None
         self.producer, self.packed, self.escaped, self.views = {}, set(), set(), set()
 
 

@@ -95,7 +95,7 @@ def _region(ledger: Ledger, start: int, end: int) -> OpGraph:
     # Early stop ends a region's recompute at its own last pack (NOTE [ Dead ops in
     # recompute ], item 6). A pack between call end - 1 and the next call may be the
     # caller's (saving the region's output): counted, it keeps every call live.
-    inside = [p for p in ledger.pack_points if start - 1 <= p < end]
+    inside = [p for p in ledger.pack_points or () if start - 1 <= p < end]
     part.last_pack = max(inside) - start if inside else -1
     part.early_stop = ledger.early_stop
     part.views = {c - start for c in ledger.views if start <= c < end}
@@ -112,6 +112,7 @@ def block_graphs(block: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
     mode); regions whose forward the ledger cannot follow are left out.
     """
     ledger = Ledger(None)
+    ledger.pack_points = []  # each region's own last pack (``_region``)
     spans: dict[str, list[int]] = {kind: [] for kind in sublayers}
     handles = []
     for kind, target in sublayers.items():
