@@ -92,3 +92,39 @@ def test_names_random_op() -> None:
     assert names_random_op(["aten.mm", "aten._scaled_dot_product_efficient_attention"])
     assert names_random_op(["aten.native_dropout"])
     assert not names_random_op(["aten.mm", "aten.addmm", "aten.no_such_op", "custom.op"])
+
+
+
+def _attention_step(kept: object) -> None:
+    """Four checkpointed attention regions (CPU flash attention, no dropout), forward and
+    backward."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 2, 64, 16, requires_grad=True)
+
+    def attention(t: torch.Tensor) -> torch.Tensor:
+        return F.scaled_dot_product_attention(t, t, t).tanh()
+
+    h = x
+    for _ in range(4):
+        h = checkpoint(attention, h, use_reentrant=False, context_fn=kept)
+    h.sum().backward()
+
+
+def test_a_kept_random_op_that_draws_nothing_keeps_no_state() -> None:
+    """The first step after apply holds what later steps hold where no kept random op
+    draws (attention without dropout): no generator state per region call (NOTE [ Kept
+    random ops and the RNG ], last paragraph)."""
+    from remat.measure.allocator import allocator_peak
+
+    kept = sac_context_fn(["aten._scaled_dot_product_flash_attention_for_cpu"])
+    first = allocator_peak(lambda: _attention_step(kept)).peak_bytes
+    assert kept.rng_log.states == {}  # type: ignore[attr-defined]
+    steady = allocator_peak(lambda: _attention_step(kept)).peak_bytes
+    assert kept.replays is False  # type: ignore[attr-defined]
+    assert first == steady
+    # A kept op that draws leaves its state (replayed in the recompute).
+    kept_noise = sac_context_fn(["aten.rand_like#0"])
+    torch.manual_seed(0)
+    checkpoint(_Noisy(), torch.randn(4, 16), use_reentrant=False,
+               context_fn=kept_noise).sum().backward()
+    assert list(kept_noise.rng_log.states) == [0]  # type: ignore[attr-defined]

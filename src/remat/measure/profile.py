@@ -34,11 +34,10 @@ NOTE [ The first step ]
 
     * selective regions learn on their first call (NOTE [ Skipping only where it pays ]
       in strategies/sac.py): the dead-op ledger and the RNG replay of kept random ops
-      (one 5056-byte CPU RNG state per kept random op, NOTE [ Kept random ops and the
-      RNG ] in strategies/sac_rng.py) run in the first forward and are dropped where
-      they saved nothing, so under ``ops`` the first step peaks higher than the
-      second on every Hugging Face decoder tried (benchmarks/RESULTS.md, "The first
-      step");
+      (one 5056-byte CPU RNG state per kept random op that drew from the generator, such
+      as attention with dropout; NOTE [ Kept random ops and the RNG ] in
+      strategies/sac_rng.py) run in the first forward and are dropped where they saved
+      nothing;
     * caches a model builds on its first forward (rotary tables, masks), allocated
       inside the first step and alive after it;
     * the optimizer state, created inside the first ``optimizer.step()`` (torch's

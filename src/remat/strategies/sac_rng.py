@@ -27,6 +27,14 @@ NOTE [ Kept random ops and the RNG ]
     forward kept no random op, or whose first recompute found every kept one had left its
     generator where it was (attention without dropout), gets SAC's contexts alone from then
     on, like NOTE [ Skipping only where it pays ] in sac.py.
+
+    A kept random op that left its generator where it found it (attention without
+    dropout: every fused attention kernel is tagged random, whatever its ``dropout_p``)
+    gets no state: skipping it in the recompute leaves the generator right, as in the
+    forward. The forward compares the states before and after the op, so a model without
+    dropout holds no state past the op, not one per kept attention call: the first step
+    after apply then holds what later steps hold (NOTE [ The first step ] in
+    measure/profile.py), instead of one CPU state per region call until its backward.
 """
 
 from __future__ import annotations
@@ -123,13 +131,27 @@ class _Record(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         kwargs = kwargs or {}
+        if _SEEDED not in func.tags:
+            return func(*args, **kwargs)
+        # The generator before the op, where its inputs say which one it draws from: a
+        # kept op that leaves it where it was needs no state (NOTE [ Kept random ops
+        # and the RNG ], last paragraph).
+        before_device = _device_of(args, kwargs, None)
+        before = _get_state(before_device) if before_device is not None else None
         out = func(*args, **kwargs)
-        if _SEEDED in func.tags:
-            k, self.index = self.index, self.index + 1
-            device = _device_of(args, kwargs, out)
-            if device is not None and getattr(self.policy, "last", None) == _KEPT:
-                self.log.states[k] = (device, _get_state(device))
+        k, self.index = self.index, self.index + 1
+        device = _device_of(args, kwargs, out)
+        if device is not None and getattr(self.policy, "last", None) == _KEPT:
+            after = _get_state(device)
+            if before is None or before_device != device or not _same(before, after):
+                self.log.states[k] = (device, after)
         return out
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Two generator states equal, compared outside the region's modes (not its op)."""
+    with _disable_current_modes():
+        return bool(torch.equal(a, b))
 
 
 class _Replay(TorchDispatchMode):
