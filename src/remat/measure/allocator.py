@@ -203,16 +203,22 @@ def _cpu_events(prof: Any, device: torch.device) -> list[tuple[int, int, str | N
     from torch._C._profiler import _EventType
 
     raw: list[tuple[int, int, int | None, str | None, int]] = []
+    allocation, torch_op, device_type = _EventType.Allocation, _EventType.TorchOp, device.type
     stack = list(prof.profiler.kineto_results.experimental_event_tree())
-    while stack:
+    while stack:  # every node of a step (tens of thousands): read only what is used
         node = stack.pop()
+        kind = node.tag
+        if kind == allocation:  # a leaf
+            fields = node.extra_fields
+            if fields.device.type == device_type:
+                raw.append((int(node.start_time_ns), int(fields.alloc_size),
+                            int(fields.total_allocated), None, int(fields.ptr)))
+            continue
         stack.extend(node.children)
-        kind, fields = node.typed
-        if kind == _EventType.Allocation and fields.device.type == device.type:
-            raw.append((int(node.start_time_ns), int(fields.alloc_size),
-                        int(fields.total_allocated), None, int(fields.ptr)))
-        elif kind == _EventType.TorchOp and node.name.startswith(_MARK):
-            raw.append((int(node.start_time_ns), 0, None, node.name[len(_MARK):], 0))
+        if kind == torch_op:
+            name = node.name
+            if name.startswith(_MARK):
+                raw.append((int(node.start_time_ns), 0, None, name[len(_MARK):], 0))
     events: list[tuple[int, int, str | None]] = []
     live: set[int] = set()  # blocks allocated in the window and not freed yet
     for time_ns, delta, _, name, ptr in _in_order(raw):
