@@ -47,7 +47,9 @@ NOTE [ Kernel scratch measured by probes ]
     * ops outside ``aten`` (a collective run twice would hang its peers; custom ops
       may have side effects), ops that draw random numbers (a second call would move
       the generator), and calls that create no storage (views, in-place ops: the
-      tracker probes only a call that allocated);
+      tracker probes only a call that allocated, and reads the cache for no other, since
+      whether a call allocates is fixed by the op and its arguments' layouts, which the
+      cache key holds);
     * scratch under :data:`MIN_PROBED_BYTES` (512 B) counts 0: it is the 8- and
       4-byte tensors Python scalars become inside a kernel (on CUDA those stay on the
       host, wrapped numbers are CPU tensors) and buffers smaller than one block of
@@ -85,10 +87,15 @@ from remat.measure.allocator import allocator_peak
 
 
 def scratch_bytes(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any,
-                  *, probe: bool = False) -> int:
+                  *, probe: bool = False, allocated: bool = True,
+                  tensors: list[Tensor] | None = None) -> int:
     """Bytes ``func``'s kernel holds besides its output at its own peak: by formula
     (NOTE [ Kernel scratch the tracker models ]), else as probed (NOTE [ Kernel scratch
     measured by probes ]; ``probe=False`` reads the cache only); 0 for the rest.
+
+    ``allocated=False``: the call created no storage, so no probed figure exists for it
+    (only the formula counts). ``tensors``: every tensor among the arguments and the
+    output, where the caller has them already. Default: found here.
 
     Example:
         >>> x = torch.randn(2, 8)
@@ -97,7 +104,9 @@ def scratch_bytes(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out:
         22
     """
     if func is not torch.ops.aten._safe_softmax.default:
-        return probe_scratch(func, args, kwargs, out, probe=probe)
+        if not allocated:
+            return 0
+        return probe_scratch(func, args, kwargs, out, probe=probe, tensors=tensors)
     if not isinstance(out, Tensor):
         return 0
     x = args[0] if args else kwargs.get("self")
@@ -187,11 +196,12 @@ def _copy(value: Any) -> Any:
 
 
 def probe_scratch(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any,
-                  *, probe: bool = True) -> int:
+                  *, probe: bool = True, tensors: list[Tensor] | None = None) -> int:
     """Bytes ``func``'s call held at its peak above its outputs, as the allocator saw it
     on a second call with copies of the same inputs, cached per call key (NOTE [ Kernel
     scratch measured by probes ]); with ``probe=False``, or where the call cannot be
-    probed, the cached figure or 0.
+    probed, the cached figure or 0. ``tensors``: the call's tensors (arguments and
+    output), where the caller has them. Default: found here.
 
     Example:
         >>> x = torch.randn(1, 8, 16, 16)
@@ -201,14 +211,16 @@ def probe_scratch(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out:
         >>> probe_scratch(conv, call, {}, conv(*call)) > 0
         True
     """
-    if not _counted.on or any(is_fake(t) for t in _leaves((args, kwargs, out))
-                              if isinstance(t, Tensor)):
+    if not _counted.on:
+        return 0
+    if tensors is None:
+        tensors = [t for t in _leaves((args, kwargs, out)) if isinstance(t, Tensor)]
+    if any(is_fake(t) for t in tensors):
         return 0  # a simulated step: no probed scratch, whatever this process ran before
     key = probe_key(func, args, kwargs)
     known = _PROBED.get(key)
     if known is not None or not probe or _probes[0] >= MAX_PROBES:
         return known or 0
-    tensors = [t for t in _leaves((args, kwargs, out)) if isinstance(t, Tensor)]
     if not tensors or not _probeable(func, tensors):
         return 0
     _probes[0] += 1

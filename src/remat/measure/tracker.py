@@ -428,7 +428,8 @@ class MemoryTracker(TorchDispatchMode):
         alloc, aliases_only = self._ledger.see_outputs(
             outputs, input_keys, self._counts, phase, self._attribution.current,
             op_info(func)[2] if self._record_saved else None)
-        scratch = scratch_bytes(func, args, kwargs, out, probe=self._probe and bool(alloc))
+        scratch = scratch_bytes(func, args, kwargs, out, probe=self._probe,
+                                allocated=bool(alloc), tensors=[*inputs, *outputs])
         if scratch:  # NOTEs [ Kernel scratch the tracker models ], [ ... measured by probes ]
             self._scratch_moment(phase, scratch)
         if self._record_ops:
