@@ -108,6 +108,20 @@ def test_probes_are_cached_by_call_key() -> None:
     assert scratch._probes[0] == 2  # another shape: probed
 
 
+def test_a_call_that_allocated_nothing_reads_no_probe_but_keeps_its_formula() -> None:
+    call = _conv_call()
+    out = CONV(*call)
+    probed = scratch.scratch_bytes(CONV, call, {}, out, probe=True)
+    assert probed > 0 and scratch._probes[0] == 1
+    assert scratch.scratch_bytes(CONV, call, {}, out, allocated=False) == 0
+    assert scratch.scratch_bytes(CONV, call, {}, out, tensors=[*call[:2], out]) == probed
+    softmax = torch.ops.aten._safe_softmax.default
+    x = torch.randn(2, 8)
+    formula = scratch.scratch_bytes(softmax, (x, -1), {}, softmax(x, -1))
+    assert formula == 22  # 16 bools + 2 row flags + a 4-byte 0-dim tensor
+    assert scratch.scratch_bytes(softmax, (x, -1), {}, softmax(x, -1), allocated=False) == 22
+
+
 def test_fake_tensors_never_probe_nor_read_the_cache() -> None:
     call = _conv_call()
     with FakeTensorMode(allow_non_fake_inputs=True) as mode:
