@@ -94,7 +94,6 @@ def test_names_random_op() -> None:
     assert not names_random_op(["aten.mm", "aten.addmm", "aten.no_such_op", "custom.op"])
 
 
-
 def _attention_step(kept: object) -> None:
     """Four checkpointed attention regions (CPU flash attention, no dropout), forward and
     backward."""
