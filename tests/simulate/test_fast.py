@@ -150,18 +150,18 @@ def test_a_row_the_fast_path_cannot_give_is_run_exactly_alone(
         assert rows is not None and None not in rows
         return [rows[0], None]
 
-    real_point = run.point
+    real_points = run.points
 
-    def counted_point(setup: Any, label: str, b: int, seq_len: int) -> Any:
-        calls.append(b)
-        return real_point(setup, label, b, seq_len)
+    def counted_points(setup: Any, label: str, sizes: list[int], seq_len: int) -> Any:
+        calls.extend(sizes)
+        return real_points(setup, label, sizes, seq_len)
 
     kwargs: dict[str, Any] = dict(seq_len=32, batch_sizes=[1, 2], strategies=["full"],
                                   device="l4")
     exact = simulate(_factory(), exact=True, **kwargs)
     calls.clear()
     monkeypatch.setattr(run, "fast_rows", second_row_missing)
-    monkeypatch.setattr(run, "point", counted_point)
+    monkeypatch.setattr(run, "points", counted_points)
     _compare(simulate(_factory(), **kwargs), exact)
     assert calls == [2]  # only the missing row took a full fake step
 
@@ -266,3 +266,22 @@ def test_a_depth_pair_whose_other_end_overtakes_deeper_takes_that_ends_moment() 
     rows = fast_rows(context, "ops", [1], SEQ)
     assert rows is not None and rows[0] is not None
     assert rows[0].peak_bytes == exact.peak_bytes
+
+
+def test_exact_rows_share_a_warm_up_and_equal_separate_points() -> None:
+    """The exact path simulates a strategy's sizes after one warm-up (``points``); each
+    row equals a separate :func:`~remat.simulate.point.point`, under FSDP with AdamW
+    (the optimizer state a warm-up builds, and the optimizer-moment re-simulation)."""
+    from remat.devices import get_device
+    from remat.simulate.point import point, points
+    from remat.strategies import apply
+
+    inner, _ = resolve_model(lambda: build_model("gpt-tiny", n_layer=2), 16)
+    setup = make_setup(inner, precision=get_precision("fp32"), optimizer="adamw",
+                       device=get_device("l4"),
+                       world_size=4, sharding="fsdp", blocks=None, loss_fn=None,
+                       batch_fn=None)
+    apply(setup.model, "every:2", blocks=setup.blocks)
+    shared = points(setup, "every:2", [1, 3], 16)
+    alone = [point(setup, "every:2", b, 16) for b in (1, 3)]
+    assert [dataclasses.asdict(r) for r in shared] == [dataclasses.asdict(r) for r in alone]

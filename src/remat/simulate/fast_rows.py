@@ -95,7 +95,8 @@ Parameter, gradient and optimizer-state bytes come out exact (they are affine in
 ``L`` by construction). ``sqrt`` is cut to one and two of its full segments (of
 ``k = ceil(sqrt(L))`` blocks) plus its last one, keeping ``k``. Non-uniform stacks
 (several stacks, blocks of different shapes), stacks too short to cut and unknown
-patterns fall back to the exact path: a full fake step per row; a batch size whose
+patterns fall back to the exact path: a full fake step per row (a strategy's rows after
+one shared warm-up: :func:`~remat.simulate.point.points`); a batch size whose
 depth pairs all peak at different moments (5) takes it for that row alone.
 ``simulate(..., exact=True)`` always takes it; the tests compare the two row by row.
 """

@@ -145,6 +145,34 @@ def point(setup: Setup, strategy: str, batch_size: int, seq_len: int) -> Simulat
                   profile_point(setup, batch, setup.optimizer), batch)
 
 
+def points(setup: Setup, strategy: str, batch_sizes: Sequence[int],
+           seq_len: int) -> list[SimulationRow]:
+    """:func:`point` at each of ``batch_sizes``, one warm-up for them all.
+
+    The trade-off against one :func:`point` per size: the sizes share one fake copy and
+    its warm-up step (:func:`remat.measure.profile.simulated_steps`), so ``n`` sizes cost
+    ``n + 1`` fake steps instead of ``2 n``; each size's tracked step is still the whole
+    step at that size. A compiled model is simulated one size at a time (its simulation
+    has no warm-up to share).
+    """
+    from remat.compiled.measure import is_compiled
+    from remat.measure.profile import simulated_steps
+    from remat.measure.shapes import unguarded
+    from remat.measure.step import Step
+    from remat.measure.tracked_step import check_trainable
+
+    if len(batch_sizes) < 2 or is_compiled(setup.model):
+        return [point(setup, strategy, b, seq_len) for b in batch_sizes]
+    batches = [setup.batch_fn(b, seq_len) for b in batch_sizes]
+    check_trainable(setup.model)
+    with unguarded():  # as remat.profile measures (NOTE [ Shape guard ])
+        step = Step(setup.model, batches[0], loss_fn=setup.loss_fn,
+                    optimizer=setup.optimizer, blocks=setup.blocks)
+        profiles = simulated_steps(step, batches)
+    return [row_of(setup, strategy, b, seq_len, prof, batch)
+            for b, prof, batch in zip(batch_sizes, profiles, batches, strict=True)]
+
+
 def card_fit(setup: Setup, rank_peak_bytes: int, reserved_extra_bytes: int,
              expandable_extra_bytes: int | None) -> CardFit:
     """The row's fit on its card (NOTE [ Reserved per rank ]): the rank's allocated peak

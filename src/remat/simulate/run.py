@@ -58,7 +58,7 @@ from remat.errors import message
 from remat.simulate.fast_rows import FastContext, fast_rows
 from remat.simulate.hf import is_hf_model, unpacked_sequences
 from remat.simulate.planned_rows import plan_rows
-from remat.simulate.point import point, static_parts
+from remat.simulate.point import points, static_parts
 from remat.simulate.precision import Precision, get_precision
 from remat.simulate.result import SimulationResult, SimulationRow
 from remat.simulate.sim_setup import (
@@ -265,10 +265,12 @@ def _run(setup: Setup, labels: Sequence[str], sizes: Sequence[int], seq_len: int
             done: list[SimulationRow | None] = (
                 [_confirmed(setup, r) for r in fast_done] if fast_done is not None
                 else [None] * len(sizes))
-            if None in done:  # the exact path, for the rows the fast one could not give
+            missing = [b for b, row in zip(sizes, done, strict=True) if row is None]
+            if missing:  # the exact path, for the rows the fast one could not give
                 apply(setup.model, label, blocks=setup.blocks)
-            for b, fast_row in zip(sizes, done, strict=True):
-                row = fast_row if fast_row is not None else point(setup, label, b, seq_len)
+            exact_rows = iter(points(setup, label, missing, seq_len))
+            for fast_row in done:
+                row = fast_row if fast_row is not None else next(exact_rows)
                 rows.append(row)
                 if on_row is not None:
                     on_row(row)
