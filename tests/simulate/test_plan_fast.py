@@ -141,12 +141,20 @@ def test_windows_off_the_pattern_fall_back_to_the_exact_path(
     assert calls == [8] and failed == [LAYERS]
 
 
-def test_runs_that_do_not_line_up_are_measured(case: tuple[str, dict[str, Any], Any, Any],
-                                               monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture(scope="module")
+def measured_alone(case: tuple[str, dict[str, Any], Any, Any]
+                   ) -> tuple[Any, Any, list[int], list[list[Any]], list[int]]:
+    """``(fast, exact, exact-row sizes, runs measured per rebatch, sizes confirmed)`` of
+    one run (the first case only) that both measures batch 8's block runs and windows (no
+    interpolation: runs that do not line up) and confirms each size on its own (no
+    confirmation at once). The two act on separate stages (candidates and windows; the
+    confirmation), so one run serves the two tests below, each asserting its own part;
+    the plain run (test_fast_plan_rows_equal_exact_plan_rows) keeps both defaults."""
     preset, kwargs, exact = _first_case_only(case)
-    calls = _count_exact_rows(monkeypatch)
     measured: list[list[Any]] = []  # per batch size the candidates were measured at
+    confirmed: list[int] = []
     real_run_block, real_rebatch = plan_fast.run_block, plan_fast._rebatch
+    real_confirmed = plan_fast._confirmed
 
     def never(*args: Any) -> Any:
         raise NotAffine
@@ -159,11 +167,27 @@ def test_runs_that_do_not_line_up_are_measured(case: tuple[str, dict[str, Any], 
         measured.append([])
         return real_rebatch(*args, **kwargs)
 
-    monkeypatch.setattr(plan_fast, "mix_run", never)
-    monkeypatch.setattr(plan_fast, "interpolate_windows", never)
-    monkeypatch.setattr(plan_fast, "run_block", counted)
-    monkeypatch.setattr(plan_fast, "_rebatch", rebatched)
-    _compare_plans(simulate(_factory(preset), **kwargs), exact)
+    def spy(*args: Any) -> set[int]:
+        done = real_confirmed(*args)
+        confirmed.extend(sorted(done))
+        return done
+
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        calls = _count_exact_rows(monkeypatch)
+        monkeypatch.setattr(plan_fast, "mix_run", never)
+        monkeypatch.setattr(plan_fast, "interpolate_windows", never)
+        monkeypatch.setattr(plan_fast, "run_block", counted)
+        monkeypatch.setattr(plan_fast, "_rebatch", rebatched)
+        monkeypatch.setattr(plan_fast, "_confirmed_once", lambda *args: None)
+        monkeypatch.setattr(plan_fast, "_confirmed", spy)
+        fast = simulate(_factory(preset), **kwargs)
+    return fast, exact, calls, measured, confirmed
+
+
+def test_runs_that_do_not_line_up_are_measured(
+        measured_alone: tuple[Any, Any, list[int], list[list[Any]], list[int]]) -> None:
+    fast, exact, calls, measured, _ = measured_alone
+    _compare_plans(fast, exact)
     assert calls == []  # batch 8 measured on the cut stack, still the fast path
     low, high, between = (runs for runs in measured if runs)  # 4 and 16, then 8
     # 8 measures its own runs (its minimum-cut save sets may differ from the ends')
@@ -230,20 +254,10 @@ def test_autocast_fails_the_confirmation_and_takes_the_exact_path(
 
 
 def test_each_size_is_confirmed_alone_where_the_largest_lacks_a_choice(
-        case: tuple[str, dict[str, Any], Any, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+        measured_alone: tuple[Any, Any, list[int], list[list[Any]], list[int]]) -> None:
     """NOTE [ Fast plan rows ] 4: the choices are confirmed at once at the largest size,
-    or, where it did not measure them all, each size on its own."""
-    preset, kwargs, exact = _first_case_only(case)
-    calls = _count_exact_rows(monkeypatch)
-    confirmed: list[int] = []
-    real = plan_fast._confirmed
-
-    def spy(*args: Any) -> set[int]:
-        done = real(*args)
-        confirmed.extend(sorted(done))
-        return done
-
-    monkeypatch.setattr(plan_fast, "_confirmed_once", lambda *args: None)
-    monkeypatch.setattr(plan_fast, "_confirmed", spy)
-    _compare_plans(simulate(_factory(preset), **kwargs), exact)
+    or, where it did not measure them all, each size on its own (here: confirmation at
+    once declines, in `measured_alone`)."""
+    fast, exact, calls, _, confirmed = measured_alone
+    _compare_plans(fast, exact)
     assert calls == [] and confirmed == [4, 8, 16]

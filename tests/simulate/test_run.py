@@ -58,11 +58,17 @@ def test_simulated_bytes_equal_a_real_cpu_run(precision: str, dtype: torch.dtype
     assert result.row("full", 2).recompute_flops > 0 == result.row("none", 2).recompute_flops
 
 
-def test_largest_batch_on_a_synthetic_device() -> None:
-    probe = simulate("llama-tiny", seq_len=SEQ, batch_sizes=[2], optimizer="sgd",
-                     strategies=["none"], device="l4")
+@pytest.fixture(scope="module")
+def sgd_probe() -> SimulationResult:
+    """``none`` and ``full`` under SGD at batch 1, 2 and 4: the peaks (which do not depend
+    on the device) the synthetic devices below are sized from, one simulation for all."""
+    return simulate("llama-tiny", seq_len=SEQ, batch_sizes=[1, 2, 4], optimizer="sgd",
+                    strategies=["none", "full"], device="l4")
+
+
+def test_largest_batch_on_a_synthetic_device(sgd_probe: SimulationResult) -> None:
     # A device exactly as large as "none" at batch 2: 1 and 2 fit (<=), 4 does not.
-    memory = probe.row("none", 2).peak_bytes
+    memory = sgd_probe.row("none", 2).peak_bytes
     tiny = DeviceSpec("tiny-gpu", memory, 1e12, 1e11, 1e11, 1e9)
     result = simulate("llama-tiny", seq_len=SEQ, batch_sizes=[4, 1, 2, 2], optimizer="sgd",
                       strategies=["none", "full"], device=tiny,
@@ -179,24 +185,17 @@ def test_meta_module_and_factory() -> None:
     assert next(model.parameters()).dtype == torch.bfloat16  # converted in place (documented)
 
 
-def test_planner_rows_fit_a_device_no_strategy_fits() -> None:
-    probe = simulate("llama-tiny", seq_len=SEQ, batch_sizes=[4], strategies=["none", "full"],
-                     optimizer="sgd", device="l4")
-    low, high = probe.row("full", 4).peak_bytes, probe.row("none", 4).peak_bytes
-    assert low < high
-    tight = DeviceSpec("tight-gpu", (low + high) // 2, 1e12, 1e11, 1e11, 1e9)
-    result = simulate("llama-tiny", seq_len=SEQ, batch_sizes=[4], strategies=["none"],
-                      optimizer="sgd", device=tight, plan=True, **ON_ALLOCATED)
-    assert result.strategies == ("none", "plan")
-    assert not result.row("none", 4).fits
-    planned = result.row("plan", 4)
-    assert planned.fits and planned.peak_bytes <= tight.capacity_bytes
-    assert planned.recompute_flops > 0  # the plan had to checkpoint something
-
-
-def test_plan_row_is_nones_row_where_none_fits(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture(scope="module")
+def tight_plan(sgd_probe: SimulationResult) -> tuple[SimulationResult, DeviceSpec, list[int]]:
+    """``(result, device, planned sizes)``: ``none`` and the plan under SGD at batch 1 and 4
+    on a device halfway between ``full``'s and ``none``'s peak at 4, and the sizes
+    ``planned_rows._plan_row`` was called for. One planner run serves the two tests below,
+    each asserting its own part."""
     import remat.simulate.planned_rows as planned_module
 
+    low, high = sgd_probe.row("full", 4).peak_bytes, sgd_probe.row("none", 4).peak_bytes
+    assert low < high
+    tight = DeviceSpec("tight-gpu", (low + high) // 2, 1e12, 1e11, 1e11, 1e9)
     planned_sizes: list[int] = []
     real_row = planned_module._plan_row
 
@@ -204,14 +203,27 @@ def test_plan_row_is_nones_row_where_none_fits(monkeypatch: pytest.MonkeyPatch) 
         planned_sizes.append(batch_size)
         return real_row(setup, batch_size, *args)
 
-    monkeypatch.setattr(planned_module, "_plan_row", counted)
-    probe = simulate("llama-tiny", seq_len=SEQ, batch_sizes=[1, 4], strategies=["none"],
-                     optimizer="sgd", device="l4")
-    # A device that none fits at batch 1 and not at 4.
-    memory = (probe.row("none", 1).peak_bytes + probe.row("none", 4).peak_bytes) // 2
-    device = DeviceSpec("mid-gpu", memory, 1e12, 1e11, 1e11, 1e9)
-    result = simulate("llama-tiny", seq_len=SEQ, batch_sizes=[1, 4], strategies=["none"],
-                      optimizer="sgd", device=device, plan=True, **ON_ALLOCATED)
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        monkeypatch.setattr(planned_module, "_plan_row", counted)
+        result = simulate("llama-tiny", seq_len=SEQ, batch_sizes=[1, 4], strategies=["none"],
+                          optimizer="sgd", device=tight, plan=True, **ON_ALLOCATED)
+    return result, tight, planned_sizes
+
+
+def test_planner_rows_fit_a_device_no_strategy_fits(
+        tight_plan: tuple[SimulationResult, DeviceSpec, list[int]]) -> None:
+    result, tight, _ = tight_plan
+    assert result.strategies == ("none", "plan")
+    assert not result.row("none", 4).fits
+    planned = result.row("plan", 4)
+    assert planned.fits and planned.peak_bytes <= tight.capacity_bytes
+    assert planned.recompute_flops > 0  # the plan had to checkpoint something
+
+
+def test_plan_row_is_nones_row_where_none_fits(
+        tight_plan: tuple[SimulationResult, DeviceSpec, list[int]]) -> None:
+    result, _, planned_sizes = tight_plan
+    # The device (in `tight_plan`) is one that none fits at batch 1 and not at 4.
     none_1 = result.row("none", 1)
     assert none_1.fits and not result.row("none", 4).fits
     assert result.row("plan", 1) == dataclasses.replace(none_1, strategy="plan")
