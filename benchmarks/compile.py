@@ -53,7 +53,7 @@ import torch._dynamo
 from torch import nn
 
 import remat
-from remat.compiled.candidates import prepare_compiled
+from remat.compiled.candidates import CompiledCandidate, default_candidates, prepare_compiled
 from remat.compiled.install import compile_blocks_with_budget, compile_with_budget
 from remat.compiled.measure import measure_compiled
 from remat.measure.allocator import allocator_peak
@@ -207,13 +207,34 @@ def _time_interleaved(variants: list[Variant], batch: Any, repeats: int) -> None
         v.row.step_ms = statistics.median(times[i])
 
 
+def _candidates(step: Step, labels: tuple[str, ...] | None
+                ) -> tuple[CompiledCandidate, ...] | None:
+    """The default compiled candidates named by ``labels`` (None: all of them)."""
+    if labels is None:
+        return None
+    known = {c.label(): c for c in default_candidates(step)}
+    unknown = [label for label in labels if label not in known]
+    if unknown:
+        raise SystemExit(f"--candidates: unknown {unknown}; known: {list(known)}")
+    return tuple(known[label] for label in labels)
+
+
 def _compiled_plans(name: str, model: nn.Module, batch: Any, ref: list[torch.Tensor],
                     compiled_peaks: dict[float, int],
-                    log: Callable[[str], None]) -> list[Variant]:
-    """remat.plan_compiled at each compiler setting's peak, applied and measured."""
+                    log: Callable[[str], None], *,
+                    candidates: tuple[str, ...] | None = None,
+                    whole_budgets: tuple[float, ...] | None = None) -> list[Variant]:
+    """remat.plan_compiled at each compiler setting's peak, applied and measured.
+
+    ``candidates`` (labels) and ``whole_budgets`` narrow what
+    :func:`~remat.compiled.candidates.prepare_compiled` measures (``--candidates``,
+    ``--whole-budgets``); None: its defaults.
+    """
     t0 = time.time()
     planning = copy.deepcopy(model)
-    ctx = prepare_compiled(Step(planning, batch))
+    step = Step(planning, batch)
+    options = {} if whole_budgets is None else {"whole_budgets": whole_budgets}
+    ctx = prepare_compiled(step, _candidates(step, candidates), **options)
     log(f"{name}: compiled candidates measured "
         f"({', '.join(c.label() for c in ctx.candidates)}), {time.time() - t0:.0f} s")
     out = []
@@ -253,7 +274,8 @@ def _compiled_plans(name: str, model: nn.Module, batch: Any, ref: list[torch.Ten
 def bench_model(name: str, build: Callable[[], tuple[nn.Module, Any]], *,
                 budgets: tuple[float, ...], remat_budgets: tuple[float, ...],
                 repeats: int, log: Callable[[str], None],
-                compiled_plan: bool = False) -> list[Row]:
+                compiled_plan: bool = False, candidates: tuple[str, ...] | None = None,
+                whole_budgets: tuple[float, ...] | None = None) -> list[Row]:
     model, batch = build()
     eager = remat.profile(model, batch, timing=False)
     static = eager.param_bytes + eager.buffer_bytes + eager.optimizer_bytes + eager.batch_bytes
@@ -302,7 +324,8 @@ def bench_model(name: str, build: Callable[[], tuple[nn.Module, Any]], *,
         variants.append(Variant(row, planned))
         log(f"{name}: {label}: {m.peak_bytes / MiB:.1f} MiB, {time.time() - t0:.0f} s")
     if compiled_plan:
-        variants += _compiled_plans(name, model, batch, ref, compiled_peaks, log)
+        variants += _compiled_plans(name, model, batch, ref, compiled_peaks, log,
+                                    candidates=candidates, whole_budgets=whole_budgets)
     timed = [v for v in variants if v.row.peak_bytes > 0]
     _time_interleaved(timed, batch, repeats)
     for v in variants:
@@ -364,6 +387,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-remat", action="store_true", help="skip remat's plans")
     parser.add_argument("--no-compiled-plan", action="store_true",
                         help="skip remat.plan_compiled")
+    parser.add_argument("--candidates", default=None,
+                        help="comma-separated labels of the compiled candidates "
+                             "remat.plan_compiled measures, none@1 first (e.g. "
+                             "none@1,none@0.5; default: all of default_candidates)")
+    parser.add_argument("--whole-budgets", default=None,
+                        help="comma-separated compiler budgets at which remat.plan_compiled "
+                             "also tries the whole model compiled (default: 1,0.75,0.5,0.25)")
     parser.add_argument("--models", default="gpt-small,llama-small,hf-llama",
                         help="comma-separated model names to run: gpt-small, llama-small, "
                              "hf-llama, and the held-out hf-gpt2, hf-qwen2 "
@@ -385,6 +415,10 @@ def main(argv: list[str] | None = None) -> int:
     # between models; measure_compiled flags any region that still ran eagerly.
     torch._dynamo.config.recompile_limit = 64
     budgets = (1.0, 0.0) if args.quick else BUDGETS
+    candidates = (None if args.candidates is None
+                  else tuple(c.strip() for c in args.candidates.split(",") if c.strip()))
+    whole_budgets = (None if args.whole_budgets is None
+                     else tuple(float(b) for b in args.whole_budgets.split(",") if b.strip()))
     remat_budgets = () if args.no_remat else ((0.0,) if args.quick else (0.75, 0.5, 0.25))
     start = time.time()
 
@@ -401,7 +435,8 @@ def main(argv: list[str] | None = None) -> int:
             continue
         rows.extend(bench_model(name, build, budgets=budgets, remat_budgets=remat_budgets,
                                 repeats=1 if args.quick else args.repeats, log=log,
-                                compiled_plan=not args.no_compiled_plan))
+                                compiled_plan=not args.no_compiled_plan,
+                                candidates=candidates, whole_budgets=whole_budgets))
         torch._dynamo.reset()
     table = markdown(rows)
     print(table)
