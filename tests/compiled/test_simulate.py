@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 import remat
+from measure.hf_tiny import build_hf
 from remat.compiled.install import compile_blocks_with_budget, compile_with_budget
 from remat.compiled.measure import dynamo_graph_count, measure_compiled
 from remat.compiled.replay import CompiledSimulationError
@@ -162,14 +163,8 @@ def test_hf_decoder_layers_per_block_match_real(budget: float) -> None:
     mask are the same for every layer, and the simulation captures and compiles each layer
     apart (regions apart: test_per_block_with_optimizer_matches_real), so a second layer
     only doubled the code generated."""
-    transformers = pytest.importorskip("transformers")
-    config = transformers.AutoConfig.for_model(
-        "llama", vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(config).train()
-    ids = torch.randint(0, 128, (2, 16))
-    batch = {"input_ids": ids, "labels": ids.clone()}
+    pytest.importorskip("transformers")
+    model, batch = build_hf("llama", num_hidden_layers=1)
     model.config.use_cache = False  # as in training: no cache, so the packed-sequence check
     compiled = compile_blocks_with_budget(model, budget)
     sim = simulate_compiled(compiled, batch)

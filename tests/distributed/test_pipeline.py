@@ -117,6 +117,17 @@ def _tiny() -> Any:
     return build_model("llama-tiny", n_layer=4)
 
 
+def _tp_rank_step(model: Any, *, tp: int, sequence_parallel: bool, strategy: str,
+                  tp_plan: dict[str, Any] | None = None) -> list[Any]:
+    """The TP rank's simulated step (fp32, AdamW, batch 2 x 16): the rank figures of
+    ``tp_rank_bytes`` with the same arguments, without its one-device simulation."""
+    from remat.distributed.tp_step import simulate_ranks
+
+    return simulate_ranks(model, seq_len=16, points=[(strategy, 2)], tp=tp,
+                          sequence_parallel=sequence_parallel, dtype="fp32",
+                          optimizer="adamw", tp_plan=tp_plan)
+
+
 def test_ranks_split_the_one_device_step_exactly() -> None:
     one = tp_rank_bytes(_tiny, seq_len=16, batch_size=2, tp=1, dtype="fp32")
     ranks = pipeline_rank_bytes(_tiny, seq_len=16, batch_size=2, stages=2, microbatches=4,
@@ -222,9 +233,10 @@ def test_cut_stack_gives_the_whole_stacks_bytes(strategy: str, layout: dict[str,
 
 @pytest.mark.parametrize("sp", [False, True])
 def test_one_stage_is_the_tp_rank_step(sp: bool) -> None:
-    # pp = 1, one micro-batch: the rank runs tp_rank_bytes's step, byte for byte
-    one = tp_rank_bytes(_tiny, seq_len=16, batch_size=2, tp=2, sequence_parallel=sp,
-                        strategy="full", dtype="fp32")
+    # pp = 1, one micro-batch: the rank runs tp_rank_bytes's step, byte for byte.
+    # tp_rank_bytes's rank figures are simulate_ranks's (its second, one-device simulation
+    # only fills device_*, which nothing here reads): the rank's step alone.
+    (one,) = _tp_rank_step(_tiny, tp=2, sequence_parallel=sp, strategy="full")
     (rank,) = pipeline_rank_bytes(_tiny, seq_len=16, batch_size=2, stages=1, microbatches=1,
                                   tp=2, sequence_parallel=sp, strategy="full", dtype="fp32")
     assert (rank.param_bytes, rank.grad_bytes, rank.optimizer_bytes, rank.activation_bytes,
@@ -261,8 +273,8 @@ class _FirstStage(nn.Module):
 
 @pytest.mark.parametrize("sp", [False, True])
 def test_stage_is_the_tp_rank_step_of_the_stage_alone(sp: bool) -> None:
-    alone = tp_rank_bytes(_FirstStage, seq_len=16, batch_size=2, tp=2, sequence_parallel=sp,
-                          dtype="fp32")
+    # the rank's step of the stage alone, as tp_rank_bytes simulates it (rank figures only)
+    (alone,) = _tp_rank_step(_FirstStage, tp=2, sequence_parallel=sp, strategy="none")
     ranks = pipeline_rank_bytes(_tiny, seq_len=16, batch_size=2, stages=2, microbatches=2,
                                 tp=2, sequence_parallel=sp, dtype="fp32")
     assert ranks[0].param_bytes == alone.param_bytes
@@ -277,13 +289,10 @@ def test_stage_is_the_tp_rank_step_of_the_stage_alone(sp: bool) -> None:
 def test_a_user_tp_plan_reaches_the_pipeline_ranks() -> None:
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
-    from remat.distributed.tp_step import simulate_ranks
-
     plan = {"mlp.gate_proj": ColwiseParallel(), "mlp.up_proj": ColwiseParallel(),
             "mlp.down_proj": RowwiseParallel()}
-    (one,) = simulate_ranks(_tiny, seq_len=16, points=[("full", 2)], tp=2,
-                            sequence_parallel=False, dtype="fp32", optimizer="adamw",
-                            tp_plan=plan)
+    (one,) = _tp_rank_step(_tiny, tp=2, sequence_parallel=False, strategy="full",
+                           tp_plan=plan)
     (rank,) = pipeline_rank_bytes(_tiny, seq_len=16, batch_size=2, stages=1, microbatches=1,
                                   tp=2, strategy="full", dtype="fp32", tp_plan=plan)
     assert (rank.param_bytes, rank.activation_bytes, rank.peak_bytes) == (

@@ -37,15 +37,17 @@ _VOCAB = 128
 
 
 def build_hf(model_type: str, *, batch_size: int = 2, seq: int = 16,
-             dtype: torch.dtype = torch.float32) -> tuple[nn.Module, dict[str, torch.Tensor]]:
-    """A 2-layer ``model_type`` in train mode (seed 0) and a batch with labels."""
+             dtype: torch.dtype = torch.float32,
+             **config: Any) -> tuple[nn.Module, dict[str, torch.Tensor]]:
+    """A 2-layer ``model_type`` in train mode (seed 0) and a batch with labels; ``config``
+    overrides the configuration (e.g. ``num_hidden_layers=1``)."""
     transformers = __import__("transformers")
     overrides, head = ARCHITECTURES[model_type]
     common = {} if model_type in ("gpt2", "t5") else dict(_COMMON)
     if model_type in ("gpt_neox", "bert", "deberta-v2", "phi"):
         common.pop("num_key_value_heads")
     config = transformers.AutoConfig.for_model(model_type, vocab_size=_VOCAB,
-                                               **{**common, **overrides})
+                                               **{**common, **overrides, **config})
     torch.manual_seed(0)
     auto = {"causal": transformers.AutoModelForCausalLM,
             "masked": transformers.AutoModelForMaskedLM,

@@ -275,20 +275,65 @@ def profile(
     """
     from remat.compiled.measure import is_compiled, profile_compiled  # compiled imports us
 
+    _check_repeats(repeats)
+    if simulate:
+        return simulated_profiles(model, [batch], loss_fn=loss_fn, optimizer=optimizer,
+                                  blocks=blocks)[0]
     check_trainable(model)
     # A measurement, not training: a plan's shape guard lets any batch through (NOTE
     # [ Shape guard ] in strategies/guard.py), so a plan is measured at other shapes too.
     with unguarded():
         if is_compiled(model):  # NOTE [ Compiled models ]
-            if simulate:
-                from remat.compiled.simulate import simulate_compiled
-
-                return simulate_compiled(model, batch, loss_fn=loss_fn,
-                                         optimizer=optimizer).profile
             return profile_compiled(model, batch, loss_fn=loss_fn, optimizer=optimizer,
                                     timing=timing, repeats=repeats)
         step = Step(model, batch, loss_fn=loss_fn, optimizer=optimizer, blocks=blocks)
-        return profile_step(step, simulate=simulate, timing=timing, repeats=repeats)
+        return profile_step(step, timing=timing, repeats=repeats)
+
+
+def simulated_profiles(model: nn.Module, batches: Sequence[Any], *,
+                       loss_fn: LossFn | None = None,
+                       optimizer: torch.optim.Optimizer | None = None,
+                       blocks: Any = None) -> list[Profile]:
+    """``profile(model, batch, simulate=True)`` on each of ``batches``, one warm-up for all.
+
+    The trade-off against one :func:`profile` call per batch: the batches share one fake
+    copy and its warm-up step (:func:`simulated_steps`), so ``n`` batches cost ``n + 1``
+    fake steps instead of ``2 n``; each batch's tracked step is still the whole step. A
+    compiled model is simulated one batch at a time (its simulation,
+    :func:`remat.compiled.simulate.simulate_compiled`, has no warm-up to share).
+
+    Args:
+        model, loss_fn, optimizer, blocks: as for :func:`profile`.
+        batches: the batches, profiled in order. At least one.
+
+    Example:
+        >>> from remat.models import build_model, make_batch
+        >>> model = build_model("gpt-tiny")
+        >>> small, large = simulated_profiles(model, [make_batch(model, 1), make_batch(model, 2)])
+        >>> small.activation_bytes < large.activation_bytes
+        True
+    """
+    from remat.compiled.measure import is_compiled  # compiled imports us
+
+    if not batches:
+        raise ValueError(message(f"{_API}(simulate=True)", "no batch to profile",
+                                 fix="pass one batch or more"))
+    check_trainable(model)
+    with unguarded():  # as profile() measures (NOTE [ Shape guard ] in strategies/guard.py)
+        if is_compiled(model):  # NOTE [ Compiled models ]
+            from remat.compiled.simulate import simulate_compiled
+
+            return [simulate_compiled(model, b, loss_fn=loss_fn, optimizer=optimizer).profile
+                    for b in batches]
+        step = Step(model, batches[0], loss_fn=loss_fn, optimizer=optimizer, blocks=blocks)
+        check_runnable(model, api=_API, simulate=True)
+        return simulated_steps(step, batches)
+
+
+def _check_repeats(repeats: int) -> None:
+    if repeats < 1:
+        raise ValueError(message(_API, "repeats must be >= 1", {"found": repeats},
+                                 fix="pass repeats >= 1"))
 
 
 def profile_step(step: Step, *, simulate: bool = False, timing: bool = True,
@@ -306,9 +351,7 @@ def profile_step(step: Step, *, simulate: bool = False, timing: bool = True,
     """
     check_trainable(step.model)
     check_runnable(step.model, api=_API, simulate=simulate)
-    if repeats < 1:
-        raise ValueError(message(_API, "repeats must be >= 1", {"found": repeats},
-                                 fix="pass repeats >= 1"))
+    _check_repeats(repeats)
     if simulate:
         return _simulated(step, device=None)
     named = step.blocks_found(api=_API, required=False)

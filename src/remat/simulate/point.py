@@ -89,10 +89,17 @@ def shard(breakdown: Mapping[Category, int], grad_total_bytes: int, setup: Setup
 
 def profile_point(setup: Setup, batch: Any, optimizer: torch.optim.Optimizer | None) -> Any:
     """One simulated step of ``setup.model`` (with its current strategy) on ``batch``."""
-    from remat.measure import profile
+    return profile_points(setup, [batch], optimizer)[0]
 
-    return profile(setup.model, batch, loss_fn=setup.loss_fn, optimizer=optimizer,
-                   simulate=True, blocks=setup.blocks)
+
+def profile_points(setup: Setup, batches: Sequence[Any],
+                   optimizer: torch.optim.Optimizer | None) -> list[Any]:
+    """:func:`profile_point` on each of ``batches``, one warm-up for them all
+    (:func:`remat.measure.profile.simulated_profiles`)."""
+    from remat.measure.profile import simulated_profiles
+
+    return simulated_profiles(setup.model, batches, loss_fn=setup.loss_fn, optimizer=optimizer,
+                              blocks=setup.blocks)
 
 
 def per_rank(setup: Setup, nbytes: int) -> int:
@@ -140,9 +147,7 @@ def _step_ms(setup: Setup, prof: Any) -> float:
 
 def point(setup: Setup, strategy: str, batch_size: int, seq_len: int) -> SimulationRow:
     """Simulate one step of ``setup.model`` as it is now and turn it into a row."""
-    batch = setup.batch_fn(batch_size, seq_len)
-    return row_of(setup, strategy, batch_size, seq_len,
-                  profile_point(setup, batch, setup.optimizer), batch)
+    return points(setup, strategy, [batch_size], seq_len)[0]
 
 
 def points(setup: Setup, strategy: str, batch_sizes: Sequence[int],
@@ -150,25 +155,13 @@ def points(setup: Setup, strategy: str, batch_sizes: Sequence[int],
     """:func:`point` at each of ``batch_sizes``, one warm-up for them all.
 
     The trade-off against one :func:`point` per size: the sizes share one fake copy and
-    its warm-up step (:func:`remat.measure.profile.simulated_steps`), so ``n`` sizes cost
-    ``n + 1`` fake steps instead of ``2 n``; each size's tracked step is still the whole
-    step at that size. A compiled model is simulated one size at a time (its simulation
-    has no warm-up to share).
+    its warm-up step (:func:`profile_points`), so ``n`` sizes cost ``n + 1`` fake steps
+    instead of ``2 n``; each size's tracked step is still the whole step at that size.
     """
-    from remat.compiled.measure import is_compiled
-    from remat.measure.profile import simulated_steps
-    from remat.measure.shapes import unguarded
-    from remat.measure.step import Step
-    from remat.measure.tracked_step import check_trainable
-
-    if len(batch_sizes) < 2 or is_compiled(setup.model):
-        return [point(setup, strategy, b, seq_len) for b in batch_sizes]
+    if not batch_sizes:
+        return []
     batches = [setup.batch_fn(b, seq_len) for b in batch_sizes]
-    check_trainable(setup.model)
-    with unguarded():  # as remat.profile measures (NOTE [ Shape guard ])
-        step = Step(setup.model, batches[0], loss_fn=setup.loss_fn,
-                    optimizer=setup.optimizer, blocks=setup.blocks)
-        profiles = simulated_steps(step, batches)
+    profiles = profile_points(setup, batches, setup.optimizer)
     return [row_of(setup, strategy, b, seq_len, prof, batch)
             for b, prof, batch in zip(batch_sizes, profiles, batches, strict=True)]
 

@@ -47,7 +47,7 @@ NOTE [ Planner hook ]) and :mod:`~remat.simulate.result` (the result objects).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack
 from typing import Any
 
@@ -266,9 +266,10 @@ def _run(setup: Setup, labels: Sequence[str], sizes: Sequence[int], seq_len: int
                 [_confirmed(setup, r) for r in fast_done] if fast_done is not None
                 else [None] * len(sizes))
             missing = [b for b, row in zip(sizes, done, strict=True) if row is None]
+            exact_rows: Iterator[SimulationRow] = iter(())
             if missing:  # the exact path, for the rows the fast one could not give
                 apply(setup.model, label, blocks=setup.blocks)
-            exact_rows = iter(points(setup, label, missing, seq_len))
+                exact_rows = iter(points(setup, label, missing, seq_len))
             for fast_row in done:
                 row = fast_row if fast_row is not None else next(exact_rows)
                 rows.append(row)
