@@ -295,6 +295,10 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
     for name in ("OPTForCausalLM", "GPT2LMHeadModel", "FalconForCausalLM"):
         getattr(transformers, name)  # a lazy module: the attribute imports the model
+    # A simulation in this process first, as a user may run one before training: the
+    # forked ranks inherit DTensor's caches, and their gradients must still equal one
+    # process's (NOTE [ One tensor-parallel rank, simulated ], process-group state).
+    _rank_sim(TP, False)
     tmp = tmp_path_factory.mktemp("tp")
     _spawn(_worker, TP, tmp)
     return json.loads((tmp / "results.json").read_text())  # type: ignore[no-any-return]

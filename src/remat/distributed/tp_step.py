@@ -26,9 +26,17 @@ NOTE [ One tensor-parallel rank, simulated ]
 
     Process-group state: ``torch.distributed`` has one default group per process.
     When none is initialized the fake group is created in this process and destroyed
-    afterwards (nothing is left behind). When the caller's process already has one
-    (a ``torchrun`` job planning its own step), it is left alone and the simulation
-    runs in a fresh Python subprocess (a few seconds to start): replacing or
+    afterwards. Its mesh is named ``"remat-simulated-tp"`` so that it never equals a
+    real mesh: ``DeviceMesh`` equality compares ranks, layout, device type and dimension
+    names but not the process group, and DTensor caches its sharding decisions
+    keyed by specs that hold the mesh. An unnamed fake mesh of ``t`` ranks equals
+    the user's own one-dimensional CPU mesh of ``t`` ranks, and a later real step on it
+    reused the simulation's decisions, with the destroyed fake group's mesh in them:
+    its loss was right and its gradients wrong (block 0 and the embedding of a
+    2-way llama-tiny off by up to 2.2x relative; tests/integrations/test_tp.py
+    simulates before its gloo ranks fork to check it). When the caller's process
+    already has one (a ``torchrun`` job planning its own step), it is left alone and
+    the simulation runs in a fresh Python subprocess (a few seconds to start): replacing or
     sub-grouping the caller's group could change what its ranks agree on, and a fake
     group of ``t`` ranks cannot be a sub-group of a world of another size. The
     subprocess gets the arguments by pickle, so a model given as a lambda or a class
@@ -88,7 +96,8 @@ def meta_copy(model: nn.Module) -> nn.Module:
 
 @contextmanager
 def fake_mesh(tp: int) -> Iterator[Any]:
-    """A CPU ``DeviceMesh`` of ``tp`` ranks over a fake process group, as rank 0; the
+    """A CPU ``DeviceMesh`` of ``tp`` ranks over a fake process group, as rank 0, named
+    so that it equals no real mesh (NOTE [ One tensor-parallel rank, simulated ]); the
     group is destroyed on exit. The caller checks that no group exists yet."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
@@ -96,7 +105,7 @@ def fake_mesh(tp: int) -> Iterator[Any]:
 
     dist.init_process_group("fake", rank=0, world_size=tp, store=FakeStore())
     try:
-        yield init_device_mesh("cpu", (tp,))
+        yield init_device_mesh("cpu", (tp,), mesh_dim_names=("remat-simulated-tp",))
     finally:
         dist.destroy_process_group()
 
