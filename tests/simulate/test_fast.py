@@ -282,6 +282,31 @@ def test_exact_rows_share_a_warm_up_and_equal_separate_points() -> None:
                        world_size=4, sharding="fsdp", blocks=None, loss_fn=None,
                        batch_fn=None)
     apply(setup.model, "every:2", blocks=setup.blocks)
-    shared = points(setup, "every:2", [1, 3], 16)
+    shared = list(points(setup, "every:2", [1, 3], 16))
     alone = [point(setup, "every:2", b, 16) for b in (1, 3)]
     assert [dataclasses.asdict(r) for r in shared] == [dataclasses.asdict(r) for r in alone]
+
+
+def test_exact_rows_reach_on_row_as_each_step_is_simulated(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``simulate(on_row=...)`` reports each exact row as soon as its step is simulated
+    (progress bars move per size), not once all of a strategy's sizes are done."""
+    from remat.measure.profile import WarmFake
+
+    steps: list[int] = []
+    real = WarmFake.profiles
+
+    def counted(self: Any, batches: Any) -> Any:
+        steps.append(len(batches))
+        return real(self, batches)
+
+    monkeypatch.setattr(WarmFake, "profiles", counted)
+    seen: list[tuple[str, int, int]] = []
+    result = simulate(lambda: build_model("gpt-tiny", n_layer=2), seq_len=16,
+                      batch_sizes=[1, 2, 3], strategies=["none", "full"], device="l4",
+                      exact=True, on_row=lambda r: seen.append((r.strategy, r.batch_size,
+                                                               sum(steps))))
+    # one tracked step per row, each row reported before the next step runs
+    assert seen == [(s, b, i + 1) for i, (s, b) in
+                    enumerate((s, b) for s in ("none", "full") for b in (1, 2, 3))]
+    assert [(r.strategy, r.batch_size) for r in result.rows] == [(s, b) for s, b, _ in seen]

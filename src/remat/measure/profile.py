@@ -59,7 +59,8 @@ NOTE [ The first step ]
 from __future__ import annotations
 
 import gc
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -277,8 +278,8 @@ def profile(
 
     _check_repeats(repeats)
     if simulate:
-        return simulated_profiles(model, [batch], loss_fn=loss_fn, optimizer=optimizer,
-                                  blocks=blocks)[0]
+        return next(simulated_profiles(model, [batch], loss_fn=loss_fn, optimizer=optimizer,
+                                       blocks=blocks))
     check_trainable(model)
     # A measurement, not training: a plan's shape guard lets any batch through (NOTE
     # [ Shape guard ] in strategies/guard.py), so a plan is measured at other shapes too.
@@ -293,14 +294,17 @@ def profile(
 def simulated_profiles(model: nn.Module, batches: Sequence[Any], *,
                        loss_fn: LossFn | None = None,
                        optimizer: torch.optim.Optimizer | None = None,
-                       blocks: Any = None) -> list[Profile]:
-    """``profile(model, batch, simulate=True)`` on each of ``batches``, one warm-up for all.
+                       blocks: Any = None) -> Iterator[Profile]:
+    """``profile(model, batch, simulate=True)`` on each of ``batches``, one warm-up for all,
+    each profile yielded as soon as its step is simulated (progress bars move per batch).
 
     The trade-off against one :func:`profile` call per batch: the batches share one fake
-    copy and its warm-up step (:func:`simulated_steps`), so ``n`` batches cost ``n + 1``
-    fake steps instead of ``2 n``; each batch's tracked step is still the whole step. A
+    copy and its warm-up step (:class:`WarmFake`), so ``n`` batches cost ``n + 1`` fake
+    steps instead of ``2 n``; each batch's tracked step is still the whole step. A
     compiled model is simulated one batch at a time (its simulation,
-    :func:`remat.compiled.simulate.simulate_compiled`, has no warm-up to share).
+    :func:`remat.compiled.simulate.simulate_compiled`, has no warm-up to share). The model
+    and batches are checked when this is called; the steps run as the profiles are read,
+    with the model as it is then.
 
     Args:
         model, loss_fn, optimizer, blocks: as for :func:`profile`.
@@ -309,25 +313,46 @@ def simulated_profiles(model: nn.Module, batches: Sequence[Any], *,
     Example:
         >>> from remat.models import build_model, make_batch
         >>> model = build_model("gpt-tiny")
-        >>> small, large = simulated_profiles(model, [make_batch(model, 1), make_batch(model, 2)])
+        >>> batches = [make_batch(model, 1), make_batch(model, 2)]
+        >>> small, large = simulated_profiles(model, batches)
         >>> small.activation_bytes < large.activation_bytes
         True
     """
-    from remat.compiled.measure import is_compiled  # compiled imports us
-
     if not batches:
         raise ValueError(message(f"{_API}(simulate=True)", "no batch to profile",
                                  fix="pass one batch or more"))
     check_trainable(model)
-    with unguarded():  # as profile() measures (NOTE [ Shape guard ] in strategies/guard.py)
-        if is_compiled(model):  # NOTE [ Compiled models ]
-            from remat.compiled.simulate import simulate_compiled
+    return _simulated_profiles(model, list(batches), loss_fn=loss_fn, optimizer=optimizer,
+                               blocks=blocks)
 
-            return [simulate_compiled(model, b, loss_fn=loss_fn, optimizer=optimizer).profile
-                    for b in batches]
+
+def _simulated_profiles(model: nn.Module, batches: list[Any], *, loss_fn: LossFn | None,
+                        optimizer: torch.optim.Optimizer | None,
+                        blocks: Any) -> Iterator[Profile]:
+    from remat.compiled.measure import is_compiled  # compiled imports us
+
+    # Measurements, not training: each step runs unguarded (NOTE [ Shape guard ] in
+    # strategies/guard.py), and nothing stays switched off between them.
+    with unguarded():
+        compiled = is_compiled(model)  # NOTE [ Compiled models ]
+    if compiled:
+        from remat.compiled.simulate import simulate_compiled
+
+        for batch in batches:
+            with unguarded():
+                prof = simulate_compiled(model, batch, loss_fn=loss_fn,
+                                         optimizer=optimizer).profile
+            yield prof
+        return
+    with unguarded():
         step = Step(model, batches[0], loss_fn=loss_fn, optimizer=optimizer, blocks=blocks)
         check_runnable(model, api=_API, simulate=True)
-        return simulated_steps(step, batches)
+        with _fake_step_errors():
+            warm = WarmFake(step, batches[0])
+    for batch in batches:
+        with unguarded(), _fake_step_errors():
+            (prof,) = warm.profiles([batch])
+        yield prof
 
 
 def _check_repeats(repeats: int) -> None:
@@ -445,11 +470,19 @@ def simulated_steps(step: Step, batches: Sequence[Any], *,
     if not batches:
         raise ValueError(message(_API, "simulated_steps needs at least one batch",
                                  fix="pass one batch or more"))
-    try:
+    with _fake_step_errors():
         return WarmFake(step, batches[0], device=device).profiles(batches)
+
+
+@contextmanager
+def _fake_step_errors() -> Iterator[None]:
+    """Raise a step fake tensors cannot run as a :class:`RematError` that says why (NOTE
+    [ What fake tensors cannot run ] in measure/fake.py); other errors as they are."""
+    try:
+        yield
     except RematError:
         raise
-    except Exception as error:  # NOTE [ What fake tensors cannot run ] in measure/fake.py
+    except Exception as error:
         why = fake_failure(error)
         if why is None:
             raise

@@ -48,7 +48,7 @@ allocates (``backend:cudaMallocAsync``).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -89,13 +89,13 @@ def shard(breakdown: Mapping[Category, int], grad_total_bytes: int, setup: Setup
 
 def profile_point(setup: Setup, batch: Any, optimizer: torch.optim.Optimizer | None) -> Any:
     """One simulated step of ``setup.model`` (with its current strategy) on ``batch``."""
-    return profile_points(setup, [batch], optimizer)[0]
+    return next(profile_points(setup, [batch], optimizer))
 
 
 def profile_points(setup: Setup, batches: Sequence[Any],
-                   optimizer: torch.optim.Optimizer | None) -> list[Any]:
-    """:func:`profile_point` on each of ``batches``, one warm-up for them all
-    (:func:`remat.measure.profile.simulated_profiles`)."""
+                   optimizer: torch.optim.Optimizer | None) -> Iterator[Any]:
+    """:func:`profile_point` on each of ``batches``, one warm-up for them all, each yielded
+    as soon as it is simulated (:func:`remat.measure.profile.simulated_profiles`)."""
     from remat.measure.profile import simulated_profiles
 
     return simulated_profiles(setup.model, batches, loss_fn=setup.loss_fn, optimizer=optimizer,
@@ -147,23 +147,25 @@ def _step_ms(setup: Setup, prof: Any) -> float:
 
 def point(setup: Setup, strategy: str, batch_size: int, seq_len: int) -> SimulationRow:
     """Simulate one step of ``setup.model`` as it is now and turn it into a row."""
-    return points(setup, strategy, [batch_size], seq_len)[0]
+    return next(points(setup, strategy, [batch_size], seq_len))
 
 
 def points(setup: Setup, strategy: str, batch_sizes: Sequence[int],
-           seq_len: int) -> list[SimulationRow]:
-    """:func:`point` at each of ``batch_sizes``, one warm-up for them all.
+           seq_len: int) -> Iterator[SimulationRow]:
+    """:func:`point` at each of ``batch_sizes``, one warm-up for them all, each row yielded
+    as soon as its step is simulated (``setup.model`` as it is then: read them all before
+    changing its strategy).
 
     The trade-off against one :func:`point` per size: the sizes share one fake copy and
     its warm-up step (:func:`profile_points`), so ``n`` sizes cost ``n + 1`` fake steps
     instead of ``2 n``; each size's tracked step is still the whole step at that size.
     """
     if not batch_sizes:
-        return []
+        return iter(())
     batches = [setup.batch_fn(b, seq_len) for b in batch_sizes]
     profiles = profile_points(setup, batches, setup.optimizer)
-    return [row_of(setup, strategy, b, seq_len, prof, batch)
-            for b, prof, batch in zip(batch_sizes, profiles, batches, strict=True)]
+    return (row_of(setup, strategy, b, seq_len, prof, batch)
+            for b, prof, batch in zip(batch_sizes, profiles, batches, strict=True))
 
 
 def card_fit(setup: Setup, rank_peak_bytes: int, reserved_extra_bytes: int,

@@ -269,7 +269,7 @@ def _run(setup: Setup, labels: Sequence[str], sizes: Sequence[int], seq_len: int
             exact_rows: Iterator[SimulationRow] = iter(())
             if missing:  # the exact path, for the rows the fast one could not give
                 apply(setup.model, label, blocks=setup.blocks)
-                exact_rows = iter(points(setup, label, missing, seq_len))
+                exact_rows = points(setup, label, missing, seq_len)  # simulated as read
             for fast_row in done:
                 row = fast_row if fast_row is not None else next(exact_rows)
                 rows.append(row)
