@@ -276,8 +276,8 @@ def profile(
     """
     from remat.compiled.measure import is_compiled, profile_compiled  # compiled imports us
 
-    _check_repeats(repeats)
     if simulate:
+        _check_repeats(repeats)
         return next(simulated_profiles(model, [batch], loss_fn=loss_fn, optimizer=optimizer,
                                        blocks=blocks))
     check_trainable(model)
@@ -333,9 +333,7 @@ def _simulated_profiles(model: nn.Module, batches: list[Any], *, loss_fn: LossFn
 
     # Measurements, not training: each step runs unguarded (NOTE [ Shape guard ] in
     # strategies/guard.py), and nothing stays switched off between them.
-    with unguarded():
-        compiled = is_compiled(model)  # NOTE [ Compiled models ]
-    if compiled:
+    if is_compiled(model):  # NOTE [ Compiled models ]
         from remat.compiled.simulate import simulate_compiled
 
         for batch in batches:
@@ -347,11 +345,10 @@ def _simulated_profiles(model: nn.Module, batches: list[Any], *, loss_fn: LossFn
     with unguarded():
         step = Step(model, batches[0], loss_fn=loss_fn, optimizer=optimizer, blocks=blocks)
         check_runnable(model, api=_API, simulate=True)
-        with _fake_step_errors():
-            warm = WarmFake(step, batches[0])
-    for batch in batches:
-        with unguarded(), _fake_step_errors():
-            (prof,) = warm.profiles([batch])
+    steps = _simulated_steps(step, batches, device=None)
+    for _ in batches:
+        with unguarded():
+            prof = next(steps)
         yield prof
 
 
@@ -470,8 +467,19 @@ def simulated_steps(step: Step, batches: Sequence[Any], *,
     if not batches:
         raise ValueError(message(_API, "simulated_steps needs at least one batch",
                                  fix="pass one batch or more"))
+    return list(_simulated_steps(step, batches, device=device))
+
+
+def _simulated_steps(step: Step, batches: Sequence[Any], *,
+                     device: torch.device | str | None) -> Iterator[Profile]:
+    """:func:`simulated_steps` as read: the warm-up at the first profile read, each batch's
+    step when its profile is."""
     with _fake_step_errors():
-        return WarmFake(step, batches[0], device=device).profiles(batches)
+        warm = WarmFake(step, batches[0], device=device)
+    for batch in batches:
+        with _fake_step_errors():
+            (prof,) = warm.profiles([batch])
+        yield prof
 
 
 @contextmanager
