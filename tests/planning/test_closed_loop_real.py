@@ -8,8 +8,10 @@ from typing import Any
 
 import pytest
 
+import remat
 import remat.planning.loop as planning_loop
-from remat.measure.step import Step
+from remat.measure.profile import first_step_peak
+from remat.measure.step import Step, run_step
 from remat.models import build_model, make_batch
 from remat.planning import prepare
 from remat.planning.loop import close_loop, measure_on_copy
@@ -44,3 +46,27 @@ def test_real_measurement_equals_the_fake_copy_and_warms_up_once(
     assert plan.measured_peak_bytes == measured.peak_bytes == fake.peak_bytes
     assert measured.recompute_flops == fake.recompute_flops
     assert plan.allocator_peak_bytes is not None and plan.measured_peak_bytes <= budget
+
+
+def test_gradients_left_by_the_users_step_change_no_peak_and_no_plan() -> None:
+    """A model planned after a training step of its own still holds that step's gradients
+    (``zero_grad`` comes at the next step's start). The measured step clears them first, so
+    the bytes alive at its start leave them out too: the first step's allocator peak, and
+    so the plan, are those of the same model without gradients (they read 474,112 B higher,
+    the gradients' bytes, and an 80% plan of gpt-tiny found no fitting choice)."""
+    model = build_model("gpt-tiny")
+    batch = make_batch(model, 4)
+    step = Step(model, batch)
+    clean = first_step_peak(step)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        plan = remat.plan(model, batch, budget="80%")
+        run_step(model, batch)
+        grads = [p.grad for p in model.parameters()]
+        assert all(g is not None for g in grads)
+        again = remat.plan(model, batch, budget="80%")
+    assert again.decisions == plan.decisions
+    assert again.measured_peak_bytes == plan.measured_peak_bytes <= plan.budget_bytes
+    assert again.allocator_peak_bytes == plan.allocator_peak_bytes
+    assert all(p.grad is g for p, g in zip(model.parameters(), grads, strict=True))
+    assert first_step_peak(step) == clean  # it clears the gradients, as a step's start does

@@ -177,14 +177,18 @@ def allocator_step_peak(step: Step, start_bytes: int) -> int:
 def start_bytes(step: Step) -> int:
     """Bytes alive on the step's device before it runs, as the tracker counts them:
     parameters, buffers, the optimizer state that exists now and the batch (each storage
-    once; gradients are cleared before a step).
+    once). Gradients the model holds now are not counted: :func:`allocator_step_peak`
+    clears them before its step, as a training loop's ``zero_grad`` does, so a model
+    planned after a step of its own (gradients still set) reads the same peak as one
+    planned before.
 
     Example:
         >>> start_bytes(Step(torch.nn.Linear(4, 4), torch.randn(2, 4)))
         112
     """
     tracker = MemoryTracker(device=step.device, record_ops=False)
-    return tracker.register_step(step.model, step.optimizer, batch_tensors(step.batch))
+    return tracker.register_step(step.model, step.optimizer, batch_tensors(step.batch),
+                                 grads=False)
 
 
 def first_step_peak(step: Step) -> int:

@@ -254,8 +254,9 @@ class MemoryTracker(TorchDispatchMode):
         self._ledger.update_peak(self._created_phase())
         return added
 
-    def register_model(self, model: nn.Module) -> int:
-        """Register ``model``'s parameters, buffers and existing gradients; return bytes.
+    def register_model(self, model: nn.Module, *, grads: bool = True) -> int:
+        """Register ``model``'s parameters, buffers and (with ``grads``) existing gradients;
+        return bytes.
 
         Also makes each gradient kind ``"grads"`` as soon as autograd accumulates it
         (a post-accumulate-grad hook, installed while the tracker is active).
@@ -267,14 +268,16 @@ class MemoryTracker(TorchDispatchMode):
         # (distributed/sharded.py)
         added += self.register(unsharded_param_tensors(model), "params")
         added += self.register(model.buffers(), "buffers")
-        added += self.register((p.grad for p in params), "grads")
+        if grads:
+            added += self.register((p.grad for p in params), "grads")
         return added
 
     def register_step(self, model: nn.Module, optimizer: torch.optim.Optimizer | None,
-                      batch: Iterable[Tensor]) -> int:
-        """Register what a step starts with: ``model`` (:meth:`register_model`), the
-        ``optimizer``'s state if one is given and the ``batch``'s tensors; return bytes."""
-        added = self.register_model(model)
+                      batch: Iterable[Tensor], *, grads: bool = True) -> int:
+        """Register what a step starts with: ``model`` (:meth:`register_model`, its
+        gradients with ``grads``), the ``optimizer``'s state if one is given and the
+        ``batch``'s tensors; return bytes."""
+        added = self.register_model(model, grads=grads)
         if optimizer is not None:
             added += self.register_optimizer(optimizer)
         return added + self.register(batch, "batch")
