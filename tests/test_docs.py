@@ -112,3 +112,13 @@ def test_the_walk_through_one_plan_call_names_code_that_exists() -> None:
     for name in sorted(functions | classes):
         assert name in everywhere or re.search(rf"^\s*{name}\s*[:=]", "".join(
             p.read_text() for p in defined), re.M), f"the walk names {name}: not in src/remat"
+
+
+def test_readme_gradient_accumulation_prints_what_it_shows(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The gradient-accumulation example prints the README's output, byte for byte."""
+    text = README.read_text()
+    block, shown = re.search(r"```python\n([^`]*accumulating=accumulating[^`]*)```\n\n"
+                             r"```text\n(.*?)```", text, flags=re.S).groups()  # type: ignore[union-attr]
+    exec(compile(block, "README.md", "exec"), {})  # noqa: S102  (the README's own code)
+    assert capsys.readouterr().out == shown

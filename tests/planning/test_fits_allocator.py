@@ -11,6 +11,7 @@ a choice over the budget that the tracker reads under it.
 from __future__ import annotations
 
 import copy
+import importlib
 import warnings
 from typing import Any
 
@@ -20,14 +21,16 @@ import torch
 import remat
 from loading import load_measure_helper
 from remat.measure import profile
+from remat.measure.allocator import allocator_peak
 from remat.measure.profile import first_step_peak
-from remat.measure.step import Step
+from remat.measure.step import Step, run_step
 from remat.planning import loop as planning_loop
 from remat.planning import prepare
 
 pytest.importorskip("transformers")
 
 hf_tiny = load_measure_helper("hf_tiny")
+profile_module = importlib.import_module("remat.measure.profile")
 
 #: Ten architectures: dense decoders (rotary, GQA, partial rotary, GeGLU, learned
 #: positions, parallel attention), mixture-of-experts decoders, an encoder.
@@ -149,3 +152,53 @@ def test_plans_of_generated_models_fit_on_the_first_and_the_third_step(seed: int
         first, third = first_and_third_step(pristine, batch, plan)
     assert first <= budget and third <= budget, (drawn.label, first, third, budget)
     assert max(first, third) == plan.allocator_peak_bytes, drawn.label
+
+
+def accumulation_cycles_peak(pristine: torch.nn.Module, batch: Any, plan: Any) -> int:
+    """The allocator's peak (bytes alive before it added) of the first two cycles of
+    gradient accumulation, two micro-steps each, of a fresh copy of ``pristine`` with
+    ``plan`` applied and a new AdamW: micro-step 2 starts with micro-step 1's gradients
+    and steps the optimizer (creating its state in the first cycle)."""
+    model = copy.deepcopy(pristine)
+    remat.apply(model, plan)
+    opt = _adamw(model)
+    peaks = []
+    for _ in range(2):
+        start = profile_module.start_bytes(Step(model, batch, optimizer=opt))
+
+        def cycle() -> None:
+            run_step(model, batch)
+            run_step(model, batch, optimizer=opt)
+        peaks.append(allocator_peak(cycle).peak_bytes + start)
+    return max(peaks)
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_accumulating_plans_fit_gradient_accumulation(seed: int) -> None:
+    """``remat.plan(..., accumulating=True)`` fits a job that steps its optimizer every
+    second micro-batch, on seeded random decoders, half-way between full and none of that
+    step; a plan made without it is over on the same job by about the gradients."""
+    from generated_models import generated_model
+
+    drawn = generated_model(1100 + seed)
+    pristine, batch = drawn.model, drawn.batch
+    model = copy.deepcopy(pristine)
+    opt = _adamw(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        none_peak = profile(model, batch, optimizer=opt, timing=False,
+                            accumulating=True).peak_bytes
+        remat.apply(model, "full")
+        full_peak = profile(model, batch, optimizer=opt, timing=False,
+                            accumulating=True).peak_bytes
+        remat.remove(model)
+        budget = (full_peak + none_peak) // 2
+        plan = remat.plan(model, batch, optimizer=opt, budget=budget, accumulating=True)
+        held = accumulation_cycles_peak(pristine, batch, plan)
+        assert held <= budget, (drawn.label, held, budget)
+        assert held == plan.allocator_peak_bytes, drawn.label
+        if seed == 0:
+            plain = remat.plan(model, batch, optimizer=opt, budget=budget)
+            grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+            over = accumulation_cycles_peak(pristine, batch, plain) - budget
+            assert over > grad_bytes // 2, (drawn.label, over, grad_bytes)

@@ -182,6 +182,12 @@ def check_fits(name: str, param_bytes: int, device: Any, *, copies: int) -> None
         )
 
 
+def budget_value(budget: str) -> int | str:
+    """A ``--budget`` as ``remat.plan`` takes it: digits are bytes, anything else is parsed
+    there (``"12GiB"``, ``"60%"``, ``"activations:50%"``, ``"device"``)."""
+    return int(budget) if budget.strip().isdigit() else budget
+
+
 def write_json(data: Any, target: str) -> None:
     """Write ``data`` as JSON to the file ``target`` (parents created) or to stdout for ``-``."""
     text = json.dumps(data, indent=2)

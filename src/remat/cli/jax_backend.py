@@ -11,12 +11,22 @@ NOTE [ CLI and the JAX backend ]
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
 from typing import Any
 
 import typer
 from rich.markup import escape
 
-from remat.cli.common import fail
+from remat.cli.common import (
+    budget_value,
+    err_console,
+    fail,
+    progress_bar,
+    stdout_console,
+    user_errors,
+    write_json,
+)
 from remat.errors import message
 
 
@@ -75,3 +85,48 @@ def strategies_for_jax(rj: Any, value: str | None) -> list[str]:
                 else f"{exc}\n  JAX strategies: {', '.join(rj.STRATEGIES)}"
             raise typer.BadParameter(text, param_hint="'--strategies'") from None
     return names
+
+
+PLAN_REFUSED = {
+    **SOURCES_REFUSED,
+    "maximize": "the JAX planner plans one batch size",
+    "max_batch": "it goes with --maximize, which the JAX planner does not do",
+    "optimizer": "the JAX step is loss and gradients (no optimizer state)",
+    "device": "JAX runs on its default backend (set JAX_PLATFORMS=cpu to force the CPU)",
+    "cost_device": "JAX costs are XLA's FLOPs of the compiled step",
+    "simulate": "XLA's analysis allocates nothing already",
+    "cost": "JAX plans minimize XLA's recompute FLOPs (no timed or roofline costs)",
+    "frontier": "no frontier with --framework jax; remat compare --framework jax shows "
+                "the manual policies",
+    "plot": "the frontier plot is PyTorch's",
+}
+
+
+def plan_jax(ctx: typer.Context, *, model: str, budget: str, batch: int, seq: int | None,
+              seed: int, out: Path | None, json_out: str | None) -> None:
+    """``remat plan --framework jax``: ``remat.jax.plan_preset`` (NOTE [ CLI and the JAX
+    backend ])."""
+    refuse(ctx, PLAN_REFUSED)
+    rj = load_jax(model)
+    try:
+        rj.make_batch(model, batch, seq)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="'--seq'") from None
+    started = time.perf_counter()
+    with user_errors(), progress_bar(f"plan {model} (jax)") as update:
+        update("measure candidates and plan", 0, 1)
+        result = rj.plan_preset(model, budget=budget_value(budget), batch_size=batch,
+                                seq_len=seq, seed=seed)
+        update("done", 1, 1)
+    elapsed_s = time.perf_counter() - started
+    if json_out != "-":
+        stdout_console().print(result.summary(), highlight=False)
+        err_console.print(f"Planned in {elapsed_s:.1f} s.", highlight=False)
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(result.to_json() + "\n")
+        err_console.print(f"Wrote {out}", highlight=False)
+    if json_out is not None:
+        meta = {"model": model, "batch_size": batch, "seq_len": seq, "budget": budget,
+                "seed": seed, "framework": "jax"}
+        write_json({"meta": meta, "plan": result.to_dict(), "frontier": None}, json_out)

@@ -12,6 +12,7 @@ import typer
 
 from remat.cli import app
 from remat.cli.common import (
+    budget_value,
     err_console,
     fail,
     make_optimizer,
@@ -22,7 +23,6 @@ from remat.cli.common import (
     user_errors,
     write_json,
 )
-from remat.cli.jax_backend import SOURCES_REFUSED
 from remat.cli.options import (
     DEFAULT_MODEL,
     DeviceOpt,
@@ -96,7 +96,7 @@ def _check_budget(value: str) -> str:
     from remat.core.budget import parse_budget
 
     try:
-        parse_budget(int(value) if value.strip().isdigit() else value)
+        parse_budget(budget_value(value))
     except ValueError as exc:
         raise typer.BadParameter(str(exc).removeprefix("remat.plan: ")) from None
     return value
@@ -157,6 +157,11 @@ def plan_command(
         "--frontier/--no-frontier",
         help="Also measure every manual strategy and print the frontier.",
     )] = True,
+    accumulating: Annotated[bool, typer.Option(
+        "--accumulating",
+        help="Plan for gradient accumulation (zero_grad every few micro-batches): each "
+             "micro-step after the first starts with the gradients held, and must fit too.",
+    )] = False,
     seed: SeedOpt = 0,
     out: Annotated[Path | None, typer.Option(
         "--out", metavar="FILE.json", dir_okay=False, callback=check_output,
@@ -181,7 +186,9 @@ def plan_command(
     """
     sources = given_sources(model, hf, hf_config, module, settings)
     if framework is Framework.jax:
-        _plan_jax(ctx, model=model or DEFAULT_MODEL, budget=budget, batch=batch, seq=seq,
+        from remat.cli.jax_backend import plan_jax
+
+        plan_jax(ctx, model=model or DEFAULT_MODEL, budget=budget, batch=batch, seq=seq,
                   seed=seed, out=out, json_out=json_out)
         return
     if cost is CostChoice.measured and simulate:
@@ -216,7 +223,7 @@ def plan_command(
                        max_batch=max_batch, optimizer=optimizer, target=target,
                        cost_device=cost_device, simulate=simulate, cost=cost,
                        frontier=(frontier or plot is not None) and not compile_, seed=seed,
-                       compile=compile_)
+                       compile=compile_, accumulating=accumulating)
     outcome = _run(request)
     if json_out != "-":
         _print_outcome(request, outcome)
@@ -241,9 +248,19 @@ class _Request:
     frontier: bool
     seed: int
     compile: bool = False
+    accumulating: bool = False
 
     def make_batch(self, n: int) -> Any:
         return self.source.batch(n)
+
+    @property
+    def loss_fn(self) -> Any:
+        """The source's loss, as a gradient-accumulation micro-step runs it with
+        ``--accumulating``."""
+        from remat.measure.step import step_loss
+
+        return step_loss(self.source.loss_fn, accumulating=self.accumulating,
+                         api="remat plan")
 
 
 @dataclass(frozen=True)
@@ -257,14 +274,10 @@ class _Outcome:
     elapsed_s: float
 
 
-def _budget_value(budget: str) -> int | str:
-    return int(budget) if budget.strip().isdigit() else budget
-
-
 def _make_plan(request: _Request, net: Any, sample: Any, opt: Any) -> tuple[Any, int, Any]:
     """The plan, the batch size it is for, and that batch."""
-    common = {"budget": _budget_value(request.budget), "optimizer": opt,
-              "device": request.cost_device, "loss_fn": request.source.loss_fn}
+    common = {"budget": budget_value(request.budget), "optimizer": opt,
+              "device": request.cost_device, "loss_fn": request.loss_fn}
     size = batch_shape(sample)[0] or request.batch
     if request.compile:
         from remat.compiled.plan import plan_compiled
@@ -303,7 +316,7 @@ def _run(request: _Request) -> _Outcome:
             with reporting(lambda step, done, total: update(f"frontier: {step}", done, total)):
                 front = measure_frontier(net, sample, result, optimizer=opt,
                                          simulate=request.simulate,
-                                         loss_fn=request.source.loss_fn,
+                                         loss_fn=request.loss_fn,
                                          label=shape_label(name, chosen_batch, seq_len))
         update("done", 3, 3)
     return _Outcome(result, chosen_batch, seq_len, front, time.perf_counter() - started)
@@ -315,7 +328,8 @@ def _print_outcome(request: _Request, outcome: _Outcome) -> None:
 
     console = stdout_console()
     shape = shape_label(request.source.name, outcome.batch_size, outcome.seq_len)
-    console.print(f"remat plan: {shape}, budget {request.budget} on {request.target}",
+    held = ", gradients held (--accumulating)" if request.accumulating else ""
+    console.print(f"remat plan: {shape}, budget {request.budget} on {request.target}{held}",
                   highlight=False)
     console.print(plan_renderable(outcome.plan))
     front = outcome.frontier
@@ -344,55 +358,10 @@ def _write_outputs(request: _Request, outcome: _Outcome, *, out: Path | None,
         meta = {"model": request.source.name, "batch_size": outcome.batch_size,
                 "seq_len": outcome.seq_len, "budget": request.budget,
                 "optimizer": request.optimizer.value, "seed": request.seed,
-                "simulate": request.simulate, "torch": torch.__version__}
+                "simulate": request.simulate, "accumulating": request.accumulating,
+                "torch": torch.__version__}
         write_json({"meta": meta, "plan": outcome.plan.to_dict(),
                     "frontier": front.to_dict() if front is not None else None}, json_out)
     if plot is not None and front is not None:
         written = plot_frontier(front, plot)
         err_console.print(f"Wrote {written}", highlight=False)
-
-
-_JAX_REFUSED = {
-    **SOURCES_REFUSED,
-    "maximize": "the JAX planner plans one batch size",
-    "max_batch": "it goes with --maximize, which the JAX planner does not do",
-    "optimizer": "the JAX step is loss and gradients (no optimizer state)",
-    "device": "JAX runs on its default backend (set JAX_PLATFORMS=cpu to force the CPU)",
-    "cost_device": "JAX costs are XLA's FLOPs of the compiled step",
-    "simulate": "XLA's analysis allocates nothing already",
-    "cost": "JAX plans minimize XLA's recompute FLOPs (no timed or roofline costs)",
-    "frontier": "no frontier with --framework jax; remat compare --framework jax shows "
-                "the manual policies",
-    "plot": "the frontier plot is PyTorch's",
-}
-
-
-def _plan_jax(ctx: typer.Context, *, model: str, budget: str, batch: int, seq: int | None,
-              seed: int, out: Path | None, json_out: str | None) -> None:
-    """``remat.jax.plan_preset`` (NOTE [ CLI and the JAX backend ] in cli/jax_backend.py)."""
-    from remat.cli.jax_backend import load_jax, refuse
-
-    refuse(ctx, _JAX_REFUSED)
-    rj = load_jax(model)
-    try:
-        rj.make_batch(model, batch, seq)
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc), param_hint="'--seq'") from None
-    started = time.perf_counter()
-    with user_errors(), progress_bar(f"plan {model} (jax)") as update:
-        update("measure candidates and plan", 0, 1)
-        result = rj.plan_preset(model, budget=_budget_value(budget), batch_size=batch,
-                                seq_len=seq, seed=seed)
-        update("done", 1, 1)
-    elapsed_s = time.perf_counter() - started
-    if json_out != "-":
-        stdout_console().print(result.summary(), highlight=False)
-        err_console.print(f"Planned in {elapsed_s:.1f} s.", highlight=False)
-    if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(result.to_json() + "\n")
-        err_console.print(f"Wrote {out}", highlight=False)
-    if json_out is not None:
-        meta = {"model": model, "batch_size": batch, "seq_len": seq, "budget": budget,
-                "seed": seed, "framework": "jax"}
-        write_json({"meta": meta, "plan": result.to_dict(), "frontier": None}, json_out)

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from remat.cli.common import (
+    budget_value,
     err_console,
     fail,
     make_optimizer,
@@ -74,7 +75,7 @@ def seq_len_command(ctx: typer.Context, sources: Sources, *, budget: str, seq: i
     source = run_source(sources_up_to(sources, seq), api="remat plan", seq=seq, seed=seed,
                         target=target, given=given_flags(ctx, "batch", "seq"))
     batch = ctx.params["batch"] if given_flags(ctx, "batch") else 1
-    run_seq_len(source, budget=int(budget) if budget.strip().isdigit() else budget,
+    run_seq_len(source, budget=budget_value(budget),
                 batch=batch, min_seq=min_seq or 0, max_seq=seq, multiple_of=multiple_of,
                 strategies=strategies.split(",") if strategies else None, optimizer=optimizer,
                 simulate=simulate, cost=cost, cost_device=cost_device, target=target,

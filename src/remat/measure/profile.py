@@ -83,7 +83,14 @@ from remat.measure.fake import (
 from remat.measure.ledger import categorized
 from remat.measure.shapes import unguarded
 from remat.measure.state import preserved_state
-from remat.measure.step import LossFn, Step, batch_tensors, check_runnable, clear_grads
+from remat.measure.step import (
+    LossFn,
+    Step,
+    batch_tensors,
+    check_runnable,
+    clear_grads,
+    step_loss,
+)
 from remat.measure.timing import time_blocks, time_step
 from remat.measure.tracked_step import Tracked, check_trainable, tracked_step
 from remat.measure.tracker import MemoryTracker
@@ -220,6 +227,7 @@ def profile(
     blocks: Any = None,
     timing: bool = True,
     repeats: int = 5,
+    accumulating: bool = False,
 ) -> Profile:
     """Measure one training step exactly: peak and activation bytes, FLOPs, times, per block.
 
@@ -262,6 +270,9 @@ def profile(
             none when the model has no repeated blocks.
         timing: measure times (real runs only). Default: ``True``.
         repeats: timed runs per median, >= 1. Default: 5.
+        accumulating: measure a gradient-accumulation micro-step after the first, which
+            starts with every gradient held (:class:`~remat.measure.step.Accumulating`).
+            Default: ``False`` (the step starts without gradients).
 
     Returns:
         A :class:`Profile`.
@@ -280,6 +291,7 @@ def profile(
     """
     from remat.compiled.measure import is_compiled, profile_compiled  # compiled imports us
 
+    loss_fn = step_loss(loss_fn, accumulating=accumulating, api="remat.profile")
     if simulate:
         _check_repeats(repeats)
         return next(simulated_profiles(model, [batch], loss_fn=loss_fn, optimizer=optimizer,

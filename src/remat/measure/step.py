@@ -133,6 +133,55 @@ def default_loss(output: Any, *, api: str | None = None) -> Tensor:
         fix="pass loss_fn=lambda output, batch: ..."))
 
 
+@dataclass(frozen=True)
+class Accumulating:
+    """The ``loss_fn`` of a gradient-accumulation micro-step after the first: the step
+    starts with every gradient held.
+
+    A job that steps its optimizer every ``k`` micro-batches (``zero_grad`` every ``k``
+    steps) runs micro-steps 2 to ``k`` with the gradients of the ones before them alive
+    through the whole forward and backward, so their peak sits up to the gradients'
+    bytes above a step that starts without gradients, the step remat measures
+    otherwise. With this ``loss_fn`` :func:`run_step` allocates every missing ``.grad``
+    as zeros before the forward (the backward then accumulates into them) and computes
+    the loss as ``loss_fn`` does; a step with an optimizer is the ``k``-th micro-step,
+    the highest of them. ``remat.plan(..., accumulating=True)`` and
+    ``remat.profile(..., accumulating=True)`` wrap the loss in it (:func:`step_loss`).
+
+    Args:
+        loss_fn: ``loss_fn(output, batch) -> scalar``. Default: :func:`default_loss`.
+
+    Example:
+        >>> run_step(model, batch, loss_fn=Accumulating())  # gradients held from the start
+    """
+
+    loss_fn: LossFn | None = None
+
+    def __call__(self, output: Any, batch: Any) -> Tensor:
+        """The scalar loss, as ``loss_fn`` (or :func:`default_loss`) gives it."""
+        return self.loss_fn(output, batch) if self.loss_fn is not None else default_loss(output)
+
+
+def step_loss(loss_fn: LossFn | None, *, accumulating: bool, api: str) -> LossFn | None:
+    """``loss_fn`` as a step runs it: unchanged, or with ``accumulating`` for a step that
+    starts with its gradients held (a pipeline stage's :class:`StageLoss` with
+    ``accumulating=True``, any other loss in :class:`Accumulating`).
+
+    Raises:
+        TypeError: ``accumulating`` is not a bool.
+    """
+    if not isinstance(accumulating, bool):
+        raise TypeError(message(
+            api, "accumulating must be True or False", {"found": repr(accumulating)},
+            fix="pass accumulating=True for a job that steps its optimizer every few "
+                "micro-batches (gradient accumulation), else leave it out"))
+    if not accumulating or isinstance(loss_fn, Accumulating):
+        return loss_fn
+    if isinstance(loss_fn, StageLoss):
+        return replace(loss_fn, accumulating=True)
+    return Accumulating(loss_fn)
+
+
 def forward_held(model: nn.Module, batch: Any, loss_fn: LossFn | None) -> tuple[Tensor, Any]:
     """One forward of :func:`run_step`: the tensor its backward starts from (the loss, or
     a :class:`StageLoss` stage's output) and what stays alive until then (the output)."""
@@ -183,7 +232,8 @@ def run_step(
     The model's output is dropped once the loss is computed, as in
     ``model(**batch).loss.backward()``: a loop that keeps its logits alive through
     backward holds them on top of what remat measures (a pipeline stage does:
-    :class:`StageLoss`).
+    :class:`StageLoss`). With an :class:`Accumulating` loss the step starts with every
+    gradient held, as a gradient-accumulation micro-step after the first does.
 
     With ``microbatches_in_flight=k`` the step is a pipeline stage's worst moment:
     ``k`` forwards of ``batch`` (one micro-batch), each graph kept, then the ``k``
@@ -215,13 +265,13 @@ def run_step(
         >>> model.weight.grad.shape
         torch.Size([1, 8])
     """
-    if on_phase is not None:
-        on_phase("forward")
     stage = loss_fn if isinstance(loss_fn, StageLoss) else None
-    if stage is not None and stage.accumulating:
-        for p in model.parameters():
+    if isinstance(loss_fn, Accumulating) or stage is not None and stage.accumulating:
+        for p in model.parameters():  # the gradients held from the step's start
             if p.requires_grad and p.grad is None:
                 p.grad = torch.zeros_like(p)
+    if on_phase is not None:
+        on_phase("forward")
     inputs = [t for t in batch_tensors(batch) if t.requires_grad and t.is_leaf] \
         if stage is not None and stage.sends_input_grad else []
     # in the steady state an earlier micro-batch's input gradient is still being sent

@@ -309,6 +309,9 @@ class MemoryTracker(TorchDispatchMode):
                     "detected from remat.recompute)"))
         self.settle()
         self._ledger.phase_started(phase)  # NOTE [ Allocation log ] in ledger.py
+        if self._activation is None:  # NOTE [ Gradients held from the step's start ]
+            for p in self._params:
+                self._grad_hook(p)
         if phase == "backward" and self._phase == "forward" and self._activation is None:
             self._activation, self._block_saved = self._ledger.bytes_of_kind("forward")
             if self._record_saved:  # NOTE [ Saved storages ]
@@ -330,6 +333,14 @@ class MemoryTracker(TorchDispatchMode):
 
     # ---- hooks and entry ---------------------------------------------------------------
 
+    # NOTE [ Gradients held from the step's start ]
+    #     A micro-step of gradient accumulation after the first, and a pipeline stage in
+    #     1F1B's steady state, start with every gradient allocated (run_step allocates the
+    #     missing ones as zeros for an ``accumulating`` loss, inside the step, before its
+    #     forward starts); no backward has written them yet, so they would count as the
+    #     forward's and read as activations. Nothing but a backward or a step's start
+    #     makes a ``.grad``: until the first backward, every gradient there when a phase
+    #     starts is one held from the start, and is a gradient.
     def _grad_hook(self, p: Tensor) -> None:
         if p.grad is None:
             return

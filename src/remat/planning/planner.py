@@ -41,7 +41,7 @@ from remat.core.shapes import check_on_new_shape
 from remat.devices import DeviceSpec
 from remat.errors import BudgetTooSmall, RematError, message, names_the_call, one_line
 from remat.measure.shapes import batch_envelope
-from remat.measure.step import LossFn, Step, model_device
+from remat.measure.step import LossFn, Step, model_device, step_loss
 from remat.planning.card import card_of
 from remat.planning.context import PlanContext, check_plannable, prepare_step, resolve_cost
 from remat.planning.fingerprint import fingerprint_of
@@ -70,6 +70,7 @@ def plan(
     context: PlanContext | None = None,
     microbatches_in_flight: int = 1,
     shapes: Sequence[Any] = (),
+    accumulating: bool = False,
 ) -> Plan:
     """The cheapest checkpointing plan whose measured peak fits ``budget``.
 
@@ -129,6 +130,13 @@ def plan(
             planning/shapes.py). Only shapes count: one batch per shape is enough, and a
             packed or padded batch of a given shape is inside it. ``budget="60%"`` is
             of the largest batch's peak. Default: none (``batch`` only).
+        accumulating: plan for gradient accumulation (the optimizer stepped, and
+            ``zero_grad`` called, every few micro-batches): every micro-step after the
+            first starts with the gradients of the ones before it held, up to the
+            gradients' bytes above a step that starts without them, and the plan must fit
+            that step (:class:`~remat.measure.step.Accumulating`). ``budget="60%"`` is then
+            of that step's un-checkpointed peak. Default: ``False`` (each step starts
+            without gradients, ``zero_grad`` every step).
 
     Returns:
         A :class:`~remat.Plan` with ``measured_peak_bytes <= budget_bytes`` (the tracked
@@ -160,7 +168,9 @@ def plan(
         raise TypeError(message("remat.plan", "batch is a function",
                                 fix="pass a batch, or call remat.plan_throughput(model, "
                                     "make_batch, ...) to search batch sizes"))
-    step = Step(model, batch, loss_fn=loss_fn, optimizer=optimizer, blocks=blocks,
+    step = Step(model, batch,
+                loss_fn=step_loss(loss_fn, accumulating=accumulating, api="remat.plan"),
+                optimizer=optimizer, blocks=blocks,
                 microbatches_in_flight=microbatches_in_flight)
     if len(shapes) > 0:
         if context is not None:
@@ -185,6 +195,7 @@ def plan_throughput(
     simulate: bool = False,
     device: str | DeviceSpec | None = None,
     cost: str = "auto",
+    accumulating: bool = False,
 ) -> Plan:
     """The plan and batch size with the most samples per second whose peak fits ``budget``.
 
@@ -201,7 +212,8 @@ def plan_throughput(
             un-checkpointed peak at ``search.batch_size``.
         search: the batch sizes to search (:class:`ThroughputSearch`).
             Default: ``ThroughputSearch()`` (percentages of batch 8, sizes up to 1024).
-        loss_fn, optimizer, blocks, simulate, device, cost: as for :func:`plan`.
+        loss_fn, optimizer, blocks, simulate, device, cost, accumulating: as for
+            :func:`plan`.
 
     Returns:
         The fastest plan per sample, with ``plan.batch_size`` set and the table of every
@@ -223,6 +235,7 @@ def plan_throughput(
                                 fix="pass e.g. make_batch=lambda n: make_batch(model, n)"))
     options = PlanOptions(budget=budget, simulate=simulate,  # type: ignore[arg-type]
                           device=device, cost=cost)
+    loss_fn = step_loss(loss_fn, accumulating=accumulating, api="remat.plan_throughput")
     step = Step(model, make_batch, loss_fn=loss_fn, optimizer=optimizer, blocks=blocks)
     return search_throughput(step, make_batch, options, search or ThroughputSearch(), plan_step)
 

@@ -1,0 +1,92 @@
+"""Gradient accumulation: a micro-step after the first starts with every gradient held
+(``remat.measure.step.Accumulating``; NOTE [ Gradients held from the step's start ] in
+remat/measure/tracker.py).
+
+The ground truth is a real accumulation cycle on the CPU allocator: micro-step 1 from no
+gradients, micro-step 2 over the gradients it left (and, with an optimizer, its update and
+``zero_grad``), the bytes alive before the cycle added.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import remat
+from remat.distributed.stage_loss import StageLoss
+from remat.measure.allocator import allocator_peak
+from remat.measure.step import Accumulating, Step, clear_grads, run_step, step_loss
+from remat.models import build_model, make_batch
+
+profile_module = importlib.import_module("remat.measure.profile")
+
+
+def accumulation_cycle_peak(model: nn.Module, batch: Any,
+                            optimizer: torch.optim.Optimizer | None = None) -> int:
+    """The allocator's peak of two micro-steps of gradient accumulation, the second one
+    stepping ``optimizer``, plus the bytes alive before them; gradients cleared first."""
+    clear_grads(model)
+    start = profile_module.start_bytes(Step(model, batch, optimizer=optimizer))
+
+    def cycle() -> None:
+        run_step(model, batch)  # micro-step 1: no gradients at its start
+        run_step(model, batch, optimizer=optimizer)  # micro-step 2: zero_grad after
+    peak = allocator_peak(cycle).peak_bytes + start
+    clear_grads(model)
+    return peak
+
+
+@pytest.fixture(scope="module", params=["gpt-tiny", "llama-tiny"])
+def tiny(request: pytest.FixtureRequest) -> tuple[nn.Module, Any]:
+    torch.manual_seed(0)
+    model = build_model(request.param)
+    return model, make_batch(model, 4)
+
+
+def test_an_accumulating_profile_is_the_real_cycles_peak(tiny: tuple[nn.Module, Any]) -> None:
+    model, batch = tiny
+    plain = remat.profile(model, batch, timing=False)
+    held = remat.profile(model, batch, timing=False, accumulating=True)
+    assert held.peak_bytes == accumulation_cycle_peak(model, batch)
+    assert remat.profile(model, batch, simulate=True, accumulating=True).peak_bytes \
+        == held.peak_bytes
+    grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    # the held gradients are gradients, not the forward's activations
+    assert held.activation_bytes == plain.activation_bytes
+    assert held.cost.breakdown[remat.Category.GRADIENTS] == grad_bytes
+    assert held.peak_bytes > plain.peak_bytes
+
+
+def test_an_accumulating_profile_with_an_optimizer_is_the_real_cycles_peak(
+        tiny: tuple[nn.Module, Any]) -> None:
+    model, batch = tiny
+    work = copy.deepcopy(model)
+    optimizer = torch.optim.AdamW(work.parameters(), lr=1e-3)
+    run_step(work, batch, optimizer=optimizer)  # the state exists, as from the second cycle
+    held = remat.profile(work, batch, optimizer=optimizer, timing=False, accumulating=True)
+    assert held.peak_bytes == accumulation_cycle_peak(work, batch, optimizer)
+
+
+def test_step_loss_wraps_once_and_keeps_a_stages_loss() -> None:
+    def loss(output: Any, batch: Any) -> torch.Tensor:
+        return output.sum()
+
+    assert step_loss(loss, accumulating=False, api="remat.plan") is loss
+    wrapped = step_loss(loss, accumulating=True, api="remat.plan")
+    assert wrapped == Accumulating(loss)
+    assert step_loss(wrapped, accumulating=True, api="remat.plan") is wrapped
+    assert step_loss(StageLoss(loss), accumulating=True, api="remat.plan") \
+        == StageLoss(loss, accumulating=True)
+    assert Accumulating()(torch.ones(3), None).item() == 1.0  # the default loss, a mean
+
+
+def test_accumulating_must_be_a_bool() -> None:
+    model = nn.Linear(4, 4)
+    with pytest.raises(TypeError, match=r"(?s)remat.profile: accumulating must be True or "
+                                        r"False.*found: 4.*fix: pass accumulating=True"):
+        remat.profile(model, torch.randn(2, 4), timing=False, accumulating=4)  # type: ignore[arg-type]
