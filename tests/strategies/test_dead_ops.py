@@ -433,3 +433,49 @@ def test_regions_without_dead_ops_drop_the_bookkeeping_after_their_first_recompu
                     assert ledger.skipped == (4 if skips else 0)
         finally:
             uninstall(mlp)
+
+
+
+@pytest.mark.parametrize("backward_inside", [True, False])
+def test_under_autocast_a_region_recomputes_every_op_and_its_gradients_match(
+        backward_inside: bool) -> None:
+    """Item 4 of NOTE [ Dead ops in recompute ]: autocast's cast cache makes the recompute
+    dispatch another number of weight casts than the forward (the backward inside the
+    autocast region finds them cached), so skipping is off there; the gradients are the
+    un-checkpointed model's under the same autocast. With skipping on, the backward inside
+    autocast failed on a view of a placeholder (gpt-tiny, ``ops``)."""
+    model = build_model("gpt-tiny", n_layer=1)
+    batch = make_batch(model, 2)
+
+    def step(module: nn.Module) -> list[Tensor]:
+        module.zero_grad(set_to_none=True)
+        torch.manual_seed(0)  # the same dropout masks
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = module(**batch).loss
+            if backward_inside:
+                loss.backward()
+        if not backward_inside:
+            loss.backward()
+        return [p.grad.clone() for p in module.parameters()]  # type: ignore[union-attr]
+
+    reference = step(model)
+    block = model.blocks[0]
+    install_checkpoint(block, label="ops", save_ops=frozenset({"aten.addmm"}))
+    try:
+        got = step(model)
+    finally:
+        uninstall(block)
+    for g, w in zip(got, reference, strict=True):
+        assert torch.equal(g, w)
+
+
+def test_a_chain_skipped_without_autocast_is_recomputed_under_it() -> None:
+    torch.manual_seed(0)
+    mlp, x = Mlp(), torch.randn(4, 8, requires_grad=True)
+    _, _, skipped = _on_and_off(mlp, x, {"aten.tanh", "aten.addmm"})
+    assert skipped == 4
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        reference = _grads(mlp, x)
+        on, _, skipped = _run(mlp, x, {"aten.tanh", "aten.addmm"}, skip=True)
+    assert skipped == 0
+    _assert_same(on, reference)

@@ -134,9 +134,10 @@ def plan(
             ``zero_grad`` called, every few micro-batches): every micro-step after the
             first starts with the gradients of the ones before it held, up to the
             gradients' bytes above a step that starts without them, and the plan must fit
-            that step (:class:`~remat.measure.step.Accumulating`). ``budget="60%"`` is then
-            of that step's un-checkpointed peak. Default: ``False`` (each step starts
-            without gradients, ``zero_grad`` every step).
+            that step (:class:`~remat.measure.step.Accumulating`); a loop that zeroes
+            gradients in place (``zero_grad(set_to_none=False)``) holds them the same way.
+            ``budget="60%"`` is then of that step's un-checkpointed peak. Default:
+            ``False`` (each step starts without gradients, ``zero_grad`` every step).
 
     Returns:
         A :class:`~remat.Plan` with ``measured_peak_bytes <= budget_bytes`` (the tracked

@@ -47,8 +47,16 @@ NOTE [ Dead ops in recompute ]
        follow: a saved-tensors hook pushed inside the region (a nested
        checkpoint or ``save_on_cpu`` packs where the ledger cannot see), a
        tensor without storage, a PyTorch whose SAC internals differ (storage
-       entries by call index, ``_RECOMPUTE``). Under ``torch.compile`` stock
-       SAC contexts are used (AOT's partitioner decides recompute there).
+       entries by call index, ``_RECOMPUTE``), a forward run under autocast with
+       its cast cache on. Autocast serves the cast of a weight it already cast in
+       the same autocast region from its cache, without dispatching a
+       ``_to_copy``; with the backward inside that region the recompute finds the
+       forward's casts cached and dispatches fewer, with shared weights or the
+       backward outside it can dispatch more, so SAC's per-op counters no longer
+       name the forward's calls and a placeholder would stand in for a live
+       output (a backward under ``torch.autocast`` failed on a view of one).
+       Under ``torch.compile`` stock SAC contexts are used (AOT's partitioner
+       decides recompute there).
     5. Views run but pass liveness on only when used. A pure view (schema alias,
        nothing written, ``split``'s list included, or an op whose outputs all share
        an input's storage, such as ``_unsafe_view``) costs nothing and is never
@@ -114,6 +122,16 @@ def skipping_dead_ops(enabled: bool) -> Iterator[None]:
         yield
     finally:
         _enabled = previous
+
+
+def _autocast_caching() -> bool:
+    """Whether autocast is on for any device with its cast cache on (item 4 of the NOTE)."""
+    if not torch.is_autocast_cache_enabled():
+        return False
+    any_enabled = getattr(torch._C, "_is_any_autocast_enabled", None)
+    if any_enabled is not None:
+        return bool(any_enabled())
+    return any(torch.is_autocast_enabled(device) for device in ("cpu", "cuda"))
 
 
 def supported() -> bool:
@@ -188,7 +206,7 @@ class Ledger:
 
     def start(self) -> None:
         top = _top_hooks(False)
-        if top is None:
+        if top is None or _autocast_caching():  # item 4 of the NOTE
             self.broken = True
             return
         inner_pack, inner_unpack = top
