@@ -374,10 +374,12 @@ def _overlaps(a: str, b: str) -> bool:
 #           dunders, static/class methods and names ``nn.Module`` itself defines.
 #   Rule 2: a candidate's name is compared with the kind's names (``_SUBLAYER_NAMES``,
 #           case-insensitively) as written less its leading underscores, and also less a
-#           ``_forward`` suffix or a ``forward_`` prefix: ``_attention_forward`` ->
-#           ``attention``, ``attn_forward`` -> ``attn``, ``_ffn`` -> ``ffn``;
-#           ``feed_forward`` matches as written. The kind's names are tried in order, so
-#           ``attn`` beats ``attention`` when a block has both.
+#           ``_forward`` or ``_block`` suffix or a ``forward_`` prefix:
+#           ``_attention_forward`` -> ``attention``, ``attn_forward`` -> ``attn``,
+#           ``_ffn`` -> ``ffn``, ``_ff_block`` -> ``ff`` (``nn.TransformerEncoderLayer``
+#           and ``nn.TransformerDecoderLayer``); ``feed_forward`` matches as written.
+#           The kind's names are tried in order, so ``attn`` beats ``attention`` when a
+#           block has both.
 #   Rule 3: ``names=`` may name a method (or ``"child.method"``) exactly; it is tried
 #           after the module names and before Rule 2.
 #   A method sub-layer is installed on the instance (NOTE [ Instance forward ] in
@@ -444,12 +446,13 @@ def block_methods(module: nn.Module) -> list[str]:
 
 
 def _method_spellings(name: str) -> set[str]:
-    """``name`` less leading underscores, with and without a ``_forward`` / ``forward_``
-    affix, lower-cased (Rule 2 of NOTE [ Method sub-layers ])."""
+    """``name`` less leading underscores, with and without a ``_forward`` / ``_block``
+    suffix or a ``forward_`` prefix, lower-cased (Rule 2 of NOTE [ Method sub-layers ])."""
     bare = name.lstrip("_").lower()
     out = {bare}
-    if bare.endswith("_forward") and len(bare) > len("_forward"):
-        out.add(bare[: -len("_forward")])
+    for suffix in ("_forward", "_block"):
+        if bare.endswith(suffix) and len(bare) > len(suffix):
+            out.add(bare[: -len(suffix)])
     if bare.startswith("forward_") and len(bare) > len("forward_"):
         out.add(bare[len("forward_"):])
     return out

@@ -317,3 +317,42 @@ class _ModuleOnly(NoCheckpoint):
 
     def label(self) -> str:
         return "module-only"
+
+
+class _TorchStack(nn.Module):
+    """PyTorch's own encoder or decoder stack: MLP written as ``_ff_block``, attention as
+    the ``self_attn`` module (and ``_sa_block`` / ``_mha_block`` methods)."""
+
+    def __init__(self, decoder: bool) -> None:
+        super().__init__()
+        self.decoder = decoder
+        if decoder:
+            self.stack: nn.Module = nn.TransformerDecoder(
+                nn.TransformerDecoderLayer(32, 4, 64, dropout=0.1, batch_first=True), 2)
+        else:
+            self.stack = nn.TransformerEncoder(
+                nn.TransformerEncoderLayer(32, 4, 64, dropout=0.1, batch_first=True,
+                                           norm_first=True), 2, enable_nested_tensor=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.stack(x, x) if self.decoder else self.stack(x)
+        return out.square().mean()
+
+
+@pytest.mark.parametrize("decoder", [False, True], ids=["encoder", "decoder"])
+def test_torch_transformer_layers_find_their_ff_block_and_are_gradient_exact(
+        decoder: bool) -> None:
+    """Rule 2 strips a ``_block`` suffix: ``nn.TransformerEncoderLayer._ff_block`` is the
+    MLP sub-layer (``mlp`` raised BlocksNotFound on PyTorch's own layers before)."""
+    torch.manual_seed(0)
+    model = _TorchStack(decoder).train()
+    layer = model.stack.layers[0]
+    name, found = find_sublayer(layer, "mlp")
+    assert name == "_ff_block" and isinstance(found, BlockMethod)
+    assert find_sublayer(layer, "attn")[0] == "self_attn"  # a module beats a method
+    x = torch.randn(*X_SHAPE)
+    for strategy in ("mlp", "attn", "ops"):
+        report = remat.validate(model, x, strategy)
+        assert report.passed, (strategy, report.max_rel_error)
+    apply(model, "mlp")
+    assert len(method_regions(layer)) == 1
