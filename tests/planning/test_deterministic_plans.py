@@ -128,7 +128,7 @@ def test_the_first_step_peaks_the_same_in_fresh_processes(
 #: Modules that time on purpose: measured costs (``cost="measured"``), and the clocks of
 #: the CLI's and the simulation's "took N s" lines.
 _TIMERS = {"planning/timed.py", "measure/timing.py", "simulate/run.py", "compare/runner.py",
-           "cli/compare.py", "cli/plan.py", "cli/seq_len.py"}
+           "cli/compare.py", "cli/plan.py", "cli/jax_backend.py", "cli/seq_len.py"}
 
 
 def test_no_module_that_decides_a_plan_reads_the_clock() -> None:
