@@ -222,3 +222,26 @@ def test_explicit_blocks(toy):
     ]
     with pytest.raises(BlocksNotFound):
         profile(model, x, blocks=nn.Conv2d, timing=False)
+
+
+def test_a_hugging_face_batch_without_labels_warns_that_no_loss_is_measured() -> None:
+    """NOTE [ A batch without labels ]: the output's ``loss`` is None, so the step trains on
+    the logits' mean; the profile says so, and is the lower by the loss's own tensors."""
+    import warnings
+
+    from loading import load_measure_helper
+    from remat.errors import RematWarning
+
+    pytest.importorskip("transformers")
+    hf_tiny = load_measure_helper("hf_tiny")
+    model, batch = hf_tiny.build_hf("llama", batch_size=2, seq=32)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with_labels = profile(model, batch, timing=False)
+        assert not [w for w in caught if issubclass(w.category, RematWarning)]
+        without = profile(model, {"input_ids": batch["input_ids"]}, timing=False)
+    said = [str(w.message) for w in caught if issubclass(w.category, RematWarning)]
+    assert said and said[0].startswith("remat.profile: the model's output "
+                                       "(CausalLMOutputWithPast) has no loss"), said
+    assert "fix: put the labels in the batch" in said[0]
+    assert without.peak_bytes < with_labels.peak_bytes

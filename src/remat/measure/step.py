@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -11,7 +12,14 @@ from torch import Tensor, nn
 
 from remat.blocks import BlocksSpec, named_blocks
 from remat.distributed.stage_loss import StageLoss
-from remat.errors import BatchRejected, BlocksNotFound, RematError, current_call, message
+from remat.errors import (
+    BatchRejected,
+    BlocksNotFound,
+    RematError,
+    RematWarning,
+    current_call,
+    message,
+)
 
 Batch = Tensor | tuple[Any, ...] | list[Any] | Mapping[str, Any]
 LossFn = Callable[[Any, Any], Tensor]
@@ -110,7 +118,8 @@ def default_loss(output: Any, *, api: str | None = None) -> Tensor:
     ``output.loss`` when the output has one that is not None (Hugging Face and
     remat's models); else the first element of a tuple/list output (reduced by a
     float32 mean if it is not a scalar); else ``output.float().mean()`` of a tensor
-    output; else the mean of ``output.logits``.
+    output; else the mean of ``output.logits``, with a warning when the output has a
+    ``loss`` field left None (NOTE [ A batch without labels ]).
 
     Raises:
         TypeError: none of the above applies; pass ``loss_fn``.
@@ -118,6 +127,22 @@ def default_loss(output: Any, *, api: str | None = None) -> Tensor:
     loss = getattr(output, "loss", None)
     if isinstance(loss, Tensor):
         return loss
+    if hasattr(output, "loss") and isinstance(getattr(output, "logits", None), Tensor):
+        # NOTE [ A batch without labels ]
+        #     A Hugging Face model computes its loss only when the batch has labels;
+        #     without them its output's ``loss`` is None and remat trains on the
+        #     logits' mean, which holds no cross-entropy: no float32 copy of the logits,
+        #     no softmax, often the step's largest tensors. A plan made that way is low
+        #     for the job that trains with labels, so say so.
+        warnings.warn(message(
+            current_call(api or "remat.run_step"),
+            f"the model's output ({type(output).__name__}) has no loss: the batch has no "
+            "labels, so remat measures a step whose loss is the logits' mean",
+            {"misses": "the loss the job trains with (a cross-entropy's float32 logits "
+                       "and softmax are often the step's largest tensors)"},
+            fix="put the labels in the batch (labels=input_ids for a causal LM), or pass "
+                "loss_fn=lambda output, batch: ... computing the job's loss"),
+            RematWarning, stacklevel=2)
     if isinstance(output, (tuple, list)) and output and isinstance(output[0], Tensor):
         first = output[0]
         return first if first.numel() == 1 else first.float().mean()
