@@ -139,3 +139,39 @@ def test_a_save_set_naming_ops_the_region_never_runs_warns_with_the_ops_it_runs(
     apply_decisions(model, {"blocks.0": SelectiveOps(frozenset({"aten.convolution"}))})
     with pytest.warns(remat.RematWarning, match=r"names \['aten.convolution'\]"):
         model(**batch).loss.backward()  # saves nothing at all
+
+
+class _SelfCheckpointing(nn.Module):
+    """A model whose own forward checkpoints each block, as hand-written training code does."""
+
+    def __init__(self, own: bool) -> None:
+        super().__init__()
+        self.own = own
+        self.blocks = nn.ModuleList(
+            nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 16)) for _ in range(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = x + (torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)
+                     if self.own else block(x))
+        return x.square().mean()
+
+
+@pytest.mark.parametrize("strategy", ["full", "ops"])
+def test_a_region_inside_the_models_own_checkpoint_warns(strategy: str) -> None:
+    """NOTE [ A region inside another checkpoint ]: the block would be recomputed twice."""
+    x = torch.randn(4, 16)
+    for own in (False, True):
+        model = _SelfCheckpointing(own)
+        remat.apply(model, strategy, blocks=nn.Sequential)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            model(x).backward()
+        said = [str(w.message) for w in caught if "inside another" in str(w.message)]
+        if not own:
+            assert said == []
+            continue
+        assert said, [str(w.message) for w in caught]
+        assert said[0].startswith("remat: Sequential is checkpointed by remat and runs inside "
+                                  "another torch.utils.checkpoint call")
+        assert "fix: remove your own checkpoint calls" in said[0]

@@ -14,7 +14,9 @@ one :class:`~remat.errors.RematWarning` per kind that names the modules and the 
   nothing is saved for backward, so checkpointing does nothing.
 
 While the model runs (runtime.py): hooks registered inside a region after ``apply``
-warn once, and a checkpointed module that changes its input in place raises.
+warn once, a region running inside the model's own ``torch.utils.checkpoint`` call warns
+(it would be recomputed twice), and a checkpointed module that changes its input in place
+raises.
 """
 
 from __future__ import annotations

@@ -73,6 +73,7 @@ from remat.strategies.runtime import (
     BoundForward,
     HookWatch,
     check_inputs_unchanged,
+    check_outer_checkpoint,
     check_save_ops_once,
     input_versions,
     restore_running_stats,
@@ -334,6 +335,7 @@ def _checkpointed_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
         return checkpoint(inner, *args, use_reentrant=False, preserve_rng_state=True, **kwargs)
     if info.hooks is not None:
         info.hooks.check(self)
+    check_outer_checkpoint(self)
     versions = input_versions(args, kwargs)
     output = checkpoint(
         inner,

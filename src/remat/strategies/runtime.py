@@ -105,6 +105,32 @@ class HookWatch:
                           api="remat (hooks registered after remat.apply)")
 
 
+# NOTE [ A region inside another checkpoint ]
+#     A model whose own forward wraps its blocks in ``torch.utils.checkpoint`` (a
+#     ``use_reentrant=False`` call in a loop over layers, a library's own flag) and gets
+#     remat's regions on the same blocks recomputes each block twice in backward: the
+#     outer checkpoint re-runs the block's forward, which re-enters remat's region, which
+#     is re-run again for its own saved tensors. Hugging Face's flag is turned off at
+#     apply (pitfalls.py); any other is seen here: when a region's forward starts, the
+#     innermost saved-tensors hooks are a checkpoint's (their pack function comes from
+#     ``torch.utils.checkpoint``). One C call per region forward; the warning names the
+#     module once (the warnings filter keeps one per message).
+def check_outer_checkpoint(module: nn.Module) -> None:
+    """Warn when ``module``'s region runs inside another non-reentrant checkpoint (NOTE
+    [ A region inside another checkpoint ])."""
+    top = torch._C._autograd._top_saved_tensors_default_hooks(False)
+    if top is None or getattr(top[0], "__module__", None) != "torch.utils.checkpoint":
+        return
+    warnings.warn(message(
+        "remat", f"{type(module).__name__} is checkpointed by remat and runs inside another "
+        "torch.utils.checkpoint call",
+        {"why": "the outer checkpoint recomputes it in backward, and remat's region "
+                "recomputes it again: its forward runs three times per step"},
+        fix="remove your own checkpoint calls around the modules remat checkpoints and "
+            "let remat decide, or remat.remove(model) to keep yours"),
+        RematWarning, stacklevel=3)
+
+
 def check_save_ops(module: nn.Module, save_ops: frozenset[str], seen: dict[str, int]) -> None:
     """Warn when a save set saves nothing, or names op calls the region never makes.
 
