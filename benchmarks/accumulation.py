@@ -15,55 +15,25 @@ alive before each cycle added), and whether it fits.
 from __future__ import annotations
 
 import copy
-import importlib
 import platform
-import sys
 import warnings
-from pathlib import Path
 
 import torch
+from _models import named_and_generated
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "measure"))
+import remat
+from accumulation_job import accumulation_peak
 
-import remat  # noqa: E402
-from remat.measure.allocator import allocator_peak  # noqa: E402
-from remat.measure.step import Step, run_step  # noqa: E402
-
-profile_module = importlib.import_module("remat.measure.profile")
 NAMED = ("llama", "gpt2", "mixtral", "bert")
 GENERATED = (3000, 3001, 3002, 3003)
-
-
-def _models() -> list[tuple[str, torch.nn.Module, dict[str, torch.Tensor]]]:
-    import hf_tiny
-
-    from generated_models import generated_model
-
-    found = []
-    for arch in NAMED:
-        model, batch = hf_tiny.build_hf(arch, batch_size=2, seq=32)
-        found.append((arch, model, batch))
-    for seed in GENERATED:
-        drawn = generated_model(seed)
-        found.append((f"gen-{seed} ({drawn.label})", drawn.model, drawn.batch))
-    return found
 
 
 def cycles_peak(pristine: torch.nn.Module, batch: dict, plan: remat.Plan) -> int:
     """The allocator's peak of the first two accumulation cycles with ``plan`` applied."""
     model = copy.deepcopy(pristine)
     remat.apply(model, plan)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    peaks = []
-    for _ in range(2):
-        start = profile_module.start_bytes(Step(model, batch, optimizer=opt))
-
-        def cycle() -> None:
-            run_step(model, batch)
-            run_step(model, batch, optimizer=opt)
-        peaks.append(allocator_peak(cycle).peak_bytes + start)
-    return max(peaks)
+    return accumulation_peak(model, batch, torch.optim.AdamW(model.parameters(), lr=1e-3),
+                             cycles=2)
 
 
 def main() -> None:
@@ -73,7 +43,7 @@ def main() -> None:
     print("| model | budget | gradients | plain plan: cycle peak | over by | accumulating plan: "
           "cycle peak | fits |")
     print("|---|---:|---:|---:|---:|---:|---|")
-    for label, pristine, batch in _models():
+    for label, pristine, batch in named_and_generated(NAMED, GENERATED):
         model = copy.deepcopy(pristine)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
         with warnings.catch_warnings():

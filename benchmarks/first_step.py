@@ -26,6 +26,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "measure"))
 
+from _models import named_and_generated  # noqa: E402
 from _results import RESULTS, replace_section, run_header  # noqa: E402
 
 import remat  # noqa: E402
@@ -41,18 +42,7 @@ FRACTIONS = (0.25, 0.5, 0.75)
 
 
 def _models() -> list[tuple[str, torch.nn.Module, dict[str, torch.Tensor]]]:
-    import hf_tiny
-
-    from generated_models import generated_model
-
-    found = []
-    for arch in NAMED:
-        model, batch = hf_tiny.build_hf(arch, batch_size=2, seq=32)
-        found.append((arch, model, batch))
-    for seed in GENERATED:
-        drawn = generated_model(seed)
-        found.append((f"generated {seed}: {drawn.label}", drawn.model, drawn.batch))
-    return found
+    return named_and_generated(NAMED, GENERATED)
 
 
 def _steps(pristine: torch.nn.Module, batch: dict, strategy: object) -> list[int]:

@@ -10,7 +10,6 @@ gradients, micro-step 2 over the gradients it left (and, with an optimizer, its 
 from __future__ import annotations
 
 import copy
-import importlib
 from typing import Any
 
 import pytest
@@ -18,27 +17,10 @@ import torch
 from torch import nn
 
 import remat
+from accumulation_job import accumulation_peak
 from remat.distributed.stage_loss import StageLoss
-from remat.measure.allocator import allocator_peak
-from remat.measure.step import Accumulating, Step, clear_grads, run_step, step_loss
+from remat.measure.step import Accumulating, run_step, step_loss
 from remat.models import build_model, make_batch
-
-profile_module = importlib.import_module("remat.measure.profile")
-
-
-def accumulation_cycle_peak(model: nn.Module, batch: Any,
-                            optimizer: torch.optim.Optimizer | None = None) -> int:
-    """The allocator's peak of two micro-steps of gradient accumulation, the second one
-    stepping ``optimizer``, plus the bytes alive before them; gradients cleared first."""
-    clear_grads(model)
-    start = profile_module.start_bytes(Step(model, batch, optimizer=optimizer))
-
-    def cycle() -> None:
-        run_step(model, batch)  # micro-step 1: no gradients at its start
-        run_step(model, batch, optimizer=optimizer)  # micro-step 2: zero_grad after
-    peak = allocator_peak(cycle).peak_bytes + start
-    clear_grads(model)
-    return peak
 
 
 @pytest.fixture(scope="module", params=["gpt-tiny", "llama-tiny"])
@@ -52,7 +34,7 @@ def test_an_accumulating_profile_is_the_real_cycles_peak(tiny: tuple[nn.Module, 
     model, batch = tiny
     plain = remat.profile(model, batch, timing=False)
     held = remat.profile(model, batch, timing=False, accumulating=True)
-    assert held.peak_bytes == accumulation_cycle_peak(model, batch)
+    assert held.peak_bytes == accumulation_peak(model, batch)
     assert remat.profile(model, batch, simulate=True, accumulating=True).peak_bytes \
         == held.peak_bytes
     grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
@@ -69,7 +51,7 @@ def test_an_accumulating_profile_with_an_optimizer_is_the_real_cycles_peak(
     optimizer = torch.optim.AdamW(work.parameters(), lr=1e-3)
     run_step(work, batch, optimizer=optimizer)  # the state exists, as from the second cycle
     held = remat.profile(work, batch, optimizer=optimizer, timing=False, accumulating=True)
-    assert held.peak_bytes == accumulation_cycle_peak(work, batch, optimizer)
+    assert held.peak_bytes == accumulation_peak(work, batch, optimizer)
 
 
 def test_step_loss_wraps_once_and_keeps_a_stages_loss() -> None:

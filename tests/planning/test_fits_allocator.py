@@ -11,7 +11,6 @@ a choice over the budget that the tracker reads under it.
 from __future__ import annotations
 
 import copy
-import importlib
 import warnings
 from typing import Any
 
@@ -19,18 +18,17 @@ import pytest
 import torch
 
 import remat
+from accumulation_job import accumulation_peak
 from loading import load_measure_helper
 from remat.measure import profile
-from remat.measure.allocator import allocator_peak
 from remat.measure.profile import first_step_peak
-from remat.measure.step import Step, run_step
+from remat.measure.step import Step
 from remat.planning import loop as planning_loop
 from remat.planning import prepare
 
 pytest.importorskip("transformers")
 
 hf_tiny = load_measure_helper("hf_tiny")
-profile_module = importlib.import_module("remat.measure.profile")
 
 #: Ten architectures: dense decoders (rotary, GQA, partial rotary, GeGLU, learned
 #: positions, parallel attention), mixture-of-experts decoders, an encoder.
@@ -155,22 +153,11 @@ def test_plans_of_generated_models_fit_on_the_first_and_the_third_step(seed: int
 
 
 def accumulation_cycles_peak(pristine: torch.nn.Module, batch: Any, plan: Any) -> int:
-    """The allocator's peak (bytes alive before it added) of the first two cycles of
-    gradient accumulation, two micro-steps each, of a fresh copy of ``pristine`` with
-    ``plan`` applied and a new AdamW: micro-step 2 starts with micro-step 1's gradients
-    and steps the optimizer (creating its state in the first cycle)."""
+    """The allocator's peak of the first two accumulation cycles of a fresh copy of
+    ``pristine`` with ``plan`` applied and a new AdamW (whose state the first cycle makes)."""
     model = copy.deepcopy(pristine)
     remat.apply(model, plan)
-    opt = _adamw(model)
-    peaks = []
-    for _ in range(2):
-        start = profile_module.start_bytes(Step(model, batch, optimizer=opt))
-
-        def cycle() -> None:
-            run_step(model, batch)
-            run_step(model, batch, optimizer=opt)
-        peaks.append(allocator_peak(cycle).peak_bytes + start)
-    return max(peaks)
+    return accumulation_peak(model, batch, _adamw(model), cycles=2)
 
 
 @pytest.mark.parametrize("seed", range(2))
