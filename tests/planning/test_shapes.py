@@ -148,32 +148,27 @@ def test_the_plan_file_keeps_the_envelope_and_old_files_still_load() -> None:
         remat.Plan.from_dict({**data, "on_new_shape": "explode"})
 
 
-def test_a_batch_without_padding_is_planned_for_padded_batches_too() -> None:
+def test_a_padded_batch_runs_another_path_and_shapes_covers_it() -> None:
     """NOTE [ A batch without padding ]: an all-ones attention mask runs another attention
-    path than a padded one of the same shape, which the guard lets through; the plan is
-    made on the padded twin and proves the batch as given, so both fit (a plan made on the
-    unpadded batch alone ran 69 KB over on a padded one)."""
+    path than a padded one of the same shape, which the guard lets through; a plan made on
+    the unpadded batch alone runs over on the padded one (69 KB on this model), and passing
+    the padded batch in ``shapes=`` makes one plan that fits both."""
     import copy
-
-    from remat.planning.shapes import padded_batch
 
     model, batch = build_hf("llama", batch_size=4, seq=64)
     unpadded = {**batch, "attention_mask": torch.ones_like(batch["input_ids"])}
     padded = {**unpadded, "attention_mask": unpadded["attention_mask"].clone()}
     padded["attention_mask"][2, 30:] = 0  # a short row, padded on the right
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        plan = remat.plan(model, unpadded, budget="60%")
+
+    def first_steps(plan: remat.Plan) -> list[int]:
         work = copy.deepcopy(model)
         remat.apply(work, plan)
-        peaks = [first_step_peak(Step(work, b)) for b in (unpadded, padded)]
-    assert max(peaks) <= plan.budget_bytes, (peaks, plan.budget_bytes)
-    assert peaks[1] > peaks[0]  # the padded path is the dearer one here
-    twin = padded_batch(unpadded)
-    assert twin is not None and int(twin["attention_mask"].sum()) == 4 * 64 - 1
-    assert padded_batch(padded) is None  # padded already: planned as given
-    assert padded_batch(batch) is None  # no mask
-    floats = {**unpadded, "attention_mask": unpadded["attention_mask"].float()}
-    assert padded_batch(floats) is None  # an additive mask: no zero means padding
-    assert padded_batch({**unpadded, "attention_mask": unpadded["attention_mask"].to("meta")}) \
-        is None
+        return [first_step_peak(Step(work, b)) for b in (unpadded, padded)]
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        alone = remat.plan(model, unpadded, budget="60%")
+        peaks = first_steps(alone)
+        assert peaks[0] <= alone.budget_bytes < peaks[1], (peaks, alone.budget_bytes)
+        both = remat.plan(model, unpadded, budget=alone.budget_bytes, shapes=[padded])
+        assert max(first_steps(both)) <= both.budget_bytes == alone.budget_bytes

@@ -49,7 +49,7 @@ from remat.planning.head import cheaper_with_head, plan_with_head
 from remat.planning.loop import close_loop
 from remat.planning.options import PlanOptions
 from remat.planning.plans import Plan
-from remat.planning.shapes import padded_batch, plan_shapes
+from remat.planning.shapes import plan_shapes
 from remat.planning.throughput import ThroughputSearch, search_throughput
 from remat.strategies import apply
 from remat.strategies.guard import set_replanner
@@ -127,12 +127,12 @@ def plan(
             ``batch`` and these (the most elements) is planned, and every other one's
             first step is run with the plan on the allocator; one over the budget
             tightens the plan until all fit (NOTE [ Planning for several shapes ] in
-            planning/shapes.py). Only shapes count: one batch per shape is enough, and a
-            packed or padded batch of a given shape is inside it. ``budget="60%"`` is
-            of the largest batch's peak. Default: none (``batch`` only). A ``batch``
-            whose attention mask has no padding is planned with a padded twin in
-            ``shapes`` (NOTE [ A batch without padding ] in planning/shapes.py): a padded
-            batch of the same shape passes the guard but can run another attention path.
+            planning/shapes.py). Only shapes count for the guard: one batch per shape is
+            enough, and a packed batch of a given shape is inside it. A padded one can
+            run another attention path than an all-ones mask (NOTE [ A batch without
+            padding ] in planning/shapes.py): when the loader pads, plan with a padded
+            batch or pass one here. ``budget="60%"`` is of the largest batch's peak.
+            Default: none (``batch`` only).
         accumulating: plan for gradient accumulation (the optimizer stepped, and
             ``zero_grad`` called, every few micro-batches): every micro-step after the
             first starts with the gradients of the ones before it held, up to the
@@ -176,9 +176,6 @@ def plan(
                 loss_fn=step_loss(loss_fn, accumulating=accumulating, api="remat.plan"),
                 optimizer=optimizer, blocks=blocks,
                 microbatches_in_flight=microbatches_in_flight)
-    padded = padded_batch(batch) if context is None else None
-    if padded is not None:  # NOTE [ A batch without padding ] in planning/shapes.py
-        step, shapes = step.with_batch(padded), [batch, *shapes]
     if len(shapes) > 0:
         if context is not None:
             raise ValueError(message("remat.plan", "context= and shapes= do not go together",

@@ -27,9 +27,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from torch import Tensor
-from torch._subclasses.fake_tensor import is_fake
-
 from remat.core.shapes import shapes_label
 from remat.errors import BudgetTooSmall, current_call, message
 from remat.measure.profile import start_bytes
@@ -62,36 +59,11 @@ def batch_elements(shapes: Mapping[str, tuple[int, ...]]) -> int:
 #     pad token builds the 4-D mask and runs another kernel (64 tokens, batch 4: 7% more
 #     at the peak, and a plan made on the unpadded batch ran over its budget on the
 #     padded one). Reading a mask's values per training step would cost a device sync,
-#     so the plan covers padding instead: a batch whose mask inputs (integer or bool
-#     tensors of two or more dimensions, named ``*mask*``) hold no zero gets a padded
-#     twin, the same batch with the last position of its first row masked out, and
-#     ``remat.plan`` plans the twin and proves the batch as given (NOTE [ Planning for
-#     several shapes ]). One pad token stands for any padding: what changes is the path,
-#     taken whenever a zero is present.
-def padded_batch(batch: Any) -> Any | None:
-    """``batch``'s padded twin (NOTE [ A batch without padding ]), or None when it has
-    no unpadded mask input (or its values cannot be read: fake or meta tensors)."""
-    if not isinstance(batch, Mapping):
-        return None
-    masks = [key for key, value in batch.items()
-             if isinstance(key, str) and "mask" in key.lower() and _unpadded_mask(value)]
-    if not masks:
-        return None
-    twin = dict(batch)
-    for key in masks:
-        mask = batch[key].clone()
-        mask[(0,) * (mask.dim() - 1) + (-1,)] = 0
-        twin[key] = mask
-    return twin
-
-
-def _unpadded_mask(value: Any) -> bool:
-    if not isinstance(value, Tensor) or value.dim() < 2 or value.numel() == 0:
-        return False
-    if value.is_floating_point() or value.is_complex() or value.device.type == "meta" \
-            or is_fake(value):
-        return False
-    return bool((value == 1).all())
+#     and planning every unpadded batch with a padded twin costs a second measured
+#     context and gives per-call save sets that name calls an unpadded forward never
+#     makes (a packed loader never pads). So the plan covers what it is given: a loader
+#     that pads plans with a padded batch, or passes one in ``shapes=``, which plans the
+#     dearer of the two and proves the other.
 
 
 def shape_peak(step: Step, decisions: Mapping[str, BlockStrategy], *, simulate: bool) -> int:

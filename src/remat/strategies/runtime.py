@@ -118,6 +118,8 @@ class HookWatch:
 def check_outer_checkpoint(module: nn.Module) -> None:
     """Warn when ``module``'s region runs inside another non-reentrant checkpoint (NOTE
     [ A region inside another checkpoint ])."""
+    if torch.compiler.is_compiling():  # dynamo would break the graph on the C call
+        return
     top = torch._C._autograd._top_saved_tensors_default_hooks(False)
     if top is None or getattr(top[0], "__module__", None) != "torch.utils.checkpoint":
         return
