@@ -55,12 +55,14 @@ def first_and_third_step(pristine: torch.nn.Module, batch: Any, plan: Any) -> tu
     return max(new, peaks[0]), peaks[2]
 
 
-def _none_and_full(model: torch.nn.Module, batch: Any, opt: torch.optim.Optimizer
-                   ) -> tuple[int, int]:
+def _none_and_full(model: torch.nn.Module, batch: Any, opt: torch.optim.Optimizer, *,
+                   accumulating: bool = False) -> tuple[int, int]:
     """The tracked peaks of ``none`` and ``full`` with ``opt`` (the model is restored)."""
-    none_peak = profile(model, batch, optimizer=opt, timing=False).peak_bytes
+    none_peak = profile(model, batch, optimizer=opt, timing=False,
+                        accumulating=accumulating).peak_bytes
     remat.apply(model, "full")
-    full_peak = profile(model, batch, optimizer=opt, timing=False).peak_bytes
+    full_peak = profile(model, batch, optimizer=opt, timing=False,
+                        accumulating=accumulating).peak_bytes
     remat.remove(model)
     assert full_peak < none_peak, (full_peak, none_peak)
     return none_peak, full_peak
@@ -173,12 +175,7 @@ def test_accumulating_plans_fit_gradient_accumulation(seed: int) -> None:
     opt = _adamw(model)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        none_peak = profile(model, batch, optimizer=opt, timing=False,
-                            accumulating=True).peak_bytes
-        remat.apply(model, "full")
-        full_peak = profile(model, batch, optimizer=opt, timing=False,
-                            accumulating=True).peak_bytes
-        remat.remove(model)
+        none_peak, full_peak = _none_and_full(model, batch, opt, accumulating=True)
         budget = (full_peak + none_peak) // 2
         plan = remat.plan(model, batch, optimizer=opt, budget=budget, accumulating=True)
         held = accumulation_cycles_peak(pristine, batch, plan)
