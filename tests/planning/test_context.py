@@ -18,7 +18,25 @@ from remat.planning.copy_cost import fake_seconds, real_seconds
 from tiny_nets import D, net
 
 
+class _ScaledBlock(torch.nn.Module):
+    """A residual MLP block that scales by a constant made in its forward with
+    ``torch.tensor`` (as T5's relative position buckets are): an ``aten.lift_fresh``, which
+    a fake mode answers with a fake copy and a real tensor with itself."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = torch.nn.Linear(D, 4 * D), torch.nn.Linear(4 * D, D)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        scale = torch.tensor(0.5)
+        return x + self.fc2(torch.nn.functional.gelu(self.fc1(x))) * scale
+
+
 def _model(which: str) -> tuple[torch.nn.Module, Any]:
+    if which == "tensor-constant":
+        model = net()
+        model.blocks = torch.nn.ModuleList([_ScaledBlock(), _ScaledBlock()])
+        return model, torch.randn(2, 16, D, generator=torch.Generator().manual_seed(0))
     if which == "llama-tiny":
         torch.manual_seed(0)
         model = build_model("llama-tiny")
@@ -30,8 +48,10 @@ def _model(which: str) -> tuple[torch.nn.Module, Any]:
 
 
 # llama-tiny: remat's own decoder (SDPA kept by ops save sets: a random op under SAC);
-# seed 1: a Qwen2 with attention dropout; seed 2: an OLMoE (data-dependent routing).
-@pytest.mark.parametrize("which", ["llama-tiny", "generated-1", "generated-2"])
+# seed 1: a Qwen2 with attention dropout; seed 2: an OLMoE (data-dependent routing);
+# tensor-constant: a forward that makes a tensor of Python data (NOTE [ Bytes moved ]).
+@pytest.mark.parametrize("which", ["llama-tiny", "generated-1", "generated-2",
+                                   "tensor-constant"])
 def test_a_stand_in_measures_what_the_fake_copy_measures(which: str) -> None:
     model, batch = _model(which)
     with warnings.catch_warnings():

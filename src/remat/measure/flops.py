@@ -37,7 +37,10 @@ NOTE [ Bytes moved ]
     ``write_bytes`` of its tensor outputs, except that ops which move no data
     count 0 for both: views and other ops whose outputs all alias an input
     without mutating it (``aten.view``, ``aten.t``, ``aten.detach``, ``aten.expand``
-    ...), and allocations left uninitialised (``aten.empty*``). Counting an
+    ...), allocations left uninitialised (``aten.empty*``), and the ops that lift a
+    constant made in the forward (``aten.lift_fresh``, ``aten.lift``): they return their
+    input on a real tensor, while a fake mode answers them with a fake copy, which would
+    give a fake step traffic its real twin never has. Counting an
     ``expand`` as its broadcast size would make the roofline charge bandwidth
     that is never used.
 """
@@ -82,6 +85,10 @@ def flop_formula(packet: Any) -> Callable[..., int] | None:
 
 #: Ops whose output is a tensor created from Python data (``torch.tensor(...)``).
 FRESH_OPS: frozenset[Any] = frozenset({_aten.lift_fresh, _aten.lift_fresh_copy, _aten.lift})
+#: Ops that return their input on a real tensor (``torch.tensor(...)`` in a traced forward):
+#: no bytes moved, though a fake mode returns a fake copy of the constant (NOTE [ Bytes
+#: moved ]), so a fake and a real step record the same traffic for them.
+IDENTITY_OPS: frozenset[Any] = frozenset({_aten.lift_fresh, _aten.lift})
 #: Metadata queries that reach modes for tensor subclasses with custom size/stride policies
 #: (FakeTensor among them) but never for plain tensors: not ops of the step (the same list
 #: as FlopCounterMode's).
@@ -111,8 +118,8 @@ def op_traffic(func: Any, inputs: list[torch.Tensor], outputs: list[torch.Tensor
         aliases_only: every output aliases an input (a view).
     """
     write = sum(t.nbytes for t in outputs)
-    if func.overloadpacket in UNINITIALISED_OPS or (aliases_only
-                                                     and not func._schema.is_mutable):
+    if func.overloadpacket in UNINITIALISED_OPS or func.overloadpacket in IDENTITY_OPS \
+            or (aliases_only and not func._schema.is_mutable):
         read = write = 0
     else:
         read = sum(t.nbytes for t in inputs)

@@ -32,10 +32,11 @@ NOTE [ A real copy standing in for the fake one ]
     optimizer when that is cheaper and the model's parameters and buffers are at most
     ``STAND_IN_MAX_BYTES`` (the copy doubles them while planning), and only where its
     capture forward records the very ops the fake one did (names, FLOPs, bytes read, written
-    and allocated): the two can differ (Falcon's fake forward records an
-    ``aten.lift_fresh``, the op that makes a tensor of Python data, that its real one does
-    not), which would give the two copies other save sets. The stand-in measures what the
-    fake copy would, so the plan is the same either way and only the time differs: its mode
+    and allocated): a kernel may decompose otherwise on fake tensors, which would give
+    the two copies other save sets (a constant made in the forward with ``torch.tensor``
+    records the same traffic on both: NOTE [ Bytes moved ] in measure/flops.py). The
+    stand-in measures what the fake copy would, so the plan is the same either way and
+    only the time differs: its mode
     (:class:`StandIn`) forks the random number generators (the user's RNG is left as it
     was), counts no probed kernel scratch (NOTE [ Kernel scratch measured by probes ] in
     measure/scratch.py) and records no generator state for a kept random op (NOTE [ Kept
