@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import jax
+import numpy as np
 import pytest
+from flax import nnx
 from hypothesis import given
 from hypothesis import strategies as st
 
 import remat.jax as rj
 from remat.core.rows import ComparisonResult, StrategyRow
 from remat.errors import StrategyError
+from remat.jax.analysis import compile_in_pool, default_loss, step_executable, step_fn
 from remat.jax.models import TAGGED_NAMES
 from remat.jax.strategies import strategy_policies
 
@@ -64,9 +70,18 @@ def test_plan_validation_errors() -> None:
                 budget_bytes=1, predicted_peak_bytes=1)
 
 
-def test_compare_rows_are_the_shared_row_type() -> None:
+@pytest.fixture(scope="module")
+def compared() -> tuple[Any, Any, ComparisonResult]:
+    """``rj.compare`` of none and full on the tiny model, with the model and batch it ran
+    on: compared once for the two tests that read it."""
     model = rj.build_model(TINY)
-    result = rj.compare(model, rj.make_batch(TINY, TINY_BATCH), ["full"])
+    batch = rj.make_batch(TINY, TINY_BATCH)
+    return model, batch, rj.compare(model, batch, ["full"])
+
+
+def test_compare_rows_are_the_shared_row_type(
+        compared: tuple[Any, Any, ComparisonResult]) -> None:
+    model, _, result = compared
     assert isinstance(result, ComparisonResult)
     assert result.strategies == ("none", "full")
     full = result.row("full")
@@ -80,6 +95,25 @@ def test_compare_rows_are_the_shared_row_type() -> None:
 
     table = comparison_markdown(result)  # the same table `remat compare` prints
     assert "| full |" in table and "PASS" in table
+
+
+def test_validate_runs_the_step_compiled_for_its_analysis(
+        compared: tuple[Any, Any, ComparisonResult]) -> None:
+    """NOTE [ Compilation cache ]: compare's gradient check ran the executable its profile
+    compiled; it computes, bit for bit, what the same step compiled afresh does."""
+    model, batch, _ = compared
+    rj.apply(model, "full")
+    try:
+        kept = step_executable(model, batch, loss_fn=default_loss)
+        assert kept is not None
+        graphdef, state = nnx.split(model)
+        fresh = compile_in_pool(step_fn(graphdef, default_loss), state, batch).result()
+        ours, theirs = kept(state, batch), fresh(state, batch)
+    finally:
+        rj.remove(model)
+    assert jax.tree.structure(ours) == jax.tree.structure(theirs)
+    for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(theirs), strict=True):
+        assert np.array_equal(np.asarray(a), np.asarray(b))
 
 
 def test_compare_unknown_strategy_fails_fast() -> None:

@@ -43,13 +43,20 @@ NOTE [ Compilation cache ]
     batch, and the loss function, so a strategy or candidate is compiled once
     per process. Compiles run in a process-wide pool of one thread per core
     (XLA compiles without the GIL) while the caller traces the next program;
-    the cache holds a future until the compile is done.
+    the cache holds a future until the compile is done. A training step's
+    analysis compile is the very program :func:`remat.jax.validate` runs (the
+    same ``jax.jit(step_fn(...)).lower(state, batch)``, the same
+    :func:`_analysis_options`), so the executables of the last
+    :data:`_KEPT_STEPS` concrete steps analysed are kept and validate runs them
+    (:func:`step_executable`) instead of compiling the step a second time.
 """
 
 from __future__ import annotations
 
 import inspect
 import os
+import threading
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -255,6 +262,12 @@ def step_fn(graphdef: Any, loss_fn: LossFn) -> Callable[[Any, Any], Any]:
 
 _CACHE: dict[Any, StepAnalysis | Future[StepAnalysis]] = {}
 _POOL: list[ThreadPoolExecutor] = []
+#: Executables kept of the training steps last compiled for their analysis, by their
+#: :data:`_CACHE` key (NOTE [ Compilation cache ]); at most :data:`_KEPT_STEPS`, oldest
+#: dropped first.
+_KEPT: OrderedDict[Any, Any] = OrderedDict()
+_KEPT_LOCK = threading.Lock()
+_KEPT_STEPS = 16
 
 
 def _pool() -> ThreadPoolExecutor:
@@ -275,10 +288,12 @@ def compile_in_pool(fn: Callable[..., Any], *args: Any) -> Future[Any]:
     return _pool().submit(lowered.compile, compiler_options=_analysis_options())
 
 
-def _submit(key: Any, lowered: Any, *, differences_only: bool = False) -> None:
+def _submit(key: Any, lowered: Any, *, differences_only: bool = False,
+            keep: bool = False) -> None:
     """Start compiling ``lowered`` in the pool; its analysis is cached under ``key``.
 
     ``differences_only``: with :func:`difference_options` (NOTE [ Difference compiles ]).
+    ``keep``: keep the executable for :func:`step_executable` (NOTE [ Compilation cache ]).
     """
     def compile_() -> StepAnalysis:
         if differences_only:
@@ -287,7 +302,13 @@ def _submit(key: Any, lowered: Any, *, differences_only: bool = False) -> None:
             except Exception as exc:  # noqa: BLE001 - an XLA without the option: default
                 if "compile option" not in str(exc):
                     raise
-        return StepAnalysis.of(lowered.compile(compiler_options=_analysis_options()))
+        compiled = lowered.compile(compiler_options=_analysis_options())
+        if keep:
+            with _KEPT_LOCK:
+                _KEPT[key] = compiled
+                while len(_KEPT) > _KEPT_STEPS:
+                    _KEPT.popitem(last=False)
+        return StepAnalysis.of(compiled)
 
     _CACHE[key] = _pool().submit(compile_)
 
@@ -338,8 +359,29 @@ def _lower(model: nnx.Module, batch: Any, fn: LossFn, forward_only: bool) -> Any
         target: Callable[[Any, Any], Any] = forward
     else:
         target = step_fn(graphdef, fn)
-    _submit(key, jax.jit(target).lower(state, batch))
+    # an abstract step (nnx.eval_shape, jax.ShapeDtypeStruct) is never run: not kept
+    keep = not forward_only and not any(isinstance(x, jax.ShapeDtypeStruct)
+                                        for x in jax.tree.leaves((state, batch)))
+    _submit(key, jax.jit(target).lower(state, batch), keep=keep)
     return key
+
+
+def step_executable(model: nnx.Module, batch: Any, *, loss_fn: LossFn) -> Any | None:
+    """The training step's executable if it was compiled for its analysis and is still kept.
+
+    It is the program :func:`compile_in_pool` would compile for
+    ``step_fn(graphdef, loss_fn)`` on ``(state, batch)``, with the same options
+    (NOTE [ Compilation cache ]); None when it was not kept or its compile failed.
+    """
+    key, _ = _step_key(model, batch, loss_fn, False)
+    if key not in _CACHE:
+        return None
+    try:
+        _result(key)  # its compile may still be running
+    except Exception:  # noqa: BLE001 - the caller compiles it and reports its own error
+        return None
+    with _KEPT_LOCK:
+        return _KEPT.get(key)
 
 
 def _analysis_options() -> dict[str, Any]:
@@ -458,3 +500,5 @@ def clear_cache() -> None:
         if isinstance(value, Future):
             value.cancel()
     _CACHE.clear()
+    with _KEPT_LOCK:
+        _KEPT.clear()
