@@ -117,7 +117,9 @@ def test_short_stacks_take_the_exact_path() -> None:
 def test_sqrt_and_odd_depths_take_the_fast_path_and_equal_exact(sharding: str) -> None:
     # 13 blocks: sqrt segments of 4, 4, 4 and 1, cut to 5 and 9 blocks; every:2 to 3 and 5,
     # under FSDP to 5 and 7 (sqrt under FSDP, groups of several blocks, is exact on both).
-    kwargs: dict[str, Any] = dict(seq_len=64, batch_sizes=[1, 4, 32],
+    # Two sizes, the chord's ends: what a size does on the fast path (sampled alone,
+    # interpolated) does not depend on the depth and is compared in the tests above.
+    kwargs: dict[str, Any] = dict(seq_len=64, batch_sizes=[4, 32],
                                   strategies=["every:2"] if sharding == "fsdp"
                                   else ["sqrt", "every:2"],
                                   device="l4",

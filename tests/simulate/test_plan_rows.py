@@ -7,12 +7,15 @@ Regression test: ``remat simulate --hf mistral --seq 4096 --batch 4
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from allocated_fit import ON_ALLOCATED
 
 pytest.importorskip("transformers")
 
+import remat.simulate.planned_rows as planned_rows
 from remat.devices import DeviceSpec
 from remat.simulate.hf import hf_config_from_name, hf_model_from_config
 from remat.simulate.run import simulate
@@ -42,11 +45,20 @@ def peaks() -> tuple[int, int]:
 
 
 @pytest.mark.parametrize("where", [0.0, 0.5])
-def test_fsdp_plan_row_fits_whenever_full_fits(peaks: tuple[int, int], where: float) -> None:
+def test_fsdp_plan_row_fits_whenever_full_fits(peaks: tuple[int, int], where: float,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
     # Devices from exactly full's per-rank peak to halfway to none's: full fits, none does not.
     full_peak, none_peak = peaks
     device = _device(full_peak + int(where * (none_peak - full_peak)))
     assert device.capacity_bytes < none_peak  # none does not fit (measured in `peaks`)
+    simulated: list[str] = []  # each round's plan, as simulated on the rank
+    real_simulate_plan = planned_rows._simulate_plan
+
+    def logged(setup: Any, chosen: Any, *args: Any) -> Any:
+        simulated.append(chosen.label())
+        return real_simulate_plan(setup, chosen, *args)
+
+    monkeypatch.setattr(planned_rows, "_simulate_plan", logged)
     result = simulate(_factory(), seq_len=SEQ, batch_sizes=[BATCH], strategies=["full"],
                       world_size=WORLD, sharding="fsdp", device=device, plan=True,
                       **ON_ALLOCATED)
@@ -59,6 +71,9 @@ def test_fsdp_plan_row_fits_whenever_full_fits(peaks: tuple[int, int], where: fl
     assert planned.peak_bytes <= device.capacity_bytes
     assert not planned.note and planned.step_ms > 0
     assert planned.single_device_peak_bytes > planned.peak_bytes  # sharding arithmetic applied
+    # A tighter round's budget may choose the plan of the round before (at 0.5 it does):
+    # its row is known, not simulated again.
+    assert simulated and len(set(simulated)) == len(simulated), simulated
 
 
 def test_fsdp_no_plan_fits_a_device_smaller_than_full(peaks: tuple[int, int]) -> None:

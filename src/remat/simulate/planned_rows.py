@@ -168,6 +168,7 @@ def _fsdp_plan_row(setup: Setup, batch_size: int, seq_len: int,
                       blocks=setup.blocks, device=setup.device, cost="roofline", stand_in=False)
     lo, budget = _fsdp_budgets(setup, static)
     tried: list[SimulationRow] = []
+    rows: dict[Any, SimulationRow] = {}  # by decisions: a tighter budget may choose the same
     for _ in range(_FSDP_ROUNDS):
         try:
             chosen = planner(setup.model, batch, budget=budget, context=context,
@@ -177,7 +178,10 @@ def _fsdp_plan_row(setup: Setup, batch_size: int, seq_len: int,
                 return _no_plan_row(setup, batch_size, seq_len, static,
                                     int(exc.min_peak_bytes), lo)
             break
-        row = _simulate_plan(setup, chosen, batch_size, seq_len)
+        key = tuple(sorted(chosen.decisions.items(), key=lambda item: item[0]))
+        if key not in rows:
+            rows[key] = _simulate_plan(setup, chosen, batch_size, seq_len)
+        row = rows[key]
         if row.fits:
             return row
         tried.append(row)
