@@ -244,3 +244,38 @@ def test_replan_plans_each_bucket_once_and_keeps_gradients_exact() -> None:
     assert remat.validate(model, big, replanned).passed
     assert shape_guard(model) is guard
     remove(model)
+
+
+def test_a_loaded_accumulating_plan_replans_a_gradient_accumulation_step() -> None:
+    # A plan for a gradient-accumulation micro-step (gradients held from the start) keeps
+    # that in its file, and the guard's replan of a new shape plans the same kind of step:
+    # its measured peak is that of the micro-step, and it fits there.
+    model = net()
+    small, big = torch.randn(4, 16, 64), torch.randn(4, 50, 64)
+    held = remat.profile(model, torch.randn(4, 64, 64), timing=False, accumulating=True)
+    budget = int(0.85 * held.peak_bytes)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        plan = remat.plan(model, small, budget=budget, accumulating=True)
+    assert plan.accumulating
+    assert not remat.plan(model, small, budget=budget).accumulating
+    loaded = Plan.from_json(plan.to_json())
+    assert loaded == plan and loaded.accumulating
+    older = plan.to_dict()
+    del older["accumulating"]  # a file written before the field: a plain step's plan
+    assert not Plan.from_dict(older).accumulating
+    apply(model, loaded, on_new_shape="replan", replan_with={})
+    model(big).backward()  # outside: replanned before the forward
+    guard = shape_guard(model)
+    assert guard is not None and len(guard.replanned) == 1
+    (replanned,) = guard.replanned.values()
+    assert replanned.accumulating and not replanned.is_empty
+    remove(model)
+    model.zero_grad(set_to_none=True)
+    apply(model, replanned)
+    bucket = torch.randn(4, 64, 64)  # the shape bucket's largest batch, which it plans
+    again = remat.profile(model, bucket, timing=False, accumulating=True)
+    plain = remat.profile(model, bucket, timing=False)
+    remove(model)
+    assert replanned.measured_peak_bytes == again.peak_bytes > plain.peak_bytes
+    assert again.peak_bytes <= budget

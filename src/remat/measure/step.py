@@ -187,6 +187,13 @@ class Accumulating:
         return self.loss_fn(output, batch) if self.loss_fn is not None else default_loss(output)
 
 
+def is_accumulating(loss_fn: LossFn | None) -> bool:
+    """Whether a step run with ``loss_fn`` (:func:`step_loss`'s) starts with its gradients
+    held: an :class:`Accumulating` loss, or a :class:`StageLoss` with ``accumulating``."""
+    return isinstance(loss_fn, Accumulating) or (isinstance(loss_fn, StageLoss)
+                                                 and loss_fn.accumulating)
+
+
 def step_loss(loss_fn: LossFn | None, *, accumulating: bool, api: str) -> LossFn | None:
     """``loss_fn`` as a step runs it: unchanged, or with ``accumulating`` for a step that
     starts with its gradients held (a pipeline stage's :class:`StageLoss` with

@@ -41,7 +41,7 @@ from remat.core.shapes import check_on_new_shape
 from remat.devices import DeviceSpec
 from remat.errors import BudgetTooSmall, RematError, message, names_the_call, one_line
 from remat.measure.shapes import batch_envelope
-from remat.measure.step import LossFn, Step, model_device, step_loss
+from remat.measure.step import LossFn, Step, is_accumulating, model_device, step_loss
 from remat.planning.card import card_of
 from remat.planning.context import PlanContext, check_plannable, prepare_step, resolve_cost
 from remat.planning.fingerprint import fingerprint_of
@@ -290,7 +290,8 @@ def plan_step(step: Step, options: PlanOptions, *, context: PlanContext | None =
     # What the plan is for, so remat.apply refuses another model (NOTE [ Plan fingerprint ])
     # and a batch of other shapes (NOTE [ Shape guard ]).
     return replace(plan, fingerprint=fingerprint_of(step.model, plan.block_names),
-                   shape_envelope=batch_envelope(step.model, step.batch))
+                   shape_envelope=batch_envelope(step.model, step.batch),
+                   accumulating=is_accumulating(step.loss_fn))
 
 
 @names_the_call("remat.auto")
@@ -325,8 +326,9 @@ def replan(model: nn.Module, batch: Any, applied: Plan, options: Mapping[str, An
     """The shape guard's replan (NOTE [ Replanning from the guard ] in strategies/guard.py):
     :func:`plan` for ``batch`` with ``applied``'s budget in bytes and cost device, the
     keyword arguments ``options`` (``blocks``, and ``remat.auto``'s or ``remat.apply``'s
-    ``replan_with``); the plan keeps ``applied``'s ``on_new_shape``."""
-    kwargs = {"device": applied.cost_device,
+    ``replan_with``); the plan keeps ``applied``'s ``on_new_shape``, and plans the step
+    ``applied`` was made for (a gradient-accumulation micro-step where it was)."""
+    kwargs = {"device": applied.cost_device, "accumulating": applied.accumulating,
               **{k: v for k, v in options.items() if k not in ("budget", "context", "shapes")}}
     result = plan(model, batch, budget=applied.budget_bytes, **kwargs)
     return replace(result, on_new_shape=applied.on_new_shape)

@@ -21,7 +21,7 @@ NOTE [ Plan JSON format ]
     the block names and reads back a :class:`NamedBlocks` selecting exactly those
     modules. Fields added later with a default that keeps the old meaning
     (``cost_source``, ``timed_on``, ``framework``, ``fingerprint``, ``compiled``,
-    ``allocator_peak_bytes``, ``source``) do not
+    ``allocator_peak_bytes``, ``source``, ``accumulating``) do not
     change the version: an older file reads as before (a plan without a fingerprint is
     applied unchecked; one without ``compiled`` is for eager execution). A file whose
     ``framework`` is not ``"torch"`` is refused with the loader to use.
@@ -133,6 +133,10 @@ class Plan:
             planning/manual.py). Default: ``"planner"``.
         source_note: why, when ``source`` is a built-in strategy (its executed recompute
             against the solver's choice's). Default: ``None``.
+        accumulating: the step planned is a gradient-accumulation micro-step, which starts
+            with the earlier micro-steps' gradients held (``remat.plan(...,
+            accumulating=True)``); a replan from the shape guard plans such a step too.
+            Default: ``False``.
     """
 
     decisions: Mapping[str, BlockStrategy]
@@ -156,6 +160,7 @@ class Plan:
     source_note: str | None = None
     shape_envelope: ShapeEnvelope | None = None
     on_new_shape: str = "error"
+    accumulating: bool = False
 
     def __post_init__(self) -> None:
         names = tuple(self.block_names)
@@ -198,6 +203,11 @@ class Plan:
         check_int("Plan", "no_checkpoint_peak_bytes", self.no_checkpoint_peak_bytes,
                    optional=True)
         check_int("Plan", "batch_size", self.batch_size, optional=True)
+        if not isinstance(self.accumulating, bool):
+            raise ValueError(message("Plan", "accumulating must be True or False",
+                                     {"found": repr(self.accumulating)},
+                                     fix="pass accumulating=True for a gradient-accumulation "
+                                         "micro-step's plan"))
         if self.framework != "torch":
             raise ValueError(message("Plan", f"framework must be 'torch', not {self.framework!r}",
                                      fix="use remat.jax.Plan for JAX plans"))
@@ -349,6 +359,7 @@ class Plan:
             "shape_envelope": None if self.shape_envelope is None
             else self.shape_envelope.to_dict(),
             "on_new_shape": self.on_new_shape,
+            "accumulating": self.accumulating,
         }
 
     def to_json(self, *, indent: int | None = 2) -> str:
@@ -397,6 +408,7 @@ class Plan:
                 shape_envelope=None if data.get("shape_envelope") is None else
                 ShapeEnvelope.from_dict(data["shape_envelope"]),
                 on_new_shape=str(data.get("on_new_shape", "error")),
+                accumulating=bool(data.get("accumulating", False)),
             )
         except (KeyError, TypeError) as exc:
             raise ValueError(message("remat.Plan.from_json", "malformed plan",
