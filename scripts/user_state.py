@@ -9,7 +9,11 @@ when it calls remat (tiny models, batch 4, one thread):
   ``labels`` (without, the step trains on the logits' mean: NOTE [ A batch without labels ]);
 * **padding**: the same Llama planned at 60% on a batch with an all-ones attention mask,
   and the first step of that plan on the batch and on a padded copy of it; then the plan
-  made with the padded copy in ``shapes=`` (NOTE [ A batch without padding ]).
+  made with the padded copy in ``shapes=`` (NOTE [ A batch without padding ]);
+* **a replan in an accumulation loop**: tests/tiny_nets' ``net()`` planned for its shape
+  bucket's batch (4 x 64) at 85% of its accumulation micro-step's peak as a plain step
+  (what the shape guard's replan of an accumulating plan made before ``Plan.accumulating``)
+  and as the micro-step, each plan's micro-step peak against the budget.
 
     PYTHONPATH=src .venv/bin/python scripts/user_state.py
 """
@@ -23,7 +27,8 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "measure"))
+sys.path[:0] = [str(Path(__file__).resolve().parents[1] / "tests" / "measure"),
+                str(Path(__file__).resolve().parents[1] / "tests")]
 
 import remat  # noqa: E402
 from remat.measure.profile import first_step_peak  # noqa: E402
@@ -71,6 +76,24 @@ def labels_and_padding() -> None:
     print(f"  planned with the padded batch in shapes=: {first_steps(both)}")
 
 
+def accumulating_replan() -> None:
+    from tiny_nets import net
+
+    model, bucket = net(), torch.randn(4, 64, 64, generator=torch.Generator().manual_seed(0))
+    held = remat.profile(model, bucket, timing=False, accumulating=True).peak_bytes
+    budget = int(0.85 * held)
+    print(f"a replan in an accumulation loop (net(), batch 4 x 64, budget {budget:,} B):")
+    for accumulating in (False, True):
+        plan = remat.plan(model, bucket, budget=budget, accumulating=accumulating)
+        remat.apply(model, plan)
+        model.zero_grad(set_to_none=True)
+        peak = remat.profile(model, bucket, timing=False, accumulating=True).peak_bytes
+        remat.remove(model)
+        print(f"  planned as {'the micro-step' if accumulating else 'a plain step'}: "
+              f"{plan.label()}; micro-step peak {peak:,} B "
+              f"({'fits' if peak <= budget else f'over by {peak - budget:,} B'})")
+
+
 def main() -> None:
     torch.set_num_threads(1)
     print(f"torch {torch.__version__}, 1 thread")
@@ -78,6 +101,7 @@ def main() -> None:
         warnings.simplefilter("ignore")
         gradients_left()
         labels_and_padding()
+        accumulating_replan()
 
 
 if __name__ == "__main__":
