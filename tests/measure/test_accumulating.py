@@ -19,7 +19,15 @@ from torch import nn
 import remat
 from accumulation_job import accumulation_peak
 from remat.distributed.stage_loss import StageLoss
-from remat.measure.step import Accumulating, run_step, step_loss
+from remat.measure.allocator import allocator_peak
+from remat.measure.step import (
+    Accumulating,
+    batch_tensors,
+    call_model,
+    default_loss,
+    run_step,
+    step_loss,
+)
 from remat.models import build_model, make_batch
 
 
@@ -52,6 +60,32 @@ def test_an_accumulating_profile_with_an_optimizer_is_the_real_cycles_peak(
     run_step(work, batch, optimizer=optimizer)  # the state exists, as from the second cycle
     held = remat.profile(work, batch, optimizer=optimizer, timing=False, accumulating=True)
     assert held.peak_bytes == accumulation_peak(work, batch, optimizer)
+
+
+def test_a_loop_that_zeros_gradients_in_place_runs_the_accumulating_step(
+        tiny: tuple[nn.Module, Any]) -> None:
+    # optimizer.zero_grad(set_to_none=False) keeps every gradient allocated, as zeros: each
+    # step after the first starts with them held, as an accumulation micro-step does.
+    model, batch = tiny
+    work = copy.deepcopy(model)
+    optimizer = torch.optim.AdamW(work.parameters(), lr=1e-3)
+
+    def step() -> None:  # the user's loop (run_step would start without gradients)
+        default_loss(call_model(work, batch, api="test")).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=False)
+
+    step()
+    step()  # the state and the zeroed gradients exist, as in the loop's steady state
+    grad_bytes = sum(p.grad.nbytes for p in work.parameters() if p.grad is not None)
+    alive = grad_bytes + sum(t.nbytes for t in (*work.parameters(), *work.buffers(),
+                                                *batch_tensors(batch)))
+    alive += sum(t.nbytes for state in optimizer.state.values() for t in state.values()
+                 if isinstance(t, torch.Tensor))
+    loop_peak = allocator_peak(step).peak_bytes + alive
+    held = remat.profile(work, batch, optimizer=optimizer, timing=False, accumulating=True)
+    plain = remat.profile(work, batch, optimizer=optimizer, timing=False)
+    assert held.peak_bytes == loop_peak == plain.peak_bytes + grad_bytes
 
 
 def test_step_loss_wraps_once_and_keeps_a_stages_loss() -> None:
