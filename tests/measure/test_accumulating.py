@@ -10,6 +10,7 @@ gradients, micro-step 2 over the gradients it left (and, with an optimizer, its 
 from __future__ import annotations
 
 import copy
+import warnings
 from typing import Any
 
 import pytest
@@ -19,6 +20,7 @@ from torch import nn
 import remat
 from accumulation_job import accumulation_peak
 from remat.distributed.stage_loss import StageLoss
+from remat.errors import RematWarning
 from remat.measure.allocator import allocator_peak
 from remat.measure.step import (
     Accumulating,
@@ -27,6 +29,7 @@ from remat.measure.step import (
     default_loss,
     run_step,
     step_loss,
+    warn_zeroed_gradients,
 )
 from remat.models import build_model, make_batch
 
@@ -84,8 +87,29 @@ def test_a_loop_that_zeros_gradients_in_place_runs_the_accumulating_step(
                  if isinstance(t, torch.Tensor))
     loop_peak = allocator_peak(step).peak_bytes + alive
     held = remat.profile(work, batch, optimizer=optimizer, timing=False, accumulating=True)
-    plain = remat.profile(work, batch, optimizer=optimizer, timing=False)
+    with pytest.warns(RematWarning, match="every gradient of the model is allocated and zero"):
+        plain = remat.profile(work, batch, optimizer=optimizer, timing=False)
     assert held.peak_bytes == loop_peak == plain.peak_bytes + grad_bytes
+
+
+def test_zeroed_gradients_warn_and_other_gradients_do_not() -> None:
+    # All allocated and zero: the state zero_grad(set_to_none=False) leaves. Gradients a
+    # step left set, cleared ones, or accumulating=True: no warning.
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 1))
+    batch = torch.randn(4, 8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RematWarning)
+        warn_zeroed_gradients(model, accumulating=False, api="remat.plan")  # None
+        model(batch).sum().backward()
+        warn_zeroed_gradients(model, accumulating=False, api="remat.plan")  # left set
+        model.zero_grad(set_to_none=False)
+        warn_zeroed_gradients(model, accumulating=True, api="remat.plan")
+    with pytest.warns(RematWarning) as caught:
+        warn_zeroed_gradients(model, accumulating=False, api="remat.plan")
+    text = str(caught[0].message)
+    assert text.startswith("remat.plan: every gradient") and "accumulating=True" in text
+    held = sum(p.numel() * 4 for p in model.parameters())
+    assert f"{held:,} B above" in text
 
 
 def test_step_loss_wraps_once_and_keeps_a_stages_loss() -> None:

@@ -90,6 +90,7 @@ from remat.measure.step import (
     check_runnable,
     clear_grads,
     step_loss,
+    warn_zeroed_gradients,
 )
 from remat.measure.timing import time_blocks, time_step
 from remat.measure.tracked_step import Tracked, check_trainable, tracked_step
@@ -291,6 +292,7 @@ def profile(
     """
     from remat.compiled.measure import is_compiled, profile_compiled  # compiled imports us
 
+    warn_zeroed_gradients(model, accumulating=accumulating, api="remat.profile")
     loss_fn = step_loss(loss_fn, accumulating=accumulating, api="remat.profile")
     if simulate:
         _check_repeats(repeats)

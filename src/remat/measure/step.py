@@ -194,6 +194,30 @@ def is_accumulating(loss_fn: LossFn | None) -> bool:
                                                  and loss_fn.accumulating)
 
 
+def warn_zeroed_gradients(model: nn.Module, *, accumulating: bool, api: str) -> None:
+    """Warn where every gradient of ``model`` is allocated and zero and ``accumulating`` is
+    off: the state ``optimizer.zero_grad(set_to_none=False)`` leaves, whose loop starts
+    every step with the gradients held, as an accumulation micro-step does, above the
+    step measured without ``accumulating``. Gradients a step left set (not zero) or
+    cleared to ``None`` say nothing of the loop and are not warned about.
+    """
+    if accumulating:
+        return
+    grads = [p.grad for p in model.parameters() if p.requires_grad]
+    if not grads or any(g is None for g in grads):
+        return
+    if any(bool(torch.any(g)) for g in grads if g is not None):
+        return
+    held = sum(g.nbytes for g in grads if g is not None)
+    warnings.warn(message(
+        api, "every gradient of the model is allocated and zero",
+        {"why": "a loop that zeroes gradients in place (optimizer.zero_grad("
+                "set_to_none=False)) starts every step with them, "
+                f"{held:,} B above the step measured without accumulating=True"},
+        fix="pass accumulating=True to measure and plan that step, or zero the gradients "
+            "with set_to_none=True (PyTorch's default)"), RematWarning, stacklevel=3)
+
+
 def step_loss(loss_fn: LossFn | None, *, accumulating: bool, api: str) -> LossFn | None:
     """``loss_fn`` as a step runs it: unchanged, or with ``accumulating`` for a step that
     starts with its gradients held (a pipeline stage's :class:`StageLoss` with

@@ -41,7 +41,14 @@ from remat.core.shapes import check_on_new_shape
 from remat.devices import DeviceSpec
 from remat.errors import BudgetTooSmall, RematError, message, names_the_call, one_line
 from remat.measure.shapes import batch_envelope
-from remat.measure.step import LossFn, Step, is_accumulating, model_device, step_loss
+from remat.measure.step import (
+    LossFn,
+    Step,
+    is_accumulating,
+    model_device,
+    step_loss,
+    warn_zeroed_gradients,
+)
 from remat.planning.card import card_of
 from remat.planning.context import PlanContext, check_plannable, prepare_step, resolve_cost
 from remat.planning.fingerprint import fingerprint_of
@@ -172,6 +179,7 @@ def plan(
         raise TypeError(message("remat.plan", "batch is a function",
                                 fix="pass a batch, or call remat.plan_throughput(model, "
                                     "make_batch, ...) to search batch sizes"))
+    warn_zeroed_gradients(model, accumulating=accumulating, api="remat.plan")
     step = Step(model, batch,
                 loss_fn=step_loss(loss_fn, accumulating=accumulating, api="remat.plan"),
                 optimizer=optimizer, blocks=blocks,
@@ -239,6 +247,7 @@ def plan_throughput(
                                 fix="pass e.g. make_batch=lambda n: make_batch(model, n)"))
     options = PlanOptions(budget=budget, simulate=simulate,  # type: ignore[arg-type]
                           device=device, cost=cost)
+    warn_zeroed_gradients(model, accumulating=accumulating, api="remat.plan_throughput")
     loss_fn = step_loss(loss_fn, accumulating=accumulating, api="remat.plan_throughput")
     step = Step(model, make_batch, loss_fn=loss_fn, optimizer=optimizer, blocks=blocks)
     return search_throughput(step, make_batch, options, search or ThroughputSearch(), plan_step)
