@@ -70,8 +70,9 @@ def test_readme_your_model_quickstart_runs_on_a_model_of_ones_own() -> None:
 
     torch.manual_seed(0)
     loader = [torch.randn(64, 32)]
-    none_peak = remat.profile(MyModel().train(), loader[0], loss_fn=my_loss,
-                              timing=False).peak_bytes
+    fresh = MyModel().train()
+    none_peak = remat.profile(fresh, loader[0], loss_fn=my_loss, timing=False,
+                              optimizer=torch.optim.AdamW(fresh.parameters())).peak_bytes
     block = next(b for b in _python_blocks() if "MyModel()" in b)
     block = block.replace('"12GiB"', str(none_peak - 1))  # a budget this tiny model needs
     scope: dict[str, object] = {"MyModel": MyModel, "loader": loader, "my_loss": my_loss}
@@ -120,5 +121,24 @@ def test_readme_gradient_accumulation_prints_what_it_shows(
     text = README.read_text()
     block, shown = re.search(r"```python\n([^`]*accumulating=accumulating[^`]*)```\n\n"
                              r"```text\n(.*?)```", text, flags=re.S).groups()  # type: ignore[union-attr]
-    exec(compile(block, "README.md", "exec"), {})  # noqa: S102  (the README's own code)
+    scope: dict[str, object] = {}
+    exec(compile(block, "README.md", "exec"), scope)  # noqa: S102  (the README's own code)
     assert capsys.readouterr().out == shown
+    # "in an accumulation loop its second micro-step peaks at ..., over the budget"
+    import copy
+
+    import torch
+
+    import remat
+    from accumulation_job import accumulation_peak
+
+    model, batch = scope["model"], scope["batch"]
+    first = remat.plan(model, batch, budget="3.2MiB",  # type: ignore[arg-type]
+                       optimizer=torch.optim.AdamW(model.parameters()))  # type: ignore[attr-defined]
+    work = copy.deepcopy(model)
+    remat.apply(work, first)  # type: ignore[arg-type]
+    peak = accumulation_peak(work, batch, torch.optim.AdamW(work.parameters()),  # type: ignore[arg-type]
+                             cycles=2)
+    said = re.search(r"second micro-step peaks at ([0-9.]+ MiB), over the budget", text)
+    assert said is not None and remat.format_bytes(peak) == said.group(1)
+    assert peak > first.budget_bytes

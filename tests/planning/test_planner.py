@@ -362,3 +362,24 @@ def test_closed_loop_on_the_fake_copy_matches_the_measured_one(tiny: Prepared,
     assert fast.measured_peak_bytes == exact.measured_peak_bytes
     assert fast.recompute_flops == exact.recompute_flops
     assert fast.recompute_ms == pytest.approx(exact.recompute_ms)
+
+
+def test_a_byte_budget_without_an_optimizer_warns_with_what_adamw_would_add() -> None:
+    # NOTE [ A byte budget without an optimizer ]: a plan in bytes promises the job fits,
+    # and the job's optimizer state is not in a step planned without it.
+    from remat.errors import RematWarning
+
+    model = build_model("gpt-tiny")
+    batch = make_batch(model, 2)
+    trainable = sum(p.numel() * p.element_size() for p in model.parameters())
+    roomy = 1 << 30  # above the un-checkpointed peak: the empty plan, no closed loop
+    for budget in (roomy, "1GiB"):
+        with pytest.warns(RematWarning, match="and no optimizer") as caught:
+            plan(model, batch, budget=budget)
+        text = next(str(w.message) for w in caught if "no optimizer" in str(w.message))
+        assert text.startswith("remat.plan: a budget of") and f"{2 * trainable:,} B" in text
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*no optimizer", category=Warning)
+        plan(model, batch, budget=roomy,
+             optimizer=torch.optim.AdamW(model.parameters(), lr=1e-3))
+        plan(model, batch, budget="95%")

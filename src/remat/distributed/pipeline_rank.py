@@ -297,7 +297,7 @@ def _pareto(chunk: nn.Module, micro_batch: Any, loss_fn: LossFn, in_flight: int,
             levels: int, plan_kwargs: Mapping[str, Any]) -> list[tuple[Plan, ChunkBytes]]:
     """The chunk's candidate plans and their bytes (NOTE [ Choosing the chunks' plans ])."""
     from remat.planning.context import prepare
-    from remat.planning.planner import plan
+    from remat.planning.planner import derived_budgets, plan
 
     prep = {k: plan_kwargs[k] for k in ("optimizer", "blocks", "device", "cost")
             if k in plan_kwargs}
@@ -306,8 +306,9 @@ def _pareto(chunk: nn.Module, micro_batch: Any, loss_fn: LossFn, in_flight: int,
     assert ctx.setup is not None
 
     def at(budget: int) -> Plan:
-        return plan(chunk, micro_batch, budget=budget, loss_fn=loss_fn,
-                    microbatches_in_flight=in_flight, context=ctx, **plan_kwargs)
+        with derived_budgets():  # a share of the rank's budget
+            return plan(chunk, micro_batch, budget=budget, loss_fn=loss_fn,
+                        microbatches_in_flight=in_flight, context=ctx, **plan_kwargs)
 
     top = ctx.no_checkpoint_peak_bytes
     plans = [at(2 * top)]  # above the un-checkpointed peak: the empty plan

@@ -215,7 +215,7 @@ def warn_zeroed_gradients(model: nn.Module, *, accumulating: bool, api: str) -> 
                 "set_to_none=False)) starts every step with them, "
                 f"{held:,} B above the step measured without accumulating=True"},
         fix="pass accumulating=True to measure and plan that step, or zero the gradients "
-            "with set_to_none=True (PyTorch's default)"), RematWarning, stacklevel=3)
+            "with set_to_none=True (PyTorch's default)"), RematWarning, stacklevel=4)
 
 
 def step_loss(loss_fn: LossFn | None, *, accumulating: bool, api: str) -> LossFn | None:

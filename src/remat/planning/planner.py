@@ -23,11 +23,24 @@ NOTE [ Throughput search ]
     model ]) or, with measured costs, timed on the device, and samples per second;
     the plan with the most samples per second wins and carries the whole table in
     ``plan.throughput``.
+
+NOTE [ A byte budget without an optimizer ]
+    A budget in bytes (``"12GiB"``, or ``"device"``: the card) promises the training job
+    fits, and the job steps an optimizer whose state (AdamW: two moments, twice the
+    trainable parameters' bytes) lives from its first step on. A plan made without the
+    optimizer counts none of it, so :func:`plan` and :func:`plan_throughput` warn, with
+    what AdamW would add. A percent budget is of a step measured as given, so it warns
+    about nothing; nor do the plans remat makes for budgets it derived itself
+    (:func:`derived_budgets`: a simulated rank's translated budget, a pipeline chunk's
+    share of its rank's), whose callers count the optimizer state their own way.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import warnings
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import replace
 from typing import Any
 
@@ -39,7 +52,14 @@ from remat.blocks import BlocksSpec
 from remat.core.budget import Budget, BudgetLike
 from remat.core.shapes import check_on_new_shape
 from remat.devices import DeviceSpec
-from remat.errors import BudgetTooSmall, RematError, message, names_the_call, one_line
+from remat.errors import (
+    BudgetTooSmall,
+    RematError,
+    RematWarning,
+    message,
+    names_the_call,
+    one_line,
+)
 from remat.measure.shapes import batch_envelope
 from remat.measure.step import (
     LossFn,
@@ -180,6 +200,7 @@ def plan(
                                 fix="pass a batch, or call remat.plan_throughput(model, "
                                     "make_batch, ...) to search batch sizes"))
     warn_zeroed_gradients(model, accumulating=accumulating, api="remat.plan")
+    _warn_without_optimizer(model, options.budget, optimizer, api="remat.plan")
     step = Step(model, batch,
                 loss_fn=step_loss(loss_fn, accumulating=accumulating, api="remat.plan"),
                 optimizer=optimizer, blocks=blocks,
@@ -248,9 +269,47 @@ def plan_throughput(
     options = PlanOptions(budget=budget, simulate=simulate,  # type: ignore[arg-type]
                           device=device, cost=cost)
     warn_zeroed_gradients(model, accumulating=accumulating, api="remat.plan_throughput")
+    _warn_without_optimizer(model, options.budget, optimizer, api="remat.plan_throughput")
     loss_fn = step_loss(loss_fn, accumulating=accumulating, api="remat.plan_throughput")
     step = Step(model, make_batch, loss_fn=loss_fn, optimizer=optimizer, blocks=blocks)
     return search_throughput(step, make_batch, options, search or ThroughputSearch(), plan_step)
+
+
+_DERIVED: ContextVar[bool] = ContextVar("remat_derived_budgets", default=False)
+
+
+@contextmanager
+def derived_budgets() -> Iterator[None]:
+    """Plans made inside are for budgets remat derived, not the user's: they do not warn
+    about a missing optimizer (NOTE [ A byte budget without an optimizer ]).
+
+    Example:
+        >>> with derived_budgets():
+        ...     plan(model, batch, budget=rank_budget_bytes)  # no optimizer warning
+    """
+    token = _DERIVED.set(True)
+    try:
+        yield
+    finally:
+        _DERIVED.reset(token)
+
+
+def _warn_without_optimizer(model: nn.Module, budget: Budget,
+                            optimizer: torch.optim.Optimizer | None, *, api: str) -> None:
+    """NOTE [ A byte budget without an optimizer ]."""
+    if optimizer is not None or budget.fraction is not None or _DERIVED.get():
+        return
+    trainable = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    if trainable == 0:
+        return
+    warnings.warn(message(
+        api, f"a budget of {budget} and no optimizer",
+        {"why": "the plan counts no optimizer state, which the training job holds from its "
+                "first optimizer step on",
+         "AdamW would add": f"{2 * trainable:,} B (two moments of {trainable:,} B of "
+                            "trainable parameters)"},
+        fix="pass the optimizer you train with (optimizer=...; CLI --optimizer), or a "
+            "percent budget"), RematWarning, stacklevel=4)
 
 
 def plan_step(step: Step, options: PlanOptions, *, context: PlanContext | None = None) -> Plan:
@@ -339,7 +398,8 @@ def replan(model: nn.Module, batch: Any, applied: Plan, options: Mapping[str, An
     ``applied`` was made for (a gradient-accumulation micro-step where it was)."""
     kwargs = {"device": applied.cost_device, "accumulating": applied.accumulating,
               **{k: v for k, v in options.items() if k not in ("budget", "context", "shapes")}}
-    result = plan(model, batch, budget=applied.budget_bytes, **kwargs)
+    with derived_budgets():  # the applied plan's budget: its own call warned, if at all
+        result = plan(model, batch, budget=applied.budget_bytes, **kwargs)
     return replace(result, on_new_shape=applied.on_new_shape)
 
 

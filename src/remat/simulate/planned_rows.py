@@ -128,6 +128,7 @@ def _plan_row(setup: Setup, batch_size: int, seq_len: int,
     from remat.measure.step import Step
     from remat.planning.context import prepare_step
     from remat.planning.loop import measure_on_copy
+    from remat.planning.planner import derived_budgets
     from remat.planning.planner import plan as planner
 
     budget = _budget(setup, static)
@@ -138,8 +139,9 @@ def _plan_row(setup: Setup, batch_size: int, seq_len: int,
     row: SimulationRow | None = None
     for _ in range(_RESERVED_ROUNDS):  # NOTE [ Reserved per rank ]: tighten by the excess
         try:
-            chosen = planner(setup.model, batch, budget=budget, optimizer=setup.optimizer,
-                             context=context, **_planner_kwargs(setup))
+            with derived_budgets():  # translated from the device: the rank's own checks
+                chosen = planner(setup.model, batch, budget=budget, optimizer=setup.optimizer,
+                                 context=context, **_planner_kwargs(setup))
         except BudgetTooSmall as exc:
             if row is not None:
                 return row
@@ -160,6 +162,7 @@ def _fsdp_plan_row(setup: Setup, batch_size: int, seq_len: int,
     """One batch size's plan row under FSDP; see NOTE [ Per-rank budgets ]."""
     from remat.errors import BudgetTooSmall
     from remat.planning.context import prepare
+    from remat.planning.planner import derived_budgets
     from remat.planning.planner import plan as planner
     from remat.strategies import apply
 
@@ -171,8 +174,9 @@ def _fsdp_plan_row(setup: Setup, batch_size: int, seq_len: int,
     rows: dict[Any, SimulationRow] = {}  # by decisions: a tighter budget may choose the same
     for _ in range(_FSDP_ROUNDS):
         try:
-            chosen = planner(setup.model, batch, budget=budget, context=context,
-                             **_planner_kwargs(setup))
+            with derived_budgets():  # the rank's budget, the optimizer's shards left out
+                chosen = planner(setup.model, batch, budget=budget, context=context,
+                                 **_planner_kwargs(setup))
         except BudgetTooSmall as exc:
             if not tried:  # not even the most lenient budget: no plan fits the rank
                 return _no_plan_row(setup, batch_size, seq_len, static,
