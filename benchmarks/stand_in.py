@@ -9,14 +9,16 @@ prints the median seconds of each over ``--repeats`` (1 torch thread, after one 
 pair). Where the two differ, ``--plans`` also plans ``activations:40/60/80%`` from each and
 says whether the plans are the same. Exit status 1 on any difference.
 
-Models: seeded random decoders (tests/generated_models.py, ``--seeds``) and issue #31's five
-6-layer families (benchmarks/planner.py's ``family_model``, batch 4 x 128; ``--families``).
+Models: seeded random decoders (tests/generated_models.py, ``--seeds``), issue #31's five
+6-layer families (benchmarks/planner.py's ``family_model``, batch 4 x 128; ``--families``)
+and rows of the README's support table (scripts/support_matrix.py, ``--support t5,led``).
 
 Usage::
 
     PYTHONPATH=src .venv/bin/python benchmarks/stand_in.py                    # seeds 0-23
     PYTHONPATH=src .venv/bin/python benchmarks/stand_in.py --seeds 0-3 --families
     PYTHONPATH=src .venv/bin/python benchmarks/stand_in.py --seeds '' --families --plans
+    PYTHONPATH=src .venv/bin/python benchmarks/stand_in.py --seeds '' --support t5,bart,led
 """
 
 from __future__ import annotations
@@ -37,7 +39,8 @@ sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 from remat.planning.context import PlanContext, prepare  # noqa: E402
 
 
-def _models(seeds: list[int], families: bool) -> list[tuple[str, torch.nn.Module, Any]]:
+def _models(seeds: list[int], families: bool, support: list[str]
+            ) -> list[tuple[str, torch.nn.Module, Any]]:
     from tests.generated_models import generated_model
 
     found: list[tuple[str, torch.nn.Module, Any]] = []
@@ -49,6 +52,19 @@ def _models(seeds: list[int], families: bool) -> list[tuple[str, torch.nn.Module
 
         for name, batch_size in FAMILY_RUNS[:5]:
             found.append((name, family_model(name), hf_batch(batch_size)))
+    if support:
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location(
+            "support_matrix", ROOT / "scripts" / "support_matrix.py")
+        assert spec is not None and spec.loader is not None
+        matrix = importlib.util.module_from_spec(spec)
+        sys.modules["support_matrix"] = matrix
+        spec.loader.exec_module(matrix)
+        for key in support:
+            torch.manual_seed(0)
+            model, batch = matrix.FAMILIES[key].build()
+            found.append((f"support: {key}", model.train(), batch))
     return found
 
 
@@ -80,6 +96,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seeds", default="0-23", help="generated seeds, e.g. 0-23 or 1,5")
     parser.add_argument("--families", action="store_true", help="also issue #31's families")
+    parser.add_argument("--support", default="",
+                        help="rows of scripts/support_matrix.py, e.g. t5,bart,led")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--plans", action="store_true",
                         help="where the measurements differ, compare plans at 40/60/80%%")
@@ -96,7 +114,8 @@ def main() -> int:
     print("|---|---|---|---|---:|---:|---:|" + ("---|" if args.plans else ""))
     failed = 0
     ratios = []
-    for label, model, batch in _models(seeds, args.families):
+    for label, model, batch in _models(seeds, args.families,
+                                         [k for k in args.support.split(",") if k]):
         _timed(model, batch, False)
         _timed(model, batch, True)
         fake_s, real_s = [], []
