@@ -378,6 +378,9 @@ def test_a_byte_budget_without_an_optimizer_warns_with_what_adamw_would_add() ->
             plan(model, batch, budget=budget)
         text = next(str(w.message) for w in caught if "no optimizer" in str(w.message))
         assert text.startswith("remat.plan: a budget of") and f"{2 * trainable:,} B" in text
+    with pytest.warns(RematWarning, match="^remat.auto: a budget of"):  # the user's call
+        auto(model, batch, budget=roomy)
+    remove(model)
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message=".*no optimizer", category=Warning)
         plan(model, batch, budget=roomy,

@@ -56,6 +56,7 @@ from remat.errors import (
     BudgetTooSmall,
     RematError,
     RematWarning,
+    current_call,
     message,
     names_the_call,
     one_line,
@@ -199,8 +200,9 @@ def plan(
         raise TypeError(message("remat.plan", "batch is a function",
                                 fix="pass a batch, or call remat.plan_throughput(model, "
                                     "make_batch, ...) to search batch sizes"))
-    warn_zeroed_gradients(model, accumulating=accumulating, api="remat.plan")
-    _warn_without_optimizer(model, options.budget, optimizer, api="remat.plan")
+    api = current_call("remat.plan")  # remat.auto's own name where it is the call
+    warn_zeroed_gradients(model, accumulating=accumulating, api=api)
+    _warn_without_optimizer(model, options.budget, optimizer, api=api)
     step = Step(model, batch,
                 loss_fn=step_loss(loss_fn, accumulating=accumulating, api="remat.plan"),
                 optimizer=optimizer, blocks=blocks,
