@@ -194,28 +194,29 @@ def is_accumulating(loss_fn: LossFn | None) -> bool:
                                                  and loss_fn.accumulating)
 
 
-def warn_zeroed_gradients(model: nn.Module, *, accumulating: bool, api: str) -> None:
+def warn_zeroed_gradients(model: nn.Module, *, accumulating: bool, api: str,
+                          stacklevel: int = 4) -> None:
     """Warn where every gradient of ``model`` is allocated and zero and ``accumulating`` is
     off: the state ``optimizer.zero_grad(set_to_none=False)`` leaves, whose loop starts
     every step with the gradients held, as an accumulation micro-step does, above the
     step measured without ``accumulating``. Gradients a step left set (not zero) or
-    cleared to ``None`` say nothing of the loop and are not warned about.
+    cleared to ``None`` say nothing of the loop and are not warned about. ``stacklevel``:
+    as for :func:`warnings.warn`, from this function (the user's call, past its marker).
     """
     if accumulating:
         return
     grads = [p.grad for p in model.parameters() if p.requires_grad]
-    if not grads or any(g is None for g in grads):
+    held = [g for g in grads if g is not None]
+    if not grads or len(held) < len(grads) or any(bool(torch.any(g)) for g in held):
         return
-    if any(bool(torch.any(g)) for g in grads if g is not None):
-        return
-    held = sum(g.nbytes for g in grads if g is not None)
     warnings.warn(message(
         api, "every gradient of the model is allocated and zero",
         {"why": "a loop that zeroes gradients in place (optimizer.zero_grad("
                 "set_to_none=False)) starts every step with them, "
-                f"{held:,} B above the step measured without accumulating=True"},
+                f"{sum(g.nbytes for g in held):,} B above the step measured without "
+                "accumulating=True"},
         fix="pass accumulating=True to measure and plan that step, or zero the gradients "
-            "with set_to_none=True (PyTorch's default)"), RematWarning, stacklevel=4)
+            "with set_to_none=True (PyTorch's default)"), RematWarning, stacklevel=stacklevel)
 
 
 def step_loss(loss_fn: LossFn | None, *, accumulating: bool, api: str) -> LossFn | None:

@@ -201,10 +201,9 @@ def plan(
                                 fix="pass a batch, or call remat.plan_throughput(model, "
                                     "make_batch, ...) to search batch sizes"))
     api = current_call("remat.plan")  # remat.auto's own name where it is the call
-    warn_zeroed_gradients(model, accumulating=accumulating, api=api)
-    _warn_without_optimizer(model, options.budget, optimizer, api=api)
+    _warn_about_the_job(model, options.budget, optimizer, accumulating, api=api)
     step = Step(model, batch,
-                loss_fn=step_loss(loss_fn, accumulating=accumulating, api="remat.plan"),
+                loss_fn=step_loss(loss_fn, accumulating=accumulating, api=api),
                 optimizer=optimizer, blocks=blocks,
                 microbatches_in_flight=microbatches_in_flight)
     if len(shapes) > 0:
@@ -270,8 +269,8 @@ def plan_throughput(
                                 fix="pass e.g. make_batch=lambda n: make_batch(model, n)"))
     options = PlanOptions(budget=budget, simulate=simulate,  # type: ignore[arg-type]
                           device=device, cost=cost)
-    warn_zeroed_gradients(model, accumulating=accumulating, api="remat.plan_throughput")
-    _warn_without_optimizer(model, options.budget, optimizer, api="remat.plan_throughput")
+    _warn_about_the_job(model, options.budget, optimizer, accumulating,
+                        api="remat.plan_throughput")
     loss_fn = step_loss(loss_fn, accumulating=accumulating, api="remat.plan_throughput")
     step = Step(model, make_batch, loss_fn=loss_fn, optimizer=optimizer, blocks=blocks)
     return search_throughput(step, make_batch, options, search or ThroughputSearch(), plan_step)
@@ -296,9 +295,13 @@ def derived_budgets() -> Iterator[None]:
         _DERIVED.reset(token)
 
 
-def _warn_without_optimizer(model: nn.Module, budget: Budget,
-                            optimizer: torch.optim.Optimizer | None, *, api: str) -> None:
-    """NOTE [ A byte budget without an optimizer ]."""
+def _warn_about_the_job(model: nn.Module, budget: Budget,
+                        optimizer: torch.optim.Optimizer | None, accumulating: bool, *,
+                        api: str) -> None:
+    """What the training job holds that the plan would not count: gradients zeroed in
+    place (:func:`~remat.measure.step.warn_zeroed_gradients`), and optimizer state under a
+    byte budget (NOTE [ A byte budget without an optimizer ])."""
+    warn_zeroed_gradients(model, accumulating=accumulating, api=api, stacklevel=5)
     if optimizer is not None or budget.fraction is not None or _DERIVED.get():
         return
     trainable = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)

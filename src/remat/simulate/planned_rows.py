@@ -182,7 +182,7 @@ def _fsdp_plan_row(setup: Setup, batch_size: int, seq_len: int,
                 return _no_plan_row(setup, batch_size, seq_len, static,
                                     int(exc.min_peak_bytes), lo)
             break
-        key = tuple(sorted(chosen.decisions.items(), key=lambda item: item[0]))
+        key = tuple(chosen.decisions.items())  # a plan keeps its decisions in block order
         if key not in rows:
             rows[key] = _simulate_plan(setup, chosen, batch_size, seq_len)
         row = rows[key]
