@@ -225,12 +225,11 @@ class _FirstConsumer(TorchDispatchMode):
 def _first_consumers(model: nn.Module, names: Sequence[str], api: str
                      ) -> dict[str, tuple[Any, tuple[Any, ...], torch.Size]]:
     """The first op on each named module's output, from one forward of a fake copy."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
     from remat.measure.fake import fake_batch, fake_copy
+    from remat.measure.fake_mode import new_fake_mode
     from remat.simulate.sim_setup import default_batch
 
-    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    mode = new_fake_mode()
     fake = fake_copy(model, mode)
     modules = dict(fake.named_modules())
     watched: dict[int, str] = {}

@@ -65,7 +65,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch._subclasses.fake_tensor import DynamicOutputShapeException, FakeTensorMode
+from torch._subclasses.fake_tensor import DynamicOutputShapeException
 
 from remat.core.cost import StepCost
 from remat.core.op_record import PHASES
@@ -80,6 +80,7 @@ from remat.measure.fake import (
     fake_failure,
     fake_optimizer,
 )
+from remat.measure.fake_mode import new_fake_mode
 from remat.measure.ledger import categorized
 from remat.measure.shapes import unguarded
 from remat.measure.state import preserved_state
@@ -541,7 +542,7 @@ class WarmFake:
                  prepare: Callable[[nn.Module], Any] | None = None) -> None:
         check_fake_device(device)
         self.step, self.device = step, device
-        self.mode = FakeTensorMode(allow_non_fake_inputs=True)
+        self.mode = new_fake_mode()
         self.model, replaced = fake_copy_with_map(step.model, self.mode, device=device)
         if prepare is not None:
             prepare(self.model)

@@ -62,7 +62,6 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
-from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils.checkpoint import CheckpointError
 
 from remat.blocks import BlocksSpec, named_blocks
@@ -79,6 +78,7 @@ from remat.measure.fake import (
     fake_optimizer,
     real_copy_with_map,
 )
+from remat.measure.fake_mode import new_fake_mode
 from remat.measure.ledger import categorized
 from remat.measure.scratch import without_probed_scratch
 from remat.measure.shadow import one_thread
@@ -105,7 +105,7 @@ from remat.strategies.sac_rng import generators_unfollowed
 def fake_setup(model: nn.Module, batch: Any, *, optimizer: torch.optim.Optimizer | None,
                blocks: BlocksSpec) -> FakeSetup:
     """Copy ``model`` (without any applied strategy), ``batch`` and ``optimizer`` as fakes."""
-    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    mode = new_fake_mode()
     fmodel, replaced = fake_copy_with_map(model, mode)
     remove(fmodel)  # plan from the un-checkpointed model, whatever is applied to the original
     fmodel.train(model.training)

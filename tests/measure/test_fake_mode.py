@@ -1,0 +1,100 @@
+"""remat's fake mode (NOTE [ Fake dispatch cache keys ]): the same outputs as PyTorch's own
+mode, keys that tell apart every fact of a tensor, and a simulated step that uses them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+import remat.measure.fake_mode as fake_mode
+from remat.measure.fake_mode import _TENSOR_KEY, new_fake_mode
+from remat.models import build_model
+from remat.simulate.run import simulate
+
+pytestmark = pytest.mark.skipif(not fake_mode._KEYS_SUPPORTED,
+                                reason="this PyTorch builds keys another way")
+
+#: Ops on one (n, n) input, each reached through the dispatch cache.
+OPS: list[Callable[[torch.Tensor], Any]] = [
+    lambda x: x.t().contiguous(), lambda x: x @ x.t(), lambda x: x[1:, ::2] * 2.0,
+    lambda x: torch.softmax(x, -1), lambda x: x.sum(0, keepdim=True),
+    lambda x: x.reshape(-1).narrow(0, 1, 3).clone(), lambda x: x.to(torch.bfloat16),
+    lambda x: torch.nn.functional.linear(x, x, x[0]), lambda x: x.transpose(0, 1).exp(),
+]
+
+
+def _facts(t: torch.Tensor) -> tuple[Any, ...]:
+    return (t.dtype, tuple(t.shape), t.stride(), t.storage_offset(),
+            t.untyped_storage().nbytes(), t.requires_grad, t.device)
+
+
+def _run(mode: FakeTensorMode, n: int, transposed: bool, offset: int) -> list[Any]:
+    with mode:
+        base = torch.empty(n * n + 3)
+        x = base[offset:offset + n * n].view(n, n)
+        if transposed:
+            x = x.t()
+        outs = []
+        for op in OPS:
+            out = op(x)
+            outs.append((_facts(out), out.untyped_storage() is x.untyped_storage()))
+        return outs
+
+
+@settings(max_examples=25, deadline=None)
+@given(n=st.integers(2, 9), transposed=st.booleans(), offset=st.integers(0, 3))
+def test_outputs_equal_pytorchs_own_mode(n: int, transposed: bool, offset: int) -> None:
+    # twice each: the second run is served from the cache the first filled
+    ours = [_run(new_fake_mode(), n, transposed, offset) for _ in range(2)]
+    theirs = [_run(FakeTensorMode(allow_non_fake_inputs=True), n, transposed, offset)
+              for _ in range(2)]
+    assert ours[0] == ours[1] == theirs[0] == theirs[1]
+
+
+def _key(mode: FakeTensorMode, t: torch.Tensor) -> tuple[object, ...]:
+    from torch._subclasses.fake_tensor import _CacheKeyState
+
+    return mode._cache_key(_CacheKeyState(None), torch.ops.aten.mul.Tensor, (t, 2.0), {}).key
+
+
+def test_keys_tell_apart_every_fact_of_a_tensor() -> None:
+    mode = new_fake_mode()
+    with mode:
+        base = torch.empty(4, 6)
+        variants = {
+            "plain": base, "dtype": base.to(torch.float64), "shape": base.view(6, 4),
+            "strides": base.t().contiguous().t(),
+            # storage bytes and offset each alone
+            "storage": torch.empty(48)[:24].view(4, 6), "offset": torch.empty(48)[24:].view(4, 6),
+            "requires_grad": base.clone().requires_grad_(),
+            "inference": None, "device": base.to("meta"),
+        }
+    with torch.inference_mode(), mode:
+        variants["inference"] = torch.empty(4, 6)
+    keys = {name: _key(mode, t) for name, t in variants.items()}
+    assert len(set(keys.values())) == len(keys), keys
+    assert all(any(isinstance(v, tuple) and v[:1] == (_TENSOR_KEY,) for v in key)
+               for key in keys.values())
+    # the same facts, another tensor: the same key
+    with mode:
+        assert _key(mode, torch.empty(4, 6)) == keys["plain"]
+
+
+def test_a_simulated_step_reads_the_same_bytes_with_either_key(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    kwargs: dict[str, Any] = dict(seq_len=32, batch_sizes=[2], strategies=["none", "attn"],
+                                  device="l4")
+    factory = lambda: build_model("llama-tiny", n_layer=2)  # noqa: E731
+    ours = simulate(factory, exact=True, **kwargs)
+    monkeypatch.setattr(fake_mode, "_KEYS_SUPPORTED", False)
+    FakeTensorMode.cache.clear()
+    theirs = simulate(factory, exact=True, **kwargs)
+    for a, b in zip(ours.rows, theirs.rows, strict=True):
+        assert (a.peak_bytes, a.activation_bytes, a.flops, a.recompute_flops) == (
+            b.peak_bytes, b.activation_bytes, b.flops, b.recompute_flops)
