@@ -44,7 +44,9 @@ def simulation_tables(result: SimulationResult) -> tuple[Table, Table]:
     main = Table(title=f"{result.model}: seq {result.seq_len}, {result.precision} + "
                        f"{result.optimizer} on {result.device} "
                        f"({format_bytes(result.device_memory_bytes)}{outside}{ranks}), "
-                       "simulated", title_justify="left")
+                       "simulated" + (", accumulation micro-steps (gradients held)"
+                                      if result.accumulating else ""),
+                 title_justify="left")
     for header in ("Strategy", "Batch", "Allocated / rank", "Reserved / rank", "Left", "Fits",
                    "Activations", "Step (ms)", "Samples/s", "Tokens/s", "Recompute time"):
         main.add_column(header, justify="left" if header == "Strategy" else "right")

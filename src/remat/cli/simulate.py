@@ -236,6 +236,11 @@ def simulate_command(
         "--exact", help="Simulate the whole step for every row instead of extrapolating "
                         "from shallow steps (slower; the same bytes).",
     )] = False,
+    accumulating: Annotated[bool, typer.Option(
+        "--accumulating",
+        help="Simulate gradient-accumulation micro-steps (optimizer.step() every few "
+             "micro-batches): each after the first starts with the gradients held.",
+    )] = False,
     json_out: JsonOpt = None,
     plot: Annotated[Path | None, plot_option(
         "Draw peak memory and throughput against micro-batch size to FILE.png.")] = None,
@@ -269,6 +274,11 @@ def simulate_command(
         fail(message(API, "--tp-plan needs --tp > 1", fix="pass --tp 2 (or more) with "
                                                           "--tp-plan"))
     user_plan = load_tp_plan(tp_plan, API) if tp_plan is not None else None
+    if accumulating and (pp > 1 or dp > 1 or tp > 1):
+        fail(message(API, "--accumulating is simulated on one device or data-parallel ranks "
+                          "(--world-size with --sharding ddp)",
+                     {"given": f"--pp {pp} --dp {dp} --tp {tp}"},
+                     fix="drop --accumulating, or --pp, --dp and --tp"))
     if pp > 1 or dp > 1:
         m = check_pp(pp, dp, world_size, microbatches, schedule, virtual_stages, API)
         if sp and tp == 1:
@@ -311,7 +321,8 @@ def simulate_command(
             result = _simulate_one(choice, module, seq_len=seq_len, batch_sizes=batch_sizes,
                                    batch_fn=batch_fn, dtype=dtype, optimizer=optimizer,
                                    device=device, strategies=names, world_size=world_size,
-                                   sharding=mode, plan=plan, on_row=on_row, exact=exact)
+                                   sharding=mode, plan=plan, on_row=on_row, exact=exact,
+                                   accumulating=accumulating)
             if choice.name != result.model:
                 result = dataclasses.replace(result, model=choice.name)
             results.append(result)

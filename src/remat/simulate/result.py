@@ -139,6 +139,8 @@ class SimulationResult:
             buffers; NOTE [ Fits on the card ] in card_fit.py). Default: 0.
         workspace_bytes: library workspaces a rank allocates through it (cuBLAS,
             cuBLASLt, cuDNN), included in each row's ``reserved_bytes``. Default: 0.
+        accumulating: the rows are gradient-accumulation micro-steps, each starting with
+            the gradients held (``simulate(accumulating=True)``). Default: ``False``.
 
     Example:
         >>> result = simulate("llama-tiny", seq_len=32, batch_sizes=[1, 2],
@@ -162,6 +164,7 @@ class SimulationResult:
     elapsed_s: float = field(default=0.0, compare=False)
     outside_bytes: int = 0
     workspace_bytes: int = 0
+    accumulating: bool = False
 
     def __post_init__(self) -> None:
         if self.sharding not in SHARDINGS:

@@ -55,6 +55,7 @@ from remat.device_memory import OutsideMemory, Workspaces
 from remat.devices import DeviceSpec, get_device
 from remat.distributed.sharding import SHARDINGS
 from remat.errors import message
+from remat.measure.step import step_loss
 from remat.simulate.fast_rows import FastContext, fast_rows
 from remat.simulate.hf import is_hf_model, unpacked_sequences
 from remat.simulate.planned_rows import plan_rows
@@ -103,6 +104,7 @@ def simulate(
     outside: OutsideMemory | None = None,
     workspaces: Workspaces | None = None,
     fits_on: str = "reserved",
+    accumulating: bool = False,
 ) -> SimulationResult:
     """Simulate training steps of every strategy and batch size on a device you don't have.
 
@@ -158,6 +160,13 @@ def simulate(
             the outside memory; ``"allocated"``: its allocated peak is (an allocator
             that reserves what it allocates, such as ``backend:cudaMallocAsync``).
             Default: ``"reserved"``.
+        accumulating: simulate a gradient-accumulation micro-step after the first (the
+            gradients of the micro-steps before it held from its start, the optimizer
+            stepping at its end: the highest micro-step), as a job that calls
+            ``optimizer.step()`` every few micro-batches, or zeroes gradients in place,
+            runs; its peak is up to the gradients' bytes above a plain step's. Not with
+            ``sharding="fsdp"``: what an FSDP rank holds between micro-steps depends on
+            whether each one reduces its gradients. Default: ``False``.
 
     Returns:
         A :class:`SimulationResult`.
@@ -174,6 +183,7 @@ def simulate(
     started = time.perf_counter()
     sizes, labels = _check_arguments(seq_len, batch_sizes, world_size, sharding, strategies,
                                      plan)
+    loss_fn = _step_loss(loss_fn, accumulating, sharding)
     precision = get_precision(dtype)
     spec = get_device(device)
     inner, name = build_model(model, seq_len)
@@ -198,8 +208,24 @@ def simulate(
         rows=tuple(rows),
         elapsed_s=time.perf_counter() - started,
         outside_bytes=setup.card.outside_bytes,
+        accumulating=accumulating,
         workspace_bytes=setup.card.workspace_bytes,
     )
+
+
+def _step_loss(loss_fn: LossFn | None, accumulating: bool, sharding: str) -> LossFn | None:
+    """``loss_fn`` as the simulated step runs it (:func:`~remat.measure.step.step_loss`),
+    after refusing an accumulating FSDP rank."""
+    loss = step_loss(loss_fn, accumulating=accumulating, api=API)
+    if accumulating and sharding == "fsdp":
+        raise ValueError(message(
+            API, "accumulating=True cannot be simulated with sharding='fsdp'",
+            {"why": "an FSDP rank holds its gradients' shard between micro-steps that "
+                    "reduce them, and whole gradients between micro-steps that do not "
+                    "(set_requires_gradient_sync(False)); the simulation knows neither"},
+            fix="simulate with sharding='ddp' for whole gradients held, or plan your FSDP "
+                "rank with remat.plan(..., accumulating=True) under torchrun"))
+    return loss
 
 
 def _check_arguments(seq_len: int, batch_sizes: Sequence[int], world_size: int, sharding: str,
