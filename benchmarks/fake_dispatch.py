@@ -1,11 +1,12 @@
-"""A simulated step's CPU time with remat's fake-dispatch cache keys and with PyTorch's own.
+"""A simulated step's CPU time under remat's fake mode and under PyTorch's own.
 
 NOTE [ Fake dispatch cache keys ] (measure/fake_mode.py): remat's fake mode keys a fake
-tensor by one tuple instead of PyTorch's field-by-field metadata walk. This script runs the
-same exact simulation (``remat.simulate(..., exact=True)``: every row a whole fake step,
-no fast path) with each key builder, alternated in one process after one untimed run of
-each, and prints the median CPU seconds of each and their ratio; the rows (bytes, FLOPs)
-must be equal, or the script fails. One thread.
+tensor by one tuple instead of PyTorch's field-by-field metadata walk, and caches
+``_unsafe_view`` as the view it is. This script runs the same exact simulation
+(``remat.simulate(..., exact=True)``: every row a whole fake step, no fast path) under each
+mode, alternated in one process after one untimed run of each, and prints the median CPU
+seconds of each and their ratio; the rows (bytes, FLOPs) must be equal, or the script
+fails. One thread.
 
     PYTHONPATH=src .venv/bin/python benchmarks/fake_dispatch.py
     PYTHONPATH=src .venv/bin/python benchmarks/fake_dispatch.py --preset gpt-small --layers 12
@@ -52,8 +53,8 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     if not fake_mode._KEYS_SUPPORTED:
-        raise SystemExit(f"torch {torch.__version__} builds fake cache keys another way: "
-                         "remat uses PyTorch's own here")
+        raise SystemExit(f"torch {torch.__version__} dispatches fake tensors another way: "
+                         "remat uses PyTorch's own mode here")
     _, ours_rows = _run(args, True)
     _, theirs_rows = _run(args, False)
     if ours_rows != theirs_rows:
@@ -65,7 +66,7 @@ def main() -> None:
     o, t = statistics.median(ours), statistics.median(theirs)
     print(f"{args.preset}, {args.layers} layers, seq {args.seq}, batches {args.batch_sizes}, "
           f"{args.strategies} on {args.device}, exact, 1 thread, torch {torch.__version__}: "
-          f"PyTorch's keys {t:.2f} s CPU, remat's {o:.2f} s CPU, {o / t:.2f}x "
+          f"PyTorch's fake mode {t:.2f} s CPU, remat's {o:.2f} s CPU, {o / t:.2f}x "
           f"(medians of {args.repeats}; {len(ours_rows)} rows equal)")
 
 

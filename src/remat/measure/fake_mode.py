@@ -1,4 +1,4 @@
-"""The fake mode remat's simulated steps run under, with cheaper dispatch-cache keys.
+"""The fake mode remat's simulated steps run under: PyTorch's, with cheaper cache keys.
 
 NOTE [ Fake dispatch cache keys ]
     ``FakeTensorMode`` caches each op's output metadata under a key built from the op's
@@ -16,7 +16,15 @@ NOTE [ Fake dispatch cache keys ]
     same facts and two calls share an entry exactly when PyTorch's keys would. A tensor's
     tuple starts with a private marker, so these keys never equal a key PyTorch built (the
     cache is shared by every mode). Outputs, bypasses and cache entries are PyTorch's.
-    Where this PyTorch's key builder has another signature the plain mode is used.
+
+    ``aten._unsafe_view`` (what a matmul of a batch of rows reshapes its result with) is
+    ``view`` without autograd's view tracking, and that tracking happens above the fake
+    mode; PyTorch's mode cannot cache it (an alias the cache does not know as a view) and
+    runs its meta decomposition on every call. :class:`_FakeMode` answers it as
+    ``aten.view``, which it caches as the alias it is: the same sizes, strides and
+    storage. Together the two cut an exact simulation's CPU time by a quarter
+    (benchmarks/fake_dispatch.py; figures in benchmarks/RESULTS.md).
+    Where this PyTorch's methods have other signatures the plain mode is used.
 """
 
 from __future__ import annotations
@@ -32,10 +40,16 @@ _PLAIN = (int, float, bool, str, type(None), torch.dtype, torch.device, torch.la
           torch.memory_format)
 #: Starts a fake tensor's key tuple (NOTE [ Fake dispatch cache keys ]).
 _TENSOR_KEY = object()
+_UNSAFE_VIEW, _VIEW = torch.ops.aten._unsafe_view.default, torch.ops.aten.view.default
 
 
 class _FakeMode(FakeTensorMode):
     """``FakeTensorMode`` with the cheaper cache key (NOTE [ Fake dispatch cache keys ])."""
+
+    def _cached_dispatch_impl(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
+        if func is _UNSAFE_VIEW:  # served as the view it is (NOTE [ Fake dispatch ... ])
+            func = _VIEW
+        return super()._cached_dispatch_impl(func, types, args, kwargs)
 
     def _prep_args_for_hash(self, result: list[object], args: Any, state: Any,
                             id_hashed_objects: list[object]) -> None:
@@ -64,11 +78,15 @@ class _FakeMode(FakeTensorMode):
 
 def _keys_supported() -> bool:
     """Whether this PyTorch builds cache keys with the method :class:`_FakeMode` replaces."""
-    method = getattr(FakeTensorMode, "_prep_args_for_hash", None)
-    if method is None or "constant" not in getattr(FakeTensor, "__annotations__", {}):
+    keys = getattr(FakeTensorMode, "_prep_args_for_hash", None)
+    dispatch = getattr(FakeTensorMode, "_cached_dispatch_impl", None)
+    if keys is None or dispatch is None or "constant" not in getattr(
+            FakeTensor, "__annotations__", {}):
         return False
-    names = list(inspect.signature(method).parameters)
-    return names == ["self", "result", "args", "state", "id_hashed_objects"]
+    return (list(inspect.signature(keys).parameters)
+            == ["self", "result", "args", "state", "id_hashed_objects"]
+            and list(inspect.signature(dispatch).parameters)
+            == ["self", "func", "types", "args", "kwargs"])
 
 
 _KEYS_SUPPORTED = _keys_supported()
