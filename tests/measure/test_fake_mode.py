@@ -27,7 +27,8 @@ OPS: list[Callable[[torch.Tensor], Any]] = [
     lambda x: x.reshape(-1).narrow(0, 1, 3).clone(), lambda x: x.to(torch.bfloat16),
     lambda x: torch.nn.functional.linear(x, x, x[0]), lambda x: x.transpose(0, 1).exp(),
     # a batch of rows times a matrix: a reshape, mm and _unsafe_view back
-    lambda x: x.expand(3, *x.shape) @ x, lambda x: torch.ops.aten._unsafe_view(x.contiguous(), (-1,)),
+    lambda x: x.expand(3, *x.shape) @ x,
+    lambda x: torch.ops.aten._unsafe_view(x.contiguous(), (-1,)),
 ]
 
 
