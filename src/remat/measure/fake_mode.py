@@ -47,7 +47,7 @@ class _FakeMode(FakeTensorMode):
     """``FakeTensorMode`` with the cheaper cache key (NOTE [ Fake dispatch cache keys ])."""
 
     def _cached_dispatch_impl(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
-        if func is _UNSAFE_VIEW:  # served as the view it is (NOTE [ Fake dispatch ... ])
+        if func is _UNSAFE_VIEW:  # served as the view it is (see the module's NOTE)
             func = _VIEW
         return super()._cached_dispatch_impl(func, types, args, kwargs)
 
