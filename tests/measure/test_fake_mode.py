@@ -101,3 +101,26 @@ def test_a_simulated_step_reads_the_same_bytes_with_either_key(
     for a, b in zip(ours.rows, theirs.rows, strict=True):
         assert (a.peak_bytes, a.activation_bytes, a.flops, a.recompute_flops) == (
             b.peak_bytes, b.activation_bytes, b.flops, b.recompute_flops)
+
+
+def test_the_tracker_answers_a_fake_tensors_device_as_its_mode_does(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from remat.measure.tracker import MemoryTracker
+
+    mode = new_fake_mode()
+    with mode:
+        w = torch.empty(4, 4, requires_grad=True)
+    asked: list[object] = []
+    real_dispatch = FakeTensorMode.dispatch
+
+    def dispatch(self: FakeTensorMode, func: Any, *args: Any, **kwargs: Any) -> Any:
+        asked.append(func)
+        return real_dispatch(self, func, *args, **kwargs)
+
+    monkeypatch.setattr(FakeTensorMode, "dispatch", dispatch)
+    with mode, MemoryTracker() as tracker:
+        assert w.device == torch.device("cpu")
+        (w * 2.0).sum().backward()  # autograd asks the tensors' devices
+        assert w.grad is not None and w.grad.device == torch.device("cpu")
+    assert tracker.peak_bytes > 0 and torch.ops.aten.mul.Tensor in asked
+    assert torch.ops.prim.device.default not in asked  # the tracker answered each

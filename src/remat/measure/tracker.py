@@ -88,7 +88,11 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 from torch._prims_common import is_non_overlapping_and_dense_or_false
-from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
+from torch._subclasses.fake_tensor import (
+    DataDependentOutputException,
+    DynamicOutputShapeException,
+    FakeTensor,
+)
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map_only
 from torch.utils.hooks import RemovableHandle
@@ -115,6 +119,13 @@ from remat.measure.scratch import scratch_bytes
 from remat.recompute import is_recomputing
 
 _ADD = torch.ops.aten.add.Tensor
+_DEVICE = torch.ops.prim.device.default
+
+
+def _fake_device(t: FakeTensor) -> torch.device:
+    """The device a fake tensor claims, as its mode answers ``prim.device`` (asked several
+    times per op by autograd: answered here, not through the fake mode's dispatch)."""
+    return torch.device("meta") if t.fake_mode.in_kernel_invocation else t.fake_device
 _ENGINE_CODE = torch.autograd.graph._engine_run_backward.__code__
 #: Frames between the engine and ``__torch_dispatch__`` (its ``_disable_dynamo`` wrapper).
 _WRAPPER_FILES = ("_compile.py", "eval_frame.py")
@@ -420,7 +431,8 @@ class MemoryTracker(TorchDispatchMode):
         kwargs = kwargs or {}
         passthrough, fresh, _ = op_info(func)
         if passthrough:  # a metadata query, or the profiler's record_function
-            out = func(*args, **kwargs)
+            out = (_fake_device(args[0]) if func is _DEVICE and len(args) == 1
+                   and type(args[0]) is FakeTensor else func(*args, **kwargs))
             if self.after_op is not None:
                 self.after_op()
             return out
