@@ -76,3 +76,38 @@ def test_gqa_attention_flops_when_the_formula_asserts(monkeypatch: pytest.Monkey
     assert flops.op_flops(op, (q, k, v), {}, out) == expected
     with pytest.raises(AssertionError):  # not a head mismatch: the error stays
         flops.op_flops(op, (q, torch.randn(2, 3, 16, 4), v), {}, out)
+
+
+def test_flops_are_kept_per_op_and_argument_shapes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """NOTE [ FLOPs by shapes ]: a formula runs once per op and shapes, and its answer is
+    the formula's; other shapes or values are computed again."""
+    from torch.utils import flop_counter
+
+    from remat.measure import flops
+
+    mm, addmm = torch.ops.aten.mm, torch.ops.aten.addmm
+    calls: list[object] = []
+
+    def counted(op: object) -> object:
+        formula = flop_counter.flop_registry[op]
+
+        def count(*args: object, **kwargs: object) -> int:
+            calls.append(op)
+            return int(formula(*args, **kwargs))
+        return count
+
+    for op in (mm, addmm):
+        monkeypatch.setitem(flops._EXTRA_FORMULAS, op, counted(op))
+        monkeypatch.delitem(flop_counter.flop_registry, op)
+    monkeypatch.setattr(flops, "_FLOPS", {})
+    a, b = torch.ones(8, 64), torch.ones(64, 32)
+    assert flops.op_flops(mm, (a, b), {}, a @ b) == 2 * 8 * 64 * 32
+    assert flops.op_flops(mm, (torch.zeros(8, 64), torch.zeros(64, 32)), {},
+                          torch.zeros(8, 32)) == 2 * 8 * 64 * 32
+    assert calls == [mm]  # the second call, same shapes, was not computed again
+    assert flops.op_flops(mm, (b.t(), a.t()), {}, b.t() @ a.t()) == 2 * 32 * 64 * 8
+    bias = torch.ones(32)
+    assert flops.op_flops(addmm, (bias, a, b), {}, bias + a @ b) == 2 * 8 * 64 * 32
+    assert flops.op_flops(addmm, (bias, a, b), {"beta": 1}, bias + a @ b) == 2 * 8 * 64 * 32
+    assert flops.op_flops(addmm, (bias, a, b), {"beta": True}, bias + a @ b) == 2 * 8 * 64 * 32
+    assert calls == [mm, mm, addmm, addmm, addmm]  # a value's type is part of its key

@@ -133,6 +133,14 @@ def op_traffic(func: Any, inputs: list[torch.Tensor], outputs: list[torch.Tensor
 def op_flops(packet: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> int:
     """FLOPs of one op call, as ``FlopCounterMode`` counts them (0 when no formula).
 
+    NOTE [ FLOPs by shapes ]
+        A formula sees the shapes of its tensors and the other arguments as given (that
+        is how ``torch.utils.flop_counter`` wraps each), so its answer is kept per op and
+        those shapes and values; a step repeats the same few hundred calls per block, and
+        PyTorch's wrapper maps every argument through pytree on each call (a tenth of a
+        tracked step on small models). Arguments that cannot be keyed (a symbolic size)
+        are computed each time.
+
     Args:
         packet: the op's overload packet (``func.overloadpacket``).
         args: positional arguments of the call.
@@ -148,12 +156,60 @@ def op_flops(packet: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: An
     if formula is None:
         return 0
     try:
+        key = (packet, _shapes_key(args), _shapes_key(kwargs), _shapes_key(out))
+        flops = _FLOPS.get(key)
+    except (TypeError, _NoKey):  # a symbolic size, or a value a key cannot hold
+        key, flops = None, None
+    if flops is None:
+        flops = _flops(formula, args, kwargs, out)
+        if key is not None:
+            if len(_FLOPS) >= _FLOPS_CAP:
+                _FLOPS.clear()
+            _FLOPS[key] = flops
+    return flops
+
+
+def _flops(formula: Callable[..., int], args: tuple[Any, ...], kwargs: dict[str, Any],
+           out: Any) -> int:
+    try:
         return int(formula(*args, **kwargs, out_val=out))
     except AssertionError:  # NOTE [ Grouped-query attention ]
         widened = _gqa_widened(args)
         if widened is None:
             raise
         return int(formula(*widened, **kwargs, out_val=out))
+
+
+class _NoKey(Exception):
+    """An argument :func:`_shapes_key` does not turn into a key."""
+
+
+#: Values passed to a formula as they are (keyed with their type: ``True`` and ``1`` differ).
+_PLAIN_VALUES = (int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout,
+                 torch.memory_format)
+
+
+def _shapes_key(value: Any) -> Any:
+    """``value`` as a FLOP formula sees it, hashable: PyTorch's formulas are wrapped to
+    receive every tensor's shape in its place and every other value as it is
+    (``torch.utils.flop_counter``), so equal keys give equal FLOPs (NOTE [ FLOPs by
+    shapes ])."""
+    kind = type(value)
+    if kind in _PLAIN_VALUES:
+        return kind, value
+    if isinstance(value, torch.Tensor):
+        return _TENSOR, value.shape
+    if kind is tuple or kind is list:
+        return kind, tuple(_shapes_key(v) for v in value)
+    if kind is dict:
+        return kind, tuple((k, _shapes_key(v)) for k, v in value.items())
+    raise _NoKey
+
+
+_TENSOR = object()
+#: FLOPs per (op, argument shapes and values); cleared when it reaches the cap.
+_FLOPS: dict[Any, int] = {}
+_FLOPS_CAP = 100_000
 
 
 def _gqa_widened(args: tuple[Any, ...]) -> tuple[Any, ...] | None:
