@@ -135,8 +135,8 @@ def op_flops(packet: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: An
 
     NOTE [ FLOPs by shapes ]
         A formula sees the shapes of its tensors and the other arguments as given (that
-        is how ``torch.utils.flop_counter`` wraps each), so its answer is kept per op and
-        those shapes and values; a step repeats the same few hundred calls per block, and
+        is how ``torch.utils.flop_counter`` wraps each), so its answer is kept per formula
+        (a formula registered again is another) and those shapes and values; a step repeats the same few hundred calls per block, and
         PyTorch's wrapper maps every argument through pytree on each call (a tenth of a
         tracked step on small models). Arguments that cannot be keyed (a symbolic size)
         are computed each time.
@@ -156,7 +156,7 @@ def op_flops(packet: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: An
     if formula is None:
         return 0
     try:
-        key = (packet, _shapes_key(args), _shapes_key(kwargs), _shapes_key(out))
+        key = (formula, _shapes_key(args), _shapes_key(kwargs), _shapes_key(out))
         flops = _FLOPS.get(key)
     except (TypeError, _NoKey):  # a symbolic size, or a value a key cannot hold
         key, flops = None, None
@@ -207,7 +207,7 @@ def _shapes_key(value: Any) -> Any:
 
 
 _TENSOR = object()
-#: FLOPs per (op, argument shapes and values); cleared when it reaches the cap.
+#: FLOPs per (formula, argument shapes and values); cleared when it reaches the cap.
 _FLOPS: dict[Any, int] = {}
 _FLOPS_CAP = 100_000
 
