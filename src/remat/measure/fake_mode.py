@@ -77,7 +77,8 @@ class _FakeMode(FakeTensorMode):
 
 
 def _keys_supported() -> bool:
-    """Whether this PyTorch builds cache keys with the method :class:`_FakeMode` replaces."""
+    """Whether this PyTorch has the two methods :class:`_FakeMode` overrides, with the
+    signatures it overrides (cache keys, cached dispatch)."""
     keys = getattr(FakeTensorMode, "_prep_args_for_hash", None)
     dispatch = getattr(FakeTensorMode, "_cached_dispatch_impl", None)
     if keys is None or dispatch is None or "constant" not in getattr(

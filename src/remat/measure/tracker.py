@@ -120,15 +120,15 @@ from remat.recompute import is_recomputing
 
 _ADD = torch.ops.aten.add.Tensor
 _DEVICE = torch.ops.prim.device.default
+_ENGINE_CODE = torch.autograd.graph._engine_run_backward.__code__
+#: Frames between the engine and ``__torch_dispatch__`` (its ``_disable_dynamo`` wrapper).
+_WRAPPER_FILES = ("_compile.py", "eval_frame.py")
 
 
 def _fake_device(t: FakeTensor) -> torch.device:
     """The device a fake tensor claims, as its mode answers ``prim.device`` (asked several
     times per op by autograd: answered here, not through the fake mode's dispatch)."""
     return torch.device("meta") if t.fake_mode.in_kernel_invocation else t.fake_device
-_ENGINE_CODE = torch.autograd.graph._engine_run_backward.__code__
-#: Frames between the engine and ``__torch_dispatch__`` (its ``_disable_dynamo`` wrapper).
-_WRAPPER_FILES = ("_compile.py", "eval_frame.py")
 
 
 def _engine_sum(func: Any, args: Any, kwargs: Any) -> bool:

@@ -55,7 +55,7 @@ from remat.device_memory import OutsideMemory, Workspaces
 from remat.devices import DeviceSpec, get_device
 from remat.distributed.sharding import SHARDINGS
 from remat.errors import message
-from remat.measure.step import step_loss
+from remat.measure.step import is_accumulating, step_loss
 from remat.simulate.fast_rows import FastContext, fast_rows
 from remat.simulate.hf import is_hf_model, unpacked_sequences
 from remat.simulate.planned_rows import plan_rows
@@ -208,16 +208,17 @@ def simulate(
         rows=tuple(rows),
         elapsed_s=time.perf_counter() - started,
         outside_bytes=setup.card.outside_bytes,
-        accumulating=accumulating,
         workspace_bytes=setup.card.workspace_bytes,
+        accumulating=is_accumulating(loss_fn),  # accumulating=True, or an Accumulating loss
     )
 
 
 def _step_loss(loss_fn: LossFn | None, accumulating: bool, sharding: str) -> LossFn | None:
     """``loss_fn`` as the simulated step runs it (:func:`~remat.measure.step.step_loss`),
-    after refusing an accumulating FSDP rank."""
+    after refusing an accumulating FSDP rank (``accumulating=True`` or an accumulating
+    loss)."""
     loss = step_loss(loss_fn, accumulating=accumulating, api=API)
-    if accumulating and sharding == "fsdp":
+    if is_accumulating(loss) and sharding == "fsdp":
         raise ValueError(message(
             API, "accumulating=True cannot be simulated with sharding='fsdp'",
             {"why": "an FSDP rank holds its gradients' shard between micro-steps that "
