@@ -1,5 +1,7 @@
-"""remat's fake mode (NOTE [ Fake dispatch cache keys ]): the same outputs as PyTorch's own
-mode, keys that tell apart every fact of a tensor, and a simulated step that uses them."""
+"""remat's fake mode (NOTE [ Fake dispatch cache keys ], NOTE [ Fake outputs from the
+cache ]): the same outputs as PyTorch's own mode, keys that tell apart every fact of a
+tensor, outputs built lean only where that build is checked, and a simulated step that uses
+them."""
 
 from __future__ import annotations
 
@@ -33,8 +35,11 @@ OPS: list[Callable[[torch.Tensor], Any]] = [
 
 
 def _facts(t: torch.Tensor) -> tuple[Any, ...]:
-    return (t.dtype, tuple(t.shape), t.stride(), t.storage_offset(),
-            t.untyped_storage().nbytes(), t.requires_grad, t.device)
+    # every attribute the fake tensor carries (its own mode's name, not the mode)
+    attributes = sorted((k, "mode" if k == "fake_mode" else v) for k, v in t.__dict__.items())
+    return (type(t), t.dtype, tuple(t.shape), t.stride(), t.storage_offset(),
+            t.untyped_storage().nbytes(), t.requires_grad, t.device,
+            repr(torch._C._dispatch_keys(t)), attributes)
 
 
 def _run(mode: FakeTensorMode, n: int, transposed: bool, offset: int) -> list[Any]:
@@ -58,6 +63,35 @@ def test_outputs_equal_pytorchs_own_mode(n: int, transposed: bool, offset: int) 
     theirs = [_run(FakeTensorMode(allow_non_fake_inputs=True), n, transposed, offset)
               for _ in range(2)]
     assert ours[0] == ours[1] == theirs[0] == theirs[1]
+
+
+def test_outputs_are_built_lean_only_where_the_lean_build_is_the_same(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    def outputs(mode: FakeTensorMode) -> list[torch.Tensor]:
+        with mode:
+            x = torch.empty(4, 6, requires_grad=True)
+            return [op(x) for op in (lambda x: x * 2, lambda x: x.t()) for _ in range(2)]
+
+    mode = new_fake_mode()
+    plain = outputs(mode)
+    # a plain output and a view, each on the lean path
+    assert sorted(view for _, view in mode._templates) == [False, True]
+    assert all(isinstance(t, dict) for t in mode._templates.values())
+    assert plain[3].untyped_storage()._cdata == plain[2].untyped_storage()._cdata
+    # a lean build that loses a fact fails its check: PyTorch's path builds every output
+    real = fake_mode._FakeMode._lean
+
+    def lossy(self: Any, meta: Any, base: Any, template: Any) -> torch.Tensor:
+        out = real(self, meta, base, template)
+        out.__dict__["constant"] = torch.zeros(())
+        return out
+
+    monkeypatch.setattr(fake_mode._FakeMode, "_lean", lossy)
+    mode = new_fake_mode()
+    general = outputs(mode)
+    assert all(t is fake_mode._GENERAL for t in mode._templates.values())
+    assert [_facts(t) for t in general] == [_facts(t) for t in plain]
+    assert all(t.constant is None for t in general)
 
 
 def _key(mode: FakeTensorMode, t: torch.Tensor) -> tuple[object, ...]:

@@ -58,12 +58,18 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+#: Tensor types that are neither a ``DTensor`` nor an ``AsyncCollectiveTensor``, nor
+#: subclass either: every tensor of a step is asked, and a type's bases do not change (a
+#: type that subclasses either exists only once its module is imported).
+_PLAIN_TYPES: set[type] = {Tensor, nn.Parameter}
+
 
 def local_tensor(t: Tensor) -> Tensor:
     """``t``'s local shard when ``t`` is a ``DTensor``, the tensor an
     ``AsyncCollectiveTensor`` wraps, else ``t`` (NOTE [ Sharded models in the tracker ],
     1. and 6.). Never imports ``torch.distributed``."""
-    if type(t) is Tensor or type(t) is nn.Parameter:
+    kind = type(t)
+    if kind in _PLAIN_TYPES:
         return t
     if is_dtensor(t):
         local: Tensor = t._local_tensor  # type: ignore[attr-defined]
@@ -73,11 +79,14 @@ def local_tensor(t: Tensor) -> Tensor:
     if wrapper is not None and isinstance(t, wrapper):
         elem: Tensor = t.elem  # type: ignore[attr-defined]
         return local_tensor(elem)
+    _PLAIN_TYPES.add(kind)
     return t
 
 
 def is_dtensor(t: Tensor) -> bool:
     """Whether ``t`` is a ``DTensor`` (never imports ``torch.distributed``)."""
+    if type(t) in _PLAIN_TYPES:
+        return False
     module = sys.modules.get("torch.distributed.tensor")
     dtensor = getattr(module, "DTensor", None)
     return dtensor is not None and isinstance(t, dtensor)

@@ -25,6 +25,20 @@ NOTE [ Fake dispatch cache keys ]
     storage. Together the two cut an exact simulation's CPU time by a quarter
     (benchmarks/fake_dispatch.py; figures in benchmarks/RESULTS.md).
     Where this PyTorch's methods have other signatures the plain mode is used.
+
+NOTE [ Fake outputs from the cache ]
+    A cache hit still builds a new fake tensor for each output, through PyTorch's general
+    path (symbolic sizes, constructor keywords checked one by one, every memo written
+    through its descriptor), and that path cost about as much as the key. An output that
+    is not an argument changed in place, strided, with plain sizes and no conjugate or
+    negative bit, is built by :class:`_FakeMode` the way ``FakeTensor.__new__`` builds
+    it: an empty meta tensor of the cached sizes and strides (a view's set onto its
+    base's storage, as PyTorch's path does), wrapped with the fake device's dispatch
+    keys, its attributes copied from a tensor PyTorch's path built (the fake device, the
+    mode, no constant, empty memos). The first such output per device, once for a view
+    and once for any other op, is built both ways and the two compared (type,
+    attributes, dispatch keys, sizes, strides, storage); where they differ, and for
+    every other output, PyTorch's path builds it.
 """
 
 from __future__ import annotations
@@ -33,7 +47,7 @@ import inspect
 from typing import Any
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorConfig, FakeTensorMode
 
 #: Arguments keyed as PyTorch keys them: the type and the value.
 _PLAIN = (int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout,
@@ -41,10 +55,20 @@ _PLAIN = (int, float, bool, str, type(None), torch.dtype, torch.device, torch.la
 #: Starts a fake tensor's key tuple (NOTE [ Fake dispatch cache keys ]).
 _TENSOR_KEY = object()
 _UNSAFE_VIEW, _VIEW = torch.ops.aten._unsafe_view.default, torch.ops.aten.view.default
+#: Marks a device whose outputs PyTorch's own path builds (NOTE [ Fake outputs from the
+#: cache ]).
+_GENERAL = object()
 
 
 class _FakeMode(FakeTensorMode):
-    """``FakeTensorMode`` with the cheaper cache key (NOTE [ Fake dispatch cache keys ])."""
+    """``FakeTensorMode`` with the cheaper cache key (NOTE [ Fake dispatch cache keys ])
+    and outputs (NOTE [ Fake outputs from the cache ])."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        #: Per device and whether a view: the attributes of such fake outputs, or
+        #: ``_GENERAL`` (NOTE [ Fake outputs from the cache ]).
+        self._templates: dict[tuple[torch.device, bool], dict[str, Any] | object] = {}
 
     def _cached_dispatch_impl(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
         if func is _UNSAFE_VIEW:  # served as the view it is (see the module's NOTE)
@@ -75,19 +99,80 @@ class _FakeMode(FakeTensorMode):
             else:
                 super()._prep_args_for_hash(result, (arg,), state, id_hashed_objects)
 
+    def _get_output_tensor_from_cache_entry(self, state: Any, entry: Any, key: Any,
+                                            func: Any, args: Any) -> Any:
+        """An output built as NOTE [ Fake outputs from the cache ] says, else PyTorch's."""
+        meta = entry.metadata
+        view = func.is_view
+        if (meta is None or entry.inplace_idx is not None or meta.layout is not torch.strided
+                or meta.is_conj or meta.is_neg or self.shape_env is not None
+                or FakeTensorConfig.debug or type(meta.storage_offset) is not int
+                or (view and (entry.view_idx is None
+                          or type(args[entry.view_idx]) is not FakeTensor))
+                or not all(type(n) is int for n in (*meta.shape, *meta.stride))):
+            return super()._get_output_tensor_from_cache_entry(state, entry, key, func, args)
+        template = self._templates.get((meta.device, view))
+        if template is None:
+            template = self._templates[meta.device, view] = self._template(
+                state, entry, key, func, args)
+        if not isinstance(template, dict):  # _GENERAL
+            return super()._get_output_tensor_from_cache_entry(state, entry, key, func, args)
+        return self._lean(meta, args[entry.view_idx] if view else None, template)
+
+    def _lean(self, meta: Any, base: FakeTensor | None, template: dict[str, Any]) -> FakeTensor:
+        """``FakeTensor(self, empty, meta.device)`` without its general checks; a view
+        shares ``base``'s storage."""
+        with torch._C._DisableTorchDispatch():
+            empty = torch.empty_strided(meta.shape, meta.stride, dtype=meta.dtype,
+                                        device="meta", requires_grad=meta.requires_grad)
+            if base is not None:
+                empty.set_(base.untyped_storage(), meta.storage_offset, meta.shape,
+                           meta.stride)
+        out = torch.Tensor._make_subclass(FakeTensor, empty, empty.requires_grad,
+                                          dispatch_device=True,
+                                          device_for_backend_keys=template["_fake_device"])
+        if self._allow_unsafe_data_ptr_access:
+            torch._C._set_warn_deprecated_on_mutable_data_ptr(out)
+        else:
+            torch._C._set_throw_on_mutable_data_ptr(out)
+        out.__dict__.update(template)
+        return out
+
+    def _template(self, state: Any, entry: Any, key: Any, func: Any,
+                  args: Any) -> dict[str, Any] | object:
+        """The attributes of a fake output on ``entry``'s device, from one built by
+        PyTorch's path, if the lean build gives the same tensor (else ``_GENERAL``)."""
+        general = super()._get_output_tensor_from_cache_entry(state, entry, key, func, args)
+        if type(general) is not FakeTensor or general.fake_mode is not self:
+            return _GENERAL
+        template = dict(general.__dict__)
+        lean = self._lean(entry.metadata, args[entry.view_idx] if func.is_view else None,
+                          template)
+
+        def facts(t: FakeTensor) -> tuple[Any, ...]:
+            storage = t.untyped_storage()
+            return (torch._C._dispatch_keys(t), t.shape, t.stride(), t.dtype,
+                    t.requires_grad, t.device, t.storage_offset(), storage.nbytes(),
+                    storage._cdata if func.is_view else None, t.__dict__)
+
+        return template if facts(lean) == facts(general) else _GENERAL
+
 
 def _keys_supported() -> bool:
-    """Whether this PyTorch has the two methods :class:`_FakeMode` overrides, with the
-    signatures it overrides (cache keys, cached dispatch)."""
+    """Whether this PyTorch has the methods :class:`_FakeMode` overrides, with the
+    signatures it overrides (cache keys, cached dispatch, outputs from the cache)."""
     keys = getattr(FakeTensorMode, "_prep_args_for_hash", None)
     dispatch = getattr(FakeTensorMode, "_cached_dispatch_impl", None)
-    if keys is None or dispatch is None or "constant" not in getattr(
+    output = getattr(FakeTensorMode, "_get_output_tensor_from_cache_entry", None)
+    if keys is None or dispatch is None or output is None or "constant" not in getattr(
             FakeTensor, "__annotations__", {}):
         return False
     return (list(inspect.signature(keys).parameters)
             == ["self", "result", "args", "state", "id_hashed_objects"]
             and list(inspect.signature(dispatch).parameters)
-            == ["self", "func", "types", "args", "kwargs"])
+            == ["self", "func", "types", "args", "kwargs"]
+            and list(inspect.signature(output).parameters)
+            == ["self", "state", "entry", "key", "func", "args"])
 
 
 _KEYS_SUPPORTED = _keys_supported()
