@@ -312,3 +312,24 @@ def test_exact_rows_reach_on_row_as_each_step_is_simulated(
     assert seen == [(s, b, i + 1) for i, (s, b) in
                     enumerate((s, b) for s in ("none", "full") for b in (1, 2, 3))]
     assert [(r.strategy, r.batch_size) for r in result.rows] == [(s, b) for s, b, _ in seen]
+
+
+def test_a_cut_copys_optimizer_state_is_in_its_groups_order() -> None:
+    """The state a copy cut short starts with is in its groups' order, as a step creates
+    it: the allocation log replays it in that order (reserved bytes), and a set's order
+    follows addresses (another each run)."""
+    import torch
+
+    from remat.simulate.fast_rows import cut_copy
+
+    model = build_model("gpt-tiny", n_layer=6)
+    optimizer = torch.optim.AdamW(model.parameters())
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    optimizer.step()
+    blocks = list(model.blocks)
+    for depth in (2, 4):
+        with cut_copy(model, "", "blocks", blocks, optimizer, depth) as sub:
+            order = [p for group in sub.param_groups for p in group["params"]]
+            assert [id(p) for p in sub.state] == [id(p) for p in order]
+        assert [id(p) for p in optimizer.state] == [id(p) for p in model.parameters()]

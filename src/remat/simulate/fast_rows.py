@@ -250,7 +250,10 @@ def cut_copy(model: nn.Module, path: str, attr: str, modules: Sequence[nn.Module
                       for group in optimizer.param_groups]
             cls: Any = type(optimizer)  # torch.optim classes take groups alone
             sub = cls([g for g in groups if g["params"]])
-            sub.state.update({p: optimizer.state[p] for p in present if p in optimizer.state})
+            # in the groups' order, as a step creates it: the allocation log replays the
+            # state in this order (a set's order follows addresses: another each run)
+            sub.state.update({p: optimizer.state[p] for group in groups
+                              for p in group["params"] if p in optimizer.state})
         yield sub
     finally:
         setattr(owner, attr, stack)
