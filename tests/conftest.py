@@ -10,10 +10,11 @@ units by their number of tests, which can put a module of a few slow tests last,
 worker runs it while the other idles. The suite turns that reorder off and sorts the
 collection so the slowest modules come first (longest processing time first): the short
 ones at the end then even out the two workers. The weights are one idle core's seconds
-per module (``--durations`` of a ``make test`` run); the modules not in the table follow
-them, those of more tests first (xdist's own guess). Only the order matters: a module
-missing from the table, or a stale figure, costs balance only. The order
-within a module is kept.
+per module (``--durations`` of a ``make test`` run; the compiled modules' from a run on a
+cold inductor cache, as a fresh clone starts, where compiling C++ kernels doubles them);
+the modules not in the table follow them, those of more tests first (xdist's own guess).
+Only the order matters: a module missing from the table, or a stale figure, costs balance
+only. The order within a module is kept.
 """
 
 from __future__ import annotations
@@ -26,23 +27,20 @@ torch.set_num_threads(1)
 #: Seconds of the slowest modules on one idle core, relative to this folder (NOTE [ Slow
 #: modules first ]); the modules not listed follow, those of more tests first.
 MODULE_SECONDS: dict[str, float] = {
-    "simulate/test_fast.py": 94, "simulate/test_plan_fast.py": 94, "integrations/test_tp.py": 63,
-    "simulate/test_plan_rows.py": 42, "jax/test_candidates.py": 41,
-    "planning/test_fits_allocator.py": 39, "distributed/test_stage.py": 37,
-    "distributed/test_pipeline.py": 36, "planning/test_planner.py": 33, "jax/test_planner.py": 32,
-    "cli/test_cli_jax.py": 29, "compiled/test_simulate.py": 28,
-    "simulate/test_accumulating.py": 24, "planning/test_context.py": 22,
-    "strategies/test_never_above_none.py": 21, "cli/test_cli_seq_len.py": 19,
-    "cli/test_cli_sources.py": 19, "planning/test_device_budget.py": 18,
-    "planning/test_shapes.py": 17, "jax/test_measure.py": 16, "compiled/test_measure.py": 16,
-    "planning/test_frontier_cli.py": 15, "benchmarks/test_peak_windows.py": 15,
-    "simulate/test_run.py": 15, "planning/test_plan_chunked_head.py": 14,
-    "measure/test_measure_hf_simulate.py": 14, "planning/test_seq_len.py": 13,
-    "integrations/test_fsdp2_memory.py": 12, "compiled/test_hf_decoder.py": 11,
-    "jax/test_import.py": 10, "planning/test_manual.py": 10, "cli/test_cli_doctor.py": 10,
-    "jax/test_parity.py": 9, "planning/test_deterministic_plans.py": 9,
-    "cli/test_cli_compare.py": 9, "measure/test_doctor.py": 8, "planning/test_speed_paths.py": 8,
-    "compiled/test_plan.py": 8, "benchmarks/test_bound.py": 8,
+    "compiled/test_simulate.py": 78, "compiled/test_measure.py": 75,
+    "simulate/test_fast.py": 70, "simulate/test_plan_fast.py": 61, "integrations/test_tp.py": 61,
+    "planning/test_fits_allocator.py": 43, "simulate/test_plan_rows.py": 35,
+    "jax/test_planner.py": 31, "jax/test_candidates.py": 31, "compiled/test_plan.py": 30,
+    "planning/test_planner.py": 29, "distributed/test_stage.py": 26, "cli/test_cli_jax.py": 26,
+    "compiled/test_hf_decoder.py": 24, "simulate/test_accumulating.py": 18,
+    "planning/test_shapes.py": 17, "distributed/test_pipeline.py": 17, "jax/test_measure.py": 16,
+    "cli/test_cli_sources.py": 16, "cli/test_cli_seq_len.py": 16, "jax/test_parity.py": 15,
+    "strategies/test_never_above_none.py": 13, "planning/test_device_budget.py": 13,
+    "planning/test_context.py": 12, "simulate/test_run.py": 11, "planning/test_manual.py": 11,
+    "planning/test_frontier_cli.py": 11, "planning/test_deterministic_plans.py": 11,
+    "measure/test_doctor.py": 10, "planning/test_plan_chunked_head.py": 9,
+    "measure/test_measure_hf_simulate.py": 9, "planning/test_seq_len.py": 8,
+    "jax/test_plans_and_compare.py": 8, "benchmarks/test_bound.py": 8,
 }
 
 
