@@ -89,7 +89,7 @@ def test_outputs_are_built_lean_only_where_the_lean_build_is_the_same(
     monkeypatch.setattr(fake_mode._FakeMode, "_lean", lossy)
     mode = new_fake_mode()
     general = outputs(mode)
-    assert all(t is fake_mode._GENERAL for t in mode._templates.values())
+    assert all(t is None for t in mode._templates.values())
     assert [_facts(t) for t in general] == [_facts(t) for t in plain]
     assert all(t.constant is None for t in general)
 

@@ -49,15 +49,13 @@ from typing import Any
 import torch
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorConfig, FakeTensorMode
 
-#: Arguments keyed as PyTorch keys them: the type and the value.
-_PLAIN = (int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout,
-          torch.memory_format)
+#: Values keyed by their type and the value itself: as PyTorch keys such an op argument,
+#: and as a FLOP formula receives it (NOTE [ FLOPs by shapes ] in flops.py).
+PLAIN_VALUES = (int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout,
+                torch.memory_format)
 #: Starts a fake tensor's key tuple (NOTE [ Fake dispatch cache keys ]).
 _TENSOR_KEY = object()
 _UNSAFE_VIEW, _VIEW = torch.ops.aten._unsafe_view.default, torch.ops.aten.view.default
-#: Marks a device whose outputs PyTorch's own path builds (NOTE [ Fake outputs from the
-#: cache ]).
-_GENERAL = object()
 
 
 class _FakeMode(FakeTensorMode):
@@ -66,9 +64,9 @@ class _FakeMode(FakeTensorMode):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        #: Per device and whether a view: the attributes of such fake outputs, or
-        #: ``_GENERAL`` (NOTE [ Fake outputs from the cache ]).
-        self._templates: dict[tuple[torch.device, bool], dict[str, Any] | object] = {}
+        #: Per device and whether a view: the attributes of such fake outputs, or ``None``
+        #: where PyTorch's path builds them (NOTE [ Fake outputs from the cache ]).
+        self._templates: dict[tuple[torch.device, bool], dict[str, Any] | None] = {}
 
     def _cached_dispatch_impl(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
         if func is _UNSAFE_VIEW:  # served as the view it is (see the module's NOTE)
@@ -91,7 +89,7 @@ class _FakeMode(FakeTensorMode):
                                arg.storage_offset(), arg.untyped_storage().nbytes(),
                                arg.requires_grad, arg.is_quantized, arg.is_conj(),
                                arg.is_neg(), arg.is_inference()))
-            elif kind in _PLAIN:
+            elif kind in PLAIN_VALUES:
                 result.append(kind)
                 result.append(arg)
             elif kind is list or kind is tuple:
@@ -111,11 +109,10 @@ class _FakeMode(FakeTensorMode):
                           or type(args[entry.view_idx]) is not FakeTensor))
                 or not all(type(n) is int for n in (*meta.shape, *meta.stride))):
             return super()._get_output_tensor_from_cache_entry(state, entry, key, func, args)
-        template = self._templates.get((meta.device, view))
+        if (meta.device, view) not in self._templates:
+            self._templates[meta.device, view] = self._template(state, entry, key, func, args)
+        template = self._templates[meta.device, view]
         if template is None:
-            template = self._templates[meta.device, view] = self._template(
-                state, entry, key, func, args)
-        if not isinstance(template, dict):  # _GENERAL
             return super()._get_output_tensor_from_cache_entry(state, entry, key, func, args)
         return self._lean(meta, args[entry.view_idx] if view else None, template)
 
@@ -139,12 +136,12 @@ class _FakeMode(FakeTensorMode):
         return out
 
     def _template(self, state: Any, entry: Any, key: Any, func: Any,
-                  args: Any) -> dict[str, Any] | object:
+                  args: Any) -> dict[str, Any] | None:
         """The attributes of a fake output on ``entry``'s device, from one built by
-        PyTorch's path, if the lean build gives the same tensor (else ``_GENERAL``)."""
+        PyTorch's path, if the lean build gives the same tensor (else ``None``)."""
         general = super()._get_output_tensor_from_cache_entry(state, entry, key, func, args)
         if type(general) is not FakeTensor or general.fake_mode is not self:
-            return _GENERAL
+            return None
         template = dict(general.__dict__)
         lean = self._lean(entry.metadata, args[entry.view_idx] if func.is_view else None,
                           template)
@@ -155,7 +152,7 @@ class _FakeMode(FakeTensorMode):
                     t.requires_grad, t.device, t.storage_offset(), storage.nbytes(),
                     storage._cdata if func.is_view else None, t.__dict__)
 
-        return template if facts(lean) == facts(general) else _GENERAL
+        return template if facts(lean) == facts(general) else None
 
 
 def _keys_supported() -> bool:

@@ -53,6 +53,8 @@ from typing import Any
 import torch
 from torch.utils.flop_counter import flop_registry
 
+from remat.measure.fake_mode import PLAIN_VALUES
+
 _aten = torch.ops.aten
 
 # See NOTE [ CPU attention ].
@@ -130,6 +132,13 @@ def op_traffic(func: Any, inputs: list[torch.Tensor], outputs: list[torch.Tensor
     return read, write, dtype_bytes
 
 
+#: Stands for a tensor in a FLOPs key (its shape follows).
+_TENSOR = object()
+#: FLOPs per (formula, argument shapes and values); cleared when it reaches the cap.
+_FLOPS: dict[Any, int] = {}
+_FLOPS_CAP = 100_000
+
+
 def op_flops(packet: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> int:
     """FLOPs of one op call, as ``FlopCounterMode`` counts them (0 when no formula).
 
@@ -185,18 +194,13 @@ class _NoKey(Exception):
     """An argument :func:`_shapes_key` does not turn into a key."""
 
 
-#: Values passed to a formula as they are (keyed with their type: ``True`` and ``1`` differ).
-_PLAIN_VALUES = (int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout,
-                 torch.memory_format)
-
-
 def _shapes_key(value: Any) -> Any:
     """``value`` as a FLOP formula sees it, hashable: PyTorch's formulas are wrapped to
     receive every tensor's shape in its place and every other value as it is
     (``torch.utils.flop_counter``), so equal keys give equal FLOPs (NOTE [ FLOPs by
     shapes ])."""
     kind = type(value)
-    if kind in _PLAIN_VALUES:
+    if kind in PLAIN_VALUES:  # keyed with their type: ``True`` and ``1`` differ
         return kind, value
     if isinstance(value, torch.Tensor):
         return _TENSOR, value.shape
@@ -206,11 +210,6 @@ def _shapes_key(value: Any) -> Any:
         return kind, tuple((k, _shapes_key(v)) for k, v in value.items())
     raise _NoKey
 
-
-_TENSOR = object()
-#: FLOPs per (formula, argument shapes and values); cleared when it reaches the cap.
-_FLOPS: dict[Any, int] = {}
-_FLOPS_CAP = 100_000
 
 
 def _gqa_widened(args: tuple[Any, ...]) -> tuple[Any, ...] | None:

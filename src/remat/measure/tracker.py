@@ -125,12 +125,6 @@ _ENGINE_CODE = torch.autograd.graph._engine_run_backward.__code__
 _WRAPPER_FILES = ("_compile.py", "eval_frame.py")
 
 
-def _fake_device(t: FakeTensor) -> torch.device:
-    """The device a fake tensor claims, as its mode answers ``prim.device`` (asked several
-    times per op by autograd: answered here, not through the fake mode's dispatch)."""
-    return torch.device("meta") if t.fake_mode.in_kernel_invocation else t.fake_device
-
-
 def _engine_sum(func: Any, args: Any, kwargs: Any) -> bool:
     """The autograd engine summing two gradients (NOTE [ Gradient accumulation in place ])."""
     if func is not _ADD or kwargs or len(args) != 2:
@@ -431,7 +425,9 @@ class MemoryTracker(TorchDispatchMode):
         kwargs = kwargs or {}
         passthrough, fresh, _ = op_info(func)
         if passthrough:  # a metadata query, or the profiler's record_function
-            out = (_fake_device(args[0]) if func is _DEVICE and len(args) == 1
+            # a fake tensor's device as its mode answers it (autograd asks several times
+            # per op), read from the tensor rather than through the mode's dispatch
+            out = (args[0].device if func is _DEVICE and len(args) == 1
                    and type(args[0]) is FakeTensor else func(*args, **kwargs))
             if self.after_op is not None:
                 self.after_op()
