@@ -160,3 +160,37 @@ def test_a_block_from_an_earlier_window_freed_in_this_one_does_not_count() -> No
         del a
 
     assert allocator_peak(step).peak_bytes == 1 << 14
+
+
+def test_a_profiler_of_marks_only_sees_every_event_a_full_one_sees() -> None:
+    """NOTE [ What the allocator peak includes ]: observing only ``record_function`` ranges
+    leaves the allocator's events as the profiler of every op records them."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from remat.measure import allocator
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(),
+                                torch.nn.LayerNorm(64), torch.nn.Linear(64, 8))
+    x = torch.randn(16, 32)
+
+    def step() -> None:
+        loss = model(x).square().mean()
+        allocator.mark("backward")
+        loss.backward()
+        model.zero_grad(set_to_none=True)
+
+    step()
+    allocator._active.append(allocator._cpu_mark)
+    try:
+        full = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+        with full:
+            step()
+        scoped = allocator._cpu_profile(step)
+    finally:
+        allocator._active.pop()
+    full_events = allocator._cpu_events(full.profiler.kineto_results, torch.device("cpu"))
+    scoped_events = allocator._cpu_events(scoped, torch.device("cpu"))
+    assert len(scoped_events) == len(full_events) > 20
+    assert [(d, n) for _, d, n in scoped_events] == [(d, n) for _, d, n in full_events]
+    assert "backward" in {n for _, _, n in scoped_events}

@@ -143,3 +143,18 @@ def test_a_simulated_profile_does_not_depend_on_what_ran_before() -> None:
     real = profile(model, batch, timing=False).peak_bytes  # probes the convolutions
     after = profile(model, batch, timing=False, simulate=True).peak_bytes
     assert before == after < real  # the simulation leaves out the probed scratch
+
+
+def test_the_quick_fake_check_answers_as_is_fake() -> None:
+    """Scratch is counted only on real tensors: the check that skips ``is_fake`` for a plain
+    tensor or parameter must answer as it does, functional wrappers of fakes included."""
+    from torch._subclasses.fake_tensor import is_fake
+
+    mode = FakeTensorMode()
+    with mode:
+        fake_param = nn.Parameter(torch.empty(3))
+    fake = mode.from_tensor(torch.ones(2))
+    cases = [torch.ones(2), nn.Parameter(torch.ones(2)), fake, fake_param,
+             torch._to_functional_tensor(fake), torch._to_functional_tensor(torch.ones(2))]
+    assert [scratch._fake(t) for t in cases] == [is_fake(t) for t in cases] \
+        == [False, False, True, True, True, False]

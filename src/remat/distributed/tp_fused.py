@@ -52,6 +52,7 @@ from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from remat.errors import RematError, message
+from remat.measure.dispatch_modes import direct_dispatch
 
 #: Attributes holding a head's width, on an attention module or its ``config``.
 HEAD_WIDTHS = ("head_dim", "head_size")
@@ -199,6 +200,7 @@ class _AllSeen(Exception):
     """Every fused projection's first consumer is seen: the probe's forward stops."""
 
 
+@direct_dispatch
 class _FirstConsumer(TorchDispatchMode):
     """Records the first op whose first argument is a watched projection output."""
 

@@ -58,6 +58,7 @@ from remat.core.doctor import ADVICE, ERROR, Cause, DoctorReport, DoctorStep, Fi
 from remat.core.snapshot import FRAGMENTED_SHARE, read_snapshot
 from remat.core.timeline import MemoryTimeline
 from remat.errors import message, names_the_call
+from remat.measure.dispatch_modes import direct_dispatch
 from remat.measure.holders import STATIC_KINDS, Holder, model_holders, python_holders
 from remat.measure.ledger import CREATED_KINDS, StorageRecord, storage_of
 from remat.measure.state import preserved_state
@@ -72,6 +73,7 @@ _MIN_FREE_BYTES = 256 << 20  # with FRAGMENTED_SHARE: when expandable segments a
 _RETAG = {"optimizer": "optimizer_state", "gradients": "grads"}
 
 
+@direct_dispatch
 class _StepTracker(MemoryTracker):
     """A tracker whose phase follows the running step (NOTE [ What doctor runs ], 2.)."""
 

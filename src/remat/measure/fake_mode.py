@@ -49,6 +49,8 @@ from typing import Any
 import torch
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorConfig, FakeTensorMode
 
+from remat.measure.dispatch_modes import direct_dispatch
+
 #: Values keyed by their type and the value itself: as PyTorch keys such an op argument,
 #: and as a FLOP formula receives it (NOTE [ FLOPs by shapes ] in flops.py).
 PLAIN_VALUES = (int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout,
@@ -58,6 +60,7 @@ _TENSOR_KEY = object()
 _UNSAFE_VIEW, _VIEW = torch.ops.aten._unsafe_view.default, torch.ops.aten.view.default
 
 
+@direct_dispatch
 class _FakeMode(FakeTensorMode):
     """``FakeTensorMode`` with the cheaper cache key (NOTE [ Fake dispatch cache keys ])
     and outputs (NOTE [ Fake outputs from the cache ])."""

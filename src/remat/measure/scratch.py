@@ -80,7 +80,7 @@ from typing import Any
 import torch
 from torch import Tensor
 from torch._prims_common import is_non_overlapping_and_dense_or_false
-from torch._subclasses.fake_tensor import is_fake
+from torch._subclasses.fake_tensor import FakeTensor, is_fake
 
 from remat.core.switch import Switch
 from remat.measure.allocator import allocator_peak
@@ -125,6 +125,19 @@ MIN_PROBED_BYTES = 512
 MAX_PROBES = 4096
 
 _PROBED: dict[Hashable, int] = {}
+#: Types whose instances are fake only as a functional wrapper of a fake tensor (a fake
+#: parameter is a ``FakeTensor``): checked before ``is_fake``, which costs microseconds.
+_REAL = (Tensor, torch.nn.Parameter)
+
+
+def _fake(t: Tensor) -> bool:
+    """``is_fake(t)``, answered without it for a fake tensor, a plain tensor or a parameter."""
+    kind = type(t)
+    if kind is FakeTensor:
+        return True
+    if kind in _REAL and not torch._is_functional_tensor(t):
+        return False
+    return is_fake(t)
 _probes = [0]
 _counted = Switch()
 
@@ -215,7 +228,7 @@ def probe_scratch(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out:
         return 0
     if tensors is None:
         tensors = [t for t in _leaves((args, kwargs, out)) if isinstance(t, Tensor)]
-    if any(is_fake(t) for t in tensors):
+    if any(_fake(t) for t in tensors):
         return 0  # a simulated step: no probed scratch, whatever this process ran before
     key = probe_key(func, args, kwargs)
     known = _PROBED.get(key)

@@ -29,7 +29,7 @@ NOTE [ Data-dependent branches under fake tensors ]
     copy, and routing decisions of mixture-of-experts layers stay
     data-independent; see NOTE [ Grouped matmul under fake tensors ]); neither do
     outputs of random ops. A small float computed from known values only does
-    (:func:`_known_float`): BART's decoder makes ``torch.ones(batch, seq)`` (float)
+    (:func:`_may_have_value`): BART's decoder makes ``torch.ones(batch, seq)`` (float)
     when no decoder mask is given and transformers skips the causal mask after
     checking it is all ones; without its value the fake step materialized a
     4-D mask per layer, 16 KiB on the compat matrix's BART.
@@ -84,13 +84,15 @@ def _wants_shadow(t: Tensor) -> bool:
             and t.layout == torch.strided)
 
 
-def _known_float(t: Tensor) -> bool:
-    """A small float output of an op whose inputs all have known values (``torch.ones``).
+def _may_have_value(t: Tensor) -> bool:
+    """An op output that can get a value: a small integer tensor (:func:`_wants_shadow`) or a
+    small float computed from known values only (``torch.ones``), tested on size first,
+    where most outputs (activations) fail.
 
     Only :func:`propagate` asks this: weights and float batch tensors never get shadows
     (:func:`remember`), so a float value known here comes from constants and small integers.
     """
-    return t.is_floating_point() and t.numel() <= MAX_SHADOW_NUMEL and t.layout == torch.strided
+    return t.numel() <= MAX_SHADOW_NUMEL and t.layout == torch.strided and not t.is_complex()
 
 
 def remember(fake: Tensor, real: Tensor) -> None:
@@ -161,11 +163,9 @@ def propagate(func: Any, args: Any, kwargs: Any, out: Any) -> None:
     outs = [t for t in _tensors(out) if isinstance(t, FakeTensor)]
     if not outs:
         return
-    inputs = tensors_in(args, kwargs)
-    replayable = (
-        all(_wants_shadow(t) or _known_float(t) for t in outs)
-        and torch.Tag.nondeterministic_seeded not in func.tags
-    )
+    replayable = (all(_may_have_value(t) for t in outs)
+                  and torch.Tag.nondeterministic_seeded not in func.tags)
+    inputs = tensors_in(args, kwargs) if replayable or func._schema.is_mutable else []
     shadows: list[Tensor | None] = []
     for t in inputs if replayable else ():
         shadows.append(_shadow(t))

@@ -112,6 +112,7 @@ from remat.distributed.sharded import (
 from remat.errors import message
 from remat.measure import shadow
 from remat.measure.attribution import BlockAttribution
+from remat.measure.dispatch_modes import direct_dispatch
 from remat.measure.flops import op_flops, op_info, op_traffic
 from remat.measure.ledger import REGISTERED_KINDS, StorageLedger, storage_of, tensors_in
 from remat.measure.outside import watch_rng_states
@@ -121,8 +122,9 @@ from remat.recompute import is_recomputing
 _ADD = torch.ops.aten.add.Tensor
 _DEVICE = torch.ops.prim.device.default
 _ENGINE_CODE = torch.autograd.graph._engine_run_backward.__code__
-#: Frames between the engine and ``__torch_dispatch__`` (its ``_disable_dynamo`` wrapper).
-_WRAPPER_FILES = ("_compile.py", "eval_frame.py")
+#: Frames between the engine and ``__torch_dispatch__``: its ``_disable_dynamo`` wrapper, or
+#: ours around it (NOTE [ Dynamo's wrapper around a dispatch mode ] in dispatch_modes.py).
+_WRAPPER_FILES = ("_compile.py", "eval_frame.py", "dispatch_modes.py")
 
 
 def _engine_sum(func: Any, args: Any, kwargs: Any) -> bool:
@@ -139,6 +141,7 @@ def _engine_sum(func: Any, args: Any, kwargs: Any) -> bool:
     return frame is not None and frame.f_code is _ENGINE_CODE
 
 
+@direct_dispatch
 class MemoryTracker(TorchDispatchMode):
     """Count the bytes of every live tensor storage, op by op, and record each op.
 

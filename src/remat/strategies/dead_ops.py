@@ -95,6 +95,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._pytree import tree_leaves
 
 from remat.errors import message
+from remat.measure.dispatch_modes import direct_dispatch
 from remat.strategies.op_kinds import DETACH, METADATA, SKIPPABLE, UNKNOWN, VIEW, op_kind
 
 _RECOMPUTE: Any = getattr(_checkpoint, "_RECOMPUTE", None)
@@ -353,6 +354,7 @@ if supported():
     _caching = _checkpoint._CachingTorchDispatchMode.__torch_dispatch__
     _stock_dispatch = getattr(_caching, "__wrapped__", _caching)
 
+    @direct_dispatch
     class _TrackingMode(_checkpoint._CachingTorchDispatchMode):  # type: ignore[misc]
         """SAC's forward caching mode that also fills a :class:`Ledger`."""
 
@@ -395,6 +397,7 @@ if supported():
                 ledger.broken = True
             return out
 
+    @direct_dispatch
     class _SkippingMode(_checkpoint._CachedTorchDispatchMode):  # type: ignore[misc]
         """SAC's recompute mode; placeholders replace dead entries before it starts."""
 

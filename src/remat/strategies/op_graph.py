@@ -21,6 +21,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from remat.blocks import Sublayer
 from remat.measure.attribution import hook_calls
+from remat.measure.dispatch_modes import direct_dispatch
 from remat.strategies.dead_ops import Ledger
 from remat.strategies.op_kinds import classify
 from remat.strategies.sac import op_name, split_entries
@@ -50,6 +51,7 @@ class OpGraph:
         return [keys[c] for c in self.ledger.dead_calls(cached)]
 
 
+@direct_dispatch
 class _Recorder(TorchDispatchMode):
     def __init__(self, ledger: Ledger) -> None:
         super().__init__()

@@ -51,6 +51,7 @@ from torch.utils._pytree import tree_leaves
 from torch.utils.checkpoint import CheckpointPolicy
 
 from remat.core.switch import Switch
+from remat.measure.dispatch_modes import direct_dispatch
 
 _SEEDED = torch.Tag.nondeterministic_seeded
 _KEPT = CheckpointPolicy.MUST_SAVE
@@ -122,6 +123,7 @@ class RngLog:
         return self.recompute_done and not self.matters
 
 
+@direct_dispatch
 class _Record(TorchDispatchMode):
     def __init__(self, log: RngLog, policy: Any) -> None:
         super().__init__()
@@ -154,6 +156,7 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
         return bool(torch.equal(a, b))
 
 
+@direct_dispatch
 class _Replay(TorchDispatchMode):
     def __init__(self, log: RngLog) -> None:
         super().__init__()
