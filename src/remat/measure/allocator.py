@@ -29,7 +29,7 @@ NOTE [ What the allocator peak includes ]
       CPU allocator does not round). The profiler observes the ``record_function``
       ranges only (``RecordScope.USER_SCOPE``: the marks below), not each aten op:
       the allocator reports to it whichever ops run, so the events are the same, and
-      a step under it runs and is read back in about half the time.
+      neither the step nor the reading of its events pays for a record per op.
     The step's return value is dropped inside the window, so whatever it returns
     is freed before the window closes and does not linger in ``end_bytes``.
 

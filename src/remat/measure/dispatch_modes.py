@@ -4,9 +4,9 @@ NOTE [ Dynamo's wrapper around a dispatch mode ]
     PyTorch wraps the ``__torch_dispatch__`` of every ``TorchDispatchMode`` subclass in
     ``torch._disable_dynamo`` (``TorchDispatchMode.__init_subclass__``): while a
     ``torch.compile``'d frame runs, dynamo must not trace into the mode's Python. The
-    wrapper costs about 1.3 us per op and per mode on the test machine (two swaps of the
-    frame-evaluation callback), a few percent of a fake step, which runs two such modes
-    (the fake mode and the tracker) on every op, more with checkpointing's own.
+    wrapper costs a microsecond or so per op and per mode (two swaps of the
+    frame-evaluation callback), paid on every op by each mode a step runs: two in a fake
+    step (the fake mode and the tracker), more with checkpointing's own.
 
     Dynamo can only trace a frame while a frame-evaluation callback is installed; with
     none (``get_eval_frame_callback() is None``: no compiled frame is running) the
@@ -15,7 +15,8 @@ NOTE [ Dynamo's wrapper around a dispatch mode ]
     ``__torch_dispatch__`` that checks that and otherwise calls PyTorch's wrapper, as
     before: under ``torch.compile`` (any callback, the "run only" one included) nothing
     changes. A PyTorch whose modes are not wrapped (no ``__wrapped__``) keeps the class as
-    it is.
+    it is. PyTorch's wrapper stays reachable as ``__torch_dispatch__.dynamo_wrapped`` (the
+    tracker calls it once before its first step: NOTE [ First dispatch ] in tracker.py).
 """
 
 from __future__ import annotations
@@ -69,6 +70,7 @@ def direct_dispatch(cls: Mode) -> Mode:
     __torch_dispatch__.__qualname__ = f"{cls.__qualname__}.__torch_dispatch__"
     __torch_dispatch__.__doc__ = own.__doc__
     __torch_dispatch__.__wrapped__ = own  # type: ignore[attr-defined]
+    __torch_dispatch__.dynamo_wrapped = wrapped  # type: ignore[attr-defined]
     __torch_dispatch__._torchdynamo_disable = True  # type: ignore[attr-defined]
     cls.__torch_dispatch__ = __torch_dispatch__  # type: ignore[attr-defined]
     return cls

@@ -70,11 +70,13 @@ NOTE [ Gradient accumulation in place ]
     counts as it was.
 
 NOTE [ First dispatch ]
-    ``__torch_dispatch__`` is wrapped by ``torch._disable_dynamo``, whose first call sets
-    up dynamo and leaves reference cycles through the frames then active (the forward's),
-    keeping their tensors alive until a garbage collection: a process's first tracked
-    step would show activations never freed. Each tracker class therefore runs one
-    throwaway dispatch before its first use.
+    ``__torch_dispatch__`` is wrapped by ``torch._disable_dynamo`` (called where a
+    frame-evaluation callback is installed: NOTE [ Dynamo's wrapper around a dispatch
+    mode ] in dispatch_modes.py), whose first call sets up dynamo and leaves reference
+    cycles through the frames then active (the forward's), keeping their tensors alive
+    until a garbage collection: a process's first tracked step would show activations
+    never freed. Each tracker class therefore runs one throwaway dispatch before its first
+    use.
 """
 
 from __future__ import annotations
@@ -392,8 +394,12 @@ class MemoryTracker(TorchDispatchMode):
         if "_primed" in cls.__dict__:
             return
         cls._primed = True
-        with cls(record_ops=False):
+        with cls(record_ops=False) as mode:
             torch.empty(0)
+            # PyTorch's wrapper too, which a compiled frame's callback would call
+            wrapped = getattr(cls.__torch_dispatch__, "dynamo_wrapped", None)
+            if wrapped is not None:
+                wrapped(mode, torch.ops.aten.empty.memory_format, (), ([0],), {})
 
     def __enter__(self) -> MemoryTracker:
         if self._depth == 0:
