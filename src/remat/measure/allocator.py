@@ -208,7 +208,7 @@ def _cpu_events(results: Any, device: torch.device) -> list[tuple[int, int, str 
     raw: list[tuple[int, int, int | None, str | None, int]] = []
     allocation, torch_op, device_type = _EventType.Allocation, _EventType.TorchOp, device.type
     stack = list(results.experimental_event_tree())
-    while stack:  # every node of a step (tens of thousands): read only what is used
+    while stack:  # every allocation of a step (thousands) and its marks: read only what is used
         node = stack.pop()
         kind = node.tag
         if kind == allocation:  # a leaf
