@@ -57,8 +57,7 @@ def direct_dispatch(cls: Mode) -> Mode:
     wrapped = next((klass.__dict__["__torch_dispatch__"] for klass in cls.__mro__
                     if "__torch_dispatch__" in klass.__dict__), None)
     own = getattr(wrapped, "__wrapped__", None)
-    if wrapped is None or own is None or not getattr(wrapped, "__name__", "") \
-            == "__torch_dispatch__":
+    if wrapped is None or own is None or getattr(wrapped, "__name__", "") != "__torch_dispatch__":
         return cls
 
     def __torch_dispatch__(self: Any, func: Any, types: Any, args: Any = (),

@@ -125,6 +125,9 @@ MIN_PROBED_BYTES = 512
 MAX_PROBES = 4096
 
 _PROBED: dict[Hashable, int] = {}
+_probes = [0]
+_counted = Switch()
+
 #: Types whose instances are fake only as a functional wrapper of a fake tensor (a fake
 #: parameter is a ``FakeTensor``): checked before ``is_fake``, which costs microseconds.
 _REAL = (Tensor, torch.nn.Parameter)
@@ -138,8 +141,6 @@ def _fake(t: Tensor) -> bool:
     if kind in _REAL and not torch._is_functional_tensor(t):
         return False
     return is_fake(t)
-_probes = [0]
-_counted = Switch()
 
 
 def without_probed_scratch() -> AbstractContextManager[None]:
