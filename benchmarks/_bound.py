@@ -25,11 +25,25 @@ NOTE [ Forward graph over storages ]
     slices (at least the whole projection's roofline cost), never the loss's ops as
     recorded. The chain from the loss's storages back to the projection stays, so freeing
     them still costs the projection.
+
+NOTE [ A chunked head in the bound ]
+    NOTE [ Lower bound ]'s premise counts only saved storages as what a plan can free, the
+    rest of the un-checkpointed peak staying. A chunked head frees more: the loss's
+    backward never holds the whole logits' gradient, so where the step peaks in the loss's
+    backward the backward temporaries there shrink as well (a plan of OLMo 2 at 25% fitted
+    with less recompute than the saved-storage program asked for). So the bound is the
+    cheaper of two programs: the one above, and one with the head's groups re-run and the
+    loss's cost added (a chunked head re-runs the whole projection and the loss, slice by
+    slice, in backward) and ``head_freed_bytes`` fewer bytes to free, where
+    ``head_freed_bytes`` is at least what chunking can take off the peak
+    (benchmarks/planner.py passes every backward temporary at the un-checkpointed peak).
+    Each program bounds the plans of its kind, so their minimum bounds every plan. The
+    greedy bound splits the same way, the head's groups already paid in the second.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -63,6 +77,10 @@ class ForwardGraph:
         inputs: the storage nodes each group reads (not its own outputs).
         saved: the storage nodes autograd saves for backward.
         ops: the op names of each group, for tests and diagnosis.
+        head_groups: the groups of the output head's ops (its projection), empty when no
+            head was given (NOTE [ A chunked head in the bound ]).
+        loss_ms: roofline cost of the ops after the head (the loss), ms; they cost 0 in
+            ``cost_ms``.
     """
 
     nbytes: tuple[int, ...]
@@ -71,6 +89,8 @@ class ForwardGraph:
     inputs: tuple[tuple[int, ...], ...]
     saved: frozenset[int]
     ops: tuple[tuple[str, ...], ...]
+    head_groups: frozenset[int] = frozenset()
+    loss_ms: float = 0.0
 
     def __post_init__(self) -> None:
         if len(self.nbytes) != len(self.group_of):
@@ -100,6 +120,9 @@ class _Recorder(TorchDispatchMode):
         self.writes: list[set[int]] = []  # storages written in place
         self.held: list[torch.Tensor] = []
         self.after_head = False  # the loss: its ops cost 0
+        self.in_head = False
+        self.head_ops: list[int] = []
+        self.loss_ms = 0.0
 
     def _nodes(self, tensors: Iterable[torch.Tensor]) -> set[int]:
         keys = (t.untyped_storage().data_ptr() for t in tensors)
@@ -127,9 +150,12 @@ class _Recorder(TorchDispatchMode):
         read, write, dtype_bytes = op_traffic(func, ins, outs, aliases_only=aliases)
         flops = op_flops(func.overloadpacket, args, kwargs, out)
         index = len(self.op_ms)
+        if self.in_head:
+            self.head_ops.append(index)
         ms = op_roofline_ms(OpRecord(str(func.overloadpacket), "forward", flops, read, write,
                                      None, dtype_bytes), self.spec)
         self.op_ms.append(0.0 if self.after_head else ms)
+        self.loss_ms += ms if self.after_head else 0.0
         self.op_name.append(str(func.overloadpacket))
         self.reads.append(set() if func.overloadpacket in _SHAPE_ONLY else self._nodes(ins))
         self.writes.append(writes)
@@ -181,15 +207,20 @@ def forward_graph(run: Callable[[], torch.Tensor], free: Iterable[torch.Tensor],
             saved.add(recorder.node[key])
         return t
 
+    def enter(*_: object) -> None:
+        recorder.in_head = True
+
     def done(*_: object) -> None:
+        recorder.in_head = False
         recorder.after_head = True
 
-    hook = None if head is None else head.register_forward_hook(done)
+    hooks = [] if head is None else [head.register_forward_pre_hook(enter),
+                                     head.register_forward_hook(done)]
     try:
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), recorder:
             loss = run()
     finally:
-        if hook is not None:
+        for hook in hooks:
             hook.remove()
     loss.backward()
     n_ops = len(recorder.op_ms)
@@ -212,19 +243,38 @@ def forward_graph(run: Callable[[], torch.Tensor], free: Iterable[torch.Tensor],
     inputs = tuple(tuple(sorted(u for u in r if group_of[u] != g)) for g, r in enumerate(reads))
     graph = ForwardGraph(tuple(recorder.nbytes), group_of, tuple(cost), inputs,
                          frozenset(t for t in saved if recorder.nbytes[t] > 0),
-                         tuple(tuple(n) for n in names))
+                         tuple(tuple(n) for n in names),
+                         frozenset(of_op[op] for op in recorder.head_ops), recorder.loss_ms)
     recorder.held.clear()
     return graph
 
 
-def knapsack_bound_ms(graph: ForwardGraph, need_bytes: int) -> float:
+def knapsack_bound_ms(graph: ForwardGraph, need_bytes: int, head_freed_bytes: int = 0
+                      ) -> float:
     """Fractional knapsack over groups: the least cost that frees ``need_bytes`` of saved
-    storages, re-running a group freeing all its saved outputs, chains ignored."""
-    freed = [0] * len(graph.cost_ms)
+    storages, re-running a group freeing all its saved outputs, chains ignored; with
+    ``head_freed_bytes``, the cheaper of that and a chunked head (NOTE [ A chunked head in
+    the bound ])."""
+    bound = _knapsack(graph, need_bytes, graph.cost_ms)
+    if head_freed_bytes > 0 and graph.head_groups:
+        paid = [0.0 if g in graph.head_groups else c for g, c in enumerate(graph.cost_ms)]
+        bound = min(bound, _head_ms(graph) + _knapsack(graph, need_bytes - head_freed_bytes,
+                                                       paid))
+    return bound
+
+
+def _head_ms(graph: ForwardGraph) -> float:
+    """What a chunked head re-runs besides the groups the program picks: its projection
+    and the loss, each slice's in backward."""
+    return sum(graph.cost_ms[g] for g in graph.head_groups) + graph.loss_ms
+
+
+def _knapsack(graph: ForwardGraph, need_bytes: int, cost_ms: Sequence[float]) -> float:
+    freed = [0] * len(cost_ms)
     for t in graph.saved:
         freed[graph.group_of[t]] += graph.nbytes[t]
     total = 0.0
-    items = sorted((c / b, b, c) for b, c in zip(freed, graph.cost_ms, strict=True) if b > 0)
+    items = sorted((c / b, b, c) for b, c in zip(freed, cost_ms, strict=True) if b > 0)
     for _, nbytes, ms in items:
         if need_bytes <= 0:
             break
@@ -234,10 +284,11 @@ def knapsack_bound_ms(graph: ForwardGraph, need_bytes: int) -> float:
     return total
 
 
-def _program(graph: ForwardGraph, need_bytes: int
+def _program(graph: ForwardGraph, need_bytes: int, forced: Iterable[int] = ()
              ) -> tuple[np.ndarray, csr_matrix, np.ndarray]:
     """``(objective in us, A_ub, b_ub)`` of NOTE [ Lower bound ]'s program over
-    ``[s_0 .. s_n, y_0 .. y_g]``; bytes in MB keep HiGHS's tolerances meaningful."""
+    ``[s_0 .. s_n, y_0 .. y_g]``, every group in ``forced`` re-run (``y_g = 1``); bytes in
+    MB keep HiGHS's tolerances meaningful."""
     n_s, n_g = len(graph.nbytes), len(graph.cost_ms)
     rows: list[int] = []
     cols: list[int] = []
@@ -257,39 +308,60 @@ def _program(graph: ForwardGraph, need_bytes: int
     for g, inputs in enumerate(graph.inputs):  # y_g <= s_u + y_prod(u)
         for u in inputs:
             row([(n_s + g, 1.0), (u, -1.0), (n_s + graph.group_of[u], -1.0)], 0.0)
+    for g in sorted(forced):  # -y_g <= -1
+        row([(n_s + g, -1.0)], -1.0)
     mb = 1e-6
     saved_bytes = graph.saved_bytes
     row([(t, b * mb) for t, b in enumerate(graph.nbytes) if b > 0],
-        (saved_bytes - min(need_bytes, saved_bytes)) * mb)
+        (saved_bytes - min(max(need_bytes, 0), saved_bytes)) * mb)
     matrix = coo_matrix((vals, (rows, cols)), shape=(len(rhs), n_s + n_g)).tocsr()
     objective = np.concatenate([np.zeros(n_s), np.asarray(graph.cost_ms) * 1e3])
     return objective, matrix, np.asarray(rhs)
 
 
-def lp_bound_ms(graph: ForwardGraph, need_bytes: int) -> float:
-    """The LP relaxation's optimum: the least cost of re-running groups (fractionally) so
-    that ``need_bytes`` of saved storages are freed and every re-run group's inputs are
-    kept or re-run too (NOTE [ Lower bound ] in benchmarks/planner.py).
-
-    ``need_bytes`` above the saved bytes is clipped to them (free everything).
-    """
-    if need_bytes <= 0 or not graph.saved:
-        return 0.0
-    objective, matrix, rhs = _program(graph, need_bytes)
+def _lp(graph: ForwardGraph, need_bytes: int, forced: Iterable[int] = ()) -> float:
+    objective, matrix, rhs = _program(graph, need_bytes, forced)
     result = linprog(objective, A_ub=matrix, b_ub=rhs, bounds=(0.0, 1.0), method="highs")
     if result.status != 0:
         raise RuntimeError(f"lp_bound_ms: HiGHS did not solve the LP: {result.message}")
     return float(result.fun) / 1e3
 
 
-def integer_bound_ms(graph: ForwardGraph, need_bytes: int, time_limit_s: float = 30.0
-                     ) -> float:
-    """The same program with every variable 0 or 1 (what a plan is): HiGHS's dual bound,
-    so still a lower bound when the time limit stops it; for diagnosing the LP's
-    integrality gap."""
+def lp_bound_ms(graph: ForwardGraph, need_bytes: int, head_freed_bytes: int = 0) -> float:
+    """The LP relaxation's optimum: the least cost of re-running groups (fractionally) so
+    that ``need_bytes`` of saved storages are freed and every re-run group's inputs are
+    kept or re-run too (NOTE [ Lower bound ] in benchmarks/planner.py); with
+    ``head_freed_bytes``, the cheaper of that and a chunked head: the head re-run, and
+    ``head_freed_bytes`` fewer to free (NOTE [ A chunked head in the bound ]).
+
+    ``need_bytes`` above the saved bytes is clipped to them (free everything).
+    """
     if need_bytes <= 0 or not graph.saved:
         return 0.0
-    objective, matrix, rhs = _program(graph, need_bytes)
+    bound = _lp(graph, need_bytes)
+    if head_freed_bytes > 0 and graph.head_groups:
+        bound = min(bound, graph.loss_ms + _lp(graph, need_bytes - head_freed_bytes,
+                                               graph.head_groups))
+    return bound
+
+
+def integer_bound_ms(graph: ForwardGraph, need_bytes: int, head_freed_bytes: int = 0,
+                     time_limit_s: float = 30.0) -> float:
+    """The same program with every variable 0 or 1 (what a plan is): HiGHS's dual bound,
+    so still a lower bound when the time limit stops it; for diagnosing the LP's
+    integrality gap. ``head_freed_bytes`` as for :func:`lp_bound_ms`."""
+    if need_bytes <= 0 or not graph.saved:
+        return 0.0
+    bound = _milp(graph, need_bytes, (), time_limit_s)
+    if head_freed_bytes > 0 and graph.head_groups:
+        bound = min(bound, graph.loss_ms + _milp(graph, need_bytes - head_freed_bytes,
+                                                 graph.head_groups, time_limit_s))
+    return bound
+
+
+def _milp(graph: ForwardGraph, need_bytes: int, forced: Iterable[int],
+          time_limit_s: float) -> float:
+    objective, matrix, rhs = _program(graph, need_bytes, forced)
     result = milp(objective, constraints=LinearConstraint(matrix, -np.inf, rhs),
                   integrality=np.ones(len(objective)), bounds=Bounds(0.0, 1.0),
                   options={"time_limit": time_limit_s})

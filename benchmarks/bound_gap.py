@@ -36,7 +36,7 @@ from scipy.optimize import Bounds, LinearConstraint, milp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _bound import ForwardGraph, _program, forward_graph, integer_bound_ms, lp_bound_ms  # noqa: E402
-from planner import model_and_batch, saved_graph  # noqa: E402
+from planner import head_freed_bytes, model_and_batch, saved_graph  # noqa: E402
 
 from remat.compare.frontier import frontier  # noqa: E402
 from remat.measure.step import call_model, default_loss  # noqa: E402
@@ -63,16 +63,17 @@ def gap(case: str) -> str:
     full, none = manual.point("full").peak_bytes, manual.point("none").peak_bytes
     budget = int(full + int(percent) / 100 * (none - full))
     graph = saved_graph(model, batch, manual.cost_device)
+    head_bytes = head_freed_bytes(model, batch)  # NOTE [ A chunked head in the bound ]
     result = plan(model, batch, budget=budget)
     freed = none - result.measured_or_predicted_peak_bytes
-    lp = lp_bound_ms(graph, none - budget)
-    whole = integer_bound_ms(graph, none - budget)
-    at_plan = integer_bound_ms(graph, freed)
+    lp = lp_bound_ms(graph, none - budget, head_bytes)
+    whole = integer_bound_ms(graph, none - budget, head_bytes)
+    at_plan = integer_bound_ms(graph, freed, head_bytes)
     free = [*model.parameters(), *model.buffers(), *batch.values()]
     charged = forward_graph(lambda: default_loss(call_model(model, batch)), free,
                             manual.cost_device)  # the loss's ops at their cost
     model.zero_grad(set_to_none=True)
-    head = lp_bound_ms(charged, none - budget) / lp
+    head = lp_bound_ms(charged, none - budget, head_bytes) / lp
     return (f"{name} {percent}%: plan {result.recompute_ms * 1e3:.2f} us, LP "
             f"{lp * 1e3:.2f} us ({result.recompute_ms / lp:.2f}x) = integrality "
             f"{whole / lp:.2f} x peak {at_plan / whole:.2f} (frees {freed / 1e6:.2f} MB, "

@@ -81,3 +81,37 @@ def test_the_lp_bound_is_below_every_fitting_strategy_and_the_plan(build: object
         if fraction == 0.25 and plans:
             result = plan(model, batch, budget=budget, simulate=True)
             assert lp <= result.recompute_ms * (1 + 1e-6), (label, result.label())
+
+
+def test_a_chunked_head_is_bounded_with_the_bytes_it_frees_besides_saved_storages() -> None:
+    """NOTE [ A chunked head in the bound ]: on a decoder whose logits dominate, the bound
+    with the head's branch stays below the recompute of a chunked head that fits, and never
+    above the saved-storage program alone."""
+    import transformers as tf
+
+    torch.manual_seed(0)
+    config = tf.LlamaConfig(vocab_size=2048, hidden_size=64, num_hidden_layers=2,
+                            num_attention_heads=2, num_key_value_heads=1,
+                            intermediate_size=128, max_position_embeddings=64,
+                            tie_word_embeddings=False)
+    model = tf.LlamaForCausalLM(config)
+    model.config.use_cache = False
+    model.train()
+    ids = torch.randint(0, 2048, (2, 64), generator=torch.Generator().manual_seed(0))
+    batch = {"input_ids": ids, "labels": ids.clone()}
+    manual = frontier(model, batch, budget_bytes=1, simulate=True,
+                      strategies=("none", "full", "full+chunked_head:4"))
+    none, chunked = manual.point("none").peak_bytes, manual.point("full+chunked_head:4")
+    graph = _PLANNER.saved_graph(model, batch, manual.cost_device)
+    assert graph.head_groups and graph.loss_ms > 0
+    head_bytes = _PLANNER.head_freed_bytes(model, batch)
+    assert head_bytes >= 2 * 64 * 2048 * 4  # the logits' gradient at least
+    need = none - chunked.peak_bytes
+    assert need > 0 and chunked.peak_bytes < manual.point("full").peak_bytes
+    bound, greedy = _PLANNER.bounds_ms(graph, need, head_bytes)
+    assert 0 < greedy <= bound <= _BOUND.lp_bound_ms(graph, need) * (1 + 1e-9)
+    assert bound <= chunked.recompute_ms * (1 + 1e-6)
+    # the head's branch pays the projection and the loss: never below them
+    head_ms = sum(graph.cost_ms[g] for g in graph.head_groups) + graph.loss_ms
+    assert _BOUND.lp_bound_ms(graph, 1, 10 * none) == pytest.approx(
+        min(_BOUND.lp_bound_ms(graph, 1), head_ms))

@@ -56,3 +56,31 @@ def test_the_families_set_adds_families_nothing_else_uses() -> None:
         text = re.sub(r"[_-]", "", path.read_text().lower())
         found += [(path.name, f) for f in added if re.sub(r"[_-]", "", f) in text]
     assert not found, f"added families in tests/planning: {found}"
+
+
+def _identifiers(text: str) -> set[str]:
+    """Every name in ``text``, lower case, without ``_`` and ``-``."""
+    return {re.sub(r"[_-]", "", word.lower())
+            for word in re.findall(r"[A-Za-z_][A-Za-z0-9_-]*", text)}
+
+
+def test_the_architectures_set_is_built_from_names_nothing_else_uses() -> None:
+    """``--models architectures``: at least 8 families, each only a ``model_type`` (no
+    builder per family), none that a planning test, a generated draw or another set uses
+    (a name such as ``MptConfig`` or ``"gpt_oss"`` counts; ``empty`` is not ``mpt``)."""
+    types = _PLANNER.ARCH_TYPES
+    assert len(set(types)) == len(types) >= 8
+    flat = {re.sub(r"[_-]", "", t) for t in types}
+    others = [name.split("-", 1)[1] for runs in (
+        _PLANNER.RUNS, _PLANNER.HF_RUNS, _PLANNER.HF_MORE_RUNS, _PLANNER.HELD_OUT_RUNS,
+        _PLANNER.FAMILY_RUNS) for name, _ in runs]
+    taken = {re.sub(r"[_-]", "", n) for n in (*others, *_PLANNER.HELD_OUT_FAMILIES)}
+    assert not flat & taken
+    found = []
+    used = [*sorted((ROOT / "tests" / "planning").rglob("*.py")),
+            ROOT / "tests" / "generated_models.py"]
+    for path in used:
+        names = _identifiers(path.read_text())
+        found += [(path.name, t) for t in flat if any(n.startswith(t) for n in names)]
+    assert not found, f"architectures-set families in tests/planning: {found}"
+    assert [f"arch-{t}" for t in types] == [n for n, _ in _PLANNER.ARCH_RUNS]
