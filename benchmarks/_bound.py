@@ -34,11 +34,14 @@ NOTE [ A chunked head in the bound ]
     with less recompute than the saved-storage program asked for). So the bound is the
     cheaper of two programs: the one above, and one with the head's groups re-run and the
     loss's cost added (a chunked head re-runs the whole projection and the loss, slice by
-    slice, in backward) and ``head_freed_bytes`` fewer bytes to free, where
-    ``head_freed_bytes`` is at least what chunking can take off the peak
-    (benchmarks/planner.py passes every backward temporary at the un-checkpointed peak).
-    Each program bounds the plans of its kind, so their minimum bounds every plan. The
-    greedy bound splits the same way, the head's groups already paid in the second.
+    slice, in backward) and ``head_freed_bytes`` fewer bytes to free. The second rests on
+    the end of forward, where any plan holds at least the bytes alive before the step and
+    what it kept, within the budget: it frees at least ``start + saved - budget``, which is
+    ``need`` less ``head_freed_bytes = peak - start - saved`` (what benchmarks/planner.py
+    passes: whatever the un-checkpointed peak holds besides those, temporaries and
+    gradients alike). Each program bounds the plans of its kind, so their minimum bounds
+    every plan. The greedy bound splits the same way, the head's groups already paid in
+    the second.
 """
 
 from __future__ import annotations

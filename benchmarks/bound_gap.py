@@ -63,7 +63,7 @@ def gap(case: str) -> str:
     full, none = manual.point("full").peak_bytes, manual.point("none").peak_bytes
     budget = int(full + int(percent) / 100 * (none - full))
     graph = saved_graph(model, batch, manual.cost_device)
-    head_bytes = head_freed_bytes(model, batch)  # NOTE [ A chunked head in the bound ]
+    head_bytes = head_freed_bytes(model, batch, graph)  # NOTE [ A chunked head in the bound ]
     result = plan(model, batch, budget=budget)
     freed = none - result.measured_or_predicted_peak_bytes
     lp = lp_bound_ms(graph, none - budget, head_bytes)

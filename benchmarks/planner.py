@@ -90,7 +90,6 @@ from pathlib import Path
 import torch
 
 from remat.compare.frontier import Frontier, FrontierPoint, frontier
-from remat.core.cost import Category
 from remat.measure.profile import profile
 from remat.measure.step import call_model, default_loss
 from remat.models import build_model, make_batch
@@ -387,11 +386,14 @@ def bounds_ms(graph: ForwardGraph, need_bytes: int, head_freed_bytes: int = 0
     return max(greedy, lp_bound_ms(graph, need_bytes, head_freed_bytes)), greedy
 
 
-def head_freed_bytes(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> int:
-    """At least the bytes a chunked head can take off the un-checkpointed peak: every
-    backward temporary alive there (NOTE [ A chunked head in the bound ])."""
-    peak = profile(model, batch, timing=False)
-    return int(peak.peak_breakdown.get(Category.BACKWARD_TEMPORARIES, 0))
+def head_freed_bytes(model: torch.nn.Module, batch: dict[str, torch.Tensor],
+                     graph: ForwardGraph) -> int:
+    """At least the bytes a chunked head can take off the un-checkpointed peak besides saved
+    storages: the peak less the bytes alive before the step and ``graph``'s saved storages
+    (NOTE [ A chunked head in the bound ])."""
+    none = profile(model, batch, timing=False)
+    start = none.param_bytes + none.buffer_bytes + none.batch_bytes + none.optimizer_bytes
+    return max(none.peak_bytes - start - graph.saved_bytes, 0)
 
 
 def _command() -> str:
@@ -445,7 +447,7 @@ def run_model(preset: str, batch_size: int, *, simulate: bool,
     manual = frontier(model, batch, budget_bytes=1, simulate=simulate, label=label)
     full, none = manual.point("full").peak_bytes, manual.point("none").peak_bytes
     graph = saved_graph(model, batch, manual.cost_device)
-    head_bytes = head_freed_bytes(model, batch)
+    head_bytes = head_freed_bytes(model, batch, graph)
     rows: list[Row] = []
     mid: Frontier | None = None
     for fraction in FRACTIONS:

@@ -104,7 +104,7 @@ def test_a_chunked_head_is_bounded_with_the_bytes_it_frees_besides_saved_storage
     none, chunked = manual.point("none").peak_bytes, manual.point("full+chunked_head:4")
     graph = _PLANNER.saved_graph(model, batch, manual.cost_device)
     assert graph.head_groups and graph.loss_ms > 0
-    head_bytes = _PLANNER.head_freed_bytes(model, batch)
+    head_bytes = _PLANNER.head_freed_bytes(model, batch, graph)
     assert head_bytes >= 2 * 64 * 2048 * 4  # the logits' gradient at least
     need = none - chunked.peak_bytes
     assert need > 0 and chunked.peak_bytes < manual.point("full").peak_bytes
