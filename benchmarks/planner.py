@@ -158,7 +158,7 @@ FAMILY_SECTION = "planner-families"
 #: family does not read are ignored by its config. No planning test, generated draw or other
 #: set here uses these families (tests/benchmarks/test_planner_held_out.py checks). Hybrids
 #: whose state-space or linear-attention sizes this config does not set (Qwen3-Next,
-#: Falcon-H1, Nemotron-H: 0.8-4.8 GB peaks at these keys) are left out for size.
+#: Falcon-H1, Nemotron-H: their peaks at these keys run to gigabytes) are left out for size.
 ARCH_TYPES = ("gemma3_text", "exaone4", "ernie4_5", "seed_oss", "gpt_oss", "llama4_text", "mpt",
               "biogpt", "olmo2", "olmo3", "apertus", "hunyuan_v1_dense", "lfm2", "helium",
               "smollm3", "glm", "arcee", "xglm", "glm4_moe", "minimax", "bitnet", "ministral",
