@@ -20,11 +20,12 @@ NOTE [ Forward graph over storages ]
     not inputs. Every output is held until the recording ends, so no address is reused and
     a storage's address identifies it.
 
-    The loss (every op after the output head returns) costs 0: ``chunked_head:N`` frees
-    the logits and the loss's saved storages by re-running the head's projection alone, in
-    slices (at least the whole projection's roofline cost), never the loss's ops as
-    recorded. The chain from the loss's storages back to the projection stays, so freeing
-    them still costs the projection.
+    The loss (every op after the output head returns) costs what its ops cost, in a plan
+    without a chunked head as anywhere else: freeing a storage of the loss means running
+    its ops again. A chunked head re-runs the head's projection and the whole loss, slice
+    by slice, in backward: its program (NOTE [ A chunked head in the bound ]) pays them
+    once (``loss_ms``, the head's groups forced) and prices the loss's groups at 0
+    (``ForwardGraph.chunked_cost_ms``).
 
 NOTE [ A chunked head in the bound ]
     NOTE [ Lower bound ]'s premise counts only saved storages as what a plan can free, the
@@ -42,12 +43,57 @@ NOTE [ A chunked head in the bound ]
     gradients alike). Each program bounds the plans of its kind, so their minimum bounds
     every plan. The greedy bound splits the same way, the head's groups already paid in
     the second.
+
+    A second moment binds a chunked plan too: the end of the head's backward, before the
+    first backward of the rest of the model. Nothing the rest of the model kept has been
+    released by then (its backward needs the gradient the head's produces, so it cannot
+    have started), and the head's backward has made its parameters' gradients and its
+    input's gradient (``ForwardGraph.head_grad_bytes``: the whole of each, summed over
+    every slice), which stay alive past that moment. What the head's and the loss's
+    backward may release is left out: the storages their ops wrote or read (the tail
+    storages). So a chunked plan also holds ``start + kept outside the tail + head
+    gradients`` within the budget: the second program gets that row as well, with
+    ``head_grad_bytes`` more to free than at the end of forward, outside the tail. Where
+    even freeing all of them is not enough, no chunked plan fits and that program is
+    infeasible (its bound infinite). Gradients of the rest of the model, and the head's
+    backward temporaries, are not asked for: they are not alive at that moment in every
+    plan, or not known to be.
+
+NOTE [ Moments of backward in the bound ]
+    Both programs above ask the plan to fit at one or two moments. Every moment of
+    backward binds it as well. The recording's backward (of the un-checkpointed step)
+    notes, for each saved storage, when its first unpack came (the first backward node to
+    read it), and the bytes of the storages backward's ops had made and not yet released
+    by then: parameter and activation gradients, and whatever else backward holds
+    (``_BackwardBytes``; views of parameters or of the forward's storages are not new). A
+    plan runs the same backward nodes in the same order on the same gradients
+    (checkpointing adds recompute before a node, it does not reorder or change them), so
+    just before the k-th first unpack it holds those bytes too, and a storage it kept from
+    the end of forward whose first unpack comes at or after k is still alive: its holders
+    in the plan are some of the nodes that packed it in the recording (or a checkpoint
+    that releases its region's inputs only after the region's nodes ran), none of which
+    has run backward yet; the storage being unpacked is alive too, kept or just
+    recomputed, as its node reads it. So each moment gives a row ``sum of b_t s_t over the
+    storages unpacked later <= budget - start - bytes backward made - the unpacked
+    storage's bytes``, where ``budget - start`` is ``saved - need + head_freed_bytes``; a
+    moment whose last two amounts add up to no more than an earlier one's is implied by it
+    (fewer storages) and left out. A chunked plan's head runs its backward
+    otherwise, so its program takes only the moments of storages outside the tail, each
+    row over storages outside the tail (by then the head's backward is done in the plan as
+    in the recording, and holds what it left: its parameters' and its input's gradients).
+    A row no plan can meet makes its program infeasible, its bound infinite. Where the
+    un-checkpointed step itself would break a row (the recording counted bytes the step
+    does not hold) the bound refuses to run; without ``head_freed_bytes`` the bytes alive
+    before the step are unknown and no moment is used.
 """
 
 from __future__ import annotations
 
+import math
+import weakref
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import torch
@@ -76,14 +122,19 @@ class ForwardGraph:
     Attributes:
         nbytes: bytes of each storage node.
         group_of: the group that writes each storage node.
-        cost_ms: roofline cost of each group (all its ops), ms.
+        cost_ms: roofline cost of each group (all its ops, the loss's included), ms.
         inputs: the storage nodes each group reads (not its own outputs).
         saved: the storage nodes autograd saves for backward.
         ops: the op names of each group, for tests and diagnosis.
         head_groups: the groups of the output head's ops (its projection), empty when no
             head was given (NOTE [ A chunked head in the bound ]).
-        loss_ms: roofline cost of the ops after the head (the loss), ms; they cost 0 in
-            ``cost_ms``.
+        loss_ms: roofline cost of the ops after the head (the loss), ms.
+        tail_groups: the groups of the head's ops and every op after it (the loss).
+        head_grad_bytes: bytes of the gradients the head's backward leaves alive: those
+            of its parameters that require one, and its input's.
+        unpacks: per saved storage read in backward, in the order of their first unpack,
+            ``(storage node, bytes of the storages backward made that are alive then)``
+            (NOTE [ Moments of backward in the bound ]).
     """
 
     nbytes: tuple[int, ...]
@@ -94,6 +145,9 @@ class ForwardGraph:
     ops: tuple[tuple[str, ...], ...]
     head_groups: frozenset[int] = frozenset()
     loss_ms: float = 0.0
+    tail_groups: frozenset[int] = frozenset()
+    head_grad_bytes: int = 0
+    unpacks: tuple[tuple[int, int], ...] = ()
 
     def __post_init__(self) -> None:
         if len(self.nbytes) != len(self.group_of):
@@ -105,6 +159,49 @@ class ForwardGraph:
     def saved_bytes(self) -> int:
         """Bytes of the saved storage nodes (what ``none`` keeps for backward)."""
         return sum(self.nbytes[t] for t in self.saved)
+
+    @property
+    def chunked_cost_ms(self) -> tuple[float, ...]:
+        """``cost_ms`` as a chunked head's program prices it: the loss's groups at 0 (it pays
+        ``loss_ms`` for them; NOTE [ Forward graph over storages ])."""
+        loss = self.tail_groups - self.head_groups
+        return tuple(0.0 if g in loss else c for g, c in enumerate(self.cost_ms))
+
+    @property
+    def tail_storages(self) -> frozenset[int]:
+        """Storage nodes the head's and the loss's backward may release: those their ops
+        wrote and those they read (NOTE [ A chunked head in the bound ])."""
+        tail = self.tail_groups
+        return frozenset(t for t, g in enumerate(self.group_of) if g in tail) \
+            | frozenset(u for g in tail for u in self.inputs[g])
+
+
+class _BackwardBytes(TorchDispatchMode):
+    """Bytes of the storages backward's ops made that are alive now (``live_bytes``):
+    gradients and temporaries, not the forward's storages or ``forward`` addresses."""
+
+    def __init__(self, forward: set[int]) -> None:
+        super().__init__()
+        self.forward = forward
+        self.live_bytes = 0
+        self._alive: dict[int, weakref.ref[torch.UntypedStorage]] = {}
+
+    def _freed(self, key: int, nbytes: int, _: object) -> None:
+        self.live_bytes -= nbytes
+        self._alive.pop(key, None)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        out = func(*args, **(kwargs or {}))
+        for t in tree_leaves(out):
+            if not isinstance(t, torch.Tensor):
+                continue
+            storage = t.untyped_storage()
+            key = id(storage)  # NOTE [ Storage identity and frees ] in remat/measure/ledger.py
+            if key in self._alive or storage.data_ptr() in self.forward:
+                continue
+            self.live_bytes += storage.nbytes()
+            self._alive[key] = weakref.ref(storage, partial(self._freed, key, storage.nbytes()))
+        return out
 
 
 class _Recorder(TorchDispatchMode):
@@ -122,9 +219,10 @@ class _Recorder(TorchDispatchMode):
         self.reads: list[set[int]] = []
         self.writes: list[set[int]] = []  # storages written in place
         self.held: list[torch.Tensor] = []
-        self.after_head = False  # the loss: its ops cost 0
+        self.after_head = False  # the loss
         self.in_head = False
         self.head_ops: list[int] = []
+        self.tail_ops: list[int] = []  # the head's and the loss's
         self.loss_ms = 0.0
 
     def _nodes(self, tensors: Iterable[torch.Tensor]) -> set[int]:
@@ -155,9 +253,11 @@ class _Recorder(TorchDispatchMode):
         index = len(self.op_ms)
         if self.in_head:
             self.head_ops.append(index)
+        if self.in_head or self.after_head:
+            self.tail_ops.append(index)
         ms = op_roofline_ms(OpRecord(str(func.overloadpacket), "forward", flops, read, write,
                                      None, dtype_bytes), self.spec)
-        self.op_ms.append(0.0 if self.after_head else ms)
+        self.op_ms.append(ms)
         self.loss_ms += ms if self.after_head else 0.0
         self.op_name.append(str(func.overloadpacket))
         self.reads.append(set() if func.overloadpacket in _SHAPE_ONLY else self._nodes(ins))
@@ -200,7 +300,8 @@ def forward_graph(run: Callable[[], torch.Tensor], free: Iterable[torch.Tensor],
         graph = forward_graph(lambda: default_loss(call_model(model, batch)),
                               [*model.parameters(), *model.buffers(), *batch.values()])
     """
-    free_keys = {t.untyped_storage().data_ptr() for t in free}
+    free_tensors = list(free)
+    free_keys = {t.untyped_storage().data_ptr() for t in free_tensors}
     recorder = _Recorder(device, free_keys)
     saved: set[int] = set()
 
@@ -210,22 +311,42 @@ def forward_graph(run: Callable[[], torch.Tensor], free: Iterable[torch.Tensor],
             saved.add(recorder.node[key])
         return t
 
-    def enter(*_: object) -> None:
+    head_grad_bytes = 0
+
+    def enter(module: torch.nn.Module, args: tuple[object, ...]) -> None:
+        nonlocal head_grad_bytes
         recorder.in_head = True
+        grads: list[torch.Tensor] = [p for p in module.parameters() if p.requires_grad]
+        grads += [t for t in args[:1] if isinstance(t, torch.Tensor) and t.requires_grad]
+        head_grad_bytes = sum(t.numel() * t.element_size() for t in grads)
 
     def done(*_: object) -> None:
         recorder.in_head = False
         recorder.after_head = True
 
+    # NOTE [ Moments of backward in the bound ]: first unpacks, bytes backward made
+    unpacks: list[tuple[int, int]] = []
+    unpacked: set[int] = set()
+    made = _BackwardBytes(free_keys)
+
+    def unpack(t: torch.Tensor) -> torch.Tensor:
+        node = recorder.node.get(t.untyped_storage().data_ptr())
+        if node is not None and node not in unpacked:
+            unpacked.add(node)
+            unpacks.append((node, made.live_bytes))
+        return t
+
     hooks = [] if head is None else [head.register_forward_pre_hook(enter),
                                      head.register_forward_hook(done)]
     try:
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), recorder:
+        with torch.autograd.graph.saved_tensors_hooks(pack, unpack), recorder:
             loss = run()
     finally:
         for hook in hooks:
             hook.remove()
-    loss.backward()
+    made.forward = set(recorder.node) | free_keys
+    with made:
+        loss.backward()
     n_ops = len(recorder.op_ms)
     parent = list(range(n_ops))
     for op, writes in enumerate(recorder.writes):
@@ -247,23 +368,91 @@ def forward_graph(run: Callable[[], torch.Tensor], free: Iterable[torch.Tensor],
     graph = ForwardGraph(tuple(recorder.nbytes), group_of, tuple(cost), inputs,
                          frozenset(t for t in saved if recorder.nbytes[t] > 0),
                          tuple(tuple(n) for n in names),
-                         frozenset(of_op[op] for op in recorder.head_ops), recorder.loss_ms)
+                         frozenset(of_op[op] for op in recorder.head_ops), recorder.loss_ms,
+                         frozenset(of_op[op] for op in recorder.tail_ops), head_grad_bytes,
+                         tuple((t, g) for t, g in unpacks if t in saved and recorder.nbytes[t] > 0))
     recorder.held.clear()
     return graph
 
 
-def knapsack_bound_ms(graph: ForwardGraph, need_bytes: int, head_freed_bytes: int = 0
+def knapsack_bound_ms(graph: ForwardGraph, need_bytes: int, head_freed_bytes: int | None = None
                       ) -> float:
     """Fractional knapsack over groups: the least cost that frees ``need_bytes`` of saved
     storages, re-running a group freeing all its saved outputs, chains ignored; with
     ``head_freed_bytes``, the cheaper of that and a chunked head (NOTE [ A chunked head in
-    the bound ])."""
-    bound = _knapsack(graph, need_bytes, graph.cost_ms)
+    the bound ]); each moment of backward bounds both (NOTE [ Moments of backward in the
+    bound ]). Each row on its own relaxes the program with all of them: the largest
+    holds."""
+    paid = [0.0 if g in graph.head_groups else c
+            for g, c in enumerate(graph.chunked_cost_ms)]
+
+    def rows_ms(rows: list[Row], cost_ms: Sequence[float]) -> float:
+        bound = 0.0
+        for storages, room in rows:
+            kept = [t for t in storages if t in graph.saved]
+            bound = max(bound, _knapsack(graph, sum(graph.nbytes[t] for t in kept) - room,
+                                         cost_ms, kept))
+        return bound
+
+    return _with_head(
+        graph, need_bytes, head_freed_bytes,
+        lambda need, rows: max(_knapsack(graph, need, graph.cost_ms),
+                               rows_ms(rows, graph.cost_ms)),
+        lambda end, rows: _head_ms(graph) + max(_knapsack(graph, end, paid),
+                                                rows_ms(rows, paid)))
+
+
+Row = tuple[Sequence[int], int]
+"""Storage nodes and the bytes of them a plan may keep at one moment."""
+
+
+def _with_head(graph: ForwardGraph, need_bytes: int, head_freed_bytes: int | None,
+               plain: Callable[[int, list[Row]], float],
+               chunked: Callable[[int, list[Row]], float]) -> float:
+    """The cheaper of ``plain(need_bytes, rows)``, the bound on plans without a chunked
+    head, and, where a chunked head frees bytes, ``chunked(end_need, rows)``, the bound on
+    plans with one (``end_need``: the bytes to free at the end of forward); ``rows``: the
+    moments each kind of plan must fit at besides (NOTEs [ A chunked head in the bound ],
+    [ Moments of backward in the bound ]). ``head_freed_bytes`` None: the saved-storage
+    program alone."""
+    if head_freed_bytes is None:  # the bytes before the step unknown: no moment
+        return plain(need_bytes, [])
+    room = graph.saved_bytes - need_bytes + head_freed_bytes  # budget - start
+    moments = _moments(graph, room, frozenset())
+    for storages, left in moments:  # the un-checkpointed step keeps all, within its peak
+        held = sum(graph.nbytes[t] for t in storages)
+        if held > left + need_bytes:
+            raise RuntimeError(
+                f"_with_head: a moment of backward holds {held - left - need_bytes} B more "
+                "than the un-checkpointed peak allows: the recording counts bytes the step "
+                "does not hold")
+    bound = plain(need_bytes, moments)
     if head_freed_bytes > 0 and graph.head_groups:
-        paid = [0.0 if g in graph.head_groups else c for g, c in enumerate(graph.cost_ms)]
-        bound = min(bound, _head_ms(graph) + _knapsack(graph, need_bytes - head_freed_bytes,
-                                                       paid))
+        tail = graph.tail_storages
+        after_head = ([t for t, b in enumerate(graph.nbytes) if b > 0 and t not in tail],
+                      room - graph.head_grad_bytes)
+        bound = min(bound, chunked(need_bytes - head_freed_bytes,
+                                   [after_head, *_moments(graph, room, tail)]))
     return bound
+
+
+def _moments(graph: ForwardGraph, room: int, tail: frozenset[int]) -> list[Row]:
+    """One row per first unpack (NOTE [ Moments of backward in the bound ]): the storages
+    unpacked later, within ``room`` less the bytes backward made and the unpacked storage
+    itself (kept or just recomputed, it is alive as its node reads it). A moment whose
+    two amounts add up to no more than an earlier one's is implied by it (fewer storages)
+    and left out; so are storages in ``tail`` and their moments."""
+    order = [(t, made) for t, made in graph.unpacks if t not in tail]
+    seen = {t for t, _ in graph.unpacks}
+    never = [t for t in graph.saved if t not in seen and t not in tail]  # alive throughout
+    rows: list[Row] = []
+    last = -1
+    for k, (t, made) in enumerate(order):
+        held = made + graph.nbytes[t]
+        if held > last:
+            rows.append(([u for u, _ in order[k + 1:]] + never, room - held))
+            last = held
+    return rows
 
 
 def _head_ms(graph: ForwardGraph) -> float:
@@ -272,10 +461,17 @@ def _head_ms(graph: ForwardGraph) -> float:
     return sum(graph.cost_ms[g] for g in graph.head_groups) + graph.loss_ms
 
 
-def _knapsack(graph: ForwardGraph, need_bytes: int, cost_ms: Sequence[float]) -> float:
+def _knapsack(graph: ForwardGraph, need_bytes: int, cost_ms: Sequence[float],
+              storages: Iterable[int] | None = None) -> float:
+    """The least cost, fractionally, to free ``need_bytes`` of ``storages`` (default: every
+    saved storage); infinite where they hold fewer bytes than that."""
     freed = [0] * len(cost_ms)
-    for t in graph.saved:
+    for t in graph.saved if storages is None else storages:
         freed[graph.group_of[t]] += graph.nbytes[t]
+    if need_bytes > sum(freed):
+        if storages is not None:
+            return math.inf
+        need_bytes = sum(freed)  # clipped: free everything
     total = 0.0
     items = sorted((c / b, b, c) for b, c in zip(freed, cost_ms, strict=True) if b > 0)
     for _, nbytes, ms in items:
@@ -287,11 +483,14 @@ def _knapsack(graph: ForwardGraph, need_bytes: int, cost_ms: Sequence[float]) ->
     return total
 
 
-def _program(graph: ForwardGraph, need_bytes: int, forced: Iterable[int] = ()
+def _program(graph: ForwardGraph, need_bytes: int, forced: Iterable[int] = (),
+             moments: Sequence[Row] = (), cost_ms: Sequence[float] | None = None
              ) -> tuple[np.ndarray, csr_matrix, np.ndarray]:
     """``(objective in us, A_ub, b_ub)`` of NOTE [ Lower bound ]'s program over
-    ``[s_0 .. s_n, y_0 .. y_g]``, every group in ``forced`` re-run (``y_g = 1``); bytes in
-    MB keep HiGHS's tolerances meaningful."""
+    ``[s_0 .. s_n, y_0 .. y_g]``, every group in ``forced`` re-run (``y_g = 1``), and each
+    of ``moments`` (storages, bytes) bounding the bytes kept of those storages (NOTEs [ A
+    chunked head in the bound ], [ Moments of backward in the bound ]); bytes in MB keep
+    HiGHS's tolerances meaningful. ``cost_ms``: each group's cost (default ``graph.cost_ms``)."""
     n_s, n_g = len(graph.nbytes), len(graph.cost_ms)
     rows: list[int] = []
     cols: list[int] = []
@@ -317,57 +516,75 @@ def _program(graph: ForwardGraph, need_bytes: int, forced: Iterable[int] = ()
     saved_bytes = graph.saved_bytes
     row([(t, b * mb) for t, b in enumerate(graph.nbytes) if b > 0],
         (saved_bytes - min(max(need_bytes, 0), saved_bytes)) * mb)
+    for storages, room in moments:
+        row([(t, graph.nbytes[t] * mb) for t in storages if graph.nbytes[t] > 0], room * mb)
     matrix = coo_matrix((vals, (rows, cols)), shape=(len(rhs), n_s + n_g)).tocsr()
-    objective = np.concatenate([np.zeros(n_s), np.asarray(graph.cost_ms) * 1e3])
+    costs = graph.cost_ms if cost_ms is None else cost_ms
+    objective = np.concatenate([np.zeros(n_s), np.asarray(costs) * 1e3])
     return objective, matrix, np.asarray(rhs)
 
 
-def _lp(graph: ForwardGraph, need_bytes: int, forced: Iterable[int] = ()) -> float:
-    objective, matrix, rhs = _program(graph, need_bytes, forced)
+def _lp(graph: ForwardGraph, need_bytes: int, forced: Iterable[int] = (),
+        rows: Sequence[Row] = (), cost_ms: Sequence[float] | None = None) -> float:
+    objective, matrix, rhs = _program(graph, need_bytes, forced, rows, cost_ms)
     result = linprog(objective, A_ub=matrix, b_ub=rhs, bounds=(0.0, 1.0), method="highs")
+    if result.status == 2:
+        return math.inf  # no plan of this kind fits (NOTE [ Moments of backward in the bound ])
     if result.status != 0:
         raise RuntimeError(f"lp_bound_ms: HiGHS did not solve the LP: {result.message}")
     return float(result.fun) / 1e3
 
 
-def lp_bound_ms(graph: ForwardGraph, need_bytes: int, head_freed_bytes: int = 0) -> float:
+def lp_bound_ms(graph: ForwardGraph, need_bytes: int, head_freed_bytes: int | None = None) -> float:
     """The LP relaxation's optimum: the least cost of re-running groups (fractionally) so
     that ``need_bytes`` of saved storages are freed and every re-run group's inputs are
-    kept or re-run too (NOTE [ Lower bound ] in benchmarks/planner.py); with
-    ``head_freed_bytes``, the cheaper of that and a chunked head: the head re-run, and
-    ``head_freed_bytes`` fewer to free (NOTE [ A chunked head in the bound ]).
+    kept or re-run too (NOTE [ Lower bound ] in benchmarks/planner.py), the plan fitting
+    every moment of backward as well (NOTE [ Moments of backward in the bound ]); with
+    ``head_freed_bytes``, the cheaper of that and a chunked head: the head re-run,
+    ``head_freed_bytes`` fewer to free at the end of forward, the end of the head's backward
+    and the later moments bounded too (NOTE [ A chunked head in the bound ]).
 
     ``need_bytes`` above the saved bytes is clipped to them (free everything).
     """
     if need_bytes <= 0 or not graph.saved:
         return 0.0
-    bound = _lp(graph, need_bytes)
-    if head_freed_bytes > 0 and graph.head_groups:
-        bound = min(bound, graph.loss_ms + _lp(graph, need_bytes - head_freed_bytes,
-                                               graph.head_groups))
-    return bound
+    return _with_head(graph, need_bytes, head_freed_bytes,
+                      lambda need, rows: _lp(graph, need, (), rows),
+                      lambda end, rows: chunked_lp_ms(graph, end, rows))
 
 
-def integer_bound_ms(graph: ForwardGraph, need_bytes: int, head_freed_bytes: int = 0,
+def chunked_lp_ms(graph: ForwardGraph, end_need_bytes: int, rows: Sequence[Row] = ()
+                  ) -> float:
+    """The chunked head's program as an LP (NOTE [ A chunked head in the bound ]): the loss
+    paid, the head's groups re-run, ``end_need_bytes`` to free at the end of forward and
+    ``rows`` besides."""
+    return graph.loss_ms + _lp(graph, end_need_bytes, graph.head_groups, rows,
+                               graph.chunked_cost_ms)
+
+
+def integer_bound_ms(graph: ForwardGraph, need_bytes: int, head_freed_bytes: int | None = None,
                      time_limit_s: float = 30.0) -> float:
     """The same program with every variable 0 or 1 (what a plan is): HiGHS's dual bound,
     so still a lower bound when the time limit stops it; for diagnosing the LP's
     integrality gap. ``head_freed_bytes`` as for :func:`lp_bound_ms`."""
     if need_bytes <= 0 or not graph.saved:
         return 0.0
-    bound = _milp(graph, need_bytes, (), time_limit_s)
-    if head_freed_bytes > 0 and graph.head_groups:
-        bound = min(bound, graph.loss_ms + _milp(graph, need_bytes - head_freed_bytes,
-                                                 graph.head_groups, time_limit_s))
-    return bound
+    return _with_head(
+        graph, need_bytes, head_freed_bytes,
+        lambda need, rows: _milp(graph, need, (), time_limit_s, rows),
+        lambda end, rows: graph.loss_ms + _milp(graph, end, graph.head_groups,
+                                                time_limit_s, rows, graph.chunked_cost_ms))
 
 
 def _milp(graph: ForwardGraph, need_bytes: int, forced: Iterable[int],
-          time_limit_s: float) -> float:
-    objective, matrix, rhs = _program(graph, need_bytes, forced)
+          time_limit_s: float, rows: Sequence[Row] = (),
+          cost_ms: Sequence[float] | None = None) -> float:
+    objective, matrix, rhs = _program(graph, need_bytes, forced, rows, cost_ms)
     result = milp(objective, constraints=LinearConstraint(matrix, -np.inf, rhs),
                   integrality=np.ones(len(objective)), bounds=Bounds(0.0, 1.0),
                   options={"time_limit": time_limit_s})
+    if result.status == 2:
+        return math.inf  # no plan of this kind fits (NOTE [ Moments of backward in the bound ])
     bound = getattr(result, "mip_dual_bound", None)
     if bound is None:
         raise RuntimeError(f"integer_bound_ms: HiGHS found no bound: {result.message}")

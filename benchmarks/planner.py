@@ -53,7 +53,8 @@ NOTE [ Lower bound ]
     the gap bounds how much better any plan could be. It bounds plans that free bytes
     by recomputing (offloading frees them without, and is not planned on CPU); a chunked
     head frees bytes besides saved storages, which NOTE [ A chunked head in the bound ] in
-    benchmarks/_bound.py takes into account. The same
+    benchmarks/_bound.py takes into account, and every moment of backward binds a plan
+    besides the peak (NOTE [ Moments of backward in the bound ] there). The same
     program in integers is a bound too, by the same argument (benchmarks/bound_gap.py
     uses it to tell the LP's integrality gap from the planner's).
 
@@ -376,12 +377,14 @@ def saved_graph(model: torch.nn.Module, batch: dict[str, torch.Tensor],
     return graph
 
 
-def bounds_ms(graph: ForwardGraph, need_bytes: int, head_freed_bytes: int = 0
+def bounds_ms(graph: ForwardGraph, need_bytes: int, head_freed_bytes: int | None = None
               ) -> tuple[float, float]:
     """``(lower bound, greedy bound)`` on the recompute that frees ``need_bytes``: the
     LP relaxation (chains) and the fractional knapsack (no chains), NOTE [ Lower bound ];
     a chunked head may free ``head_freed_bytes`` besides (NOTE [ A chunked head in the
-    bound ] in benchmarks/_bound.py). Both are valid, so the bound is the larger."""
+    bound ] in benchmarks/_bound.py), which also places the bytes alive before the step,
+    so that every moment of backward binds (NOTE [ Moments of backward in the bound ]).
+    Both are valid, so the bound is the larger."""
     greedy = knapsack_bound_ms(graph, need_bytes, head_freed_bytes)
     return max(greedy, lp_bound_ms(graph, need_bytes, head_freed_bytes)), greedy
 
@@ -566,7 +569,8 @@ def render(rows: list[Row], fronts: list[Frontier], *, timings: dict[int, tuple[
         f"Plan recompute / best manual, averaged: **{vs_best:.2f}x**; plan / lower bound "
         f"(NOTE [ Lower bound ] in benchmarks/planner.py: the LP relaxation of freeing the "
         f"needed bytes of saved storages by re-running the ops that wrote them, their "
-        f"inputs kept or re-run in turn; \"greedy\" is the same without chains), averaged: "
+        f"inputs kept or re-run in turn, at the peak and at every moment of backward, a "
+        f"chunked head's program beside; \"greedy\" is the same without chains), averaged: "
         f"**{vs_bound:.2f}x**"
         + (f" (worst: {worst.vs_bound:.2f}x, {worst.model} at {worst.fraction:.0%}). "
            if worst is not None else ". ") +

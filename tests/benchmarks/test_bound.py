@@ -83,10 +83,8 @@ def test_the_lp_bound_is_below_every_fitting_strategy_and_the_plan(build: object
             assert lp <= result.recompute_ms * (1 + 1e-6), (label, result.label())
 
 
-def test_a_chunked_head_is_bounded_with_the_bytes_it_frees_besides_saved_storages() -> None:
-    """NOTE [ A chunked head in the bound ]: on a decoder whose logits dominate, the bound
-    with the head's branch stays below the recompute of a chunked head that fits, and never
-    above the saved-storage program alone."""
+def _logits_heavy() -> tuple[nn.Module, dict[str, torch.Tensor]]:
+    """A 2-layer Llama whose logits dominate its step (vocabulary 2048, d 64)."""
     import transformers as tf
 
     torch.manual_seed(0)
@@ -98,7 +96,14 @@ def test_a_chunked_head_is_bounded_with_the_bytes_it_frees_besides_saved_storage
     model.config.use_cache = False
     model.train()
     ids = torch.randint(0, 2048, (2, 64), generator=torch.Generator().manual_seed(0))
-    batch = {"input_ids": ids, "labels": ids.clone()}
+    return model, {"input_ids": ids, "labels": ids.clone()}
+
+
+def test_a_chunked_head_is_bounded_with_the_bytes_it_frees_besides_saved_storages() -> None:
+    """NOTE [ A chunked head in the bound ]: on a decoder whose logits dominate, the bound
+    with the head's branch stays below the recompute of a chunked head that fits, and never
+    above the saved-storage program alone."""
+    model, batch = _logits_heavy()
     manual = frontier(model, batch, budget_bytes=1, simulate=True,
                       strategies=("none", "full", "full+chunked_head:4"))
     none, chunked = manual.point("none").peak_bytes, manual.point("full+chunked_head:4")
@@ -115,3 +120,37 @@ def test_a_chunked_head_is_bounded_with_the_bytes_it_frees_besides_saved_storage
     head_ms = sum(graph.cost_ms[g] for g in graph.head_groups) + graph.loss_ms
     assert _BOUND.lp_bound_ms(graph, 1, 10 * none) == pytest.approx(
         min(_BOUND.lp_bound_ms(graph, 1), head_ms))
+
+
+def test_every_moment_of_backward_binds_within_the_un_checkpointed_peak() -> None:
+    """NOTE [ Moments of backward in the bound ]: at each first unpack the recording's
+    kept storages and the bytes backward made are within the un-checkpointed step's
+    peak (else a moment would ask more of a plan than any step holds), and the moments
+    raise the chunked head's program above the end of forward alone (a mixture of experts
+    decoder drawn for this test, whose chunked head frees its loss's temporaries), while
+    the bound stays below every built-in strategy that fits."""
+    generated_models = load_module(ROOT / "tests" / "generated_models.py", "generated_models")
+    drawn = generated_models.generated_model(502, seq=16)  # olmoe, 4 layers, dropout
+    model, batch = drawn.model, drawn.batch
+    manual = frontier(model, batch, budget_bytes=1, simulate=True)
+    full, none = manual.point("full").peak_bytes, manual.point("none").peak_bytes
+    graph = _PLANNER.saved_graph(model, batch, manual.cost_device)
+    head_bytes = _PLANNER.head_freed_bytes(model, batch, graph)
+    start = none - graph.saved_bytes - head_bytes
+    assert graph.unpacks and {t for t, _ in graph.unpacks} <= graph.saved
+    for k, (_, made) in enumerate(graph.unpacks):
+        kept = sum(graph.nbytes[t] for t, _ in graph.unpacks[k:])
+        assert 0 <= made and start + kept + made <= none, k
+    tail = graph.tail_storages
+    for fraction in (0.25, 0.5, 0.75):
+        budget = int(full + fraction * (none - full))
+        need = none - budget
+        end = _BOUND.chunked_lp_ms(graph, need - head_bytes)
+        room = graph.saved_bytes - need + head_bytes
+        with_moments = _BOUND.chunked_lp_ms(graph, need - head_bytes,
+                                            _BOUND._moments(graph, room, tail))
+        assert with_moments > end * 1.05, fraction  # 1.10-1.22x when written
+        bound, _ = _PLANNER.bounds_ms(graph, need, head_bytes)
+        fitting = [p for p in manual.points if p.peak_bytes <= budget]
+        assert fitting
+        assert all(bound <= p.recompute_ms * (1 + 1e-6) for p in fitting), fraction

@@ -21,7 +21,14 @@ from remat.recompute import is_recomputing
 from remat.strategies.dead_ops import supported
 from remat.strategies.op_graph import block_graphs
 from remat.strategies.regions import install_checkpoint, uninstall
-from remat.strategies.save_cuts import CutGraph, cut_graph, cut_save_sets, with_cut_sets
+from remat.strategies.save_cuts import (
+    CutGraph,
+    _first_step,
+    _hull_sets,
+    cut_graph,
+    cut_save_sets,
+    with_cut_sets,
+)
 
 H100 = get_device("h100-80gb")
 
@@ -84,6 +91,36 @@ def test_the_sweep_finds_every_vertex_of_the_hull(cut: CutGraph) -> None:
     got = {(b, round(c, 6)) for _, b, c in cut.hull()}
     assert {(b, round(c, 6)) for b, c in want} <= got
     assert len(got) <= len(want) + 2  # the two ends may be collinear with a vertex
+
+
+def test_a_collinear_cheap_end_offers_its_smallest_drop() -> None:
+    """Item 5 of the NOTE: three outputs that each cost 0.1 ms per byte to redo put the
+    whole hull on one line from keeping all to keeping none; the drop of the smallest is
+    offered as well, so a plan needing 10 bytes frees 10, not 60."""
+    cut = CutGraph(tuple(("aten.op", o) for o in range(3)), (10, 20, 30), (1.0, 2.0, 3.0),
+                   ((), (), ()), frozenset(range(3)), frozenset(range(3)))
+    assert [nbytes for _, nbytes, _ in cut.hull()] == [60, 0]  # no vertex between
+    step = _first_step(cut, cut.hull())
+    assert step == (frozenset({1, 2}), 50, 1.0)
+    assert frozenset({"aten.op#1", "aten.op#2"}) in _hull_sets(cut, max_sets=6)
+
+
+@settings(max_examples=150, deadline=None)
+@given(cut=graphs())
+def test_the_first_step_lies_on_the_first_edge_one_drop_from_the_top(cut: CutGraph) -> None:
+    hull = cut.hull()
+    step = _first_step(cut, hull)
+    if step is None:
+        return
+    (top, top_bytes, top_ms), (_, next_bytes, next_ms) = hull[0], hull[1]
+    kept, nbytes, ms = step
+    assert len(top - kept) == 1 and kept < top
+    assert cut.price(kept) == pytest.approx((nbytes, ms))
+    assert next_bytes < nbytes < top_bytes and ms > top_ms
+    slope = (next_ms - top_ms) / (top_bytes - next_bytes)
+    assert ms - top_ms == pytest.approx(slope * (top_bytes - nbytes), rel=1e-6, abs=1e-9)
+    offered = _hull_sets(cut, max_sets=6)
+    assert frozenset(f"aten.op#{o}" for o in kept) in offered
 
 
 # -- on a real region -----------------------------------------------------------------------

@@ -40,6 +40,14 @@ NOTE [ Save sets as minimum cuts ]
        Vertices between two offered ones are reached only on the line between them,
        above the hull, so the two keeping the most are always offered and the
        others are spread over the rest of the hull.
+    5. The first step. Roofline costs of memory-bound calls are their bytes over the
+       bandwidth, so at the cheap end several drops often cost the same per byte: the
+       hull's first edge then runs from keeping everything straight to dropping all of
+       them at once (a Phi block: its layer norm's 16,896 B for 10.1 ns lie on the line
+       to a vertex freeing 164,352 B for 98.1 ns), and a plan that needs a few bytes per
+       block must free ten times more. So the set one drop away from the top vertex
+       that frees the fewest bytes on that edge (its cost per byte freed no more than
+       the edge's) is offered besides the hull's vertices.
 
 Example:
     >>> sets = cut_save_sets(graph, forward_ops, get_device("h100-80gb"))
@@ -236,15 +244,46 @@ _CHEAP_END = 2
 def _hull_sets(cut: CutGraph, max_sets: int) -> list[frozenset[str]]:
     """Up to ``max_sets`` hull vertices that keep something and recompute something, as
     save sets, fewest kept bytes first: the ``_CHEAP_END`` that keep the most, then the
-    others spread evenly, the one keeping the least included (item 4 of the NOTE)."""
-    useful = [(kept, nbytes, ms) for kept, nbytes, ms in cut.hull() if kept and ms > 0]
+    others spread evenly, the one keeping the least included (item 4 of the NOTE); and
+    the first step of the cheap end besides (item 5)."""
+    hull = cut.hull()
+    useful = [(kept, nbytes, ms) for kept, nbytes, ms in hull if kept and ms > 0]
     if len(useful) > max_sets:
         head = max(min(_CHEAP_END, max_sets - 2), 0)  # room for both ends first
         slots, span = max_sets - head, len(useful) - 1 - head  # spread over useful[head:]
         picks = set(range(head)) | {
             head + (round(i * span / (slots - 1)) if slots > 1 else span) for i in range(slots)}
         useful = [useful[i] for i in sorted(picks)]
+    step = _first_step(cut, hull)
+    if step is not None and step not in useful:
+        useful.insert(0, step)
     return [frozenset(call_entry(*cut.names[o]) for o in kept) for kept, _, _ in useful[::-1]]
+
+
+def _first_step(cut: CutGraph, hull: list[tuple[frozenset[int], int, float]]
+                ) -> tuple[frozenset[int], int, float] | None:
+    """The point of ``hull``'s first edge one drop away from the top vertex that frees the
+    fewest bytes, where one lies strictly between the edge's ends and recomputes something
+    (item 5 of NOTE [ Save sets as minimum cuts ]); else None."""
+    if len(hull) < 2:
+        return None
+    (top, top_bytes, top_ms), (_, next_bytes, next_ms) = hull[0], hull[1]
+    if top_bytes <= next_bytes:
+        return None
+    slope = (next_ms - top_ms) / (top_bytes - next_bytes)
+    best: tuple[int, float, frozenset[int]] | None = None
+    for o in top:
+        kept = top - {o}
+        nbytes, ms = cut.price(kept)
+        freed = top_bytes - nbytes
+        if 0 < freed < top_bytes - next_bytes and ms > top_ms \
+                and ms - top_ms <= slope * freed * (1 + 1e-6) \
+                and (best is None or (freed, ms) < best[:2]):
+            best = (freed, ms, kept)
+    if best is None or not best[2]:
+        return None
+    freed, ms, kept = best
+    return kept, top_bytes - freed, ms
 
 
 _Solution = tuple[float, frozenset[int], int, float]  # lam, kept, kept bytes, recompute ms
