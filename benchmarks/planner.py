@@ -97,6 +97,7 @@ from remat.models import build_model, make_batch
 from remat.planning import Plan, plan, plan_throughput, prepare
 from remat.report.plots import plot_frontier
 from remat.report.tables import frontier_markdown, markdown_table
+from remat.strategies.head import output_head
 from remat.units import format_bytes
 from remat.validation import validate
 
@@ -369,10 +370,9 @@ def saved_graph(model: torch.nn.Module, batch: dict[str, torch.Tensor],
                 device: str = "h100-80gb") -> ForwardGraph:
     """The training step's forward as a graph over storages (benchmarks/_bound.py)."""
     free = [*model.parameters(), *model.buffers(), *batch.values()]
-    get_head = getattr(model, "get_output_embeddings", None)
-    head = get_head() if callable(get_head) else None
+    # the head a chunked head replaces (a built-in model's ``lm_head`` too)
     graph = forward_graph(lambda: default_loss(call_model(model, batch)), free, device,
-                          head if isinstance(head, torch.nn.Module) else None)
+                          output_head(model))
     model.zero_grad(set_to_none=True)
     return graph
 
