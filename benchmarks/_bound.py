@@ -65,9 +65,10 @@ NOTE [ Moments of backward in the bound ]
     notes, for each saved storage, when its first unpack came (the first backward node to
     read it), and the bytes of the storages backward's ops had made and not yet released
     by then: parameter and activation gradients, and whatever else backward holds
-    (``_BackwardBytes``; views of parameters or of the forward's storages are not new). A
-    plan runs the same backward nodes in the same order on the same gradients
-    (checkpointing adds recompute before a node, it does not reorder or change them), so
+    (``_BackwardBytes``; views of parameters or of the forward's storages are not new),
+    and the same just after each op of backward. A plan runs the same backward nodes in
+    the same order on the same gradients (checkpointing adds recompute before a node, it
+    does not reorder or change them), so
     just before the k-th first unpack it holds those bytes too, and a storage it kept from
     the end of forward whose first unpack comes at or after k is still alive: its holders
     in the plan are some of the nodes that packed it in the recording (or a checkpoint
@@ -75,11 +76,14 @@ NOTE [ Moments of backward in the bound ]
     has run backward yet; the storage being unpacked is alive too, kept or just
     recomputed, as its node reads it. So each moment gives a row ``sum of b_t s_t over the
     storages unpacked later <= budget - start - bytes backward made - the unpacked
-    storage's bytes``, where ``budget - start`` is ``saved - need + head_freed_bytes``; a
-    moment whose last two amounts add up to no more than an earlier one's is implied by it
-    (fewer storages) and left out. A chunked plan's head runs its backward
-    otherwise, so its program takes only the moments of storages outside the tail, each
-    row over storages outside the tail (by then the head's backward is done in the plan as
+    storage's bytes``, where ``budget - start`` is ``saved - need + head_freed_bytes``. A
+    node's own peak comes while it runs (its gradients made, its inputs not yet
+    released), so the moment just after each op of backward gives a row too, over the
+    storages not unpacked yet, less the bytes backward made then. A moment whose storages
+    are among an earlier one's and whose bytes are no more is implied by it and left
+    out. A chunked plan's head runs its backward otherwise, so its program takes only the
+    moments where the storage last unpacked lies outside the tail, each row over storages
+    outside the tail (by then the head's backward is done in the plan as
     in the recording, and holds what it left: its parameters' and its input's gradients).
     A row no plan can meet makes its program infeasible, its bound infinite. Where the
     un-checkpointed step itself would break a row (the recording counted bytes the step
@@ -92,7 +96,7 @@ from __future__ import annotations
 import math
 import weakref
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 
 import numpy as np
@@ -135,6 +139,8 @@ class ForwardGraph:
         unpacks: per saved storage read in backward, in the order of their first unpack,
             ``(storage node, bytes of the storages backward made that are alive then)``
             (NOTE [ Moments of backward in the bound ]).
+        op_moments: per op of backward, ``(how many of unpacks came before it, bytes of the
+            storages backward made that are alive just after it)``.
     """
 
     nbytes: tuple[int, ...]
@@ -148,6 +154,7 @@ class ForwardGraph:
     tail_groups: frozenset[int] = frozenset()
     head_grad_bytes: int = 0
     unpacks: tuple[tuple[int, int], ...] = ()
+    op_moments: tuple[tuple[int, int], ...] = ()
 
     def __post_init__(self) -> None:
         if len(self.nbytes) != len(self.group_of):
@@ -180,9 +187,10 @@ class _BackwardBytes(TorchDispatchMode):
     """Bytes of the storages backward's ops made that are alive now (``live_bytes``):
     gradients and temporaries, not the forward's storages or ``forward`` addresses."""
 
-    def __init__(self, forward: set[int]) -> None:
+    def __init__(self, forward: set[int], on_op: Callable[[], None] = lambda: None) -> None:
         super().__init__()
         self.forward = forward
+        self.on_op = on_op  # called after each op, its outputs counted
         self.live_bytes = 0
         self._alive: dict[int, weakref.ref[torch.UntypedStorage]] = {}
 
@@ -201,6 +209,7 @@ class _BackwardBytes(TorchDispatchMode):
                 continue
             self.live_bytes += storage.nbytes()
             self._alive[key] = weakref.ref(storage, partial(self._freed, key, storage.nbytes()))
+        self.on_op()
         return out
 
 
@@ -326,8 +335,9 @@ def forward_graph(run: Callable[[], torch.Tensor], free: Iterable[torch.Tensor],
 
     # NOTE [ Moments of backward in the bound ]: first unpacks, bytes backward made
     unpacks: list[tuple[int, int]] = []
+    ops: list[tuple[int, int]] = []  # (first unpacks before it, bytes made) per backward op
     unpacked: set[int] = set()
-    made = _BackwardBytes(free_keys)
+    made = _BackwardBytes(free_keys, lambda: ops.append((len(unpacks), made.live_bytes)))
 
     def unpack(t: torch.Tensor) -> torch.Tensor:
         node = recorder.node.get(t.untyped_storage().data_ptr())
@@ -347,6 +357,10 @@ def forward_graph(run: Callable[[], torch.Tensor], free: Iterable[torch.Tensor],
     made.forward = set(recorder.node) | free_keys
     with made:
         loss.backward()
+    kept = [i for i, (t, _) in enumerate(unpacks) if t in saved and recorder.nbytes[t] > 0]
+    before, kept_set = [0], set(kept)  # before[n]: the unpacks kept among the first n
+    for i in range(len(unpacks)):
+        before.append(before[-1] + (i in kept_set))
     n_ops = len(recorder.op_ms)
     parent = list(range(n_ops))
     for op, writes in enumerate(recorder.writes):
@@ -370,7 +384,7 @@ def forward_graph(run: Callable[[], torch.Tensor], free: Iterable[torch.Tensor],
                          tuple(tuple(n) for n in names),
                          frozenset(of_op[op] for op in recorder.head_ops), recorder.loss_ms,
                          frozenset(of_op[op] for op in recorder.tail_ops), head_grad_bytes,
-                         tuple((t, g) for t, g in unpacks if t in saved and recorder.nbytes[t] > 0))
+                         tuple(unpacks[i] for i in kept), tuple((before[n], b) for n, b in ops))
     recorder.held.clear()
     return graph
 
@@ -383,82 +397,105 @@ def knapsack_bound_ms(graph: ForwardGraph, need_bytes: int, head_freed_bytes: in
     the bound ]); each moment of backward bounds both (NOTE [ Moments of backward in the
     bound ]). Each row on its own relaxes the program with all of them: the largest
     holds."""
-    paid = [0.0 if g in graph.head_groups else c
-            for g, c in enumerate(graph.chunked_cost_ms)]
 
-    def rows_ms(rows: list[Row], cost_ms: Sequence[float]) -> float:
-        bound = 0.0
-        for storages, room in rows:
+    def bound(program: Program) -> float:
+        paid = [0.0 if g in program.forced else c for g, c in enumerate(program.cost_ms)]
+        rows = [_knapsack(graph, program.need_bytes, paid)]
+        for storages, room in program.rows:
             kept = [t for t in storages if t in graph.saved]
-            bound = max(bound, _knapsack(graph, sum(graph.nbytes[t] for t in kept) - room,
-                                         cost_ms, kept))
-        return bound
+            rows.append(_knapsack(graph, sum(graph.nbytes[t] for t in kept) - room, paid,
+                                  kept))
+        return program.paid_ms(graph) + max(rows)
 
-    return _with_head(
-        graph, need_bytes, head_freed_bytes,
-        lambda need, rows: max(_knapsack(graph, need, graph.cost_ms),
-                               rows_ms(rows, graph.cost_ms)),
-        lambda end, rows: _head_ms(graph) + max(_knapsack(graph, end, paid),
-                                                rows_ms(rows, paid)))
+    return min(bound(p) for p in programs(graph, need_bytes, head_freed_bytes))
 
 
 Row = tuple[Sequence[int], int]
 """Storage nodes and the bytes of them a plan may keep at one moment."""
 
 
-def _with_head(graph: ForwardGraph, need_bytes: int, head_freed_bytes: int | None,
-               plain: Callable[[int, list[Row]], float],
-               chunked: Callable[[int, list[Row]], float]) -> float:
-    """The cheaper of ``plain(need_bytes, rows)``, the bound on plans without a chunked
-    head, and, where a chunked head frees bytes, ``chunked(end_need, rows)``, the bound on
-    plans with one (``end_need``: the bytes to free at the end of forward); ``rows``: the
-    moments each kind of plan must fit at besides (NOTEs [ A chunked head in the bound ],
-    [ Moments of backward in the bound ]). ``head_freed_bytes`` None: the saved-storage
-    program alone."""
+@dataclass(frozen=True)
+class Program:
+    """The bound's program for one kind of plan (NOTEs [ Lower bound ] in
+    benchmarks/planner.py, [ A chunked head in the bound ], [ Moments of backward in the
+    bound ]).
+
+    Attributes:
+        label: ``"saved storages"`` (plans without a chunked head) or ``"chunked head"``.
+        need_bytes: bytes of saved storages to free (at the peak, or the end of forward).
+        rows: the moments the plan must fit at besides.
+        forced: groups every plan of this kind re-runs (the head's projection).
+        cost_ms: each group's cost, ms.
+        extra_ms: what such a plan pays besides its groups (the loss, slice by slice), ms.
+    """
+
+    label: str
+    need_bytes: int
+    rows: tuple[Row, ...]
+    forced: frozenset[int]
+    cost_ms: tuple[float, ...]
+    extra_ms: float
+
+    def paid_ms(self, graph: ForwardGraph) -> float:
+        """What every plan of this kind pays whatever it frees: ``extra_ms`` and the forced
+        groups."""
+        return self.extra_ms + sum(self.cost_ms[g] for g in self.forced)
+
+
+def programs(graph: ForwardGraph, need_bytes: int, head_freed_bytes: int | None
+             ) -> list[Program]:
+    """The program for plans without a chunked head and, where a chunked head frees bytes,
+    the one for plans with one (``need_bytes`` less ``head_freed_bytes`` to free at the end
+    of forward, the end of the head's backward and the later moments besides). Without
+    ``head_freed_bytes`` the bytes alive before the step are unknown: the saved-storage
+    program alone, without moments."""
+    plain = Program("saved storages", need_bytes, (), frozenset(), graph.cost_ms, 0.0)
     if head_freed_bytes is None:  # the bytes before the step unknown: no moment
-        return plain(need_bytes, [])
+        return [plain]
     room = graph.saved_bytes - need_bytes + head_freed_bytes  # budget - start
     moments = _moments(graph, room, frozenset())
     for storages, left in moments:  # the un-checkpointed step keeps all, within its peak
         held = sum(graph.nbytes[t] for t in storages)
         if held > left + need_bytes:
             raise RuntimeError(
-                f"_with_head: a moment of backward holds {held - left - need_bytes} B more "
+                f"programs: a moment of backward holds {held - left - need_bytes} B more "
                 "than the un-checkpointed peak allows: the recording counts bytes the step "
                 "does not hold")
-    bound = plain(need_bytes, moments)
+    found = [replace(plain, rows=tuple(moments))]
     if head_freed_bytes > 0 and graph.head_groups:
         tail = graph.tail_storages
         after_head = ([t for t, b in enumerate(graph.nbytes) if b > 0 and t not in tail],
                       room - graph.head_grad_bytes)
-        bound = min(bound, chunked(need_bytes - head_freed_bytes,
-                                   [after_head, *_moments(graph, room, tail)]))
-    return bound
+        found.append(Program("chunked head", need_bytes - head_freed_bytes,
+                             (after_head, *_moments(graph, room, tail)), graph.head_groups,
+                             graph.chunked_cost_ms, graph.loss_ms))
+    return found
 
 
 def _moments(graph: ForwardGraph, room: int, tail: frozenset[int]) -> list[Row]:
-    """One row per first unpack (NOTE [ Moments of backward in the bound ]): the storages
-    unpacked later, within ``room`` less the bytes backward made and the unpacked storage
-    itself (kept or just recomputed, it is alive as its node reads it). A moment whose
-    two amounts add up to no more than an earlier one's is implied by it (fewer storages)
-    and left out; so are storages in ``tail`` and their moments."""
-    order = [(t, made) for t, made in graph.unpacks if t not in tail]
-    seen = {t for t, _ in graph.unpacks}
+    """The rows of NOTE [ Moments of backward in the bound ]: at each first unpack, the
+    storages unpacked later within ``room`` less the bytes backward made and the unpacked
+    storage itself (kept or just recomputed, it is alive as its node reads it); just after
+    each op of backward, the storages not unpacked yet within ``room`` less the bytes
+    backward made. A moment whose storages are among an earlier one's and whose bytes are
+    no more is implied by it and left out; so are storages in ``tail`` and the moments
+    while the last storage unpacked is one of them (the head's backward, which a chunked
+    head runs otherwise)."""
+    events = graph.unpacks
+    seen = {t for t, _ in events}
     never = [t for t in graph.saved if t not in seen and t not in tail]  # alive throughout
+    moments = [(i, 0, made + graph.nbytes[t]) for i, (t, made) in enumerate(events)
+               if t not in tail]
+    moments += [(n - 1, 1, made) for n, made in graph.op_moments
+                if (n > 0 and events[n - 1][0] not in tail) or (n == 0 and not tail)]
     rows: list[Row] = []
     last = -1
-    for k, (t, made) in enumerate(order):
-        held = made + graph.nbytes[t]
+    for i, _, held in sorted(moments):  # storages unpacked after event i stay alive
         if held > last:
-            rows.append(([u for u, _ in order[k + 1:]] + never, room - held))
+            rows.append(([t for t, _ in events[i + 1:] if t not in tail] + never,
+                         room - held))
             last = held
     return rows
-
-
-def _head_ms(graph: ForwardGraph) -> float:
-    """What a chunked head re-runs besides the groups the program picks: its projection
-    and the loss, each slice's in backward."""
-    return sum(graph.cost_ms[g] for g in graph.head_groups) + graph.loss_ms
 
 
 def _knapsack(graph: ForwardGraph, need_bytes: int, cost_ms: Sequence[float],
@@ -535,7 +572,8 @@ def _lp(graph: ForwardGraph, need_bytes: int, forced: Iterable[int] = (),
     return float(result.fun) / 1e3
 
 
-def lp_bound_ms(graph: ForwardGraph, need_bytes: int, head_freed_bytes: int | None = None) -> float:
+def lp_bound_ms(graph: ForwardGraph, need_bytes: int, head_freed_bytes: int | None = None
+                ) -> float:
     """The LP relaxation's optimum: the least cost of re-running groups (fractionally) so
     that ``need_bytes`` of saved storages are freed and every re-run group's inputs are
     kept or re-run too (NOTE [ Lower bound ] in benchmarks/planner.py), the plan fitting
@@ -548,18 +586,13 @@ def lp_bound_ms(graph: ForwardGraph, need_bytes: int, head_freed_bytes: int | No
     """
     if need_bytes <= 0 or not graph.saved:
         return 0.0
-    return _with_head(graph, need_bytes, head_freed_bytes,
-                      lambda need, rows: _lp(graph, need, (), rows),
-                      lambda end, rows: chunked_lp_ms(graph, end, rows))
+    return min(program_lp_ms(graph, p) for p in programs(graph, need_bytes, head_freed_bytes))
 
 
-def chunked_lp_ms(graph: ForwardGraph, end_need_bytes: int, rows: Sequence[Row] = ()
-                  ) -> float:
-    """The chunked head's program as an LP (NOTE [ A chunked head in the bound ]): the loss
-    paid, the head's groups re-run, ``end_need_bytes`` to free at the end of forward and
-    ``rows`` besides."""
-    return graph.loss_ms + _lp(graph, end_need_bytes, graph.head_groups, rows,
-                               graph.chunked_cost_ms)
+def program_lp_ms(graph: ForwardGraph, program: Program) -> float:
+    """One program's LP optimum, ms (infinite where no plan of its kind fits)."""
+    return program.extra_ms + _lp(graph, program.need_bytes, program.forced, program.rows,
+                                  program.cost_ms)
 
 
 def integer_bound_ms(graph: ForwardGraph, need_bytes: int, head_freed_bytes: int | None = None,
@@ -569,11 +602,9 @@ def integer_bound_ms(graph: ForwardGraph, need_bytes: int, head_freed_bytes: int
     integrality gap. ``head_freed_bytes`` as for :func:`lp_bound_ms`."""
     if need_bytes <= 0 or not graph.saved:
         return 0.0
-    return _with_head(
-        graph, need_bytes, head_freed_bytes,
-        lambda need, rows: _milp(graph, need, (), time_limit_s, rows),
-        lambda end, rows: graph.loss_ms + _milp(graph, end, graph.head_groups,
-                                                time_limit_s, rows, graph.chunked_cost_ms))
+    return min(p.extra_ms + _milp(graph, p.need_bytes, p.forced, time_limit_s, p.rows,
+                                  p.cost_ms)
+               for p in programs(graph, need_bytes, head_freed_bytes))
 
 
 def _milp(graph: ForwardGraph, need_bytes: int, forced: Iterable[int],

@@ -12,8 +12,9 @@ into three factors whose product it is:
 - planner: the plan's recompute / the integer optimum at the bytes it freed: what the
   planner's candidates (block-level choices, its op menu) or its solver leave on the table.
 
-It also prints which ops the integer optimum of the saved-storage program (at the peak
-alone, no chunked head) re-runs.
+It also prints which program binds (plans without a chunked head, or with one: NOTE [ A
+chunked head in the bound ] in benchmarks/_bound.py) and which ops its integer optimum
+re-runs besides the groups every such plan re-runs.
 
 Usage::
 
@@ -34,23 +35,34 @@ import torch
 from scipy.optimize import Bounds, LinearConstraint, milp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _bound import ForwardGraph, _program, integer_bound_ms, lp_bound_ms  # noqa: E402
+from _bound import (  # noqa: E402
+    ForwardGraph,
+    _program,
+    integer_bound_ms,
+    lp_bound_ms,
+    program_lp_ms,
+    programs,
+)
 from planner import head_freed_bytes, model_and_batch, saved_graph  # noqa: E402
 
 from remat.compare.frontier import frontier  # noqa: E402
 from remat.planning import plan  # noqa: E402
 
 
-def rerun(graph: ForwardGraph, need_bytes: int) -> str:
-    """What the integer optimum re-runs: each group's ops, how many such groups."""
-    objective, matrix, rhs = _program(graph, need_bytes)
+def rerun(graph: ForwardGraph, need_bytes: int, head_bytes: int) -> str:
+    """The binding program (the one with the least LP optimum) and what its integer optimum
+    re-runs besides its forced groups: each group's ops, how many such groups."""
+    program = min(programs(graph, need_bytes, head_bytes), key=lambda p: program_lp_ms(graph, p))
+    objective, matrix, rhs = _program(graph, program.need_bytes, program.forced, program.rows,
+                                      program.cost_ms)
     result = milp(objective, constraints=LinearConstraint(matrix, -np.inf, rhs),
                   integrality=np.ones(len(objective)), bounds=Bounds(0.0, 1.0),
                   options={"time_limit": 30.0})
     y = result.x[len(graph.nbytes):]
     groups = Counter("+".join(op.removeprefix("aten.") for op in graph.ops[g])
-                     for g in np.flatnonzero(y > 0.5) if graph.cost_ms[g] > 0)
-    return ", ".join(f"{n}x {ops}" for ops, n in groups.most_common())
+                     for g in np.flatnonzero(y > 0.5)
+                     if program.cost_ms[g] > 0 and g not in program.forced)
+    return f"{program.label}: " + ", ".join(f"{n}x {ops}" for ops, n in groups.most_common())
 
 
 def gap(case: str) -> str:
@@ -74,8 +86,8 @@ def gap(case: str) -> str:
             f"{result.predicted_peak_bytes / 1e6:.2f} MB, measured "
             f"{result.measured_or_predicted_peak_bytes / 1e6:.2f} MB, budget "
             f"{budget / 1e6:.2f} MB) x planner {result.recompute_ms / at_plan:.2f} "
-            f"[{result.label()}]; the saved-storage program's integer optimum re-runs: "
-            f"{rerun(graph, none - budget)}")
+            f"[{result.label()}]; the binding program and what its integer optimum re-runs: "
+            f"{rerun(graph, none - budget, head_bytes)}")
 
 
 def main() -> None:

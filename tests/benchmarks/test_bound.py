@@ -4,6 +4,7 @@ and at most the recompute of every built-in strategy that fits and of the plan."
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 
 import pytest
 import torch
@@ -141,14 +142,18 @@ def test_every_moment_of_backward_binds_within_the_un_checkpointed_peak() -> Non
     for k, (_, made) in enumerate(graph.unpacks):
         kept = sum(graph.nbytes[t] for t, _ in graph.unpacks[k:])
         assert 0 <= made and start + kept + made <= none, k
-    tail = graph.tail_storages
+    assert graph.op_moments and max(n for n, _ in graph.op_moments) == len(graph.unpacks)
+    for n, made in graph.op_moments:  # just after an op: storages not unpacked yet
+        kept = sum(graph.nbytes[t] for t, _ in graph.unpacks[n:])
+        assert 0 <= made and start + kept + made <= none, n
     for fraction in (0.25, 0.5, 0.75):
         budget = int(full + fraction * (none - full))
         need = none - budget
-        end = _BOUND.chunked_lp_ms(graph, need - head_bytes)
-        room = graph.saved_bytes - need + head_bytes
-        with_moments = _BOUND.chunked_lp_ms(graph, need - head_bytes,
-                                            _BOUND._moments(graph, room, tail))
+        plain, chunked = _BOUND.programs(graph, need, head_bytes)
+        assert (plain.label, chunked.label) == ("saved storages", "chunked head")
+        assert chunked.need_bytes == need - head_bytes and len(chunked.rows) > 1
+        end = _BOUND.program_lp_ms(graph, replace(chunked, rows=()))
+        with_moments = _BOUND.program_lp_ms(graph, chunked)
         assert with_moments > end * 1.05, fraction  # 1.10-1.22x when written
         bound, _ = _PLANNER.bounds_ms(graph, need, head_bytes)
         fitting = [p for p in manual.points if p.peak_bytes <= budget]
