@@ -187,7 +187,7 @@ class _BackwardBytes(TorchDispatchMode):
     """Bytes of the storages backward's ops made that are alive now (``live_bytes``):
     gradients and temporaries, not the forward's storages or ``forward`` addresses."""
 
-    def __init__(self, forward: set[int], on_op: Callable[[], None] = lambda: None) -> None:
+    def __init__(self, forward: set[int], on_op: Callable[[], None]) -> None:
         super().__init__()
         self.forward = forward
         self.on_op = on_op  # called after each op, its outputs counted
@@ -337,9 +337,9 @@ def forward_graph(run: Callable[[], torch.Tensor], free: Iterable[torch.Tensor],
     unpacks: list[tuple[int, int]] = []
     ops: list[tuple[int, int]] = []  # (first unpacks before it, bytes made) per backward op
     unpacked: set[int] = set()
-    made = _BackwardBytes(free_keys, lambda: ops.append((len(unpacks), made.live_bytes)))
 
-    def unpack(t: torch.Tensor) -> torch.Tensor:
+    def unpack(t: torch.Tensor) -> torch.Tensor:  # in backward, ``made`` counting
+
         node = recorder.node.get(t.untyped_storage().data_ptr())
         if node is not None and node not in unpacked:
             unpacked.add(node)
@@ -354,7 +354,8 @@ def forward_graph(run: Callable[[], torch.Tensor], free: Iterable[torch.Tensor],
     finally:
         for hook in hooks:
             hook.remove()
-    made.forward = set(recorder.node) | free_keys
+    made = _BackwardBytes(set(recorder.node) | free_keys,
+                          lambda: ops.append((len(unpacks), made.live_bytes)))
     with made:
         loss.backward()
     kept = [i for i, (t, _) in enumerate(unpacks) if t in saved and recorder.nbytes[t] > 0]
@@ -400,12 +401,12 @@ def knapsack_bound_ms(graph: ForwardGraph, need_bytes: int, head_freed_bytes: in
 
     def bound(program: Program) -> float:
         paid = [0.0 if g in program.forced else c for g, c in enumerate(program.cost_ms)]
-        rows = [_knapsack(graph, program.need_bytes, paid)]
+        bounds = [_knapsack(graph, program.need_bytes, paid)]
         for storages, room in program.rows:
             kept = [t for t in storages if t in graph.saved]
-            rows.append(_knapsack(graph, sum(graph.nbytes[t] for t in kept) - room, paid,
-                                  kept))
-        return program.paid_ms(graph) + max(rows)
+            bounds.append(_knapsack(graph, sum(graph.nbytes[t] for t in kept) - room, paid,
+                                    kept))
+        return program.paid_ms(graph) + max(bounds)
 
     return min(bound(p) for p in programs(graph, need_bytes, head_freed_bytes))
 
@@ -520,14 +521,13 @@ def _knapsack(graph: ForwardGraph, need_bytes: int, cost_ms: Sequence[float],
     return total
 
 
-def _program(graph: ForwardGraph, need_bytes: int, forced: Iterable[int] = (),
-             moments: Sequence[Row] = (), cost_ms: Sequence[float] | None = None
+def _program(graph: ForwardGraph, program: Program
              ) -> tuple[np.ndarray, csr_matrix, np.ndarray]:
     """``(objective in us, A_ub, b_ub)`` of NOTE [ Lower bound ]'s program over
-    ``[s_0 .. s_n, y_0 .. y_g]``, every group in ``forced`` re-run (``y_g = 1``), and each
-    of ``moments`` (storages, bytes) bounding the bytes kept of those storages (NOTEs [ A
-    chunked head in the bound ], [ Moments of backward in the bound ]); bytes in MB keep
-    HiGHS's tolerances meaningful. ``cost_ms``: each group's cost (default ``graph.cost_ms``)."""
+    ``[s_0 .. s_n, y_0 .. y_g]`` for ``program``: its forced groups re-run (``y_g = 1``), its
+    rows (storages, bytes) bounding the bytes kept of those storages (NOTEs [ A chunked head
+    in the bound ], [ Moments of backward in the bound ]), its groups at its costs; bytes in
+    MB keep HiGHS's tolerances meaningful."""
     n_s, n_g = len(graph.nbytes), len(graph.cost_ms)
     rows: list[int] = []
     cols: list[int] = []
@@ -547,23 +547,21 @@ def _program(graph: ForwardGraph, need_bytes: int, forced: Iterable[int] = (),
     for g, inputs in enumerate(graph.inputs):  # y_g <= s_u + y_prod(u)
         for u in inputs:
             row([(n_s + g, 1.0), (u, -1.0), (n_s + graph.group_of[u], -1.0)], 0.0)
-    for g in sorted(forced):  # -y_g <= -1
+    for g in sorted(program.forced):  # -y_g <= -1
         row([(n_s + g, -1.0)], -1.0)
     mb = 1e-6
     saved_bytes = graph.saved_bytes
     row([(t, b * mb) for t, b in enumerate(graph.nbytes) if b > 0],
-        (saved_bytes - min(max(need_bytes, 0), saved_bytes)) * mb)
-    for storages, room in moments:
+        (saved_bytes - min(max(program.need_bytes, 0), saved_bytes)) * mb)
+    for storages, room in program.rows:
         row([(t, graph.nbytes[t] * mb) for t in storages if graph.nbytes[t] > 0], room * mb)
     matrix = coo_matrix((vals, (rows, cols)), shape=(len(rhs), n_s + n_g)).tocsr()
-    costs = graph.cost_ms if cost_ms is None else cost_ms
-    objective = np.concatenate([np.zeros(n_s), np.asarray(costs) * 1e3])
+    objective = np.concatenate([np.zeros(n_s), np.asarray(program.cost_ms) * 1e3])
     return objective, matrix, np.asarray(rhs)
 
 
-def _lp(graph: ForwardGraph, need_bytes: int, forced: Iterable[int] = (),
-        rows: Sequence[Row] = (), cost_ms: Sequence[float] | None = None) -> float:
-    objective, matrix, rhs = _program(graph, need_bytes, forced, rows, cost_ms)
+def _lp(graph: ForwardGraph, program: Program) -> float:
+    objective, matrix, rhs = _program(graph, program)
     result = linprog(objective, A_ub=matrix, b_ub=rhs, bounds=(0.0, 1.0), method="highs")
     if result.status == 2:
         return math.inf  # no plan of this kind fits (NOTE [ Moments of backward in the bound ])
@@ -591,8 +589,7 @@ def lp_bound_ms(graph: ForwardGraph, need_bytes: int, head_freed_bytes: int | No
 
 def program_lp_ms(graph: ForwardGraph, program: Program) -> float:
     """One program's LP optimum, ms (infinite where no plan of its kind fits)."""
-    return program.extra_ms + _lp(graph, program.need_bytes, program.forced, program.rows,
-                                  program.cost_ms)
+    return program.extra_ms + _lp(graph, program)
 
 
 def integer_bound_ms(graph: ForwardGraph, need_bytes: int, head_freed_bytes: int | None = None,
@@ -602,15 +599,12 @@ def integer_bound_ms(graph: ForwardGraph, need_bytes: int, head_freed_bytes: int
     integrality gap. ``head_freed_bytes`` as for :func:`lp_bound_ms`."""
     if need_bytes <= 0 or not graph.saved:
         return 0.0
-    return min(p.extra_ms + _milp(graph, p.need_bytes, p.forced, time_limit_s, p.rows,
-                                  p.cost_ms)
+    return min(p.extra_ms + _milp(graph, p, time_limit_s)
                for p in programs(graph, need_bytes, head_freed_bytes))
 
 
-def _milp(graph: ForwardGraph, need_bytes: int, forced: Iterable[int],
-          time_limit_s: float, rows: Sequence[Row] = (),
-          cost_ms: Sequence[float] | None = None) -> float:
-    objective, matrix, rhs = _program(graph, need_bytes, forced, rows, cost_ms)
+def _milp(graph: ForwardGraph, program: Program, time_limit_s: float) -> float:
+    objective, matrix, rhs = _program(graph, program)
     result = milp(objective, constraints=LinearConstraint(matrix, -np.inf, rhs),
                   integrality=np.ones(len(objective)), bounds=Bounds(0.0, 1.0),
                   options={"time_limit": time_limit_s})

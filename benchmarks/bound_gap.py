@@ -53,8 +53,7 @@ def rerun(graph: ForwardGraph, need_bytes: int, head_bytes: int) -> str:
     """The binding program (the one with the least LP optimum) and what its integer optimum
     re-runs besides its forced groups: each group's ops, how many such groups."""
     program = min(programs(graph, need_bytes, head_bytes), key=lambda p: program_lp_ms(graph, p))
-    objective, matrix, rhs = _program(graph, program.need_bytes, program.forced, program.rows,
-                                      program.cost_ms)
+    objective, matrix, rhs = _program(graph, program)
     result = milp(objective, constraints=LinearConstraint(matrix, -np.inf, rhs),
                   integrality=np.ones(len(objective)), bounds=Bounds(0.0, 1.0),
                   options={"time_limit": 30.0})

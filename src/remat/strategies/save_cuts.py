@@ -271,19 +271,15 @@ def _first_step(cut: CutGraph, hull: list[tuple[frozenset[int], int, float]]
     if top_bytes <= next_bytes:
         return None
     slope = (next_ms - top_ms) / (top_bytes - next_bytes)
-    best: tuple[int, float, frozenset[int]] | None = None
+    steps: list[tuple[frozenset[int], int, float]] = []
     for o in top:
         kept = top - {o}
         nbytes, ms = cut.price(kept)
         freed = top_bytes - nbytes
-        if 0 < freed < top_bytes - next_bytes and ms > top_ms \
-                and ms - top_ms <= slope * freed * (1 + 1e-6) \
-                and (best is None or (freed, ms) < best[:2]):
-            best = (freed, ms, kept)
-    if best is None or not best[2]:
-        return None
-    freed, ms, kept = best
-    return kept, top_bytes - freed, ms
+        if kept and 0 < freed < top_bytes - next_bytes \
+                and top_ms < ms <= top_ms + slope * freed * (1 + 1e-6):
+            steps.append((kept, nbytes, ms))
+    return max(steps, key=lambda step: (step[1], -step[2]), default=None)  # fewest freed
 
 
 _Solution = tuple[float, frozenset[int], int, float]  # lam, kept, kept bytes, recompute ms
